@@ -1,0 +1,27 @@
+// The C surface Mainspring imports. Only Sources/Mainspring/Libevent/ imports this module.
+// Helpers here are limited to what Swift cannot import directly (macros, variadic calls).
+#ifndef MAINSPRING_CLIBEVENT_SHIM_H
+#define MAINSPRING_CLIBEVENT_SHIM_H
+
+// libevent's event-config.h defines _GNU_SOURCE. Were glibc's feature macros settled by that,
+// this module would parse glibc's headers differently from the Glibc and Dispatch modules
+// (fd_set's fields, say) and Clang would refuse the mismatch. Including <features.h> first
+// settles them the way every other module sees them.
+#include <features.h>
+
+#include <event2/event.h>
+#include <event2/util.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/listener.h>
+// Linux-only calls that Swift's Glibc module does not export.
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/// The kernel thread id of the caller (`gettid(2)` through `syscall`, which is variadic and so
+/// not callable from Swift).
+static inline int ms_gettid(void) { return (int)syscall(SYS_gettid); }
+
+#endif

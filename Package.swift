@@ -1,0 +1,47 @@
+// swift-tools-version:6.0
+import PackageDescription
+
+let package = Package(
+    name: "Mainspring",
+    products: [
+        .library(name: "Mainspring", targets: ["Mainspring"]),
+        .executable(name: "mainspring-demo", targets: ["mainspring-demo"]),
+        .executable(name: "mainspring-bench", targets: ["mainspring-bench"]),
+    ],
+    targets: [
+        // libevent 2.1 through pkg-config; `make` installs libevent-dev when it is missing.
+        .systemLibrary(
+            name: "CLibevent",
+            path: "CLibevent",
+            pkgConfig: "libevent",
+            providers: [.apt(["libevent-dev"])]
+        ),
+        .target(
+            name: "Mainspring",
+            dependencies: ["CLibevent"],
+            path: "Sources/Mainspring"
+        ),
+        // Plain-C libevent loops: the baselines `mainspring-bench` compares against.
+        .target(
+            name: "CBaselines",
+            dependencies: ["CLibevent"],
+            path: "Sources/CBaselines"
+        ),
+        .executableTarget(
+            name: "mainspring-demo",
+            dependencies: ["Mainspring"],
+            path: "Examples/Interactive"
+        ),
+        .executableTarget(
+            name: "mainspring-bench",
+            dependencies: ["Mainspring", "CBaselines"],
+            path: "Benchmarks"
+        ),
+        .testTarget(
+            name: "MainspringTests",
+            dependencies: ["Mainspring"],
+            path: "Tests/MainspringTests"
+        ),
+    ],
+    swiftLanguageModes: [.v6]
+)

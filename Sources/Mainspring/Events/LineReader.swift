@@ -1,0 +1,74 @@
+/// `readLines(from:maxLineLength:_:)`: reads an fd as it becomes readable and reports lines.
+final class LineReaderSource: DescriptorSource {
+    private var handler: ((LineEvent) -> Void)?
+    private var splitter: LineSplitter
+    private var buffer: [UInt8]
+    private var events: [LineEvent] = []
+
+    /// Bytes read per readiness event. Level-triggered polling brings the reader back for more,
+    /// so one read per turn keeps other sources interleaved and never blocks a blocking fd.
+    static let readSize = 65_536
+
+    init(loop: EventLoop, fd: Int32, maxLineLength: Int, handler: @escaping (LineEvent) -> Void)
+        throws(EventLoopError)
+    {
+        self.handler = handler
+        self.splitter = LineSplitter(maxLineLength: maxLineLength)
+        self.buffer = [UInt8](repeating: 0, count: Self.readSize)
+        try super.init(loop: loop, fd: fd, events: .read, priority: .input)
+    }
+
+    override func perform(_ readiness: Readiness) {
+        switch readOnce(fd, into: &buffer) {
+        case .bytes(let n):
+            splitter.append(buffer[0..<n]) { events.append($0) }
+        case .endOfFile:
+            splitter.finish { events.append($0) }
+        case .wouldBlock:
+            return
+        case .failure(let code):
+            events.append(.error(code))
+        }
+        deliver()
+    }
+
+    /// Hands the collected events to the handler, stopping if it cancels the reader; ends the
+    /// reader after `.endOfFile` or `.error`.
+    private func deliver() {
+        var index = 0
+        while index < events.count, !isClosed, let handler {
+            let event = events[index]
+            index += 1
+            handler(event)
+            switch event {
+            case .endOfFile, .error: close()
+            default: break
+            }
+        }
+        events.removeAll(keepingCapacity: true)
+    }
+
+    override func didClose() { handler = nil }
+}
+
+extension EventLoop {
+    /// Reads `fd` on this loop and calls `handler` with each line and each problem, in order,
+    /// following the `LineEvent` rules: LF or CRLF endings, a final line without newline
+    /// delivered before `.endOfFile`, overlong lines reported as `.tooLong` and skipped up to the
+    /// next newline, invalid UTF-8 as `.invalidUTF8`, NUL bytes kept. `.endOfFile` or `.error`
+    /// comes once; the reader then cancels itself. Memory stays within `maxLineLength` plus a
+    /// 64 KiB read buffer, however long the input lines are.
+    ///
+    /// Reads at `.input` priority, one `read(2)` of up to 64 KiB per turn, so the fd may stay
+    /// blocking (stdin is left as it is). Regular files and `/dev/null` work too. The reader
+    /// does not close `fd`. Loop thread only.
+    /// - Throws: `EventLoopError.badDescriptor` when `fd` is not open, `.wrongThread` off the
+    ///   loop's thread.
+    public func readLines(from fd: Int32, maxLineLength: Int = 65_536,
+                          _ handler: @escaping (LineEvent) -> Void) throws(EventLoopError) -> Watcher
+    {
+        guard claimThread() else { throw .wrongThread(function: "EventLoop.readLines(from:maxLineLength:_:)") }
+        let source = try LineReaderSource(loop: self, fd: fd, maxLineLength: maxLineLength, handler: handler)
+        return Watcher(source: source)
+    }
+}

@@ -1,0 +1,119 @@
+/// What a line reader reports, in order, for one input stream.
+public enum LineEvent: Sendable, Equatable, CustomStringConvertible {
+    /// A complete line, without its `\n` or `\r\n`. NUL bytes are kept.
+    case line(String)
+    /// A line longer than the reader's `maxLineLength`, skipped: its length in bytes (without
+    /// the terminator). Reading resumes with the next line.
+    case tooLong(Int)
+    /// A line that is not valid UTF-8, skipped: its length in bytes.
+    case invalidUTF8(Int)
+    /// The input ended. Reported once, after the last line (a final line without `\n` included).
+    case endOfFile
+    /// Reading failed with this `errno`. Reported once; the reader is then cancelled.
+    case error(Int32)
+
+    public var description: String {
+        switch self {
+        case .line(let text): return "line(\(text.debugDescription))"
+        case .tooLong(let n): return "tooLong(\(n) bytes)"
+        case .invalidUTF8(let n): return "invalidUTF8(\(n) bytes)"
+        case .endOfFile: return "endOfFile"
+        case .error(let code): return "error(errno \(code))"
+        }
+    }
+}
+
+/// Splits a byte stream into `LineEvent`s: the rules behind `EventLoop.readLines`, usable on
+/// their own (for sockets read elsewhere, or files).
+///
+/// Lines end at `\n`; a `\r` before it is dropped (CRLF). A line longer than `maxLineLength`
+/// bytes is reported as `.tooLong` when its end arrives and is never buffered whole: memory
+/// stays within `maxLineLength` plus the chunk being appended. Invalid UTF-8 is reported as
+/// `.invalidUTF8`; NUL bytes are ordinary characters.
+public struct LineSplitter: Sendable {
+    /// The longest line (in bytes, without its terminator) that is delivered.
+    public let maxLineLength: Int
+    private var partial: [UInt8] = []
+    /// Bytes seen so far of a line that is already too long (it is being skipped).
+    private var overlongCount: Int?
+    private var overlongEndsWithCR = false
+    /// Whether `finish` was called; later input is ignored.
+    public private(set) var isFinished = false
+
+    /// A splitter for lines of at most `maxLineLength` bytes (at least 1).
+    public init(maxLineLength: Int = 65_536) {
+        self.maxLineLength = Swift.max(1, maxLineLength)
+    }
+
+    /// Feeds the next bytes of the stream, reporting each line they complete, in order.
+    /// - Complexity: O(bytes).
+    public mutating func append(_ bytes: ArraySlice<UInt8>, _ emit: (LineEvent) -> Void) {
+        guard !isFinished else { return }
+        var rest = bytes
+        while let newline = rest.firstIndex(of: 0x0A) {
+            completeLine(rest[rest.startIndex..<newline], emit)
+            rest = rest[(newline + 1)...]
+        }
+        accumulate(rest)
+    }
+
+    /// Feeds bytes from any sequence (a convenience over `append(_: ArraySlice<UInt8>, _:)`).
+    public mutating func append(contentsOf bytes: some Sequence<UInt8>, _ emit: (LineEvent) -> Void) {
+        append(ArraySlice(bytes), emit)
+    }
+
+    /// Ends the stream: reports a final line without `\n` (or a final too-long line), then
+    /// `.endOfFile`. Later calls do nothing.
+    public mutating func finish(_ emit: (LineEvent) -> Void) {
+        guard !isFinished else { return }
+        if overlongCount != nil || !partial.isEmpty {
+            completeLine([], emit)
+        }
+        isFinished = true
+        emit(.endOfFile)
+    }
+
+    private mutating func accumulate(_ bytes: ArraySlice<UInt8>) {
+        guard !bytes.isEmpty else { return }
+        if let count = overlongCount {
+            overlongCount = count + bytes.count
+            overlongEndsWithCR = bytes.last == 0x0D
+            return
+        }
+        partial.append(contentsOf: bytes)
+        // One extra byte is allowed for a `\r` that may turn out to be part of a CRLF.
+        if partial.count > maxLineLength + 1 {
+            overlongCount = partial.count
+            overlongEndsWithCR = partial.last == 0x0D
+            partial = []
+        }
+    }
+
+    private mutating func completeLine(_ tail: ArraySlice<UInt8>, _ emit: (LineEvent) -> Void) {
+        if let count = overlongCount {
+            let endsWithCR = tail.isEmpty ? overlongEndsWithCR : tail.last == 0x0D
+            overlongCount = nil
+            overlongEndsWithCR = false
+            emit(.tooLong(count + tail.count - (endsWithCR ? 1 : 0)))
+            return
+        }
+        if partial.isEmpty {
+            emitLine(tail, emit)
+        } else {
+            partial.append(contentsOf: tail)
+            emitLine(partial[...], emit)
+            partial.removeAll(keepingCapacity: partial.capacity <= 4_096)
+        }
+    }
+
+    private func emitLine(_ raw: ArraySlice<UInt8>, _ emit: (LineEvent) -> Void) {
+        let bytes = raw.last == 0x0D ? raw.dropLast() : raw
+        if bytes.count > maxLineLength {
+            emit(.tooLong(bytes.count))
+        } else if let text = String(validating: bytes, as: UTF8.self) {
+            emit(.line(text))
+        } else {
+            emit(.invalidUTF8(bytes.count))
+        }
+    }
+}

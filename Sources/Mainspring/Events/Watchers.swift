@@ -1,0 +1,99 @@
+/// A handle on a registered source (fd watcher, line reader, signal watcher): `cancel()` it.
+/// The loop keeps the source alive until it is cancelled (or ends itself, as a line reader does
+/// at end of file); dropping the handle does not cancel it.
+///
+/// Loop-bound: use it on the loop's thread.
+public final class Watcher {
+    private weak var source: Source?
+
+    init(source: Source) { self.source = source }
+
+    /// Cancels the source: once this returns (on the loop's thread) its handler never runs
+    /// again, even if its event was already ready. Idempotent. Does not close the fd.
+    public func cancel() {
+        guard let source else { return }
+        source.loop.preconditionOnLoop("Watcher.cancel()")
+        source.close()
+    }
+
+    /// Whether the source is cancelled or ended.
+    public var isCancelled: Bool { source?.isClosed ?? true }
+}
+
+@available(*, unavailable)
+extension Watcher: Sendable {}
+
+/// Level-triggered readiness of one fd. Fds that epoll cannot watch (regular files, /dev/null)
+/// are always ready: the source is then queued once per loop turn instead.
+class DescriptorSource: Source {
+    let fd: Int32
+    private(set) var isAlwaysReady = false
+
+    init(loop: EventLoop, fd: Int32, events: IOEvents, priority: Priority) throws(EventLoopError) {
+        self.fd = fd
+        super.init(loop: loop, priority: priority)
+        guard isOpenDescriptor(fd) else {
+            close()
+            throw .badDescriptor(fd)
+        }
+        guard epollAccepts(fd) else {
+            // epoll refuses regular files and some character devices (/dev/null): they never
+            // block, so they are ready on every turn.
+            isAlwaysReady = true
+            turnReadiness = events.readiness
+            loop.enqueueNextTurn(source: self)
+            return
+        }
+        do {
+            let event = try NativeEvent(base: loop.base, fd: fd, readiness: events.readiness, persistent: true,
+                                        target: self)
+            try event.add()
+            native = event
+        } catch {
+            close()
+            throw error
+        }
+    }
+
+    override var keepsFiring: Bool { true }
+
+    override func didRun() {
+        if isAlwaysReady { loop.enqueueNextTurn(source: self) }
+    }
+}
+
+/// `watch(_:for:priority:_:)`: calls the handler with the ready events.
+final class WatchSource: DescriptorSource {
+    private var handler: ((IOEvents) -> Void)?
+
+    init(loop: EventLoop, fd: Int32, events: IOEvents, priority: Priority,
+         handler: @escaping (IOEvents) -> Void) throws(EventLoopError)
+    {
+        self.handler = handler
+        try super.init(loop: loop, fd: fd, events: events, priority: priority)
+    }
+
+    override func perform(_ readiness: Readiness) { handler?(IOEvents(readiness)) }
+
+    override func didClose() { handler = nil }
+}
+
+extension EventLoop {
+    /// Calls `handler` on this loop whenever `fd` is ready for `events` (level-triggered: again
+    /// on every turn while the condition holds, so read what is there). The handler gets the
+    /// events that are ready and is never re-entered.
+    ///
+    /// An fd that epoll cannot watch (a regular file, `/dev/null`) is always ready: the handler
+    /// runs once per loop turn until cancelled. Cancel the watcher before closing the fd.
+    /// Loop thread only.
+    /// - Parameter priority: where the handler runs; `.input` by default.
+    /// - Throws: `EventLoopError.badDescriptor` when `fd` is not open, `.wrongThread` off the
+    ///   loop's thread, `.libevent` when libevent refuses the fd.
+    public func watch(_ fd: Int32, for events: IOEvents, priority: Priority = .input,
+                      _ handler: @escaping (IOEvents) -> Void) throws(EventLoopError) -> Watcher
+    {
+        guard claimThread() else { throw .wrongThread(function: "EventLoop.watch(_:for:priority:_:)") }
+        let source = try WatchSource(loop: self, fd: fd, events: events, priority: priority, handler: handler)
+        return Watcher(source: source)
+    }
+}

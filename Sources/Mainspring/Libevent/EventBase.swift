@@ -1,0 +1,52 @@
+// Sources/Mainspring/Libevent/ is the only folder that imports CLibevent or handles raw
+// pointers. Everything here is internal; the rest of Mainspring sees typed Swift wrappers.
+internal import CLibevent
+
+/// Owns one libevent `event_base`: the demultiplexer (epoll, the timer min-heap) of one loop.
+///
+/// Created with `EVENT_BASE_FLAG_NOLOCK` (a base is only ever touched on its loop's thread) and
+/// `EVENT_BASE_FLAG_PRECISE_TIMER` (timerfd-backed microsecond timers instead of the 4 ms coarse
+/// clock). Freed in `deinit`; every `NativeEvent` keeps its base alive, so the base outlives them.
+final class EventBase {
+    let raw: OpaquePointer
+
+    init() throws(EventLoopError) {
+        _ = silenceLibeventLog
+        guard let config = event_config_new() else { throw .libevent(function: "event_config_new") }
+        defer { event_config_free(config) }
+        let flags = EVENT_BASE_FLAG_NOLOCK.rawValue | EVENT_BASE_FLAG_PRECISE_TIMER.rawValue
+        try check(event_config_set_flag(config, Int32(flags)), "event_config_set_flag")
+        guard let base = event_base_new_with_config(config) else {
+            throw .libevent(function: "event_base_new_with_config")
+        }
+        raw = base
+    }
+
+    deinit { event_base_free(raw) }
+
+    /// One `event_base_loop(EVLOOP_ONCE)` pass: waits (unless `blocking` is false) until at least
+    /// one event is ready, runs the trampolines of everything ready, and returns.
+    ///
+    /// The trampolines only record readiness; no user code runs in here, which is what lets a
+    /// handler spin the loop again (libevent refuses a nested `event_base_loop` on one base).
+    func poll(blocking: Bool) throws(EventLoopError) {
+        let flags = EVLOOP_ONCE | (blocking ? 0 : EVLOOP_NONBLOCK)
+        try check(event_base_loop(raw, flags), "event_base_loop")
+    }
+
+    /// The kernel interface libevent chose ("epoll" on Linux).
+    var backendName: String {
+        guard let name = event_base_get_method(raw) else { return "unknown" }
+        return String(cString: name)
+    }
+}
+
+/// libevent prints its warnings to stderr by default. Mainspring reports every failure as an
+/// `EventLoopError` instead, so it installs a log callback that drops them (once per process).
+private let silenceLibeventLog: Void = event_set_log_callback { _, _ in }
+
+/// Maps a libevent return code (negative on failure) to `EventLoopError.libevent`.
+@inline(__always)
+func check(_ rc: Int32, _ function: StaticString) throws(EventLoopError) {
+    if rc < 0 { throw .libevent(function: "\(function)") }
+}

@@ -1,0 +1,31 @@
+internal import CLibevent
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A per-thread strong reference to an object, released when its thread exits
+/// (a `pthread_key_t` with a destructor). Used for `EventLoop.current`.
+final class ThreadLocalReference<Object: AnyObject>: @unchecked Sendable {
+    private var key = pthread_key_t()
+
+    init() {
+        // Ownership: `set` stores a +1 reference (passRetained); the destructor below releases it
+        // exactly once when the thread exits.
+        let rc = pthread_key_create(&key) { pointer in
+            if let pointer { Unmanaged<AnyObject>.fromOpaque(pointer).release() }
+        }
+        precondition(rc == 0, "Mainspring: pthread_key_create failed (\(rc))")
+    }
+
+    /// The calling thread's object, if it set one.
+    var value: Object? {
+        guard let pointer = pthread_getspecific(key) else { return nil }
+        return Unmanaged<AnyObject>.fromOpaque(pointer).takeUnretainedValue() as? Object
+    }
+
+    /// Stores `object` for the calling thread (once; the thread keeps it until it exits).
+    func set(_ object: Object) {
+        precondition(pthread_getspecific(key) == nil, "Mainspring: thread-local set twice")
+        pthread_setspecific(key, Unmanaged<AnyObject>.passRetained(object).toOpaque())
+    }
+}

@@ -1,0 +1,506 @@
+import Synchronization
+
+/// A libevent-backed run loop: timers, fd readiness, signals, line readers and posted work,
+/// dispatched by priority on one thread.
+///
+/// ## Threads
+/// A loop belongs to one thread. `EventLoop.main` belongs to the process main thread and
+/// `EventLoop.current` to the calling thread. A loop made with `init` belongs to the first thread
+/// that runs it or registers a source on it (`run`, `runOnce`, `spin`, `schedule`, `watch`, …);
+/// those calls fail loudly on any other thread (`EventLoopError.wrongThread`, or a precondition
+/// for the calls that cannot throw). `execute`, `stop` and `submit` work from any thread.
+///
+/// ## Who polls, who dispatches
+/// libevent only demultiplexes (epoll, the timer heap). Its callbacks append a ready record and
+/// return; Mainspring runs the records afterwards, highest priority first, and polls again at
+/// least every `Configuration.pollInterval`. No user code runs inside `event_base_loop`, so any
+/// handler can `spin` the loop (nested, several levels deep), and a handler is never re-entered
+/// while it runs.
+///
+/// ## Cost
+/// A post from the loop's own thread takes no lock (a ring-buffer append); a post from another
+/// thread takes one uncontended mutex and writes the loop's eventfd only when the loop sleeps.
+/// An idle loop sleeps in `epoll_wait` with no timeout: no CPU, no wake-ups.
+public final class EventLoop: @unchecked Sendable {
+    /// The loop's fairness and metrics settings, fixed at creation.
+    public let configuration: Configuration
+
+    // MARK: Thread binding (any thread reads these)
+
+    /// `pthread_self()` of the owning thread; 0 while unbound, `deadOwner` once it exited.
+    private let ownerThread = Atomic<UInt>(0)
+    private static let deadOwner = UInt.max
+    /// Whether this is `EventLoop.main` (which only the process main thread may own).
+    let isMainLoop: Bool
+
+    // MARK: Cross-thread state
+
+    private let remote = Mutex(RemoteQueue())
+    private let stopRequested = Atomic<Bool>(false)
+    private let wakeup: WakeupDescriptor
+
+    // MARK: Loop-thread state (touched only by the owner)
+
+    let base: EventBase
+    private var wakeupTarget: WakeupTarget?
+    /// Target of the timer that bounds a blocking poll in `spin(until:timeout:)`: does nothing.
+    private let timeoutTarget = NativeEventTarget()
+    private var inputQueue = RingBuffer<ReadyRecord>()
+    private var normalQueue = RingBuffer<ReadyRecord>()
+    private var backgroundQueue = RingBuffer<ReadyRecord>()
+    /// Records that become ready after the next poll (one "turn" later).
+    private var nextTurn: [ReadyRecord] = []
+    private var spareRemoteBatch: [RemoteItem] = []
+    private var sources: [ObjectIdentifier: Source] = [:]
+    /// The time of the last clock read: the stamp for posts and readiness.
+    private(set) var cachedNow: UInt64
+    private var pollStamp: UInt64 = 0
+    /// How many `run`/`spin` calls are on the stack.
+    private var runDepth = 0
+    /// Background work's credit (ns) under the guaranteed-share rule; see `nextRecord`.
+    private var backgroundCredit: Int64 = 0
+    /// Every callback's own time and every poll's time, summed: lets an outer callback subtract
+    /// what nested spins did inside it.
+    private var accountedNanoseconds: UInt64 = 0
+    var counters: LoopCounters
+
+    private let pollIntervalNanoseconds: UInt64
+    private let maxStarvationNanoseconds: UInt64
+    private let stallThresholdNanoseconds: UInt64
+    private let backgroundCreditRate: Double
+    /// The credit a waiting background record needs to go before higher-priority work: half a
+    /// poll interval. Below it, priorities are strict; so short bursts of input never wait.
+    private var backgroundQuantum: Int64 { max(1, Int64(clamping: pollIntervalNanoseconds / 2)) }
+    /// How far background work may run ahead of its share while others wait (two poll intervals).
+    private var maxBackgroundDebt: Int64 { Int64(clamping: 2 &* pollIntervalNanoseconds) }
+
+    // MARK: Creation
+
+    /// Creates a loop, not yet bound to a thread.
+    ///
+    /// - Throws: `EventLoopError.libevent` or `.system` when libevent or the eventfd cannot be
+    ///   created (out of file descriptors, say).
+    public convenience init(configuration: Configuration = .init()) throws {
+        try self.init(configuration: configuration, isMainLoop: false)
+    }
+
+    init(configuration: Configuration, isMainLoop: Bool) throws(EventLoopError) {
+        self.configuration = configuration
+        self.isMainLoop = isMainLoop
+        self.base = try EventBase()
+        self.wakeup = try WakeupDescriptor()
+        self.pollIntervalNanoseconds = configuration.pollInterval.clampedNanoseconds
+        self.maxStarvationNanoseconds = configuration.maxStarvation.clampedNanoseconds
+        self.stallThresholdNanoseconds = configuration.stallThreshold.clampedNanoseconds
+        let share = configuration.backgroundShare.isFinite ? min(max(configuration.backgroundShare, 0), 0.9) : 0
+        self.backgroundCreditRate = share / (1 - share)
+        self.cachedNow = monotonicNanoseconds()
+        self.counters = LoopCounters(collectsQueueWait: configuration.collectsMetrics)
+        let target = WakeupTarget()
+        let event = try NativeEvent(base: base, fd: wakeup.fd, readiness: .read, persistent: true, target: target)
+        try event.add()
+        target.native = event
+        target.descriptor = wakeup
+        wakeupTarget = target
+    }
+
+    deinit {
+        // Nobody can run this loop any more: close its sources (their handlers are dropped, not
+        // called) and count the work that will never run.
+        for source in Array(sources.values) { source.close() }
+        let queued = inputQueue.removeAll() + normalQueue.removeAll() + backgroundQueue.removeAll() + nextTurn.count
+        let remoteCount = remote.withLock { $0.items.count }
+        counters.droppedAtShutdown += queued + remoteCount
+        wakeupTarget?.native = nil
+    }
+
+    // MARK: Threads
+
+    /// The loop of the process main thread. `DispatchQueue.main` and `@MainActor` run inside it
+    /// while it runs (see `MainThread/`). Calling `run()` on it from another thread throws.
+    public static let main: EventLoop = {
+        do {
+            return try EventLoop(configuration: .init(), isMainLoop: true)
+        } catch {
+            fatalError("Mainspring: cannot create the main loop: \(error)")
+        }
+    }()
+
+    private static let threadLoop = ThreadLocalReference<EventLoop>()
+
+    /// The calling thread's loop, created (and bound to the thread) on first use; on the main
+    /// thread it is `EventLoop.main`. The thread keeps its loop until it exits — the
+    /// `RunLoop.current` analogue.
+    public static var current: EventLoop {
+        if let loop = threadLoop.value { return loop }
+        let loop: EventLoop
+        if isProcessMainThread() {
+            loop = main
+        } else {
+            do {
+                loop = try EventLoop(configuration: .init(), isMainLoop: false)
+            } catch {
+                fatalError("Mainspring: cannot create a loop for this thread: \(error)")
+            }
+        }
+        _ = loop.claimThread()
+        threadLoop.set(loop)
+        return loop
+    }
+
+    /// Whether the caller is on this loop's thread. Never a false positive; `false` for a loop
+    /// no thread has claimed yet (except `EventLoop.main` on the main thread).
+    public var isCurrent: Bool {
+        let owner = ownerThread.load(ordering: .relaxed)
+        if owner == currentThreadID() { return true }
+        return owner == 0 && isMainLoop && claimThread()
+    }
+
+    /// Binds an unbound loop to the calling thread, or tells whether the caller owns it.
+    func claimThread() -> Bool {
+        let me = currentThreadID()
+        let owner = ownerThread.load(ordering: .acquiring)
+        if owner == me { return true }
+        guard owner == 0 else { return false }
+        if isMainLoop && !isProcessMainThread() { return false }
+        let (exchanged, actual) = ownerThread.compareExchange(
+            expected: 0, desired: me, ordering: .acquiringAndReleasing)
+        return exchanged || actual == me
+    }
+
+    /// Marks the loop as orphaned: its thread has finished with it for good (used by
+    /// `EventLoopGroup` when a loop thread exits, so a recycled `pthread_t` never looks like
+    /// the owner).
+    func releaseThread() {
+        ownerThread.store(Self.deadOwner, ordering: .releasing)
+    }
+
+    func preconditionOnLoop(_ function: StaticString, file: StaticString = #fileID, line: UInt = #line) {
+        precondition(
+            claimThread(),
+            "Mainspring: \(function) must be called on the loop's own thread; use execute(_:) to get there",
+            file: file, line: line)
+    }
+
+    // MARK: Running
+
+    /// Runs the loop until `stop()` is called: polls, dispatches, sleeps in epoll when idle.
+    ///
+    /// A `stop()` that arrives while the loop is not running makes the next `run()` return at
+    /// once, so a `stop()` racing a `run()` starting on another thread is never lost. Work still
+    /// queued when `run()` returns stays queued and runs the next time the loop runs.
+    ///
+    /// - Throws: `EventLoopError.wrongThread` when the loop belongs to another thread (or, for
+    ///   `EventLoop.main`, the caller is not the main thread); `.libevent` if polling fails.
+    public func run() throws(EventLoopError) {
+        guard claimThread() else {
+            throw .wrongThread(function: isMainLoop ? "EventLoop.main.run() (main thread only)" : "EventLoop.run()")
+        }
+        runDepth += 1
+        defer { runDepth -= 1 }
+        while !stopRequested.exchange(false, ordering: .acquiring) {
+            _ = try iterate(blocking: true, deadline: nil, condition: { false })
+        }
+    }
+
+    /// Runs one iteration: one poll (waiting for an event when `blocking` and nothing is ready),
+    /// then ready work for at most `Configuration.pollInterval`.
+    ///
+    /// Must be called on the loop's thread (precondition).
+    /// - Returns: how many callbacks ran (0 when nothing was ready, or polling failed).
+    @discardableResult
+    public func runOnce(blocking: Bool = true) -> Int {
+        preconditionOnLoop("EventLoop.runOnce(blocking:)")
+        return (try? iterate(blocking: blocking, deadline: nil, condition: { false })) ?? 0
+    }
+
+    /// Runs the loop until `condition` holds, the timeout passes, or `stop()` is called — the
+    /// `RunLoop.run(mode:before:)` pattern done right: the thread sleeps in epoll while waiting.
+    ///
+    /// Works from inside any handler, nested to any depth: the handler that spins is held back
+    /// (never re-entered), everything else keeps running. `condition` is checked before
+    /// starting and after every callback, on this thread. A condition changed by another thread
+    /// is only noticed when the loop wakes up, so change it inside `execute { … }`.
+    ///
+    /// Must be called on the loop's thread (precondition).
+    /// - Parameter timeout: the longest to spin; `nil` for no limit, negative counts as zero.
+    /// - Returns: whether `condition` holds on return (`false` after a timeout or a `stop()`).
+    ///   A `stop()` ends every nested spin; the outermost `run` or `spin` consumes it.
+    @discardableResult
+    public func spin(until condition: () -> Bool, timeout: Duration? = nil) -> Bool {
+        preconditionOnLoop("EventLoop.spin(until:timeout:)")
+        if condition() { return true }
+        let deadline = timeout.map { monotonicNanoseconds() &+ $0.clampedNanoseconds }
+        runDepth += 1
+        defer { runDepth -= 1 }
+        while true {
+            if stopRequested.load(ordering: .acquiring) {
+                if runDepth == 1 { stopRequested.store(false, ordering: .relaxed) }
+                return condition()
+            }
+            if let deadline, monotonicNanoseconds() >= deadline { return condition() }
+            do {
+                _ = try iterate(blocking: true, deadline: deadline, condition: condition)
+            } catch {
+                return condition()
+            }
+            if condition() { return true }
+        }
+    }
+
+    /// Asks the loop to stop: `run()` returns (and nested `spin`s return `false`) after the
+    /// callback in progress. Any thread; never blocks.
+    public func stop() {
+        stopRequested.store(true, ordering: .releasing)
+        wakeup.signal()
+    }
+
+    // MARK: Posting work
+
+    /// Runs `work` on the loop's thread, exactly once, in FIFO order with the other work the
+    /// same thread posts at the same priority. Any thread.
+    ///
+    /// From the loop's own thread this is a lock-free append; from another thread it takes one
+    /// mutex and wakes the loop (an eventfd write) only when the loop is asleep.
+    /// Work posted before `stop()` runs on the next `run`, or is counted in
+    /// `LoopMetrics.droppedAtShutdown` if the loop is freed first.
+    public func execute(priority: Priority = .normal, _ work: @escaping @Sendable () -> Void) {
+        if ownerThread.load(ordering: .relaxed) == currentThreadID() {
+            enqueue(ReadyRecord(work: work, source: nil, stamp: cachedNow), priority)
+        } else {
+            executeFromOtherThread(priority: priority, work)
+        }
+    }
+
+    private func executeFromOtherThread(priority: Priority, _ work: @escaping @Sendable () -> Void) {
+        let stamp = counters.collectsQueueWait ? monotonicNanoseconds() : 0
+        let mustWake = remote.withLock { queue -> Bool in
+            queue.items.append(RemoteItem(work: work, priority: priority, stamp: stamp))
+            if queue.isSleeping {
+                queue.isSleeping = false
+                return true
+            }
+            return false
+        }
+        if mustWake { wakeup.signal() }
+    }
+
+    /// Queues `work` for the next turn: it becomes ready only after the loop has polled again.
+    /// Loop thread only. This is how fed work yields to input.
+    func executeNextTurn(priority: Priority, _ work: @escaping () -> Void) {
+        nextTurn.append(ReadyRecord(work: work, source: nil, stamp: 0, priority: priority))
+    }
+
+    /// Queues a fired source (at most once: `Source.fire` guards it).
+    @inline(__always)
+    func enqueue(source: Source) {
+        if pollStamp == 0 { pollStamp = monotonicNanoseconds() }
+        enqueue(ReadyRecord(work: nil, source: source, stamp: pollStamp), source.priority)
+    }
+
+    /// Queues a source for the next turn (fd sources that epoll cannot watch: always ready).
+    func enqueueNextTurn(source: Source) {
+        nextTurn.append(ReadyRecord(work: nil, source: source, stamp: 0, priority: source.priority))
+    }
+
+    @inline(__always)
+    private func enqueue(_ record: ReadyRecord, _ priority: Priority) {
+        switch priority {
+        case .input: inputQueue.append(record)
+        case .normal: normalQueue.append(record)
+        case .background: backgroundQueue.append(record)
+        }
+    }
+
+    // MARK: Sources
+
+    func register(_ source: Source) { sources[ObjectIdentifier(source)] = source }
+
+    func unregister(_ source: Source) { sources[ObjectIdentifier(source)] = nil }
+
+    /// The number of open sources (timers, watchers, readers) on this loop.
+    var sourceCount: Int { sources.count }
+
+    // MARK: The iteration
+
+    private var hasReadyWork: Bool {
+        !inputQueue.isEmpty || !normalQueue.isEmpty || !backgroundQueue.isEmpty || !nextTurn.isEmpty
+    }
+
+    /// Polls once, then dispatches. `deadline` (monotonic ns) bounds a blocking poll.
+    private func iterate(blocking: Bool, deadline: UInt64?, condition: () -> Bool) throws(EventLoopError) -> Int {
+        var mayBlock = blocking && !hasReadyWork
+        if mayBlock {
+            mayBlock = remote.withLock { queue -> Bool in
+                guard queue.items.isEmpty else { return false }
+                queue.isSleeping = true
+                return true
+            }
+        }
+        var timeoutEvent: NativeEvent?
+        if mayBlock, let deadline {
+            let now = monotonicNanoseconds()
+            let event = try NativeEvent(timerOn: base, target: timeoutTarget)
+            try event.add(timeoutNanoseconds: deadline > now ? deadline - now : 0)
+            timeoutEvent = event
+        }
+        let pollStart = mayBlock ? monotonicNanoseconds() : 0
+        pollStamp = 0
+        counters.polls += 1
+        defer { timeoutEvent?.delete() }
+        try base.poll(blocking: mayBlock)
+        if mayBlock {
+            accountedNanoseconds &+= monotonicNanoseconds() &- pollStart
+        }
+        if let target = wakeupTarget, target.didFire {
+            target.didFire = false
+            counters.wakeups += 1
+        }
+        drainRemote(wasSleeping: mayBlock)
+        if !nextTurn.isEmpty { promoteNextTurn() }
+        return dispatch(condition: condition)
+    }
+
+    private func drainRemote(wasSleeping: Bool) {
+        var batch = spareRemoteBatch
+        spareRemoteBatch = []
+        remote.withLock { queue in
+            queue.isSleeping = false
+            swap(&queue.items, &batch)
+        }
+        if !batch.isEmpty {
+            counters.remoteItems += batch.count
+            let now = pollStamp == 0 ? monotonicNanoseconds() : pollStamp
+            for item in batch {
+                let stamp = item.stamp == 0 ? now : item.stamp
+                enqueue(ReadyRecord(work: item.work, source: nil, stamp: stamp), item.priority)
+            }
+            batch.removeAll(keepingCapacity: true)
+        }
+        spareRemoteBatch = batch
+    }
+
+    private func promoteNextTurn() {
+        let now = monotonicNanoseconds()
+        let promoted = nextTurn
+        nextTurn.removeAll(keepingCapacity: true)
+        for var record in promoted {
+            record.stamp = now
+            if let source = record.source {
+                source.fire(source.turnReadiness)
+            } else {
+                enqueue(record, record.priority)
+            }
+        }
+    }
+
+    /// Runs ready records for at most one poll interval (plus the callback in progress).
+    private func dispatch(condition: () -> Bool) -> Int {
+        var now = monotonicNanoseconds()
+        cachedNow = now
+        counters.iterations += 1
+        let phaseDeadline = now &+ pollIntervalNanoseconds
+        var ran = 0
+        while let (record, priority) = nextRecord(now: now) {
+            let start = now
+            let accountedBefore = accountedNanoseconds
+            let backgroundWaited = priority != .background && !backgroundQueue.isEmpty
+            if let source = record.source {
+                source.run()
+            } else {
+                record.work.unsafelyUnwrapped()
+            }
+            now = monotonicNanoseconds()
+            cachedNow = now
+            let elapsed = now &- start
+            let nested = accountedNanoseconds &- accountedBefore
+            let own = elapsed > nested ? elapsed &- nested : 0
+            accountedNanoseconds &+= own
+            account(priority: priority, own: own, waited: start > record.stamp ? start &- record.stamp : 0,
+                    backgroundWaited: backgroundWaited)
+            ran &+= 1
+            if now >= phaseDeadline || stopRequested.load(ordering: .relaxed) || condition() { break }
+        }
+        return ran
+    }
+
+    /// The next record by priority, tempered by fairness: a waiting `.background` record runs
+    /// before higher-priority work once it has earned a quantum of credit (the guaranteed share:
+    /// higher-priority time while it waits earns `share / (1 - share)` of itself) or has waited
+    /// `maxStarvation`.
+    @inline(__always)
+    private func nextRecord(now: UInt64) -> (ReadyRecord, Priority)? {
+        if let first = backgroundQueue.first, !(inputQueue.isEmpty && normalQueue.isEmpty),
+            backgroundCredit >= backgroundQuantum || now &- min(first.stamp, now) >= maxStarvationNanoseconds
+        {
+            return (backgroundQueue.popFirst().unsafelyUnwrapped, .background)
+        }
+        if let record = inputQueue.popFirst() { return (record, .input) }
+        if let record = normalQueue.popFirst() { return (record, .normal) }
+        if let record = backgroundQueue.popFirst() { return (record, .background) }
+        return nil
+    }
+
+    @inline(__always)
+    private func account(priority: Priority, own: UInt64, waited: UInt64, backgroundWaited: Bool) {
+        counters.record(priority: priority, own: own, waited: waited)
+        if own > stallThresholdNanoseconds { counters.recordStall(own) }
+        // Guaranteed share: time that higher-priority work used while background work was
+        // waiting earns background credit; background time used while others wait spends it
+        // (down to a small debt); background time on an otherwise idle loop clears the account.
+        switch priority {
+        case .background:
+            if !inputQueue.isEmpty || !normalQueue.isEmpty {
+                backgroundCredit = max(backgroundCredit &- Int64(clamping: own), -maxBackgroundDebt)
+            } else {
+                backgroundCredit = 0
+            }
+        case .input, .normal:
+            if backgroundWaited {
+                let earned = Int64(Double(own) * backgroundCreditRate)
+                backgroundCredit = min(backgroundCredit &+ earned, Int64(clamping: maxStarvationNanoseconds))
+            }
+        }
+    }
+
+    // MARK: Metrics
+
+    /// A snapshot of what the loop has done so far. Read it on the loop's thread (or after
+    /// `run()` returned on it); it is a copy, cheap until the loop records again.
+    public var metrics: LoopMetrics { counters.snapshot() }
+}
+
+/// One queued unit of work: a posted closure or a fired source.
+struct ReadyRecord {
+    var work: (() -> Void)?
+    var source: Source?
+    var stamp: UInt64
+    var priority: Priority = .normal
+}
+
+/// Work posted from another thread, waiting for the loop to take it.
+struct RemoteItem {
+    let work: @Sendable () -> Void
+    let priority: Priority
+    let stamp: UInt64
+}
+
+/// The multi-producer side of a loop. Guarded by the loop's mutex.
+struct RemoteQueue {
+    var items: [RemoteItem] = []
+    /// Set by the loop just before it sleeps with an empty queue; the producer that clears it
+    /// writes the eventfd. So the fd is written at most once per sleep.
+    var isSleeping = false
+}
+
+/// Drains the loop's eventfd when it fires (inside the poll: internal work only).
+private final class WakeupTarget: NativeEventTarget {
+    var native: NativeEvent?
+    var descriptor: WakeupDescriptor?
+    /// Set when the eventfd fired; the loop counts it as a wake-up and clears it.
+    var didFire = false
+    override func nativeEventFired(_ readiness: Readiness) {
+        descriptor?.drain()
+        didFire = true
+    }
+}

@@ -1,0 +1,36 @@
+/// Why a Mainspring call failed. Every case names what went wrong and where.
+public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible {
+    /// A loop-thread-only call was made from another thread. `function` is the call.
+    case wrongThread(function: String)
+    /// The file descriptor is not open (or not valid for this use).
+    case badDescriptor(Int32)
+    /// A libevent function failed; `function` is its C name.
+    case libevent(function: String)
+    /// A system call failed with `errno`.
+    case system(function: String, errno: Int32)
+    /// The signal is already watched on another loop; only one loop may own a signal.
+    case signalInUse(signal: Int32)
+    /// The loop was shut down and accepts no more sources.
+    case loopClosed
+
+    public var description: String {
+        switch self {
+        case .wrongThread(let function):
+            return "\(function) must be called on the loop's own thread; use execute(_:) to get there"
+        case .badDescriptor(let fd):
+            return "file descriptor \(fd) is not open"
+        case .libevent(let function):
+            return "libevent call \(function) failed"
+        case .system(let function, let code):
+            return "\(function) failed: \(String(cString: strerror(code))) (errno \(code))"
+        case .signalInUse(let signal):
+            return "signal \(signal) is already watched on another loop; a signal belongs to one loop at a time"
+        case .loopClosed:
+            return "the loop is shut down"
+        }
+    }
+}
+
+#if canImport(Glibc)
+import Glibc
+#endif

@@ -1,0 +1,106 @@
+/// Something registered on a loop that becomes ready and is then dispatched by the loop's
+/// scheduler: a timer, an fd watcher, a line reader, a signal watcher.
+///
+/// Lifecycle: created open and registered with its loop (which keeps it alive); `fire` marks it
+/// ready (at most one ready record per source is queued); the scheduler calls `perform` with the
+/// accumulated readiness; `close` unregisters it for good. Every call happens on the loop's
+/// thread.
+///
+/// A source is never re-entered: while `perform` runs (say it spins the loop), new readiness is
+/// only accumulated, and a level-triggered native event that keeps firing is *held back*
+/// (deleted from libevent) until `perform` returns — the GLib rule, without a syscall in the
+/// common case.
+class Source: NativeEventTarget {
+    /// Valid while the source is open: the loop closes every source it holds before it goes.
+    unowned(unsafe) let loop: EventLoop
+    let priority: Priority
+    /// The libevent event behind the source, if it has one.
+    var native: NativeEvent?
+
+    private(set) var pending: Readiness = []
+    private(set) var isQueued = false
+    private(set) var isRunning = false
+    private(set) var isClosed = false
+    private var isHeldBack = false
+
+    init(loop: EventLoop, priority: Priority) {
+        self.loop = loop
+        self.priority = priority
+        super.init()
+        loop.register(self)
+    }
+
+    // MARK: Called by the loop
+
+    /// Records readiness and queues the source once. Cheap: called from libevent trampolines.
+    final func fire(_ readiness: Readiness) {
+        guard !isClosed else { return }
+        pending.formUnion(readiness)
+        if isRunning {
+            // Fired again during a nested poll while its handler runs: hold it back.
+            if !isHeldBack, let native, keepsFiring {
+                native.delete()
+                isHeldBack = true
+            }
+            return
+        }
+        if !isQueued {
+            isQueued = true
+            loop.enqueue(source: self)
+        }
+    }
+
+    override final func nativeEventFired(_ readiness: Readiness) { fire(readiness) }
+
+    /// Runs the handler with the readiness accumulated since the last run.
+    final func run() {
+        isQueued = false
+        guard !isClosed else { return }
+        let readiness = pending
+        pending = []
+        isRunning = true
+        perform(readiness)
+        isRunning = false
+        guard !isClosed else { return }
+        if isHeldBack {
+            isHeldBack = false
+            resumeNative()
+        }
+        if !pending.isEmpty && !isQueued {
+            isQueued = true
+            loop.enqueue(source: self)
+        }
+        didRun()
+    }
+
+    /// Unregisters the source: no handler runs after this returns. Idempotent.
+    final func close() {
+        guard !isClosed else { return }
+        isClosed = true
+        native?.delete()
+        native = nil
+        didClose()
+        loop.unregister(self)
+    }
+
+    // MARK: For subclasses
+
+    /// What an always-ready source (queued each turn with `enqueueNextTurn`) reports.
+    var turnReadiness: Readiness = .read
+
+    /// Whether the native event is persistent and level-triggered (fd events): only those can
+    /// fire repeatedly while the handler runs and need holding back.
+    var keepsFiring: Bool { false }
+
+    /// The handler call. Must be overridden.
+    func perform(_ readiness: Readiness) {}
+
+    /// Called after `perform` when the source is still open.
+    func didRun() {}
+
+    /// Called once by `close()`: drop handler closures here (they may capture the loop).
+    func didClose() {}
+
+    /// Re-adds a held-back native event.
+    func resumeNative() { try? native?.add() }
+}

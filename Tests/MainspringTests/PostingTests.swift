@@ -1,0 +1,98 @@
+import Foundation
+import Synchronization
+import Testing
+@testable import Mainspring
+
+@Suite("Posting work with execute")
+struct PostingTests {
+    @Test("4 producer threads × 100,000 posts: each runs exactly once, in order per producer")
+    func manyProducersExactlyOnceFIFO() async throws {
+        let producers = 4
+        let perProducer = 100_000
+        let result = try await onLoopThread { loop -> [[Int]] in
+            // Touched only on the loop's thread, inside posted closures.
+            nonisolated(unsafe) var seen = [[Int]](repeating: [], count: producers)
+            nonisolated(unsafe) var total = 0
+            for p in 0..<producers {
+                startThread {
+                    for i in 0..<perProducer {
+                        loop.execute {
+                            seen[p].append(i)
+                            total += 1
+                        }
+                    }
+                }
+            }
+            let finished = loop.spin(until: { total == producers * perProducer }, timeout: .seconds(60))
+            #expect(finished)
+            // Nothing more arrives afterwards (no duplicates).
+            loop.spin(until: { false }, timeout: .milliseconds(50))
+            #expect(total == producers * perProducer)
+            return seen
+        }
+        for (p, items) in result.enumerated() {
+            #expect(items.count == perProducer, "producer \(p)")
+            #expect(items == Array(0..<perProducer), "producer \(p) out of order")
+        }
+    }
+
+    @Test("posts from the loop's own thread run in FIFO order, after the current callback")
+    func localFIFO() async throws {
+        let order = try await onLoopThread { loop -> [Int] in
+            nonisolated(unsafe) var order: [Int] = []
+            loop.execute {
+                for i in 0..<1_000 { loop.execute { order.append(i) } }
+                order.append(-1)  // the posting callback finishes first
+            }
+            loop.spin(until: { order.count == 1_001 }, timeout: .seconds(10))
+            return order
+        }
+        #expect(order == [-1] + Array(0..<1_000))
+    }
+
+    @Test("ready work runs by priority: input, then normal, then background")
+    func priorityOrder() async throws {
+        let order = try await onLoopThread { loop -> [String] in
+            nonisolated(unsafe) var order: [String] = []
+            loop.execute {
+                loop.execute(priority: .background) { order.append("background") }
+                loop.execute(priority: .normal) { order.append("normal") }
+                loop.execute(priority: .input) { order.append("input") }
+            }
+            loop.spin(until: { order.count == 3 }, timeout: .seconds(5))
+            return order
+        }
+        #expect(order == ["input", "normal", "background"])
+    }
+
+    @Test("a loop that nobody runs yet takes posts from any thread and runs them on its runner")
+    func unboundLoopRunsOnRunner() async throws {
+        let loop = try EventLoop()
+        let ranOn = Locked<[Bool]>([])
+        for _ in 0..<10 { loop.execute { ranOn.withLock { $0.append(loop.isCurrent) } } }
+        let done = startThread {
+            loop.execute { loop.stop() }
+            try? loop.run()
+        }
+        #expect(done.wait(timeout: .now() + 10) == .success)
+        #expect(ranOn.value == Array(repeating: true, count: 10))
+        #expect(!loop.isCurrent)
+    }
+
+    @Test("a loop bound to one thread refuses run() from another, with a clear error")
+    func wrongThreadRun() async throws {
+        let loop = try await onLoopThread { loop in loop }
+        #expect(throws: EventLoopError.wrongThread(function: "EventLoop.run()")) { try loop.run() }
+        #expect(throws: EventLoopError.self) { _ = try loop.watch(0, for: .read) { _ in } }
+        let message = EventLoopError.wrongThread(function: "EventLoop.run()").description
+        #expect(message.contains("loop's own thread"))
+    }
+
+    @Test("EventLoop.current is one loop per thread, bound to it")
+    func currentIsPerThread() async throws {
+        let a = try await onLoopThread { loop in (ObjectIdentifier(loop), loop.isCurrent, EventLoop.current === loop) }
+        let b = try await onLoopThread { loop in ObjectIdentifier(loop) }
+        #expect(a.1 && a.2)
+        #expect(a.0 != b)
+    }
+}

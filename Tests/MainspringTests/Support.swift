@@ -1,0 +1,107 @@
+import Foundation
+import Synchronization
+import Testing
+@testable import Mainspring
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Runs `body` on a new dedicated thread (not the test's cooperative thread) with that thread's
+/// own `EventLoop.current`, and returns its result. The loop dies with the thread.
+func onLoopThread<T: Sendable>(
+    _ body: @escaping @Sendable (EventLoop) throws -> T
+) async throws -> T {
+    try await withCheckedThrowingContinuation { continuation in
+        let thread = Thread {
+            do {
+                continuation.resume(returning: try body(EventLoop.current))
+            } catch {
+                continuation.resume(throwing: error)
+            }
+        }
+        thread.stackSize = 4 << 20
+        thread.start()
+    }
+}
+
+/// Starts a thread running `body` and returns a semaphore signalled when it ends.
+@discardableResult
+func startThread(_ body: @escaping @Sendable () -> Void) -> DispatchSemaphore {
+    let done = DispatchSemaphore(value: 0)
+    let thread = Thread {
+        body()
+        done.signal()
+    }
+    thread.start()
+    return done
+}
+
+/// A pipe whose ends close when the value is released (each end at most once).
+final class Pipe: @unchecked Sendable {
+    let readEnd: Int32
+    let writeEnd: Int32
+    private let closed = Mutex<(read: Bool, write: Bool)>((false, false))
+
+    init() {
+        var fds: [Int32] = [0, 0]
+        precondition(pipe(&fds) == 0, "pipe failed")
+        readEnd = fds[0]
+        writeEnd = fds[1]
+    }
+
+    func write(_ text: String) { write(Array(text.utf8)) }
+
+    func write(_ bytes: [UInt8]) {
+        var offset = 0
+        while offset < bytes.count {
+            let n = bytes.withUnsafeBytes { Glibc.write(writeEnd, $0.baseAddress! + offset, $0.count - offset) }
+            precondition(n > 0 || errno == EINTR, "write failed: \(errno)")
+            if n > 0 { offset += n }
+        }
+    }
+
+    func closeWrite() {
+        if closed.withLock({ let was = $0.write; $0.write = true; return !was }) { close(writeEnd) }
+    }
+
+    func closeRead() {
+        if closed.withLock({ let was = $0.read; $0.read = true; return !was }) { close(readEnd) }
+    }
+
+    deinit {
+        closeWrite()
+        closeRead()
+    }
+}
+
+/// A value shared between threads under a lock.
+final class Locked<Value: Sendable>: @unchecked Sendable {
+    private let mutex: Mutex<Value>
+    init(_ value: Value) { mutex = Mutex(value) }
+    func withLock<R>(_ body: (inout Value) -> R) -> R { mutex.withLock { body(&$0) } }
+    var value: Value { mutex.withLock { $0 } }
+}
+
+/// Monotonic now, for tests.
+func now() -> ContinuousClock.Instant { ContinuousClock.now }
+
+/// CPU time used by the whole process so far.
+func processCPUTime() -> Duration {
+    var usage = rusage()
+    getrusage(__rusage_who_t(RUSAGE_SELF.rawValue), &usage)
+    let user = Duration.seconds(usage.ru_utime.tv_sec) + .microseconds(usage.ru_utime.tv_usec)
+    let system = Duration.seconds(usage.ru_stime.tv_sec) + .microseconds(usage.ru_stime.tv_usec)
+    return user + system
+}
+
+/// CPU time used by the calling thread so far.
+func threadCPUTime() -> Duration {
+    var ts = timespec()
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts)
+    return .seconds(ts.tv_sec) + .nanoseconds(ts.tv_nsec)
+}
+
+extension Duration {
+    var milliseconds: Double { Double(components.seconds) * 1_000 + Double(components.attoseconds) / 1e15 }
+}

@@ -1,0 +1,119 @@
+import Foundation
+import Testing
+@testable import Mainspring
+
+@Suite("Fd watchers")
+struct WatcherTests {
+    @Test("a pipe watcher sees data, then end of file")
+    func pipeReadAndEOF() async throws {
+        let pipe = Pipe()
+        let received = try await onLoopThread { loop -> (String, Bool) in
+            nonisolated(unsafe) var text = ""
+            nonisolated(unsafe) var sawEOF = false
+            nonisolated(unsafe) var watcher: Watcher?
+            watcher = try loop.watch(pipe.readEnd, for: .read) { events in
+                #expect(events.contains(.read))
+                var buffer = [UInt8](repeating: 0, count: 256)
+                let n = buffer.withUnsafeMutableBytes { read(pipe.readEnd, $0.baseAddress, $0.count) }
+                if n > 0 {
+                    text += String(decoding: buffer[0..<n], as: UTF8.self)
+                } else {
+                    sawEOF = true
+                    watcher?.cancel()
+                }
+            }
+            startThread {
+                pipe.write("hello ")
+                usleep(10_000)
+                pipe.write("world")
+                pipe.closeWrite()
+            }
+            loop.spin(until: { sawEOF }, timeout: .seconds(5))
+            return (text, sawEOF)
+        }
+        #expect(received.0 == "hello world")
+        #expect(received.1)
+    }
+
+    @Test("watching a closed or invalid fd is a thrown badDescriptor error")
+    func badDescriptor() async throws {
+        try await onLoopThread { loop in
+            let pipe = Pipe()
+            let fd = pipe.readEnd
+            pipe.closeRead()
+            #expect(throws: EventLoopError.badDescriptor(fd)) { _ = try loop.watch(fd, for: .read) { _ in } }
+            #expect(throws: EventLoopError.badDescriptor(-1)) { _ = try loop.readLines(from: -1) { _ in } }
+            #expect(EventLoopError.badDescriptor(fd).description.contains("not open"))
+        }
+    }
+
+    @Test("a watcher cancelled while its event is already ready never runs")
+    func cancelWhileReady() async throws {
+        let ran = try await onLoopThread { loop -> Bool in
+            let pipe = Pipe()
+            pipe.write("x")
+            nonisolated(unsafe) var ran = false
+            nonisolated(unsafe) var victim: Watcher?
+            // Both fds are ready in the same poll; the first handler cancels the second watcher.
+            let other = Pipe()
+            other.write("y")
+            let first = try loop.watch(other.readEnd, for: .read) { _ in victim?.cancel() }
+            victim = try loop.watch(pipe.readEnd, for: .read) { _ in ran = true }
+            loop.spin(until: { victim!.isCancelled }, timeout: .seconds(2))
+            loop.spin(until: { false }, timeout: .milliseconds(20))
+            first.cancel()
+            return ran
+        }
+        #expect(!ran)
+    }
+
+    @Test("a handler is never re-entered, even when it spins while its fd stays readable")
+    func neverReentered() async throws {
+        let (maxDepth, calls, cpu) = try await onLoopThread { loop -> (Int, Int, Duration) in
+            let pipe = Pipe()
+            pipe.write("data that nobody reads")
+            nonisolated(unsafe) var depth = 0
+            nonisolated(unsafe) var maxDepth = 0
+            nonisolated(unsafe) var calls = 0
+            let cpuBefore = threadCPUTime()
+            let watcher = try loop.watch(pipe.readEnd, for: .read) { _ in
+                calls += 1
+                depth += 1
+                maxDepth = max(maxDepth, depth)
+                if calls == 1 {
+                    // The fd stays readable while we wait 100 ms: the watcher must be held back,
+                    // not re-entered, and the nested spin must sleep rather than busy-loop.
+                    loop.spin(until: { false }, timeout: .milliseconds(100))
+                }
+                depth -= 1
+            }
+            loop.spin(until: { calls >= 2 }, timeout: .seconds(2))
+            watcher.cancel()
+            return (maxDepth, calls, threadCPUTime() - cpuBefore)
+        }
+        #expect(maxDepth == 1)
+        #expect(calls >= 2)  // resumed after the handler returned
+        #expect(cpu < .milliseconds(60), "the nested spin burned \(cpu) of CPU")
+    }
+
+    @Test("a regular file is always ready: its watcher runs every turn until cancelled")
+    func regularFile() async throws {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("mainspring-\(getpid())-watch").path
+        _ = FileManager.default.createFile(atPath: path, contents: Data("abc".utf8))
+        defer { unlink(path) }
+        let fd = open(path, O_RDONLY)
+        defer { close(fd) }
+        let count = try await onLoopThread { loop -> Int in
+            nonisolated(unsafe) var count = 0
+            nonisolated(unsafe) var watcher: Watcher?
+            watcher = try loop.watch(fd, for: .read) { _ in
+                count += 1
+                if count == 5 { watcher?.cancel() }
+            }
+            loop.spin(until: { count >= 5 }, timeout: .seconds(2))
+            loop.spin(until: { false }, timeout: .milliseconds(20))
+            return count
+        }
+        #expect(count == 5)
+    }
+}
