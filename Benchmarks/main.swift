@@ -1,1 +1,73 @@
-print("bench placeholder")
+import Foundation
+
+// mainspring-bench [scenario …] [--runs N] [--json]
+// Runs each named scenario (all when none is named), every variant side by side in this run,
+// and prints an aligned table, or with --json one JSON array of records (see DESIGN.md).
+
+/// Every scenario, in the order they run. Each lives in its own file.
+let scenarios: [Scenario] = [
+    postLocalScenario,
+    postRemoteScenario,
+    timersScenario,
+]
+
+/// Variants that run in a child process (see `runChild`).
+let childEntryPoints: [ChildEntryPoint] = [
+]
+
+func main() throws {
+    var arguments = Array(CommandLine.arguments.dropFirst())
+    if arguments.first == "--child" {
+        let name = arguments.count > 1 ? arguments[1] : ""
+        guard let entry = childEntryPoints.first(where: { $0.name == name }) else {
+            throw BenchError.usage("unknown child '\(name)'")
+        }
+        try entry.body(Array(arguments.dropFirst(2)))
+    }
+    var runs = 5
+    var json = false
+    var names: [String] = []
+    while !arguments.isEmpty {
+        let argument = arguments.removeFirst()
+        switch argument {
+        case "--runs":
+            guard let value = arguments.first.flatMap(Int.init), value > 0 else {
+                throw BenchError.usage("--runs needs a positive number")
+            }
+            arguments.removeFirst()
+            runs = value
+        case "--json":
+            json = true
+        case "--help", "-h":
+            print("usage: mainspring-bench [scenario …] [--runs N] [--json]\n\nscenarios:")
+            for scenario in scenarios { print("  \(scenario.name.padding(toLength: 12, withPad: " ", startingAt: 0))  \(scenario.summary)") }
+            return
+        default:
+            names.append(argument)
+        }
+    }
+    let selected = try names.isEmpty ? scenarios : names.map { name in
+        guard let scenario = scenarios.first(where: { $0.name == name }) else { throw BenchError.unknownScenario(name) }
+        return scenario
+    }
+    var records: [BenchRecord] = []
+    for scenario in selected {
+        if !json { FileHandle.standardError.write(Data("running \(scenario.name) (\(runs) runs)…\n".utf8)) }
+        records += try scenario.run(runs)
+    }
+    if json {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys]
+        print(String(decoding: try encoder.encode(records), as: UTF8.self))
+    } else {
+        print("$ mainspring-bench \(CommandLine.arguments.dropFirst().joined(separator: " "))")
+        print(table(records))
+    }
+}
+
+do {
+    try main()
+} catch {
+    FileHandle.standardError.write(Data("mainspring-bench: \(error)\n".utf8))
+    exit(1)
+}

@@ -24,4 +24,20 @@
 /// not callable from Swift).
 static inline int ms_gettid(void) { return (int)syscall(SYS_gettid); }
 
+/// The CPU's cycle counter (x86-64 `rdtsc`, AArch64 `cntvct_el0`), or 0 where there is none.
+/// About 10 ns against about 24 ns for clock_gettime; see Libevent/FastClock.swift.
+static inline uint64_t ms_cycle_counter(void) {
+#if defined(__x86_64__)
+    unsigned lo, hi;
+    __asm__ volatile("rdtsc" : "=a"(lo), "=d"(hi));
+    return ((uint64_t)hi << 32) | lo;
+#elif defined(__aarch64__)
+    uint64_t value;
+    __asm__ volatile("mrs %0, cntvct_el0" : "=r"(value));
+    return value;
+#else
+    return 0;
+#endif
+}
+
 #endif

@@ -1,1 +1,168 @@
 #include "baselines.h"
+
+#include <event2/event.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static struct event_base *new_base(int max_dispatch_us) {
+    struct event_config *cfg = event_config_new();
+    event_config_set_flag(cfg, EVENT_BASE_FLAG_NOLOCK | EVENT_BASE_FLAG_PRECISE_TIMER);
+    if (max_dispatch_us > 0) {
+        struct timeval tv = {0, max_dispatch_us};
+        event_config_set_max_dispatch_interval(cfg, &tv, -1, 0);
+    }
+    struct event_base *base = event_base_new_with_config(cfg);
+    event_config_free(cfg);
+    return base;
+}
+
+/* ---- post-local ---- */
+
+struct local_state {
+    struct event *ev;
+    int64_t remaining;
+};
+
+static void local_cb(evutil_socket_t fd, short what, void *arg) {
+    (void)fd; (void)what;
+    struct local_state *s = arg;
+    if (--s->remaining > 0) event_active(s->ev, EV_READ, 0);
+}
+
+double ms_baseline_post_local(int64_t count, int max_dispatch_us) {
+    struct event_base *base = new_base(max_dispatch_us);
+    struct local_state s = {NULL, count};
+    s.ev = event_new(base, -1, 0, local_cb, &s);
+    double start = now_seconds();
+    event_active(s.ev, EV_READ, 0);
+    while (s.remaining > 0) event_base_loop(base, EVLOOP_ONCE);
+    double elapsed = now_seconds() - start;
+    event_free(s.ev);
+    event_base_free(base);
+    return elapsed;
+}
+
+/* ---- post-remote ---- */
+
+struct item { void (*fn)(void *); void *arg; };
+
+struct remote_queue {
+    pthread_mutex_t lock;
+    struct item *items;
+    int64_t count, capacity;
+    int efd;
+    int64_t processed, wakeups, total;
+    struct event_base *base;
+};
+
+static void count_item(void *arg) { ((struct remote_queue *)arg)->processed++; }
+
+static void remote_push(struct remote_queue *q, struct item it) {
+    pthread_mutex_lock(&q->lock);
+    if (q->count == q->capacity) {
+        q->capacity = q->capacity ? q->capacity * 2 : 1024;
+        q->items = realloc(q->items, (size_t)q->capacity * sizeof(struct item));
+    }
+    q->items[q->count++] = it;
+    int wake = q->count == 1;
+    pthread_mutex_unlock(&q->lock);
+    if (wake) {
+        uint64_t one = 1;
+        while (write(q->efd, &one, 8) < 0) {}
+    }
+}
+
+static void remote_cb(evutil_socket_t fd, short what, void *arg) {
+    (void)what;
+    struct remote_queue *q = arg;
+    uint64_t value;
+    while (read(fd, &value, 8) < 0) {}
+    q->wakeups++;
+    struct item *batch = NULL;
+    int64_t n = 0;
+    static __thread struct item *spare = NULL;
+    static __thread int64_t spare_capacity = 0;
+    pthread_mutex_lock(&q->lock);
+    batch = q->items; n = q->count;
+    int64_t batch_capacity = q->capacity;
+    q->items = spare; q->capacity = spare_capacity; q->count = 0;
+    pthread_mutex_unlock(&q->lock);
+    for (int64_t i = 0; i < n; i++) batch[i].fn(batch[i].arg);
+    spare = batch; spare_capacity = batch_capacity;
+    if (q->processed >= q->total) event_base_loopbreak(q->base);
+}
+
+static void *producer(void *arg) {
+    struct remote_queue *q = arg;
+    for (int64_t i = 0; i < q->total; i++) remote_push(q, (struct item){count_item, q});
+    return NULL;
+}
+
+double ms_baseline_post_remote(int64_t count, int64_t *wakeups) {
+    struct remote_queue q = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, -1, 0, 0, count, NULL};
+    q.efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    q.base = new_base(0);
+    struct event *ev = event_new(q.base, q.efd, EV_READ | EV_PERSIST, remote_cb, &q);
+    event_add(ev, NULL);
+    pthread_t thread;
+    double start = now_seconds();
+    pthread_create(&thread, NULL, producer, &q);
+    event_base_dispatch(q.base);
+    double elapsed = now_seconds() - start;
+    pthread_join(thread, NULL);
+    *wakeups = q.wakeups;
+    event_free(ev);
+    event_base_free(q.base);
+    close(q.efd);
+    free(q.items);
+    return elapsed;
+}
+
+/* ---- timers ---- */
+
+struct timer_state {
+    int64_t start, interval, end;
+    int64_t *lateness;
+    int64_t capacity, firings;
+    struct event_base *base;
+};
+
+static void timer_cb(evutil_socket_t fd, short what, void *arg) {
+    (void)fd; (void)what;
+    struct timer_state *s = arg;
+    int64_t now = now_ns();
+    int64_t k = (now - s->start) / s->interval;
+    int64_t ideal = s->start + k * s->interval;
+    if (s->firings < s->capacity) s->lateness[s->firings] = now - ideal;
+    s->firings++;
+    if (now >= s->end) event_base_loopbreak(s->base);
+}
+
+int64_t ms_baseline_timers(int interval_us, int duration_ms, int64_t *lateness_ns, int64_t capacity) {
+    struct timer_state s = {0, (int64_t)interval_us * 1000, 0, lateness_ns, capacity, 0, NULL};
+    s.base = new_base(0);
+    struct event *ev = event_new(s.base, -1, EV_PERSIST, timer_cb, &s);
+    struct timeval tv = {interval_us / 1000000, interval_us % 1000000};
+    s.start = now_ns();
+    s.end = s.start + (int64_t)duration_ms * 1000000;
+    event_add(ev, &tv);
+    event_base_dispatch(s.base);
+    event_free(ev);
+    event_base_free(s.base);
+    return s.firings;
+}

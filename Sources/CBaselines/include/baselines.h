@@ -1,1 +1,23 @@
+// Plain-C libevent loops that mainspring-bench measures Mainspring against, side by side.
+// Each function builds its own event_base, runs one scenario to completion and returns figures.
+#ifndef MAINSPRING_BASELINES_H
+#define MAINSPRING_BASELINES_H
 
+#include <stdint.h>
+
+/// post-local: one event re-activated with event_active() from its own callback `count` times.
+/// `max_dispatch_us` > 0 sets event_config_set_max_dispatch_interval (the loop polls at least
+/// that often); 0 means never poll while work is active. Returns elapsed seconds.
+double ms_baseline_post_local(int64_t count, int max_dispatch_us);
+
+/// post-remote: a producer thread posts `count` items into a mutex-protected queue; the loop
+/// thread takes whole batches when an eventfd (written on the empty-to-non-empty transition)
+/// wakes it. Returns elapsed seconds; `*wakeups` receives the number of eventfd wake-ups.
+double ms_baseline_post_remote(int64_t count, int64_t *wakeups);
+
+/// timers: a persistent timer every `interval_us` for `duration_ms` on a precise-timer base.
+/// Writes each firing's lateness behind its ideal deadline (start + k × interval), in
+/// nanoseconds, into `lateness_ns` (capacity `capacity`). Returns the number of firings.
+int64_t ms_baseline_timers(int interval_us, int duration_ms, int64_t *lateness_ns, int64_t capacity);
+
+#endif

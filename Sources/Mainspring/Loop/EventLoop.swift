@@ -45,25 +45,33 @@ public final class EventLoop: @unchecked Sendable {
     private var wakeupTarget: WakeupTarget?
     /// Target of the timer that bounds a blocking poll in `spin(until:timeout:)`: does nothing.
     private let timeoutTarget = NativeEventTarget()
-    private var inputQueue = RingBuffer<ReadyRecord>()
-    private var normalQueue = RingBuffer<ReadyRecord>()
-    private var backgroundQueue = RingBuffer<ReadyRecord>()
+    @exclusivity(unchecked) private var inputQueue = RingBuffer<ReadyRecord>()
+    @exclusivity(unchecked) private var normalQueue = RingBuffer<ReadyRecord>()
+    @exclusivity(unchecked) private var backgroundQueue = RingBuffer<ReadyRecord>()
     /// Records that become ready after the next poll (one "turn" later).
-    private var nextTurn: [ReadyRecord] = []
-    private var spareRemoteBatch: [RemoteItem] = []
+    @exclusivity(unchecked) private var nextTurn: [ReadyRecord] = []
+    /// Cross-thread posts taken from `remote`, one batch per priority, consumed in place.
+    @exclusivity(unchecked) private var inputRemote = RemoteBatch()
+    @exclusivity(unchecked) private var normalRemote = RemoteBatch()
+    @exclusivity(unchecked) private var backgroundRemote = RemoteBatch()
+    /// Per priority: whether the next pick goes to the remote batch (round robin with local work).
+    @exclusivity(unchecked) private var preferRemote: (Bool, Bool, Bool) = (false, false, false)
     private var sources: [ObjectIdentifier: Source] = [:]
     /// The time of the last clock read: the stamp for posts and readiness.
-    private(set) var cachedNow: UInt64
-    private var pollStamp: UInt64 = 0
+    @exclusivity(unchecked) private(set) var cachedNow: UInt64
+    @exclusivity(unchecked) private var pollStamp: UInt64 = 0
     /// How many `run`/`spin` calls are on the stack.
-    private var runDepth = 0
+    @exclusivity(unchecked) private var runDepth = 0
     /// Background work's credit (ns) under the guaranteed-share rule; see `nextRecord`.
-    private var backgroundCredit: Int64 = 0
+    @exclusivity(unchecked) private var backgroundCredit: Int64 = 0
     /// Every callback's own time and every poll's time, summed: lets an outer callback subtract
     /// what nested spins did inside it.
-    private var accountedNanoseconds: UInt64 = 0
-    var counters: LoopCounters
+    @exclusivity(unchecked) private var accountedNanoseconds: UInt64 = 0
+    @exclusivity(unchecked) var counters: LoopCounters
 
+    /// The dispatcher's clock (a calibrated cycle counter): every stamp and deadline of the
+    /// scheduler uses it. Timers and spin timeouts use `monotonicNanoseconds()` instead.
+    let clock = FastClock.shared
     private let pollIntervalNanoseconds: UInt64
     private let maxStarvationNanoseconds: UInt64
     private let stallThresholdNanoseconds: UInt64
@@ -94,7 +102,7 @@ public final class EventLoop: @unchecked Sendable {
         self.stallThresholdNanoseconds = configuration.stallThreshold.clampedNanoseconds
         let share = configuration.backgroundShare.isFinite ? min(max(configuration.backgroundShare, 0), 0.9) : 0
         self.backgroundCreditRate = share / (1 - share)
-        self.cachedNow = monotonicNanoseconds()
+        self.cachedNow = FastClock.shared.now()
         self.counters = LoopCounters(collectsQueueWait: configuration.collectsMetrics)
         let target = WakeupTarget()
         let event = try NativeEvent(base: base, fd: wakeup.fd, readiness: .read, persistent: true, target: target)
@@ -109,8 +117,9 @@ public final class EventLoop: @unchecked Sendable {
         // called) and count the work that will never run.
         for source in Array(sources.values) { source.close() }
         let queued = inputQueue.removeAll() + normalQueue.removeAll() + backgroundQueue.removeAll() + nextTurn.count
-        let remoteCount = remote.withLock { $0.items.count }
-        counters.droppedAtShutdown += queued + remoteCount
+        let taken = inputRemote.remaining + normalRemote.remaining + backgroundRemote.remaining
+        let waiting = remote.withLock { $0.count }
+        counters.droppedAtShutdown += queued + taken + waiting
         wakeupTarget?.native = nil
     }
 
@@ -273,9 +282,9 @@ public final class EventLoop: @unchecked Sendable {
     }
 
     private func executeFromOtherThread(priority: Priority, _ work: @escaping @Sendable () -> Void) {
-        let stamp = counters.collectsQueueWait ? monotonicNanoseconds() : 0
+        let stamp = counters.collectsQueueWait ? clock.now() : 0
         let mustWake = remote.withLock { queue -> Bool in
-            queue.items.append(RemoteItem(work: work, priority: priority, stamp: stamp))
+            queue.append(RemoteItem(work: work, stamp: stamp), priority)
             if queue.isSleeping {
                 queue.isSleeping = false
                 return true
@@ -294,7 +303,7 @@ public final class EventLoop: @unchecked Sendable {
     /// Queues a fired source (at most once: `Source.fire` guards it).
     @inline(__always)
     func enqueue(source: Source) {
-        if pollStamp == 0 { pollStamp = monotonicNanoseconds() }
+        if pollStamp == 0 { pollStamp = clock.now() }
         enqueue(ReadyRecord(work: nil, source: source, stamp: pollStamp), source.priority)
     }
 
@@ -325,16 +334,23 @@ public final class EventLoop: @unchecked Sendable {
 
     private var hasReadyWork: Bool {
         !inputQueue.isEmpty || !normalQueue.isEmpty || !backgroundQueue.isEmpty || !nextTurn.isEmpty
+            || !inputRemote.isEmpty || !normalRemote.isEmpty || !backgroundRemote.isEmpty
     }
 
     /// Polls once, then dispatches. `deadline` (monotonic ns) bounds a blocking poll.
     private func iterate(blocking: Bool, deadline: UInt64?, condition: () -> Bool) throws(EventLoopError) -> Int {
+        // One lock per pass: either take the cross-thread posts, or (nothing to do at all)
+        // declare the loop asleep so that the next producer writes the eventfd.
         var mayBlock = blocking && !hasReadyWork
+        pollStamp = 0
         if mayBlock {
             mayBlock = remote.withLock { queue -> Bool in
-                guard queue.items.isEmpty else { return false }
-                queue.isSleeping = true
-                return true
+                if queue.isEmpty {
+                    queue.isSleeping = true
+                    return true
+                }
+                counters.remoteItems &+= takeRemote(from: &queue)
+                return false
             }
         }
         var timeoutEvent: NativeEvent?
@@ -344,44 +360,48 @@ public final class EventLoop: @unchecked Sendable {
             try event.add(timeoutNanoseconds: deadline > now ? deadline - now : 0)
             timeoutEvent = event
         }
-        let pollStart = mayBlock ? monotonicNanoseconds() : 0
-        pollStamp = 0
+        let pollStart = mayBlock ? clock.now() : 0
         counters.polls += 1
         defer { timeoutEvent?.delete() }
         try base.poll(blocking: mayBlock)
         if mayBlock {
-            accountedNanoseconds &+= monotonicNanoseconds() &- pollStart
+            accountedNanoseconds &+= clock.now() &- pollStart
         }
         if let target = wakeupTarget, target.didFire {
             target.didFire = false
             counters.wakeups += 1
         }
-        drainRemote(wasSleeping: mayBlock)
+        if mayBlock || blocking == false || hasReadyWork {
+            refillRemote()
+        }
         if !nextTurn.isEmpty { promoteNextTurn() }
         return dispatch(condition: condition)
     }
 
-    private func drainRemote(wasSleeping: Bool) {
-        var batch = spareRemoteBatch
-        spareRemoteBatch = []
-        remote.withLock { queue in
+    /// Takes cross-thread posts for every priority whose previous batch is used up, and tells
+    /// the producers the loop is awake. Returns whether it took any.
+    @discardableResult
+    private func refillRemote() -> Bool {
+        let taken = remote.withLock { queue -> Int in
             queue.isSleeping = false
-            swap(&queue.items, &batch)
+            return takeRemote(from: &queue)
         }
-        if !batch.isEmpty {
-            counters.remoteItems += batch.count
-            let now = pollStamp == 0 ? monotonicNanoseconds() : pollStamp
-            for item in batch {
-                let stamp = item.stamp == 0 ? now : item.stamp
-                enqueue(ReadyRecord(work: item.work, source: nil, stamp: stamp), item.priority)
-            }
-            batch.removeAll(keepingCapacity: true)
-        }
-        spareRemoteBatch = batch
+        counters.remoteItems &+= taken
+        return taken > 0
+    }
+
+    /// Swaps the queue's arrays into the used-up batches (called with the lock held).
+    @inline(__always)
+    private func takeRemote(from queue: inout RemoteQueue) -> Int {
+        if queue.isEmpty { return 0 }
+        let now = pollStamp == 0 ? clock.now() : pollStamp
+        return inputRemote.refill(from: &queue.input, at: now)
+            + normalRemote.refill(from: &queue.normal, at: now)
+            + backgroundRemote.refill(from: &queue.background, at: now)
     }
 
     private func promoteNextTurn() {
-        let now = monotonicNanoseconds()
+        let now = clock.now()
         let promoted = nextTurn
         nextTurn.removeAll(keepingCapacity: true)
         for var record in promoted {
@@ -396,7 +416,7 @@ public final class EventLoop: @unchecked Sendable {
 
     /// Runs ready records for at most one poll interval (plus the callback in progress).
     private func dispatch(condition: () -> Bool) -> Int {
-        var now = monotonicNanoseconds()
+        var now = clock.now()
         cachedNow = now
         counters.iterations += 1
         let phaseDeadline = now &+ pollIntervalNanoseconds
@@ -404,13 +424,15 @@ public final class EventLoop: @unchecked Sendable {
         while let (record, priority) = nextRecord(now: now) {
             let start = now
             let accountedBefore = accountedNanoseconds
-            let backgroundWaited = priority != .background && !backgroundQueue.isEmpty
+            let backgroundWaited = priority != .background && (!backgroundQueue.isEmpty || !backgroundRemote.isEmpty)
             if let source = record.source {
                 source.run()
-            } else {
-                record.work.unsafelyUnwrapped()
+            } else if let work = record.work {
+                // (Not `unsafelyUnwrapped`: going through generic Optional API would reabstract
+                // the closure, allocating a thunk per call.)
+                work()
             }
-            now = monotonicNanoseconds()
+            now = clock.now()
             cachedNow = now
             let elapsed = now &- start
             let nested = accountedNanoseconds &- accountedBefore
@@ -430,14 +452,43 @@ public final class EventLoop: @unchecked Sendable {
     /// `maxStarvation`.
     @inline(__always)
     private func nextRecord(now: UInt64) -> (ReadyRecord, Priority)? {
-        if let first = backgroundQueue.first, !(inputQueue.isEmpty && normalQueue.isEmpty),
-            backgroundCredit >= backgroundQuantum || now &- min(first.stamp, now) >= maxStarvationNanoseconds
+        if !(backgroundQueue.isEmpty && backgroundRemote.isEmpty),
+            !(inputQueue.isEmpty && normalQueue.isEmpty && inputRemote.isEmpty && normalRemote.isEmpty),
+            let stamp = oldestBackgroundStamp,
+            backgroundCredit >= backgroundQuantum || now &- min(stamp, now) >= maxStarvationNanoseconds,
+            let record = Self.take(&backgroundQueue, &backgroundRemote, &preferRemote.2)
         {
-            return (backgroundQueue.popFirst().unsafelyUnwrapped, .background)
+            return (record, .background)
         }
-        if let record = inputQueue.popFirst() { return (record, .input) }
-        if let record = normalQueue.popFirst() { return (record, .normal) }
-        if let record = backgroundQueue.popFirst() { return (record, .background) }
+        if let record = Self.take(&inputQueue, &inputRemote, &preferRemote.0) { return (record, .input) }
+        if let record = Self.take(&normalQueue, &normalRemote, &preferRemote.1) { return (record, .normal) }
+        if let record = Self.take(&backgroundQueue, &backgroundRemote, &preferRemote.2) { return (record, .background) }
+        return nil
+    }
+
+    /// The stamp of the oldest ready background record, local or remote.
+    private var oldestBackgroundStamp: UInt64? {
+        switch (backgroundQueue.firstStamp, backgroundRemote.firstStamp) {
+        case let (local?, remote?): return min(local, remote)
+        case let (local?, nil): return local
+        case let (nil, remote?): return remote
+        case (nil, nil): return nil
+        }
+    }
+
+    /// One record of a priority: local and cross-thread work take turns when both are ready.
+    @inline(__always)
+    private static func take(_ local: inout RingBuffer<ReadyRecord>, _ remote: inout RemoteBatch,
+                             _ preferRemote: inout Bool) -> ReadyRecord?
+    {
+        if !local.isEmpty && (remote.isEmpty || !preferRemote) {
+            preferRemote = true
+            return local.popFirst()
+        }
+        if !remote.isEmpty {
+            preferRemote = false
+            return remote.popFirst()
+        }
         return nil
     }
 
@@ -450,7 +501,7 @@ public final class EventLoop: @unchecked Sendable {
         // (down to a small debt); background time on an otherwise idle loop clears the account.
         switch priority {
         case .background:
-            if !inputQueue.isEmpty || !normalQueue.isEmpty {
+            if !inputQueue.isEmpty || !normalQueue.isEmpty || !inputRemote.isEmpty || !normalRemote.isEmpty {
                 backgroundCredit = max(backgroundCredit &- Int64(clamping: own), -maxBackgroundDebt)
             } else {
                 backgroundCredit = 0
@@ -481,16 +532,66 @@ struct ReadyRecord {
 /// Work posted from another thread, waiting for the loop to take it.
 struct RemoteItem {
     let work: @Sendable () -> Void
-    let priority: Priority
+    /// When it was posted (the loop's `FastClock`), or 0 when metrics are off.
     let stamp: UInt64
 }
 
-/// The multi-producer side of a loop. Guarded by the loop's mutex.
+/// The multi-producer side of a loop, one array per priority. Guarded by the loop's mutex.
 struct RemoteQueue {
-    var items: [RemoteItem] = []
+    var input: [RemoteItem] = []
+    var normal: [RemoteItem] = []
+    var background: [RemoteItem] = []
     /// Set by the loop just before it sleeps with an empty queue; the producer that clears it
     /// writes the eventfd. So the fd is written at most once per sleep.
     var isSleeping = false
+
+    var isEmpty: Bool { input.isEmpty && normal.isEmpty && background.isEmpty }
+    var count: Int { input.count + normal.count + background.count }
+
+    @inline(__always)
+    mutating func append(_ item: RemoteItem, _ priority: Priority) {
+        switch priority {
+        case .input: input.append(item)
+        case .normal: normal.append(item)
+        case .background: background.append(item)
+        }
+    }
+}
+
+/// The loop's side of one priority's cross-thread posts: the batch last taken from the queue,
+/// consumed in place (no copy into the ring). Its array and the queue's are swapped on refill,
+/// so both keep their capacity: no allocation in the steady state.
+struct RemoteBatch {
+    private var items: [RemoteItem] = []
+    private var next = 0
+    /// When the batch was taken: the stamp of items posted without one.
+    private var takenAt: UInt64 = 0
+
+    var isEmpty: Bool { next == items.count }
+    var remaining: Int { items.count - next }
+
+    var firstStamp: UInt64? {
+        guard next < items.count else { return nil }
+        let stamp = items[next].stamp
+        return stamp == 0 ? takenAt : stamp
+    }
+
+    @inline(__always)
+    mutating func popFirst() -> ReadyRecord {
+        let item = items[next]
+        next &+= 1
+        return ReadyRecord(work: item.work, source: nil, stamp: item.stamp == 0 ? takenAt : item.stamp)
+    }
+
+    /// Takes the queue's items if this batch is used up. Returns how many it took.
+    mutating func refill(from queue: inout [RemoteItem], at now: UInt64) -> Int {
+        guard next == items.count, !queue.isEmpty else { return 0 }
+        items.removeAll(keepingCapacity: true)
+        next = 0
+        takenAt = now
+        swap(&items, &queue)
+        return items.count
+    }
 }
 
 /// Drains the loop's eventfd when it fires (inside the poll: internal work only).

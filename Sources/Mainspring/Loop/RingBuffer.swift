@@ -47,3 +47,9 @@ struct RingBuffer<Element> {
         head = 0
     }
 }
+
+extension RingBuffer where Element == ReadyRecord {
+    /// The stamp of the first record, read in place (no copy, so no retain/release).
+    @inline(__always)
+    var firstStamp: UInt64? { count == 0 ? nil : storage[head]?.stamp }
+}

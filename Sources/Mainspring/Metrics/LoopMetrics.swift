@@ -47,23 +47,35 @@ struct LoopCounters {
     var longestCallback: UInt64 = 0
     private var callbacks: (Int, Int, Int) = (0, 0, 0)
     private var busy: (UInt64, UInt64, UInt64) = (0, 0, 0)
-    private var waits: [LatencyHistogram]
+    private var inputWait: LatencyHistogram
+    private var normalWait: LatencyHistogram
+    private var backgroundWait: LatencyHistogram
     let collectsQueueWait: Bool
 
     init(collectsQueueWait: Bool) {
         self.collectsQueueWait = collectsQueueWait
-        waits = collectsQueueWait ? [LatencyHistogram(), LatencyHistogram(), LatencyHistogram()] : []
+        inputWait = LatencyHistogram()
+        normalWait = LatencyHistogram()
+        backgroundWait = LatencyHistogram()
     }
 
     @inline(__always)
     mutating func record(priority: Priority, own: UInt64, waited: UInt64) {
         switch priority {
-        case .input: callbacks.0 &+= 1; busy.0 &+= own
-        case .normal: callbacks.1 &+= 1; busy.1 &+= own
-        case .background: callbacks.2 &+= 1; busy.2 &+= own
+        case .input:
+            callbacks.0 &+= 1
+            busy.0 &+= own
+            if collectsQueueWait { inputWait.record(nanoseconds: waited) }
+        case .normal:
+            callbacks.1 &+= 1
+            busy.1 &+= own
+            if collectsQueueWait { normalWait.record(nanoseconds: waited) }
+        case .background:
+            callbacks.2 &+= 1
+            busy.2 &+= own
+            if collectsQueueWait { backgroundWait.record(nanoseconds: waited) }
         }
         if own > longestCallback { longestCallback = own }
-        if collectsQueueWait { waits[priority.queueIndex].record(nanoseconds: waited) }
     }
 
     mutating func recordStall(_ duration: UInt64) {
@@ -72,10 +84,8 @@ struct LoopCounters {
     }
 
     func snapshot() -> LoopMetrics {
-        var waitByPriority: [Priority: LatencyHistogram] = [:]
-        if collectsQueueWait {
-            for priority in Priority.allCases { waitByPriority[priority] = waits[priority.queueIndex] }
-        }
+        let waitByPriority: [Priority: LatencyHistogram] =
+            collectsQueueWait ? [.input: inputWait, .normal: normalWait, .background: backgroundWait] : [:]
         return LoopMetrics(
             iterations: iterations, polls: polls, wakeups: wakeups, remoteItems: remoteItems,
             callbacks: [.input: callbacks.0, .normal: callbacks.1, .background: callbacks.2],

@@ -1,0 +1,185 @@
+import Foundation
+
+/// One figure of one variant of one scenario, summarised over several runs.
+struct BenchRecord: Codable {
+    let scenario: String
+    let variant: String
+    let metric: String
+    let min: Double
+    let median: Double
+    let max: Double
+    let runs: Int
+}
+
+/// A named benchmark scenario. `run` measures every variant side by side, `runs` times each
+/// (interleaved: variant A, B, C, then A, B, C again…), and summarises.
+struct Scenario: Sendable {
+    let name: String
+    let summary: String
+    let run: @Sendable (_ runs: Int) throws -> [BenchRecord]
+}
+
+/// A variant that must run in a process of its own: `mainspring-bench --child <name> …`
+/// calls `body` with the remaining arguments; it prints its figures with `childReport`.
+struct ChildEntryPoint: Sendable {
+    let name: String
+    let body: @Sendable ([String]) throws -> Never
+}
+
+/// Whether `variant` should run: all do unless `MAINSPRING_BENCH_VARIANTS` (a comma-separated
+/// list) names some — handy under a profiler.
+func variantEnabled(_ variant: String) -> Bool {
+    guard let list = ProcessInfo.processInfo.environment["MAINSPRING_BENCH_VARIANTS"], !list.isEmpty else {
+        return true
+    }
+    return list.split(separator: ",").contains { $0 == variant }
+}
+
+/// Collects samples per (variant, metric) and summarises them as min / median / max.
+struct Samples {
+    private var values: [String: [String: [Double]]] = [:]
+    private var order: [(String, String)] = []
+
+    mutating func add(_ variant: String, _ metric: String, _ value: @autoclosure () -> Double) {
+        guard variantEnabled(variant) else { return }
+        let value = value()
+        if values[variant]?[metric] == nil { order.append((variant, metric)) }
+        values[variant, default: [:]][metric, default: []].append(value)
+    }
+
+    mutating func add(_ variant: String, _ figures: @autoclosure () -> [(String, Double)]) {
+        guard variantEnabled(variant) else { return }
+        for (metric, value) in figures() { add(variant, metric, value) }
+    }
+
+    func records(scenario: String) -> [BenchRecord] {
+        order.map { variant, metric in
+            let sorted = values[variant]![metric]!.sorted()
+            return BenchRecord(scenario: scenario, variant: variant, metric: metric, min: sorted.first!,
+                               median: median(of: sorted), max: sorted.last!, runs: sorted.count)
+        }
+    }
+}
+
+func median(of sorted: [Double]) -> Double {
+    guard !sorted.isEmpty else { return .nan }
+    let mid = sorted.count / 2
+    return sorted.count % 2 == 1 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2
+}
+
+/// Runs `body` on a fresh thread (with its own `EventLoop.current`) and waits for its result.
+private final class ResultBox<T>: @unchecked Sendable {
+    var value: T?
+    let done = DispatchSemaphore(value: 0)
+}
+
+func onFreshThread<T>(_ body: @escaping @Sendable () -> T) -> T {
+    let box = ResultBox<T>()
+    let thread = Thread {
+        box.value = body()
+        box.done.signal()
+    }
+    thread.stackSize = 8 << 20
+    thread.start()
+    box.done.wait()
+    return box.value!
+}
+
+/// Runs this executable again as a child (`--child <args>`) and returns the figures it prints
+/// as a JSON object on its last stdout line. For variants that need a process of their own
+/// (the process main thread, `dispatchMain()` that never returns).
+func runChild(_ arguments: [String], timeout: Duration = .seconds(120)) throws -> [String: Double] {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
+    process.arguments = ["--child"] + arguments
+    let output = Foundation.Pipe()
+    process.standardOutput = output
+    process.standardInput = FileHandle.nullDevice
+    try process.run()
+    let data = output.fileHandleForReading.readDataToEndOfFile()
+    process.waitUntilExit()
+    guard process.terminationStatus == 0,
+          let line = String(decoding: data, as: UTF8.self).split(separator: "\n").last,
+          let figures = try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Double]
+    else {
+        throw BenchError.childFailed(arguments.joined(separator: " "), process.terminationStatus)
+    }
+    return figures
+}
+
+/// Prints a child's figures as one JSON line and exits.
+func childReport(_ figures: [String: Double]) -> Never {
+    let data = try! JSONSerialization.data(withJSONObject: figures, options: [.sortedKeys])
+    FileHandle.standardOutput.write(Data((String(decoding: data, as: UTF8.self) + "\n").utf8))
+    exit(0)
+}
+
+enum BenchError: Error, CustomStringConvertible {
+    case childFailed(String, Int32)
+    case unknownScenario(String)
+    case usage(String)
+
+    var description: String {
+        switch self {
+        case .childFailed(let args, let status): return "child `\(args)` failed (status \(status))"
+        case .unknownScenario(let name): return "unknown scenario '\(name)'"
+        case .usage(let message): return message
+        }
+    }
+}
+
+/// Nanoseconds on the monotonic clock.
+@inline(__always)
+func nowNanoseconds() -> UInt64 {
+    var ts = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return UInt64(ts.tv_sec) * 1_000_000_000 + UInt64(ts.tv_nsec)
+}
+
+/// Busy-waits (real CPU work) for `nanoseconds`.
+@inline(never)
+func burnCPU(nanoseconds: UInt64) {
+    let end = nowNanoseconds() + nanoseconds
+    var x: UInt64 = 0
+    while nowNanoseconds() < end {
+        for i in 0..<64 { x = x &* 6364136223846793005 &+ UInt64(i) }
+    }
+    blackHole(x)
+}
+
+@inline(never)
+func blackHole<T>(_ value: T) { _ = value }
+
+/// The p-th percentile (0...1) of unsorted values.
+func percentile(_ values: [Double], _ p: Double) -> Double {
+    guard !values.isEmpty else { return .nan }
+    let sorted = values.sorted()
+    let rank = Swift.max(1, Int((p * Double(sorted.count)).rounded(.up)))
+    return sorted[Swift.min(rank, sorted.count) - 1]
+}
+
+/// Formats records as an aligned table.
+func table(_ records: [BenchRecord]) -> String {
+    let header = ["scenario", "variant", "metric", "median", "min", "max", "runs"]
+    var rows = [header]
+    for r in records {
+        rows.append([r.scenario, r.variant, r.metric, format(r.median), format(r.min), format(r.max), "\(r.runs)"])
+    }
+    let widths = header.indices.map { column in rows.map { $0[column].count }.max()! }
+    return rows.map { row in
+        row.enumerated().map { column, cell in
+            column < 3 ? cell.padding(toLength: widths[column], withPad: " ", startingAt: 0)
+                : String(repeating: " ", count: widths[column] - cell.count) + cell
+        }.joined(separator: "  ")
+    }.joined(separator: "\n")
+}
+
+func format(_ value: Double) -> String {
+    if value.isNaN { return "-" }
+    let magnitude = abs(value)
+    if magnitude >= 1e6 { return String(format: "%.3gM", value / 1e6) }
+    if magnitude >= 1e4 { return String(format: "%.0f", value) }
+    if magnitude >= 100 { return String(format: "%.1f", value) }
+    if magnitude >= 1 { return String(format: "%.2f", value) }
+    return String(format: "%.3f", value)
+}
