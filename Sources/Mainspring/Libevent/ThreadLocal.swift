@@ -3,6 +3,11 @@ internal import CLibevent
 import Glibc
 #endif
 
+/// Told when the thread that held it in a `ThreadLocalReference` exits.
+protocol ThreadExitObserver: AnyObject {
+    func threadDidExit()
+}
+
 /// A per-thread strong reference to an object, released when its thread exits
 /// (a `pthread_key_t` with a destructor). Used for `EventLoop.current`.
 final class ThreadLocalReference<Object: AnyObject>: @unchecked Sendable {
@@ -12,7 +17,10 @@ final class ThreadLocalReference<Object: AnyObject>: @unchecked Sendable {
         // Ownership: `set` stores a +1 reference (passRetained); the destructor below releases it
         // exactly once when the thread exits.
         let rc = pthread_key_create(&key) { pointer in
-            if let pointer { Unmanaged<AnyObject>.fromOpaque(pointer).release() }
+            guard let pointer else { return }
+            let object = Unmanaged<AnyObject>.fromOpaque(pointer)
+            (object.takeUnretainedValue() as? ThreadExitObserver)?.threadDidExit()
+            object.release()
         }
         precondition(rc == 0, "Mainspring: pthread_key_create failed (\(rc))")
     }

@@ -177,9 +177,10 @@ public final class EventLoop: @unchecked Sendable {
         return exchanged || actual == me
     }
 
-    /// Marks the loop as orphaned: its thread has finished with it for good (used by
-    /// `EventLoopGroup` when a loop thread exits, so a recycled `pthread_t` never looks like
-    /// the owner).
+    /// Marks the loop as orphaned: its thread has finished with it for good (when the thread of
+    /// `EventLoop.current` exits, or an `EventLoopGroup` thread ends), so a recycled `pthread_t`
+    /// never looks like the owner. Later posts are kept, and counted as dropped if the loop is
+    /// freed.
     func releaseThread() {
         ownerThread.store(Self.deadOwner, ordering: .releasing)
     }
@@ -519,6 +520,12 @@ public final class EventLoop: @unchecked Sendable {
     /// A snapshot of what the loop has done so far. Read it on the loop's thread (or after
     /// `run()` returned on it); it is a copy, cheap until the loop records again.
     public var metrics: LoopMetrics { counters.snapshot() }
+}
+
+extension EventLoop: ThreadExitObserver {
+    /// `EventLoop.current`'s thread exited: nobody owns the loop any more (a later thread that
+    /// happens to get the same `pthread_t` must not look like its owner).
+    func threadDidExit() { releaseThread() }
 }
 
 /// One queued unit of work: a posted closure or a fired source.
