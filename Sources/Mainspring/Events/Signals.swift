@@ -25,10 +25,11 @@ final class SignalSource: Source {
 }
 
 /// Carries a `SignalSource` through the hub. Only `deliver` touches the source, and it does so
-/// on the source's own loop (posted there with `execute`).
+/// on the source's own loop (posted there with `execute`). It holds the loop weakly: a signal
+/// watcher must not keep its loop alive (the loop closes its sources when it goes).
 private final class SignalSourceBox: @unchecked Sendable {
     let source: SignalSource
-    let loop: EventLoop
+    weak var loop: EventLoop?
     let signal: Int32
     init(_ source: SignalSource) {
         self.source = source
@@ -37,7 +38,7 @@ private final class SignalSourceBox: @unchecked Sendable {
     }
 
     func deliver() {
-        loop.execute(priority: .input) { self.source.fire(.signal) }
+        loop?.execute(priority: .input) { self.source.fire(.signal) }
     }
 }
 

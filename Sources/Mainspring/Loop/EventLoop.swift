@@ -343,6 +343,7 @@ public final class EventLoop: @unchecked Sendable {
         // One lock per pass: either take the cross-thread posts, or (nothing to do at all)
         // declare the loop asleep so that the next producer writes the eventfd.
         var mayBlock = blocking && !hasReadyWork
+        var tookRemote = false
         pollStamp = 0
         if mayBlock {
             mayBlock = remote.withLock { queue -> Bool in
@@ -353,6 +354,7 @@ public final class EventLoop: @unchecked Sendable {
                 counters.remoteItems &+= takeRemote(from: &queue)
                 return false
             }
+            tookRemote = !mayBlock
         }
         var timeoutEvent: NativeEvent?
         if mayBlock, let deadline {
@@ -372,9 +374,7 @@ public final class EventLoop: @unchecked Sendable {
             target.didFire = false
             counters.wakeups += 1
         }
-        if mayBlock || blocking == false || hasReadyWork {
-            refillRemote()
-        }
+        if !tookRemote { refillRemote() }
         if !nextTurn.isEmpty { promoteNextTurn() }
         return dispatch(condition: condition)
     }
