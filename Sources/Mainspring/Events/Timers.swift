@@ -38,7 +38,7 @@ final class TimerSource: Source {
         self.interval = interval
         self.oneShot = oneShot
         self.repeating = repeating
-        super.init(loop: loop, priority: .normal)
+        super.init(loop: loop, priority: .normal, keepsLoopBusy: interval == nil)
         do {
             native = try NativeEvent(timerOn: loop.base, target: self)
             try native?.add(timeoutNanoseconds: delay)

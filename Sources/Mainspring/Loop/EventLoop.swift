@@ -57,6 +57,10 @@ public final class EventLoop: @unchecked Sendable {
     /// Per priority: whether the next pick goes to the remote batch (round robin with local work).
     @exclusivity(unchecked) private var preferRemote: (Bool, Bool, Bool) = (false, false, false)
     private var sources: [ObjectIdentifier: Source] = [:]
+    /// Open sources with `keepsLoopBusy` (see `isQuiescent`).
+    private var busySources = 0
+    /// Set by `shutdownNow()`: posts are counted as dropped instead of queued.
+    private var isShutDown = false
     /// The time of the last clock read: the stamp for posts and readiness.
     @exclusivity(unchecked) private(set) var cachedNow: UInt64
     @exclusivity(unchecked) private var pollStamp: UInt64 = 0
@@ -276,6 +280,10 @@ public final class EventLoop: @unchecked Sendable {
     /// `LoopMetrics.droppedAtShutdown` if the loop is freed first.
     public func execute(priority: Priority = .normal, _ work: @escaping @Sendable () -> Void) {
         if ownerThread.load(ordering: .relaxed) == currentThreadID() {
+            if isShutDown {
+                counters.droppedAtShutdown += 1
+                return
+            }
             enqueue(ReadyRecord(work: work, source: nil, stamp: cachedNow), priority)
         } else {
             executeFromOtherThread(priority: priority, work)
@@ -285,6 +293,10 @@ public final class EventLoop: @unchecked Sendable {
     private func executeFromOtherThread(priority: Priority, _ work: @escaping @Sendable () -> Void) {
         let stamp = counters.collectsQueueWait ? clock.now() : 0
         let mustWake = remote.withLock { queue -> Bool in
+            if queue.isClosed {
+                queue.droppedWhileClosed += 1
+                return false
+            }
             queue.append(RemoteItem(work: work, stamp: stamp), priority)
             if queue.isSleeping {
                 queue.isSleeping = false
@@ -324,9 +336,46 @@ public final class EventLoop: @unchecked Sendable {
 
     // MARK: Sources
 
-    func register(_ source: Source) { sources[ObjectIdentifier(source)] = source }
+    func register(_ source: Source) {
+        sources[ObjectIdentifier(source)] = source
+        if source.keepsLoopBusy { busySources += 1 }
+    }
 
-    func unregister(_ source: Source) { sources[ObjectIdentifier(source)] = nil }
+    func unregister(_ source: Source) {
+        if sources.removeValue(forKey: ObjectIdentifier(source)) != nil, source.keepsLoopBusy { busySources -= 1 }
+    }
+
+    /// Whether the loop has nothing left to do: no ready work, no cross-thread posts waiting, no
+    /// in-flight sources (connections, one-shot timers). Standing sources (fd watchers,
+    /// repeating timers, listeners) do not count. Loop thread only.
+    var isQuiescent: Bool {
+        busySources == 0 && !hasReadyWork && remote.withLock { $0.isEmpty }
+    }
+
+    /// Ends the loop for good, on its thread: closes every source (handlers are dropped, not
+    /// called), drops the queued work, and from now on counts posts as dropped instead of
+    /// queueing them. Returns (work dropped, sources closed). `run()` returns afterwards.
+    func shutdownNow() -> (droppedWork: Int, closedSources: Int) {
+        let waiting = remote.withLock { queue -> Int in
+            queue.isClosed = true
+            let count = queue.count
+            queue = RemoteQueue(isClosed: true)
+            return count
+        }
+        let open = Array(sources.values)
+        for source in open { source.close() }
+        let taken = inputRemote.remaining + normalRemote.remaining + backgroundRemote.remaining
+        inputRemote = RemoteBatch()
+        normalRemote = RemoteBatch()
+        backgroundRemote = RemoteBatch()
+        let dropped = inputQueue.removeAll() + normalQueue.removeAll() + backgroundQueue.removeAll()
+            + nextTurn.count + taken + waiting
+        nextTurn.removeAll()
+        counters.droppedAtShutdown += dropped
+        isShutDown = true
+        stop()
+        return (dropped, open.count)
+    }
 
     /// The number of open sources (timers, watchers, readers) on this loop.
     var sourceCount: Int { sources.count }
@@ -519,7 +568,11 @@ public final class EventLoop: @unchecked Sendable {
 
     /// A snapshot of what the loop has done so far. Read it on the loop's thread (or after
     /// `run()` returned on it); it is a copy, cheap until the loop records again.
-    public var metrics: LoopMetrics { counters.snapshot() }
+    public var metrics: LoopMetrics {
+        var snapshot = counters.snapshot()
+        snapshot.droppedAtShutdown += remote.withLock { $0.droppedWhileClosed }
+        return snapshot
+    }
 }
 
 extension EventLoop: ThreadExitObserver {
@@ -551,6 +604,9 @@ struct RemoteQueue {
     /// Set by the loop just before it sleeps with an empty queue; the producer that clears it
     /// writes the eventfd. So the fd is written at most once per sleep.
     var isSleeping = false
+    /// Set at shutdown: posts are counted here instead of queued.
+    var isClosed = false
+    var droppedWhileClosed = 0
 
     var isEmpty: Bool { input.isEmpty && normal.isEmpty && background.isEmpty }
     var count: Int { input.count + normal.count + background.count }

@@ -12,6 +12,8 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
     case signalInUse(signal: Int32)
     /// The loop was shut down and accepts no more sources.
     case loopClosed
+    /// A host that is not an IPv4 or IPv6 literal (or "localhost").
+    case invalidAddress(String)
 
     public var description: String {
         switch self {
@@ -27,6 +29,8 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
             return "signal \(signal) is already watched on another loop; a signal belongs to one loop at a time"
         case .loopClosed:
             return "the loop is shut down"
+        case .invalidAddress(let host):
+            return "'\(host)' is not an IPv4 or IPv6 address"
         }
     }
 }

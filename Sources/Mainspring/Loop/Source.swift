@@ -23,9 +23,14 @@ class Source: NativeEventTarget {
     private(set) var isClosed = false
     private var isHeldBack = false
 
-    init(loop: EventLoop, priority: Priority) {
+    /// Whether the source is in-flight work that a graceful shutdown waits for (a connection, a
+    /// one-shot timer), rather than a standing watch (a repeating timer, an fd watcher).
+    let keepsLoopBusy: Bool
+
+    init(loop: EventLoop, priority: Priority, keepsLoopBusy: Bool = false) {
         self.loop = loop
         self.priority = priority
+        self.keepsLoopBusy = keepsLoopBusy
         super.init()
         loop.register(self)
     }

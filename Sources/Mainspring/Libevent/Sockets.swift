@@ -1,0 +1,269 @@
+internal import CLibevent
+#if canImport(Glibc)
+import Glibc
+#endif
+
+// libevent's evconnlistener (accepting) and bufferevent (buffered socket I/O), wrapped.
+// Like NativeEvent, every C callback argument is the Swift target, passed unretained: the
+// target owns the wrapper, and the wrapper frees the C object in `deinit`, so libevent never
+// calls into a freed target. Callbacks run inside `event_base_loop` and only record what
+// happened (the targets fire their sources); no user code runs here.
+
+/// Receives an evconnlistener's callbacks.
+class SocketListenerTarget {
+    /// A connection was accepted: `fd` is non-blocking and now owned by the callee.
+    func accepted(fd: Int32, peer: String) {}
+    /// `accept(2)` failed with `errno` (EMFILE when out of descriptors, say).
+    func acceptFailed(errno: Int32) {}
+}
+
+/// A listening TCP socket on a base (`evconnlistener_new_bind`).
+final class SocketListener {
+    private let raw: OpaquePointer
+    private let base: EventBase
+    /// The bound port (useful when binding port 0).
+    let port: UInt16
+
+    init(base: EventBase, host: String, port: UInt16, backlog: Int32, target: SocketListenerTarget)
+        throws(EventLoopError)
+    {
+        var storage = sockaddr_storage()
+        let length = try parseAddress(host: host, port: port, into: &storage)
+        let arg = Unmanaged.passUnretained(target).toOpaque()  // see the file's comment
+        let flags = UInt32(LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC)
+        let listener = withUnsafePointer(to: &storage) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { address in
+                evconnlistener_new_bind(base.raw, listenerAcceptTrampoline, arg, flags, backlog, address, length)
+            }
+        }
+        guard let listener else { throw .system(function: "bind/listen \(host):\(port)", errno: errno) }
+        self.raw = listener
+        self.base = base
+        evconnlistener_set_error_cb(listener, listenerErrorTrampoline)
+        var bound = sockaddr_storage()
+        var boundLength = socklen_t(MemoryLayout<sockaddr_storage>.size)
+        let fd = evconnlistener_get_fd(listener)
+        _ = withUnsafeMutablePointer(to: &bound) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &boundLength) }
+        }
+        self.port = portOf(bound)
+    }
+
+    deinit { evconnlistener_free(raw) }
+
+    func enable() { evconnlistener_enable(raw) }
+    func disable() { evconnlistener_disable(raw) }
+}
+
+private let listenerAcceptTrampoline: evconnlistener_cb = { _, fd, address, length, arg in
+    let target = Unmanaged<SocketListenerTarget>.fromOpaque(arg!).takeUnretainedValue()
+    target.accepted(fd: fd, peer: describe(address, length))
+}
+
+private let listenerErrorTrampoline: evconnlistener_errorcb = { _, arg in
+    let code = errno
+    Unmanaged<SocketListenerTarget>.fromOpaque(arg!).takeUnretainedValue().acceptFailed(errno: code)
+}
+
+/// What a bufferevent reported (`BEV_EVENT_*`).
+struct SocketEvent: OptionSet, Sendable {
+    let rawValue: UInt8
+    static let reading = SocketEvent(rawValue: 1 << 0)
+    static let writing = SocketEvent(rawValue: 1 << 1)
+    static let endOfFile = SocketEvent(rawValue: 1 << 2)
+    static let error = SocketEvent(rawValue: 1 << 3)
+    static let timeout = SocketEvent(rawValue: 1 << 4)
+    static let connected = SocketEvent(rawValue: 1 << 5)
+
+    init(rawValue: UInt8) { self.rawValue = rawValue }
+
+    fileprivate init(libevent what: Int16) {
+        let w = Int32(what)
+        var set: SocketEvent = []
+        if w & BEV_EVENT_READING != 0 { set.insert(.reading) }
+        if w & BEV_EVENT_WRITING != 0 { set.insert(.writing) }
+        if w & BEV_EVENT_EOF != 0 { set.insert(.endOfFile) }
+        if w & BEV_EVENT_ERROR != 0 { set.insert(.error) }
+        if w & BEV_EVENT_TIMEOUT != 0 { set.insert(.timeout) }
+        if w & BEV_EVENT_CONNECTED != 0 { set.insert(.connected) }
+        self = set
+    }
+}
+
+/// Receives a bufferevent's callbacks.
+class BufferedSocketTarget {
+    /// New input is buffered.
+    func socketReadable() {}
+    /// The output buffer drained to the low watermark.
+    func socketDrained() {}
+    /// EOF, an error (with `errno`), a timeout, or a finished connect.
+    func socketEvent(_ event: SocketEvent, errno: Int32) {}
+}
+
+/// A socket with libevent's input and output buffers (`bufferevent_socket_new`). Owns the fd:
+/// `deinit` frees the bufferevent and closes it.
+final class BufferedSocket {
+    private let raw: OpaquePointer
+    private let base: EventBase
+
+    /// Wraps a connected, non-blocking socket.
+    init(base: EventBase, fd: Int32, target: BufferedSocketTarget) throws(EventLoopError) {
+        guard let bev = bufferevent_socket_new(base.raw, fd, Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)) else {
+            throw .libevent(function: "bufferevent_socket_new")
+        }
+        self.raw = bev
+        self.base = base
+        let arg = Unmanaged.passUnretained(target).toOpaque()  // see the file's comment
+        bufferevent_setcb(bev, socketReadTrampoline, socketWriteTrampoline, socketEventTrampoline, arg)
+    }
+
+    /// Starts a non-blocking connect to `host:port`; `socketEvent(.connected)` or an error follows.
+    init(connectingTo host: String, port: UInt16, base: EventBase, target: BufferedSocketTarget)
+        throws(EventLoopError)
+    {
+        var storage = sockaddr_storage()
+        let length = try parseAddress(host: host, port: port, into: &storage)
+        let options = Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)
+        guard let bev = bufferevent_socket_new(base.raw, -1, options) else {
+            throw .libevent(function: "bufferevent_socket_new")
+        }
+        self.raw = bev
+        self.base = base
+        let arg = Unmanaged.passUnretained(target).toOpaque()  // see the file's comment
+        bufferevent_setcb(bev, socketReadTrampoline, socketWriteTrampoline, socketEventTrampoline, arg)
+        let rc = withUnsafePointer(to: &storage) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { bufferevent_socket_connect(bev, $0, length) }
+        }
+        if rc < 0 { throw .system(function: "connect \(host):\(port)", errno: errno) }
+    }
+
+    deinit { bufferevent_free(raw) }
+
+    var fd: Int32 { bufferevent_getfd(raw) }
+
+    func enable(_ events: IOEvents) { bufferevent_enable(raw, events.readiness.bufferFlags) }
+    func disable(_ events: IOEvents) { bufferevent_disable(raw, events.readiness.bufferFlags) }
+
+    var inputLength: Int { evbuffer_get_length(bufferevent_get_input(raw)) }
+    var outputLength: Int { evbuffer_get_length(bufferevent_get_output(raw)) }
+
+    /// Moves up to `buffer.count` input bytes into the front of `buffer`; returns how many.
+    func read(into buffer: inout [UInt8]) -> Int {
+        let n = buffer.withUnsafeMutableBytes { evbuffer_remove(bufferevent_get_input(raw), $0.baseAddress, $0.count) }
+        return max(0, Int(n))
+    }
+
+    /// Appends bytes to the output buffer (libevent writes them as the socket allows).
+    func write(_ bytes: [UInt8]) throws(EventLoopError) {
+        let rc = bytes.withUnsafeBytes { bufferevent_write(raw, $0.baseAddress, $0.count) }
+        try check(rc, "bufferevent_write")
+    }
+
+    /// The drain callback fires when the output buffer falls to `bytes` or below.
+    func setWriteLowWatermark(_ bytes: Int) { bufferevent_setwatermark(raw, Int16(EV_WRITE), bytes, 0) }
+
+    /// libevent stops reading the socket while this many bytes of input are buffered.
+    func setReadHighWatermark(_ bytes: Int) { bufferevent_setwatermark(raw, Int16(EV_READ), 0, bytes) }
+
+    /// Read and write inactivity timeouts (nil: none).
+    func setTimeouts(readNanoseconds: UInt64?, writeNanoseconds: UInt64?) {
+        var read = timeval(nanoseconds: readNanoseconds ?? 0)
+        var write = timeval(nanoseconds: writeNanoseconds ?? 0)
+        switch (readNanoseconds, writeNanoseconds) {
+        case (nil, nil): bufferevent_set_timeouts(raw, nil, nil)
+        case (_?, nil): bufferevent_set_timeouts(raw, &read, nil)
+        case (nil, _?): bufferevent_set_timeouts(raw, nil, &write)
+        case (_?, _?): bufferevent_set_timeouts(raw, &read, &write)
+        }
+    }
+
+    /// Half-closes the socket: the peer reads end of file once our output is sent.
+    func shutdownWrite() { shutdown(fd, Int32(SHUT_WR)) }
+}
+
+private let socketReadTrampoline: bufferevent_data_cb = { _, arg in
+    Unmanaged<BufferedSocketTarget>.fromOpaque(arg!).takeUnretainedValue().socketReadable()
+}
+
+private let socketWriteTrampoline: bufferevent_data_cb = { _, arg in
+    Unmanaged<BufferedSocketTarget>.fromOpaque(arg!).takeUnretainedValue().socketDrained()
+}
+
+private let socketEventTrampoline: bufferevent_event_cb = { _, what, arg in
+    let code = errno
+    Unmanaged<BufferedSocketTarget>.fromOpaque(arg!).takeUnretainedValue()
+        .socketEvent(SocketEvent(libevent: what), errno: code)
+}
+
+private extension Readiness {
+    var bufferFlags: Int16 {
+        var flags: Int32 = 0
+        if contains(.read) { flags |= EV_READ }
+        if contains(.write) { flags |= EV_WRITE }
+        return Int16(flags)
+    }
+}
+
+private extension timeval {
+    init(nanoseconds: UInt64) {
+        self.init(tv_sec: Int(nanoseconds / 1_000_000_000), tv_usec: Int((nanoseconds % 1_000_000_000 + 999) / 1_000))
+    }
+}
+
+/// Parses `host` (an IPv4 or IPv6 literal, or "localhost") and `port` into `storage`.
+private func parseAddress(host: String, port: UInt16, into storage: inout sockaddr_storage) throws(EventLoopError) -> Int32 {
+    let literal = host == "localhost" ? "127.0.0.1" : host
+    // libevent rejects an explicit port 0 ("host:0"), so port 0 is written as no port at all.
+    let text = port == 0 ? literal : literal.contains(":") ? "[\(literal)]:\(port)" : "\(literal):\(port)"
+    var length = Int32(MemoryLayout<sockaddr_storage>.size)
+    let rc = withUnsafeMutablePointer(to: &storage) { pointer in
+        pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { evutil_parse_sockaddr_port(text, $0, &length) }
+    }
+    guard rc == 0 else { throw .invalidAddress(host) }
+    return length
+}
+
+private func portOf(_ storage: sockaddr_storage) -> UInt16 {
+    var copy = storage
+    return withUnsafePointer(to: &copy) { pointer -> UInt16 in
+        switch Int32(storage.ss_family) {
+        case AF_INET: return pointer.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { UInt16(bigEndian: $0.pointee.sin_port) }
+        case AF_INET6: return pointer.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { UInt16(bigEndian: $0.pointee.sin6_port) }
+        default: return 0
+        }
+    }
+}
+
+/// "address:port" of a peer, for messages.
+private func describe(_ address: UnsafeMutablePointer<sockaddr>?, _ length: Int32) -> String {
+    guard let address else { return "unknown" }
+    var host = [CChar](repeating: 0, count: Int(INET6_ADDRSTRLEN) + 1)
+    switch Int32(address.pointee.sa_family) {
+    case AF_INET:
+        return address.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { sin in
+            var addr = sin.pointee.sin_addr
+            evutil_inet_ntop(AF_INET, &addr, &host, host.count)
+            return "\(text(of: host)):\(UInt16(bigEndian: sin.pointee.sin_port))"
+        }
+    case AF_INET6:
+        return address.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { sin6 in
+            var addr = sin6.pointee.sin6_addr
+            evutil_inet_ntop(AF_INET6, &addr, &host, host.count)
+            return "[\(text(of: host))]:\(UInt16(bigEndian: sin6.pointee.sin6_port))"
+        }
+    default:
+        return "unknown"
+    }
+}
+
+private func text(of cString: [CChar]) -> String {
+    String(decoding: cString.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+}
+
+/// Closes an fd (for accepted sockets that could not be handed over).
+func closeDescriptor(_ fd: Int32) { _ = close(fd) }
+
+/// Makes writes to a closed socket return EPIPE instead of killing the process with SIGPIPE
+/// (libevent writes with writev, which has no MSG_NOSIGNAL). Done once, when the first socket
+/// is made.
+let ignoreSIGPIPE: Void = { _ = signal(SIGPIPE, SIG_IGN) }()

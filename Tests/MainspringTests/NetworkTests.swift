@@ -1,0 +1,268 @@
+import Foundation
+import Synchronization
+import Testing
+@testable import Mainspring
+
+/// An echo service on a group: each line comes back as "echo: <line>"; the connection closes
+/// when the client half-closes.
+private func startEchoService(group: EventLoopGroup, options: Connection.Options = .init(),
+                              onClose: (@Sendable (Connection.CloseReason) -> Void)? = nil) throws -> UInt16
+{
+    let acceptor = group.loops[0]
+    let port = Locked<UInt16>(0)
+    let ready = DispatchSemaphore(value: 0)
+    acceptor.execute {
+        do {
+            let listener = try Listener(on: acceptor, group: group, options: options) { connection in
+                connection.readLines { event in
+                    switch event {
+                    case .line(let text): connection.write("echo: \(text)\n")
+                    case .tooLong(let n): connection.write("error: line of \(n) bytes is too long\n")
+                    case .invalidUTF8: connection.write("error: invalid UTF-8\n")
+                    case .endOfFile, .error: connection.close()
+                    }
+                }
+                connection.onClose { reason in onClose?(reason) }
+            }
+            port.withLock { $0 = listener.port }
+            // Keep the listener for the loop's lifetime.
+            _ = Unmanaged.passRetained(ListenerBox(listener))
+        } catch {
+            Issue.record("listener failed: \(error)")
+        }
+        ready.signal()
+    }
+    ready.wait()
+    return port.value
+}
+
+private final class ListenerBox { let listener: Listener; init(_ l: Listener) { listener = l } }
+
+@Suite("TCP connections, listeners and loop groups", .serialized)
+struct NetworkTests {
+    @Test("8 clients × 300 pipelined lines on a 2-loop group: every reply correct and in order")
+    func echoManyClients() async throws {
+        let group = try EventLoopGroup(loopCount: 2)
+        let port = try startEchoService(group: group)
+        let failures = Locked<[String]>([])
+        let done = (0..<8).map { client in
+            startThread {
+                do {
+                    let connection = try TestClient(port: port)
+                    for i in 0..<300 { connection.send("c\(client) line \(i)\n") }
+                    connection.shutdownWrite()
+                    for i in 0..<300 {
+                        let line = connection.readLine()
+                        if line != "echo: c\(client) line \(i)" {
+                            failures.withLock { $0.append("client \(client) #\(i): \(line ?? "nil")") }
+                            return
+                        }
+                    }
+                    if connection.readLine() != nil { failures.withLock { $0.append("client \(client): extra data") } }
+                } catch {
+                    failures.withLock { $0.append("client \(client): \(error)") }
+                }
+            }
+        }
+        for semaphore in done { #expect(semaphore.wait(timeout: .now() + 60) == .success) }
+        #expect(failures.value.isEmpty, "\(failures.value.prefix(3))")
+        let report = group.shutdown(gracePeriod: .seconds(5))
+        #expect(report.droppedWork == 0)
+        #expect(!report.timedOut)
+        // Connections were spread over both loops.
+        #expect(group.loops.allSatisfy { $0.metrics.callbacks[.input]! > 0 })
+    }
+
+    @Test("a client that never reads: output stays bounded, reading pauses, others are unaffected")
+    func backpressure() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        let loop = group.loops[0]
+        let limit = 64 * 1024
+        let stats = Locked<(maxBuffered: Int, paused: Bool, requests: Int)>((0, false, 0))
+        let ready = DispatchSemaphore(value: 0)
+        let port = Locked<UInt16>(0)
+        loop.execute {
+            let listener = try? Listener(on: loop, options: .init(outputLimit: limit)) { connection in
+                connection.readLines { event in
+                    guard case .line(let text) = event else { return }
+                    if text == "flood" {
+                        // A big reply per request: 16 KiB.
+                        connection.write(String(repeating: "x", count: 16 * 1024) + "\n")
+                        stats.withLock {
+                            $0.requests += 1
+                            $0.maxBuffered = max($0.maxBuffered, connection.bufferedOutputBytes)
+                            $0.paused = $0.paused || connection.isReadingPaused
+                        }
+                    } else {
+                        connection.write("pong\n")
+                    }
+                }
+            }
+            port.withLock { $0 = listener?.port ?? 0 }
+            _ = listener.map { Unmanaged.passRetained(ListenerBox($0)) }
+            ready.signal()
+        }
+        ready.wait()
+        let slow = try TestClient(port: port.value)
+        // 2,000 requests asking for 32 MiB of replies that are never read.
+        for _ in 0..<2_000 { slow.send("flood\n") }
+        usleep(300_000)
+        // A well-behaved client still gets answers promptly.
+        let healthy = try TestClient(port: port.value)
+        let start = ContinuousClock.now
+        for _ in 0..<20 {
+            healthy.send("ping\n")
+            #expect(healthy.readLine() == "pong")
+        }
+        #expect(ContinuousClock.now - start < .seconds(5))
+        let snapshot = stats.value
+        #expect(snapshot.paused)
+        // Bounded: the limit plus one reply (socket buffers hold the rest of what was sent).
+        #expect(snapshot.maxBuffered <= limit + 16 * 1024 + 1, "buffered \(snapshot.maxBuffered)")
+        #expect(snapshot.requests < 2_000, "it kept reading from a client that does not read")
+        group.shutdown(gracePeriod: .zero)
+    }
+
+    @Test("an idle connection is closed after its idle timeout, with that reason, once")
+    func idleTimeout() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        let reasons = Locked<[Connection.CloseReason]>([])
+        let port = try startEchoService(group: group, options: .init(idleTimeout: .milliseconds(100))) { reason in
+            reasons.withLock { $0.append(reason) }
+        }
+        let client = try TestClient(port: port)
+        let start = ContinuousClock.now
+        #expect(client.readLine() == nil)  // the server closes: end of file
+        let elapsed = ContinuousClock.now - start
+        #expect(elapsed >= .milliseconds(90))
+        #expect(elapsed < .seconds(5))
+        usleep(50_000)
+        #expect(reasons.value == [.idleTimeout])
+        group.shutdown(gracePeriod: .zero)
+    }
+
+    @Test("half-close: the client's end of file reaches the reader; replies still arrive; listener on ::1")
+    func halfCloseAndIPv6() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        let loop = group.loops[0]
+        let ready = DispatchSemaphore(value: 0)
+        let port = Locked<UInt16>(0)
+        loop.execute {
+            let listener = try? Listener(host: "::1", on: loop) { connection in
+                var lines: [String] = []
+                connection.readLines { event in
+                    switch event {
+                    case .line(let text): lines.append(text)
+                    case .endOfFile:
+                        connection.write("got \(lines.count) lines: \(lines.joined(separator: ","))\n")
+                        connection.close()
+                    default: break
+                    }
+                }
+            }
+            port.withLock { $0 = listener?.port ?? 0 }
+            _ = listener.map { Unmanaged.passRetained(ListenerBox($0)) }
+            ready.signal()
+        }
+        ready.wait()
+        #expect(port.value != 0)
+        let client = try TestClient(port: port.value, host: "::1")
+        client.send("a\nb\r\nc")
+        client.shutdownWrite()
+        #expect(client.readToEnd() == "got 3 lines: a,b,c\n")
+        group.shutdown(gracePeriod: .seconds(1))
+    }
+
+    @Test("connect to a closed port reports .error(ECONNREFUSED) once; bad addresses throw")
+    func connectErrors() async throws {
+        let (reasons, writesIgnored) = try await onLoopThread { loop -> ([Connection.CloseReason], Bool) in
+            // Find a port nobody listens on: bind one, then close it.
+            let probe = try Listener(on: loop) { _ in }
+            let port = probe.port
+            probe.close()
+            nonisolated(unsafe) var reasons: [Connection.CloseReason] = []
+            let connection = try Connection.connect(to: "127.0.0.1", port: port, on: loop)
+            connection.write("hello\n")
+            connection.onClose { reasons.append($0) }
+            loop.spin(until: { !reasons.isEmpty }, timeout: .seconds(5))
+            connection.write("ignored\n")
+            connection.close()
+            loop.spin(until: { false }, timeout: .milliseconds(20))
+            #expect(throws: EventLoopError.invalidAddress("not-an-address")) {
+                _ = try Connection.connect(to: "not-an-address", port: 1, on: loop)
+            }
+            #expect(throws: EventLoopError.self) { _ = try Listener(host: "256.1.1.1", on: loop) { _ in } }
+            return (reasons, connection.bufferedOutputBytes == 0)
+        }
+        #expect(reasons == [.error(ECONNREFUSED)])
+        #expect(writesIgnored)
+    }
+
+    @Test("a Mainspring client and server talk over loopback; the address in use is a clear error")
+    func clientAndServer() async throws {
+        let replies = try await onLoopThread { loop -> [String] in
+            let server = try Listener(on: loop) { connection in
+                connection.readLines { event in
+                    if case .line(let text) = event { connection.write(text.uppercased() + "\n") }
+                    if event == .endOfFile { connection.close() }
+                }
+            }
+            #expect(throws: EventLoopError.self) { _ = try Listener(port: server.port, on: loop) { _ in } }
+            nonisolated(unsafe) var replies: [String] = []
+            nonisolated(unsafe) var closed = false
+            let client = try Connection.connect(to: "localhost", port: server.port, on: loop)
+            client.readLines { event in
+                if case .line(let text) = event { replies.append(text) }
+            }
+            client.onClose { _ in closed = true }
+            client.write("one\ntwo\n")
+            client.shutdownOutput()
+            loop.spin(until: { replies.count == 2 }, timeout: .seconds(5))
+            client.close()
+            loop.spin(until: { closed }, timeout: .seconds(5))
+            #expect(server.acceptedCount == 1)
+            server.close()
+            return replies
+        }
+        #expect(replies == ["ONE", "TWO"])
+    }
+
+    @Test("group shutdown waits for in-flight work within the grace period and counts what it drops")
+    func groupShutdown() async throws {
+        let group = try EventLoopGroup(loopCount: 2)
+        let ran = Locked<Int>(0)
+        // In-flight: a 100 ms one-shot timer on each loop; it must complete before shutdown ends.
+        for loop in group.loops {
+            loop.execute { loop.schedule(after: .milliseconds(100)) { ran.withLock { $0 += 1 } } }
+        }
+        usleep(20_000)
+        let report = group.shutdown(gracePeriod: .seconds(5))
+        #expect(ran.value == 2)
+        #expect(report == .init(droppedWork: 0, closedSources: 0, timedOut: false, stuckLoops: 0))
+        // After shutdown, posts are counted as dropped, never silently lost.
+        group.loops[0].execute { ran.withLock { $0 += 100 } }
+        #expect(group.loops[0].metrics.droppedAtShutdown == 1)
+        #expect(ran.value == 2)
+        // A second shutdown returns the first report.
+        #expect(group.shutdown() == report)
+
+        // A loop that stays busy past the grace period: its work is dropped and counted.
+        let busy = try EventLoopGroup(loopCount: 1)
+        let loop = busy.loops[0]
+        let started = DispatchSemaphore(value: 0)
+        loop.execute {
+            loop.schedule(every: .milliseconds(1)) { _ in }  // standing: does not hold shutdown
+            loop.schedule(after: .seconds(30)) {}           // in flight: holds it until the grace ends
+            for _ in 0..<5 { loop.execute(priority: .background) { usleep(50_000) } }
+            started.signal()
+        }
+        started.wait()
+        let start = ContinuousClock.now
+        let forced = busy.shutdown(gracePeriod: .milliseconds(150))
+        #expect(ContinuousClock.now - start < .seconds(3))
+        #expect(forced.timedOut)
+        #expect(forced.closedSources == 2)
+        #expect(forced.droppedWork >= 1)
+        #expect(forced.stuckLoops == 0)
+    }
+}
