@@ -1,5 +1,4 @@
 import Foundation
-import Synchronization
 import Testing
 @testable import Mainspring
 
@@ -41,7 +40,7 @@ func startThread(_ body: @escaping @Sendable () -> Void) -> DispatchSemaphore {
 final class Pipe: @unchecked Sendable {
     let readEnd: Int32
     let writeEnd: Int32
-    private let closed = Mutex<(read: Bool, write: Bool)>((false, false))
+    private let closed = Protected<(read: Bool, write: Bool)>((false, false))
 
     init() {
         var fds: [Int32] = [0, 0]
@@ -75,10 +74,10 @@ final class Pipe: @unchecked Sendable {
     }
 }
 
-/// A value shared between threads under a lock.
+/// A value shared between threads under a lock (Mainspring's TSan-visible `Protected`).
 final class Locked<Value: Sendable>: @unchecked Sendable {
-    private let mutex: Mutex<Value>
-    init(_ value: Value) { mutex = Mutex(value) }
+    private let mutex: Protected<Value>
+    init(_ value: Value) { mutex = Protected(value) }
     func withLock<R>(_ body: (inout Value) -> R) -> R { mutex.withLock { body(&$0) } }
     var value: Value { mutex.withLock { $0 } }
 }

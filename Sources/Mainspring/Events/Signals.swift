@@ -1,5 +1,4 @@
 import Foundation
-import Synchronization
 
 /// A signal watcher's end on the loop that watches the signal.
 final class SignalSource: Source {
@@ -62,7 +61,7 @@ final class SignalHub: Sendable {
         var hub: EventLoop?
     }
 
-    private let state = Mutex(State())
+    private let state = Protected(State())
 
     /// Routes `signal` to `source` (on its loop).
     /// - Throws: `.signalInUse` if another loop watches the signal; `.libevent` if the signal
@@ -85,7 +84,7 @@ final class SignalHub: Sendable {
         source.box = box
         guard isFirst else { return }
         // Install the handler before returning, so a signal raised right after is delivered.
-        let installed = Mutex<EventLoopError??>(nil)
+        let installed = Protected<EventLoopError??>(nil)
         let done = DispatchSemaphore(value: 0)
         hub.execute {
             do throws(EventLoopError) {

@@ -35,7 +35,7 @@ public final class EventLoop: @unchecked Sendable {
 
     // MARK: Cross-thread state
 
-    private let remote = Mutex(RemoteQueue())
+    private let remote = Protected(RemoteQueue())
     private let stopRequested = Atomic<Bool>(false)
     private let wakeup: WakeupDescriptor
 

@@ -11,7 +11,7 @@ public final class EventLoopGroup: Sendable {
     public let loops: [EventLoop]
     private let cursor = Atomic<Int>(0)
     private let finished: [DispatchSemaphore]
-    private let outcome = Mutex<ShutdownReport?>(nil)
+    private let outcome = Protected<ShutdownReport?>(nil)
 
     /// What a shutdown had to abandon.
     public struct ShutdownReport: Sendable, Equatable, CustomStringConvertible {
@@ -84,7 +84,7 @@ public final class EventLoopGroup: Sendable {
         precondition(!loops.contains { $0.isCurrent }, "Mainspring: EventLoopGroup.shutdown must not be called from one of its own loops")
         if let report = outcome.withLock({ $0 }) { return report }
         let deadline = monotonicNanoseconds() &+ gracePeriod.clampedNanoseconds
-        let partial = Mutex(ShutdownReport(droppedWork: 0, closedSources: 0, timedOut: false, stuckLoops: 0))
+        let partial = Protected(ShutdownReport(droppedWork: 0, closedSources: 0, timedOut: false, stuckLoops: 0))
         for loop in loops {
             loop.execute {
                 let now = monotonicNanoseconds()
