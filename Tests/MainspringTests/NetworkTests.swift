@@ -4,7 +4,7 @@ import Testing
 
 /// An echo service on a group: each line comes back as "echo: <line>"; the connection closes
 /// when the client half-closes.
-private func startEchoService(group: EventLoopGroup, options: Connection.Options = .init(),
+private func startEchoService(group: EventLoopGroup, keeper: Keeper, options: Connection.Options = .init(),
                               onClose: (@Sendable (Connection.CloseReason) -> Void)? = nil) throws -> UInt16
 {
     let acceptor = group.loops[0]
@@ -24,8 +24,7 @@ private func startEchoService(group: EventLoopGroup, options: Connection.Options
                 connection.onClose { reason in onClose?(reason) }
             }
             port.withLock { $0 = listener.port }
-            // Keep the listener for the loop's lifetime.
-            _ = Unmanaged.passRetained(ListenerBox(listener))
+            keeper.keep(listener)
         } catch {
             Issue.record("listener failed: \(error)")
         }
@@ -35,14 +34,23 @@ private func startEchoService(group: EventLoopGroup, options: Connection.Options
     return port.value
 }
 
-private final class ListenerBox { let listener: Listener; init(_ l: Listener) { listener = l } }
+/// Keeps listeners alive for a test; they are released (with their group) when it ends.
+private final class Keeper: @unchecked Sendable {
+    private let objects = Locked<[UncheckedObject]>([])
+    func keep(_ object: AnyObject) { objects.withLock { $0.append(UncheckedObject(object)) } }
+}
+
+private struct UncheckedObject: @unchecked Sendable {
+    let object: AnyObject
+    init(_ object: AnyObject) { self.object = object }
+}
 
 @Suite("TCP connections, listeners and loop groups", .serialized)
 struct NetworkTests {
     @Test("8 clients × 300 pipelined lines on a 2-loop group: every reply correct and in order")
     func echoManyClients() async throws {
         let group = try EventLoopGroup(loopCount: 2)
-        let port = try startEchoService(group: group)
+        let port = try startEchoService(group: group, keeper: Keeper())
         let failures = Locked<[String]>([])
         let done = (0..<8).map { client in
             startThread {
@@ -75,6 +83,7 @@ struct NetworkTests {
     @Test("a client that never reads: output stays bounded, reading pauses, others are unaffected")
     func backpressure() async throws {
         let group = try EventLoopGroup(loopCount: 1)
+        let keeper = Keeper()
         let loop = group.loops[0]
         let limit = 64 * 1024
         let stats = Locked<(maxBuffered: Int, paused: Bool, requests: Int)>((0, false, 0))
@@ -98,7 +107,7 @@ struct NetworkTests {
                 }
             }
             port.withLock { $0 = listener?.port ?? 0 }
-            _ = listener.map { Unmanaged.passRetained(ListenerBox($0)) }
+            listener.map { keeper.keep($0) }
             ready.signal()
         }
         ready.wait()
@@ -126,7 +135,7 @@ struct NetworkTests {
     func idleTimeout() async throws {
         let group = try EventLoopGroup(loopCount: 1)
         let reasons = Locked<[Connection.CloseReason]>([])
-        let port = try startEchoService(group: group, options: .init(idleTimeout: .milliseconds(100))) { reason in
+        let port = try startEchoService(group: group, keeper: Keeper(), options: .init(idleTimeout: .milliseconds(100))) { reason in
             reasons.withLock { $0.append(reason) }
         }
         let client = try TestClient(port: port)
@@ -143,6 +152,7 @@ struct NetworkTests {
     @Test("half-close: the client's end of file reaches the reader; replies still arrive; listener on ::1")
     func halfCloseAndIPv6() async throws {
         let group = try EventLoopGroup(loopCount: 1)
+        let keeper = Keeper()
         let loop = group.loops[0]
         let ready = DispatchSemaphore(value: 0)
         let port = Locked<UInt16>(0)
@@ -160,7 +170,7 @@ struct NetworkTests {
                 }
             }
             port.withLock { $0 = listener?.port ?? 0 }
-            _ = listener.map { Unmanaged.passRetained(ListenerBox($0)) }
+            listener.map { keeper.keep($0) }
             ready.signal()
         }
         ready.wait()

@@ -61,7 +61,8 @@ private final class AcceptedSocket: @unchecked Sendable {
 final class ListenerSource: Source {
     private var listener: SocketListener?
     private let target = Target()
-    private let group: EventLoopGroup?
+    /// Weak: the group's loops hold this source, so a strong reference would be a cycle.
+    private weak var group: EventLoopGroup?
     private let options: Connection.Options
     private var accept: (@Sendable (Connection) -> Void)?
     private var accepted: [AcceptedSocket] = []

@@ -143,7 +143,13 @@ public final class EventLoop: @unchecked Sendable {
 
     /// The calling thread's loop, created (and bound to the thread) on first use; on the main
     /// thread it is `EventLoop.main`. The thread keeps its loop until it exits — the
-    /// `RunLoop.current` analogue.
+    /// `RunLoop.current` analogue. When the thread exits, the loop is shut down: its sources are
+    /// closed, and work still queued (or posted later) is dropped and counted in
+    /// `LoopMetrics.droppedAtShutdown`.
+    ///
+    /// On a thread of Swift concurrency's cooperative pool (inside a `Task`) this is a loop that
+    /// nobody runs; use `EventLoop.main`, a loop you run on a thread of your own, or an
+    /// `EventLoopGroup`.
     public static var current: EventLoop {
         if let loop = threadLoop.value { return loop }
         let loop: EventLoop
@@ -576,9 +582,14 @@ public final class EventLoop: @unchecked Sendable {
 }
 
 extension EventLoop: ThreadExitObserver {
-    /// `EventLoop.current`'s thread exited: nobody owns the loop any more (a later thread that
-    /// happens to get the same `pthread_t` must not look like its owner).
-    func threadDidExit() { releaseThread() }
+    /// `EventLoop.current`'s thread exited, so no thread can ever run this loop again: shut it
+    /// down (close its sources, drop and count its queued work — which also breaks the cycles
+    /// of queued closures and handlers that capture the loop), and orphan it so that a later
+    /// thread that happens to get the same `pthread_t` never looks like its owner.
+    func threadDidExit() {
+        _ = shutdownNow()
+        releaseThread()
+    }
 }
 
 /// One queued unit of work: a posted closure or a fired source.
@@ -591,7 +602,9 @@ struct ReadyRecord {
 
 /// Work posted from another thread, waiting for the loop to take it.
 struct RemoteItem {
-    let work: @Sendable () -> Void
+    /// Set to nil when the loop takes it, so a closure (and what it captures) is released as
+    /// soon as it has run, not when the batch is refilled.
+    var work: (@Sendable () -> Void)?
     /// When it was posted (the loop's `FastClock`), or 0 when metrics are off.
     let stamp: UInt64
 }
@@ -641,9 +654,11 @@ struct RemoteBatch {
 
     @inline(__always)
     mutating func popFirst() -> ReadyRecord {
-        let item = items[next]
+        let work = items[next].work
+        let stamp = items[next].stamp
+        items[next].work = nil
         next &+= 1
-        return ReadyRecord(work: item.work, source: nil, stamp: item.stamp == 0 ? takenAt : item.stamp)
+        return ReadyRecord(work: work, source: nil, stamp: stamp == 0 ? takenAt : stamp)
     }
 
     /// Takes the queue's items if this batch is used up. Returns how many it took.
