@@ -16,7 +16,7 @@
 ///   frame with eased progress, and always ends with exactly one `update(1.0)` — its last. A step
 ///   of zero duration delivers that single `update(1.0)` and nothing else.
 /// - The first update of a step comes one frame interval after the step begins (the progress at
-///   0 is the state you start from); updates are never early, and their progress never
+///   0 is the state you start from); updates are never early, and within a step progress never
 ///   decreases with a monotonic curve.
 /// - Frames lie on a grid counted from the step's start (`start + k / framesPerSecond`), so
 ///   lateness never accumulates (no drift), and the last update comes at the step's planned end:
