@@ -15,6 +15,7 @@
 #include <event2/bufferevent.h>
 #include <event2/listener.h>
 // Linux-only calls that Swift's Glibc module does not export.
+#include <malloc.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/syscall.h>

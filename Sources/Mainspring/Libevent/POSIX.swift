@@ -1,4 +1,5 @@
 internal import CLibevent
+import Foundation
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)
@@ -94,6 +95,18 @@ func writeAll(_ fd: Int32, _ bytes: some Collection<UInt8>) -> Int32 {
         offset += n
     }
     return 0
+}
+
+/// Bytes the process has allocated with malloc and not freed (glibc's `mallinfo2`), for leak
+/// checks in tests and the soak run.
+func heapBytesInUse() -> Int { Int(mallinfo2().uordblks) }
+
+/// Resident set size of the process in bytes (from /proc/self/statm).
+func residentBytes() -> Int {
+    guard let text = try? String(contentsOfFile: "/proc/self/statm", encoding: .utf8) else { return 0 }
+    let fields = text.split(separator: " ")
+    guard fields.count > 1, let pages = Int(fields[1]) else { return 0 }
+    return pages * Int(sysconf(Int32(_SC_PAGESIZE)))
 }
 
 /// CPU time (user + system) used so far by the calling thread, in nanoseconds.

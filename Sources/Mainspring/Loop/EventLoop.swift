@@ -195,6 +195,9 @@ public final class EventLoop: @unchecked Sendable {
         ownerThread.store(Self.deadOwner, ordering: .releasing)
     }
 
+    /// Whether the loop's thread has finished with it for good (see `releaseThread`).
+    var isOrphaned: Bool { ownerThread.load(ordering: .acquiring) == Self.deadOwner }
+
     func preconditionOnLoop(_ function: StaticString, file: StaticString = #fileID, line: UInt = #line) {
         precondition(
             claimThread(),
