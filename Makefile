@@ -1,7 +1,8 @@
 # Mainspring: `make demo` and `make test` work on a fresh machine (they install libevent-dev).
 SWIFT ?= swift
+LSAN_SUPPRESSIONS := $(CURDIR)/.ci/lsan.supp
 
-.PHONY: all deps build test demo bench clean
+.PHONY: all deps build test demo bench sanitize tsan asan stress ci clean
 
 all: build
 
@@ -26,5 +27,27 @@ bench: deps
 	$(SWIFT) build -c release --product mainspring-bench
 	$(SWIFT) run -c release --skip-build mainspring-bench $(ARGS)
 
+## The suite under ThreadSanitizer and AddressSanitizer (+ LeakSanitizer), one test at a time
+## (sanitizers slow everything down; a 2-core machine running 30 tests at once would starve the
+## timing tests). Each has its own build directory.
+sanitize: tsan asan
+
+tsan: deps
+	$(SWIFT) build --build-tests --sanitize=thread --scratch-path .build/tsan
+	TSAN_OPTIONS=halt_on_error=0:exitcode=66 $(SWIFT) test --skip-build --no-parallel --sanitize=thread --scratch-path .build/tsan
+
+asan: deps
+	$(SWIFT) build --build-tests --sanitize=address --scratch-path .build/asan
+	LSAN_OPTIONS=suppressions=$(LSAN_SUPPRESSIONS) $(SWIFT) test --skip-build --no-parallel --sanitize=address --scratch-path .build/asan
+
+## The stress tests scaled up ×100 (minutes).
+stress: deps
+	$(SWIFT) build --build-tests -c release
+	STRESS=1 $(SWIFT) test --skip-build -c release --filter StressTests
+
+## What CI runs: the plain suite, then the sanitizer suites.
+ci: test sanitize
+
 clean:
 	$(SWIFT) package clean
+	rm -rf .build/tsan .build/asan

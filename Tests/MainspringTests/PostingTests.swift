@@ -89,9 +89,11 @@ struct PostingTests {
 
     @Test("EventLoop.current is one loop per thread, bound to it")
     func currentIsPerThread() async throws {
-        let a = try await onLoopThread { loop in (ObjectIdentifier(loop), loop.isCurrent, EventLoop.current === loop) }
-        let b = try await onLoopThread { loop in ObjectIdentifier(loop) }
-        #expect(a.1 && a.2)
-        #expect(a.0 != b)
+        // Return the loops themselves (not identifiers) so both stay alive while compared.
+        let (a, boundToA) = try await onLoopThread { loop in (loop, loop.isCurrent && EventLoop.current === loop) }
+        let b = try await onLoopThread { loop in loop }
+        #expect(boundToA)
+        #expect(a !== b)
+        #expect(!a.isCurrent && !b.isCurrent)
     }
 }

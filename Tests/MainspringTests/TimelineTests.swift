@@ -440,7 +440,7 @@ struct TimelineTests {
 
     @Test("frames keep coming while chained .background work saturates the loop")
     func framesUnderBackgroundLoad() async throws {
-        let (frames, chunks) = try await onLoopThread { loop -> (Int, Int) in
+        let (frames, chunks, backgroundShare) = try await onLoopThread { loop -> (Int, Int, Double) in
             nonisolated(unsafe) var frames = 0
             nonisolated(unsafe) var done = false
             nonisolated(unsafe) var chunks = 0
@@ -462,14 +462,19 @@ struct TimelineTests {
             timeline.start { _ in done = true }
             loop.spin(until: { done }, timeout: .seconds(10))
             let chunksDuringStep = chunks
+            let metrics = loop.metrics
+            let share = metrics.busyTime[.background]!.milliseconds / metrics.totalBusyTime.milliseconds
             stopChain = true
             loop.spin(until: { chainEnded }, timeout: .seconds(10))
-            return (frames, chunksDuringStep)
+            return (frames, chunksDuringStep, share)
         }
         // 18 frames requested (17 on the grid, then the end); at least half must arrive.
         #expect(frames >= 9, "only \(frames) frames")
         #expect(frames <= 18)
-        #expect(chunks >= 100, "the background chain did not saturate the loop: \(chunks) chunks")
+        // The setup itself: the chain kept the loop busy (a share of busy time, not a chunk
+        // count, so a slow sanitizer build or a loaded machine does not matter).
+        #expect(chunks >= 20, "the background chain hardly ran: \(chunks) chunks")
+        #expect(backgroundShare > 0.8, "the background chain did not saturate the loop: \(backgroundShare)")
     }
 
     // MARK: README
