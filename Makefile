@@ -2,7 +2,10 @@
 SWIFT ?= swift
 LSAN_SUPPRESSIONS := $(CURDIR)/.ci/lsan.supp
 
-.PHONY: all deps build test demo bench sanitize tsan asan stress ci clean
+FUZZ_RUNS ?= 200000
+FUZZ_TARGETS := $(notdir $(wildcard Fuzz/Corpus/*))
+
+.PHONY: all deps build test demo bench sanitize tsan asan stress fuzz ci clean
 
 all: build
 
@@ -44,6 +47,22 @@ asan: deps
 stress: deps
 	$(SWIFT) build --build-tests -c release
 	STRESS=1 $(SWIFT) test --skip-build -c release --filter StressTests
+
+## Each libFuzzer harness for FUZZ_RUNS executions, starting from the committed seed corpus
+## (new finds go to .build/fuzz-corpus, not into the repository). A crash stops it and leaves
+## the input in fuzz-artifacts/.
+fuzz: deps
+	$(SWIFT) build --sanitize=fuzzer -Xswiftc -DFUZZING --product mainspring-fuzz --scratch-path .build/fuzz
+	@mkdir -p fuzz-artifacts
+	@for target in $(FUZZ_TARGETS); do \
+		mkdir -p .build/fuzz-corpus/$$target && cp Fuzz/Corpus/$$target/* .build/fuzz-corpus/$$target/ && \
+		echo "== fuzzing $$target ($(FUZZ_RUNS) runs)" && \
+		MAINSPRING_FUZZ_TARGET=$$target .build/fuzz/debug/mainspring-fuzz -runs=$(FUZZ_RUNS) -max_len=4096 \
+			-artifact_prefix=fuzz-artifacts/$$target- -print_final_stats=1 .build/fuzz-corpus/$$target \
+			> .build/fuzz-$$target.log 2>&1; status=$$?; \
+		grep -E "^(Done|stat::number_of_executed_units|stat::peak_rss_mb|==[0-9]+==ERROR|SUMMARY)" .build/fuzz-$$target.log; \
+		[ $$status -eq 0 ] || { echo "fuzzing $$target failed: see .build/fuzz-$$target.log and fuzz-artifacts/"; exit 1; }; \
+	done
 
 ## What CI runs: the plain suite, then the sanitizer suites.
 ci: test sanitize

@@ -32,6 +32,19 @@ let package = Package(
             dependencies: ["Mainspring"],
             path: "Examples/Interactive"
         ),
+        // Fuzz harnesses (a library, so the test suite replays the corpus through them) and the
+        // libFuzzer driver / corpus replayer (`make fuzz`).
+        .target(
+            name: "MainspringFuzzing",
+            dependencies: ["Mainspring"],
+            path: "Sources/MainspringFuzzing"
+        ),
+        .executableTarget(
+            name: "mainspring-fuzz",
+            dependencies: ["MainspringFuzzing"],
+            path: "Fuzz",
+            exclude: ["Corpus"]
+        ),
         .executableTarget(
             name: "mainspring-bench",
             dependencies: ["Mainspring", "CBaselines"],
@@ -39,7 +52,7 @@ let package = Package(
         ),
         .testTarget(
             name: "MainspringTests",
-            dependencies: ["Mainspring"],
+            dependencies: ["Mainspring", "MainspringFuzzing"],
             path: "Tests/MainspringTests"
         ),
     ],
