@@ -151,11 +151,19 @@ open class AsyncOperation: Operation, @unchecked Sendable {
     /// Makes the operation finished and tells Foundation, exactly once per operation (only the
     /// thread that moved the state to `finishing` gets here).
     ///
-    /// Order: the state flips; early observers (the `onFinish` posts) run, so a hook's post is
-    /// queued before anybody waiting for the queue can wake up; then the Foundation
-    /// announcements, which release dependents and waiters and remove the operation from its
-    /// queue; then late observers (the drained-hook counters), which therefore see the queue
-    /// without this operation.
+    /// Order: the state flips (so hooks see `isFinished == true`); early observers (the
+    /// `onFinish` posts) run; then the Foundation announcements, which release dependents and
+    /// waiters and remove the operation from its queue; then late observers (the drained-hook
+    /// counters).
+    ///
+    /// One race is Foundation's and cannot be closed from here: after `start()` returns, the
+    /// queue's thread checks `isFinished` once and, if it reads `true` before this thread has
+    /// taken the operation's lock inside `didChangeValue`, does the same bookkeeping itself (the
+    /// lock makes one of the two do it, the other returns). Then waiters may wake before the
+    /// early observers ran, and the late observers may run before the queue's list is updated.
+    /// It takes a `finish()` on another thread within the few hundred nanoseconds after
+    /// `start()` returned; `SpinningOperation` never hits it (its worker thread announces before
+    /// `start()` returns). Hook counting is unaffected: each observer list runs exactly once.
     final func announceFinished(wasExecuting: Bool) {
         if wasExecuting { willChangeValue(forKey: "isExecuting") }
         willChangeValue(forKey: "isFinished")

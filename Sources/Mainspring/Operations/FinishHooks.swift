@@ -11,10 +11,10 @@ extension Operation {
     /// slot, run on an anonymous Dispatch thread) any number of hooks can be added, and none
     /// replaces another.
     ///
-    /// - For an `AsyncOperation`, `body` is posted by the thread that finishes it, before the
-    ///   queue is told: so `isFinished` is `true` when it runs, and it runs before
-    ///   `waitUntilAllOperationsAreFinished(spinning: loop)` returns. The queue's
-    ///   `operationCount` may still include the operation when `body` runs on another loop.
+    /// - For an `AsyncOperation`, `body` is posted by the thread that finishes it, as soon as
+    ///   `isFinished` reads `true` and normally before the queue is told (dependents released,
+    ///   waiters woken); see `AsyncOperation` for the one narrow exception. The queue's
+    ///   `operationCount` may still include the operation when `body` runs.
     /// - For any other operation (a `BlockOperation`, say), the hook is a small `BlockOperation`
     ///   on a private queue that depends on this one — Foundation's own dependency machinery
     ///   tells it when the operation finished. It costs one extra operation and one Dispatch hop,

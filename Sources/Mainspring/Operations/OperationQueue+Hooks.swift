@@ -54,8 +54,9 @@ extension OperationQueue {
     /// `QueueTracker` for why). A hook added while operations are in flight fires at the end of
     /// that drain; one added to an idle queue waits for the next work. Several hooks fire in the
     /// order they were added, each on its own loop. When `body` runs, new work may already have
-    /// been added; the queue's Foundation `operationCount` is 0 unless untracked operations or
-    /// new work are in it.
+    /// been added; Foundation's own `operationCount` also counts untracked operations, and may
+    /// lag the tracked count by a moment (see `AsyncOperation` on who does Foundation's
+    /// bookkeeping).
     ///
     /// - Returns: a handle whose `cancel()` removes the hook; the hook stays while the queue's
     ///   tracker lives otherwise (dropping the handle does not remove it).
@@ -77,14 +78,16 @@ extension OperationQueue {
     ///
     /// It sees every operation in the queue, tracked or not, including those added while it
     /// waits: a helper thread makes Foundation's own blocking wait and then wakes the loop, so
-    /// the loop sleeps in epoll meanwhile — no polling. When it returns `true`, work that an
-    /// `AsyncOperation` posted to `loop` before it finished (its `onFinish(on: loop)` hooks,
-    /// say) has run.
+    /// the loop sleeps in epoll meanwhile — no polling. When it returns `true`, everything that
+    /// was posted to `loop` before the last `finish()` call (the completions that called
+    /// `finish()`, results they posted) has run; `onFinish` hooks posted by the finishing are
+    /// normally done too, but not promised (they may be queued right behind).
     ///
     /// Loop thread only (precondition). Cost: one short-lived thread per call that has to wait.
     /// - Parameter timeout: the longest to wait; `nil` for no limit; negative counts as zero.
     /// - Returns: `true` when the queue drained; `false` after the timeout or a `stop()` of the
     ///   loop (the helper thread then keeps waiting for the queue and exits when it drains).
+    @available(*, noasync, message: "it blocks the calling thread; await the work instead, or call it on a loop's thread")
     @discardableResult
     public func waitUntilAllOperationsAreFinished(spinning loop: EventLoop, timeout: Duration? = nil) -> Bool {
         loop.preconditionOnLoop("OperationQueue.waitUntilAllOperationsAreFinished(spinning:)")

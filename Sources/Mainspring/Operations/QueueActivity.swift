@@ -1,78 +1,91 @@
 import Foundation
 import Observation
+import Synchronization
 
-/// The progress of a queue's tracked operations as an `@Observable` model bound to a loop: how
-/// Swift on Linux observes what the article observed with KVO (`operationCount`).
+/// The progress of a queue's tracked operations as an `Observable` model: how Swift on Linux
+/// observes what the article observed with KVO (`operationCount`).
 ///
 /// ```swift
 /// let activity = QueueActivity(of: queue, on: loop)
 /// withObservationTracking { _ = activity.drainCount } onChange: { print("drained") }
 /// ```
 ///
-/// It counts the operations added with `addTrackedOperations(_:)` (see there). Its properties
-/// change only on `loop`'s thread, inside a posted refresh, so observers (`withObservationTracking`,
-/// `Observations`, UI bindings) hear about changes on that thread. Refreshes coalesce: after a
-/// burst of finishes one refresh reads the latest counts, so `operationCount` may skip values —
-/// and may even skip a 0 when new work arrives at once — but `drainCount` counts every drain, so
-/// watch it to miss none (or use `OperationQueue.onDrained(on:_:)`).
+/// It counts the operations added with `addTrackedOperations(_:)` (see there). Its values change
+/// only on `loop`'s thread, inside a posted refresh, so observers (`withObservationTracking`'s
+/// `onChange`, `Observations`) are told on that thread. Refreshes coalesce: after a burst of
+/// finishes one refresh reads the latest counts, so `operationCount` may skip values — and may
+/// even skip a 0 when new work arrives at once — but `drainCount` counts every drain, so watch
+/// it to miss none (or use `OperationQueue.onDrained(on:_:)`).
 ///
-/// Loop-bound: create it and read it on `loop`'s thread. It stops updating when released.
-/// Cost: at most one posted refresh per loop turn while the queue is busy.
-@Observable
-public final class QueueActivity {
+/// The model is `Sendable`: its properties can be read on any thread (each read takes a mutex).
+/// That is why it conforms to `Observable` by hand (an `ObservationRegistrar` and
+/// `access`/`withMutation` calls, as the `@Observable` macro would write) instead of using the
+/// macro, whose stored properties could not be shared between threads. It stops updating when
+/// released. Cost: at most one posted refresh per loop turn while the queue is busy.
+public final class QueueActivity: Observable, Sendable {
     /// Tracked operations added and not finished yet.
-    public private(set) var operationCount: Int
+    public var operationCount: Int {
+        registrar.access(self, keyPath: \.operationCount)
+        return counts.withLock { $0.pending }
+    }
+
     /// Tracked operations finished so far (completed or cancelled).
-    public private(set) var finishedCount: Int
+    public var finishedCount: Int {
+        registrar.access(self, keyPath: \.finishedCount)
+        return counts.withLock { $0.finished }
+    }
+
     /// How many times the tracked operations all finished (the count fell to 0 after work was
     /// added).
-    public private(set) var drainCount: Int
+    public var drainCount: Int {
+        registrar.access(self, keyPath: \.drainCount)
+        return counts.withLock { $0.drains }
+    }
 
-    /// Whether no tracked operation is in flight.
+    /// Whether no tracked operation is in flight (`operationCount == 0`).
     public var isDrained: Bool { operationCount == 0 }
 
     /// The loop whose thread updates the model.
-    @ObservationIgnored public let loop: EventLoop
-    @ObservationIgnored private let tracker: QueueTracker
-    @ObservationIgnored private var listener: UInt64 = 0
+    public let loop: EventLoop
+    private let tracker: QueueTracker
+    private let registrar = ObservationRegistrar()
+    private let counts: Mutex<QueueTracker.Snapshot>
+    private let listener = Atomic<UInt64>(0)
 
-    /// Starts watching `queue`'s tracked operations (counting from whenever its first tracked
-    /// operation was added). Loop thread only (precondition).
+    /// Starts watching `queue`'s tracked operations (its counts cover every tracked operation
+    /// since the queue's first). Any thread; updates then arrive on `loop`.
     public init(of queue: OperationQueue, on loop: EventLoop = .main) {
-        loop.preconditionOnLoop("QueueActivity.init(of:on:)")
         self.loop = loop
         let tracker = QueueTracker.of(queue)
         self.tracker = tracker
-        let counts = tracker.snapshot
-        operationCount = counts.pending
-        finishedCount = counts.finished
-        drainCount = counts.drains
-        let reference = ActivityReference(self)
-        listener = tracker.addListener(on: loop) { [tracker] in
-            guard let activity = reference.activity else { return }
-            activity.apply(tracker.snapshot(forListener: activity.listener))
+        counts = Mutex(tracker.snapshot)
+        let id = tracker.addListener(on: loop) { [weak self] in
+            guard let self else { return }
+            apply(tracker.snapshot(forListener: listener.load(ordering: .acquiring)))
         }
-        // A change between the snapshot above and the registration would be lost: read again.
-        apply(tracker.snapshot(forListener: listener))
+        listener.store(id, ordering: .releasing)
+        // A change between the snapshot above and the registration was not posted: post once.
+        loop.execute { [weak self] in
+            guard let self else { return }
+            apply(tracker.snapshot(forListener: id))
+        }
     }
 
     deinit {
-        tracker.removeListener(listener)
+        tracker.removeListener(listener.load(ordering: .acquiring))
     }
 
-    private func apply(_ counts: QueueTracker.Snapshot) {
-        if operationCount != counts.pending { operationCount = counts.pending }
-        if finishedCount != counts.finished { finishedCount = counts.finished }
-        if drainCount != counts.drains { drainCount = counts.drains }
+    /// Publishes new counts, property by property, on the loop's thread.
+    private func apply(_ new: QueueTracker.Snapshot) {
+        let old = counts.withLock { $0 }
+        if old.pending != new.pending {
+            registrar.withMutation(of: self, keyPath: \.operationCount) { counts.withLock { $0.pending = new.pending } }
+        }
+        if old.finished != new.finished {
+            registrar.withMutation(of: self, keyPath: \.finishedCount) { counts.withLock { $0.finished = new.finished } }
+        }
+        if old.drains != new.drains {
+            registrar.withMutation(of: self, keyPath: \.drainCount) { counts.withLock { $0.drains = new.drains } }
+        }
     }
-}
-
-@available(*, unavailable)
-extension QueueActivity: Sendable {}
-
-/// Lets a refresh posted to the loop find its model without keeping it alive. Only read on the
-/// model's loop thread.
-private final class ActivityReference: @unchecked Sendable {
-    weak var activity: QueueActivity?
-    init(_ activity: QueueActivity) { self.activity = activity }
 }
