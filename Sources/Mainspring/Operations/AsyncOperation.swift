@@ -59,15 +59,16 @@ open class AsyncOperation: Operation, @unchecked Sendable {
     /// Marks the operation finished: `isExecuting` becomes `false`, `isFinished` `true`, the
     /// queue moves on, dependent operations become ready and `onFinish` hooks are posted.
     ///
-    /// Any thread. Idempotent: only the first call has an effect. Cheap (two atomic operations)
-    /// plus what Foundation does on finishing (a few locks; no user code runs inside it).
+    /// Any thread. Idempotent: only the first call has an effect. Cost: two atomic operations,
+    /// the `onFinish` posts, and what Foundation does on finishing (a few locks; it reads the
+    /// dependents' `isReady` and schedules `completionBlock` on a Dispatch thread).
     ///
-    /// - Precondition: the operation has started. Finishing an operation its queue has not
-    ///   started yet would corrupt the queue's bookkeeping on Linux (Foundation would drop it
-    ///   from the queue's list but not from its ready list, and `operationCount` and dependents
-    ///   would be wrong), and on Darwin it throws an Objective-C exception; it always means the
-    ///   completion callback belongs to some other run of the work. So it stops the process with
-    ///   a message naming the operation rather than being silently ignored.
+    /// - Precondition: the operation has started. Finishing an operation that its queue has not
+    ///   started would corrupt the queue on Linux: Foundation prints "went isFinished=YES
+    ///   without being started by the queue it is in", drops it from the queue's list but not
+    ///   from its ready list, and releases its dependents early. It means that `finish()` and
+    ///   `execute()` disagree about which work is running — a bug to fix, not to ignore — so it
+    ///   stops the process with a message naming the operation.
     public func finish() {
         let (claimed, original) = phase.compareExchange(
             expected: Phase.executing.rawValue, desired: Phase.finishing.rawValue, ordering: .acquiringAndReleasing)
@@ -87,7 +88,7 @@ open class AsyncOperation: Operation, @unchecked Sendable {
     /// yourself only for an operation that is in no queue (then on the thread you want).
     ///
     /// - Precondition: the operation has not started yet (a finished operation returns at once,
-    ///   as Foundation's does) and its dependencies have finished.
+    ///   as Foundation's does); when started by hand, its dependencies have finished.
     public final override func start() {
         let current = phase.load(ordering: .acquiring)
         if current == Phase.finished.rawValue { return }
@@ -101,7 +102,11 @@ open class AsyncOperation: Operation, @unchecked Sendable {
             announceFinished(wasExecuting: false)
             return
         }
-        precondition(isReady, "Mainspring: start() was called on \(type(of: self)) before its dependencies finished")
+        // A queue starts an operation only once its dependencies finished (it keeps its own
+        // count, not `isReady`); check by-hand starts, as Foundation's `start()` does.
+        if OperationQueue.current == nil {
+            precondition(isReady, "Mainspring: start() was called on \(type(of: self)) before its dependencies finished")
+        }
         willChangeValue(forKey: "isExecuting")
         let (began, _) = phase.compareExchange(
             expected: Phase.ready.rawValue, desired: Phase.executing.rawValue, ordering: .acquiringAndReleasing)
