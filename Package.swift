@@ -7,6 +7,7 @@ let package = Package(
         .library(name: "Mainspring", targets: ["Mainspring"]),
         .executable(name: "mainspring-demo", targets: ["mainspring-demo"]),
         .executable(name: "mainspring-bench", targets: ["mainspring-bench"]),
+        .executable(name: "mainspring-operations", targets: ["mainspring-operations"]),
     ],
     targets: [
         // libevent 2.1 through pkg-config; `make` installs libevent-dev when it is missing.
@@ -44,6 +45,12 @@ let package = Package(
             dependencies: ["MainspringFuzzing"],
             path: "Fuzz",
             exclude: ["Corpus"]
+        ),
+        // The article's batch of asynchronous saves, with completion hooks on the main loop.
+        .executableTarget(
+            name: "mainspring-operations",
+            dependencies: ["Mainspring"],
+            path: "Examples/Operations"
         ),
         .executableTarget(
             name: "mainspring-bench",

@@ -1,0 +1,91 @@
+import Foundation
+import Observation
+import Synchronization
+
+/// The progress of a queue's tracked operations as an `Observable` model: how Swift on Linux
+/// observes what the article observed with KVO (`operationCount`).
+///
+/// ```swift
+/// let activity = QueueActivity(of: queue, on: loop)
+/// withObservationTracking { _ = activity.drainCount } onChange: { print("drained") }
+/// ```
+///
+/// It counts the operations added with `addTrackedOperations(_:)` (see there). Its values change
+/// only on `loop`'s thread, inside a posted refresh, so observers (`withObservationTracking`'s
+/// `onChange`, `Observations`) are told on that thread. Refreshes coalesce: after a burst of
+/// finishes one refresh reads the latest counts, so `operationCount` may skip values — and may
+/// even skip a 0 when new work arrives at once — but `drainCount` counts every drain, so watch
+/// it to miss none (or use `OperationQueue.onDrained(on:_:)`).
+///
+/// The model is `Sendable`: its properties can be read on any thread (each read takes a mutex).
+/// That is why it conforms to `Observable` by hand (an `ObservationRegistrar` and
+/// `access`/`withMutation` calls, as the `@Observable` macro would write) instead of using the
+/// macro, whose stored properties could not be shared between threads. It stops updating when
+/// released. Cost: at most one posted refresh per loop turn while the queue is busy.
+public final class QueueActivity: Observable, Sendable {
+    /// Tracked operations added and not finished yet.
+    public var operationCount: Int {
+        registrar.access(self, keyPath: \.operationCount)
+        return counts.withLock { $0.pending }
+    }
+
+    /// Tracked operations finished so far (completed or cancelled).
+    public var finishedCount: Int {
+        registrar.access(self, keyPath: \.finishedCount)
+        return counts.withLock { $0.finished }
+    }
+
+    /// How many times the tracked operations all finished (the count fell to 0 after work was
+    /// added).
+    public var drainCount: Int {
+        registrar.access(self, keyPath: \.drainCount)
+        return counts.withLock { $0.drains }
+    }
+
+    /// Whether no tracked operation is in flight (`operationCount == 0`).
+    public var isDrained: Bool { operationCount == 0 }
+
+    /// The loop whose thread updates the model.
+    public let loop: EventLoop
+    private let tracker: QueueTracker
+    private let registrar = ObservationRegistrar()
+    private let counts: Protected<QueueTracker.Snapshot>
+    private let listener = Atomic<UInt64>(0)
+
+    /// Starts watching `queue`'s tracked operations (its counts cover every tracked operation
+    /// since the queue's first). Any thread; updates then arrive on `loop`.
+    public init(of queue: OperationQueue, on loop: EventLoop = .main) {
+        self.loop = loop
+        let tracker = QueueTracker.of(queue)
+        self.tracker = tracker
+        counts = Protected(tracker.snapshot)
+        let id = tracker.addListener(on: loop) { [weak self] in
+            guard let self else { return }
+            apply(tracker.snapshot(forListener: listener.load(ordering: .acquiring)))
+        }
+        listener.store(id, ordering: .releasing)
+        // A change between the snapshot above and the registration was not posted: post once.
+        loop.execute { [weak self] in
+            guard let self else { return }
+            apply(tracker.snapshot(forListener: id))
+        }
+    }
+
+    deinit {
+        tracker.removeListener(listener.load(ordering: .acquiring))
+    }
+
+    /// Publishes new counts, property by property, on the loop's thread.
+    private func apply(_ new: QueueTracker.Snapshot) {
+        let old = counts.withLock { $0 }
+        if old.pending != new.pending {
+            registrar.withMutation(of: self, keyPath: \.operationCount) { counts.withLock { $0.pending = new.pending } }
+        }
+        if old.finished != new.finished {
+            registrar.withMutation(of: self, keyPath: \.finishedCount) { counts.withLock { $0.finished = new.finished } }
+        }
+        if old.drains != new.drains {
+            registrar.withMutation(of: self, keyPath: \.drainCount) { counts.withLock { $0.drains = new.drains } }
+        }
+    }
+}

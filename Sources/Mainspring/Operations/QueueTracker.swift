@@ -1,0 +1,206 @@
+import Foundation
+import Synchronization
+
+/// The count behind `onDrained` and `QueueActivity`: how many tracked operations of one queue
+/// are unfinished, and who wants to hear when that changes.
+///
+/// ## Why a count of our own
+/// On Darwin the article observes `operationCount` with KVO. swift-corelibs-foundation has no
+/// KVO and no hook at all when an operation is added or removed (`operationCount` is computed by
+/// walking the queue's list under its lock). So the operations are counted as they go in —
+/// `addTrackedOperations(_:)` adds their number *before* handing them to the queue — and as they
+/// come out, through a finish observer registered on each one (see `observeFinish`): for an
+/// `AsyncOperation` a callback from the thread that finishes it, after Foundation has taken it
+/// off the queue; for any other operation a dependent hook operation.
+///
+/// ## Why a drain is reported exactly once
+/// The count lives under one mutex. Every finish decrements it once (each observer runs once:
+/// the operation's state word, or Foundation's dependency release, guarantees it), and the one
+/// decrement that takes it from 1 to 0 — there is exactly one per drain, whatever the threads —
+/// collects the hooks while still holding the lock and posts them after releasing it. Adding
+/// the count before the operations can run means a batch cannot drain before it was all added.
+/// No user code runs under the lock.
+final class QueueTracker: Sendable {
+    struct Snapshot: Sendable, Equatable {
+        /// Tracked operations added and not finished yet.
+        var pending = 0
+        /// Tracked operations finished so far.
+        var finished = 0
+        /// How many times `pending` fell to 0.
+        var drains = 0
+    }
+
+    private struct Hook {
+        let id: UInt64
+        let loop: EventLoop
+        let handle: DrainHook
+        let body: @Sendable () -> Void
+    }
+
+    private struct Listener {
+        let loop: EventLoop
+        let refresh: @Sendable () -> Void
+        /// Whether a refresh is posted and has not read the snapshot yet (updates coalesce).
+        var isPosted = false
+    }
+
+    private struct State {
+        var counts = Snapshot()
+        var nextID: UInt64 = 0
+        var hooks: [Hook] = []
+        var listeners: [UInt64: Listener] = [:]
+
+        mutating func makeID() -> UInt64 {
+            nextID &+= 1
+            return nextID
+        }
+
+        /// Marks every listener without a pending refresh as posted; returns those to post.
+        mutating func listenersToNotify() -> [(EventLoop, @Sendable () -> Void)] {
+            var toPost: [(EventLoop, @Sendable () -> Void)] = []
+            for (id, listener) in listeners where !listener.isPosted {
+                listeners[id]?.isPosted = true
+                toPost.append((listener.loop, listener.refresh))
+            }
+            return toPost
+        }
+    }
+
+    private let state = Protected(State())
+
+    // MARK: Counting
+
+    /// Counts `count` operations that are about to be added.
+    func willAdd(_ count: Int) {
+        let toNotify = state.withLock { state -> [(EventLoop, @Sendable () -> Void)] in
+            state.counts.pending += count
+            return state.listenersToNotify()
+        }
+        for (loop, refresh) in toNotify { loop.execute(refresh) }
+    }
+
+    /// Counts one tracked operation as finished; on the last one, posts every drained hook.
+    func didFinishOne() {
+        let (hooks, toNotify) = state.withLock { state -> ([Hook], [(EventLoop, @Sendable () -> Void)]) in
+            state.counts.pending -= 1
+            state.counts.finished += 1
+            precondition(state.counts.pending >= 0, "Mainspring: a tracked operation finished twice")
+            var hooks: [Hook] = []
+            if state.counts.pending == 0 {
+                state.counts.drains += 1
+                hooks = state.hooks
+            }
+            return (hooks, state.listenersToNotify())
+        }
+        for hook in hooks {
+            let handle = hook.handle
+            let body = hook.body
+            hook.loop.execute {
+                if !handle.isCancelled { body() }
+            }
+        }
+        for (loop, refresh) in toNotify { loop.execute(refresh) }
+    }
+
+    var snapshot: Snapshot { state.withLock { $0.counts } }
+
+    // MARK: Hooks and listeners
+
+    func addHook(on loop: EventLoop, _ body: @escaping @Sendable () -> Void) -> DrainHook {
+        state.withLock { state in
+            let id = state.makeID()
+            let handle = DrainHook(tracker: self, id: id)
+            state.hooks.append(Hook(id: id, loop: loop, handle: handle, body: body))
+            return handle
+        }
+    }
+
+    func removeHook(_ id: UInt64) {
+        // The removed hook (and its closure) is released after the lock.
+        let removed = state.withLock { state -> [Hook] in
+            let removed = state.hooks.filter { $0.id == id }
+            state.hooks.removeAll { $0.id == id }
+            return removed
+        }
+        _ = removed
+    }
+
+    /// Registers `refresh`, posted to `loop` (coalesced) whenever the counts change.
+    func addListener(on loop: EventLoop, _ refresh: @escaping @Sendable () -> Void) -> UInt64 {
+        state.withLock { state in
+            let id = state.makeID()
+            state.listeners[id] = Listener(loop: loop, refresh: refresh)
+            return id
+        }
+    }
+
+    func removeListener(_ id: UInt64) {
+        let removed = state.withLock { $0.listeners.removeValue(forKey: id) }
+        _ = removed
+    }
+
+    /// The counts, for a listener's refresh: later changes will post it again.
+    func snapshot(forListener id: UInt64) -> Snapshot {
+        state.withLock { state in
+            state.listeners[id]?.isPosted = false
+            return state.counts
+        }
+    }
+
+    // MARK: One tracker per queue
+
+    private struct Entry {
+        weak var queue: OperationQueue?
+        let tracker: QueueTracker
+    }
+
+    private struct Registry {
+        var entries: [ObjectIdentifier: Entry] = [:]
+        /// Dead queues' entries are swept when the table reaches this size (then it doubles).
+        var sweepAt = 64
+    }
+
+    private static let registry = Protected(Registry())
+
+    /// The tracker of `queue`, made on first use. A global table keyed by the queue's identity
+    /// with a weak reference to it (Foundation on Linux has no associated objects); an entry
+    /// whose queue died is replaced, and dead entries are swept as the table grows.
+    static func of(_ queue: OperationQueue) -> QueueTracker {
+        registry.withLock { registry in
+            let key = ObjectIdentifier(queue)
+            if let entry = registry.entries[key], entry.queue === queue { return entry.tracker }
+            if registry.entries.count >= registry.sweepAt {
+                registry.entries = registry.entries.filter { $0.value.queue != nil }
+                registry.sweepAt = max(64, registry.entries.count * 2)
+            }
+            let tracker = QueueTracker()
+            registry.entries[key] = Entry(queue: queue, tracker: tracker)
+            return tracker
+        }
+    }
+}
+
+/// The handle `OperationQueue.onDrained(on:_:)` returns: `cancel()` removes the hook.
+/// Dropping the handle does not remove it.
+public final class DrainHook: Sendable {
+    private let tracker: QueueTracker
+    private let id: UInt64
+    private let cancelled = Atomic<Bool>(false)
+
+    init(tracker: QueueTracker, id: UInt64) {
+        self.tracker = tracker
+        self.id = id
+    }
+
+    /// Removes the hook. Any thread; idempotent. Once it returns, the hook is not started again
+    /// (a run already posted to the loop checks this first); a run already in progress on the
+    /// loop's thread finishes.
+    public func cancel() {
+        if !cancelled.exchange(true, ordering: .acquiringAndReleasing) {
+            tracker.removeHook(id)
+        }
+    }
+
+    /// Whether `cancel()` was called.
+    public var isCancelled: Bool { cancelled.load(ordering: .acquiring) }
+}
