@@ -28,16 +28,23 @@ let package = Package(
             dependencies: ["CLibevent"],
             path: "Sources/CBaselines"
         ),
+        // What the examples serve (command parsers, the demo's job, the daemon's line service):
+        // a library, so the benchmark, the fuzzer and the tests use the very same code.
+        .target(
+            name: "ExampleServices",
+            dependencies: ["Mainspring"],
+            path: "Sources/ExampleServices"
+        ),
         .executableTarget(
             name: "mainspring-demo",
-            dependencies: ["Mainspring"],
+            dependencies: ["Mainspring", "ExampleServices"],
             path: "Examples/Interactive"
         ),
         // Fuzz harnesses (a library, so the test suite replays the corpus through them) and the
         // libFuzzer driver / corpus replayer (`make fuzz`).
         .target(
             name: "MainspringFuzzing",
-            dependencies: ["Mainspring"],
+            dependencies: ["Mainspring", "ExampleServices"],
             path: "Sources/MainspringFuzzing"
         ),
         .executableTarget(
@@ -59,7 +66,7 @@ let package = Package(
         ),
         .testTarget(
             name: "MainspringTests",
-            dependencies: ["Mainspring", "MainspringFuzzing"],
+            dependencies: ["Mainspring", "MainspringFuzzing", "ExampleServices"],
             path: "Tests/MainspringTests"
         ),
     ],

@@ -4,6 +4,8 @@ extension FuzzHarness {
     /// The harnesses by name (the `MAINSPRING_FUZZ_TARGET` values and corpus folder names).
     public static let all: [(name: String, run: @Sendable ([UInt8]) -> Void)] = [
         ("lines", lineSplitter),
+        ("demo-commands", demoCommands),
+        ("daemon-commands", daemonCommands),
     ]
 
     /// Harness names, in order.
