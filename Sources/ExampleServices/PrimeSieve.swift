@@ -35,7 +35,7 @@ public struct PrimeSieve: Sendable {
     public var isDone: Bool { position >= limit }
 
     /// The fraction done, 0...1.
-    public var progress: Double { Double(position - 2) / Double(max(1, limit - 2)) }
+    public var progress: Double { isDone ? 1 : Double(position - 2) / Double(limit - 2) }
 
     /// Sieves the next `size` numbers (at least 1). Costs about `size` steps.
     public mutating func sieveNext(_ size: Int) {
