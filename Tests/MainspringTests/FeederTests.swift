@@ -352,4 +352,17 @@ struct FeederTests {
         #expect(budgetTurns >= 1 && budgetTurns < 1_000)
         #expect(oneTurns == 100)
     }
+
+    @Test("a budget turn starts no chunk that the rest of the budget cannot hold: 1 ms chunks, 1 ms budget")
+    func budgetDoesNotOverrun() async throws {
+        let (turns, chunks) = try await onLoopThread { loop -> (Int, Int) in
+            let job = Feeder(loop: loop, pacing: .budget(.milliseconds(1))).feed(chunks: 50) { _ in
+                spin(for: .milliseconds(1))
+            }
+            loop.spin(until: { job.isFinished }, timeout: .seconds(10))
+            return (job.statistics.turns, job.statistics.chunks)
+        }
+        #expect(chunks == 50)
+        #expect(turns == 50)
+    }
 }

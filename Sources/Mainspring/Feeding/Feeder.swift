@@ -5,7 +5,7 @@ import Synchronization
 ///
 /// Submitting hundreds of small blocks to a loop at once queues input behind all of them. A
 /// feeder instead runs its chunks in *turns*: each turn runs one chunk (`.oneChunkPerTurn`) or
-/// chunks until a time budget is used (`.budget`), then ends, and the next turn becomes ready
+/// chunks while a time budget lasts (`.budget`), then ends, and the next turn becomes ready
 /// only after the loop has polled again. So an input event waits at most one turn, and tiny
 /// chunks still run back to back at nearly the speed of a plain `for` loop.
 ///
@@ -42,8 +42,11 @@ public final class Feeder: Sendable {
         /// One chunk, then a poll: the article's behaviour (one block per trip through the main
         /// queue). Lowest latency for long chunks; a poll per chunk makes tiny chunks slow.
         case oneChunkPerTurn
-        /// Chunks until this much time has passed (checked after each chunk), then a poll:
-        /// amortises tiny chunks without hurting input. Zero or negative runs one chunk a turn.
+        /// Chunks until this much time is used, then a poll: amortises tiny chunks without
+        /// hurting input. After each chunk the feeder starts another only if what is left of the
+        /// budget is at least as long as that chunk took, so a turn rarely runs past the budget
+        /// (only when a chunk is slower than the one before it, or longer than the budget: a
+        /// turn always runs at least one chunk). Zero or negative runs one chunk a turn.
         case budget(Duration)
     }
 
@@ -269,6 +272,8 @@ public final class Feeder: Sendable {
         var now = clock.now()
         let deadline = now &+ budgetNanoseconds
         var ranAny = false
+        /// How long the last chunk took: the next one starts only if that much budget is left.
+        var lastChunk: UInt64 = 0
         while true {
             let control = self.control.load(ordering: .acquiring)
             takeSubmissions(line)
@@ -278,11 +283,13 @@ public final class Feeder: Sendable {
             switch line.items[index] {
             case .chunk(let chunk)?:
                 line.remove(at: index)
+                let start = now
                 chunk()
                 now = clock.now()
+                lastChunk = now &- start
                 ranAny = true
             case .job(let job)?:
-                switch run(job, control: control, now: &now, deadline: deadline) {
+                switch run(job, control: control, now: &now, lastChunk: &lastChunk, deadline: deadline) {
                 case .finished(let ran):
                     line.remove(at: index)
                     ranAny = ranAny || ran
@@ -295,7 +302,7 @@ public final class Feeder: Sendable {
             case nil:
                 preconditionFailure("Feeder: a removed item is still in line")
             }
-            if ranAny && (budgetNanoseconds == 0 || now >= deadline) {
+            if ranAny && isTurnOver(now: now, lastChunk: lastChunk, deadline: deadline) {
                 loop.executeNextTurn(priority: priority) { [self] in turn() }
                 return
             }
@@ -312,9 +319,17 @@ public final class Feeder: Sendable {
         case turnOver
     }
 
+    /// Whether the pacing lets no further chunk start in this turn.
+    @inline(__always)
+    private func isTurnOver(now: UInt64, lastChunk: UInt64, deadline: UInt64) -> Bool {
+        budgetNanoseconds == 0 || now &+ lastChunk > deadline
+    }
+
     /// Runs chunks of `job` until it ends, something interrupts it, or the turn is over.
     @inline(__always)
-    private func run(_ job: FeedJob, control: Int, now: inout UInt64, deadline: UInt64) -> JobStop {
+    private func run(_ job: FeedJob, control: Int, now: inout UInt64, lastChunk: inout UInt64,
+                     deadline: UInt64) -> JobStop
+    {
         let jobLocal = job.local.value
         guard let runner = jobLocal.runner else {
             job.finish(.cancelled)
@@ -341,14 +356,15 @@ public final class Feeder: Sendable {
                 return .finished(ranAny: ranAny)
             }
             ranAny = true
-            chunkTime &+= now &- start
+            lastChunk = now &- start
+            chunkTime &+= lastChunk
             job.didRunChunk(start: start, end: now, local: jobLocal)
             if step == .ranLast {
                 job.endStretch(chunkTime: chunkTime, ranAny: true, interrupted: false, local: jobLocal)
                 job.finish(.completed)
                 return .finished(ranAny: true)
             }
-            if budgetNanoseconds == 0 || now >= deadline {
+            if isTurnOver(now: now, lastChunk: lastChunk, deadline: deadline) {
                 job.endStretch(chunkTime: chunkTime, ranAny: true, interrupted: false, local: jobLocal)
                 return .turnOver
             }
