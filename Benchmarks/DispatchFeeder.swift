@@ -1,5 +1,6 @@
 import Dispatch
 import Foundation
+import Mainspring
 import Synchronization
 
 /// The article's recipe on plain Dispatch ("Feeding the main queue"), in a child process because
@@ -10,18 +11,30 @@ import Synchronization
 /// for every chunk, with input arriving through a `DispatchSource` on the main queue from a pipe
 /// that a writer thread fills with timestamped records (as `InputSimulator` does).
 ///
-/// `mainspring-bench --child dispatch-feeder <chunks> <chunk ns> <input every ns, 0 = none>`
-/// reports `{"seconds": …, "latencies_ns": […]}`: from the first submission to the end of the
-/// last chunk, and each input record's write-to-handler latency.
+/// The main queue is drained by `dispatchMain()` (`dispatch-feeder`) or by `RunLoop.main.run()`
+/// (`dispatch-feeder-runloop`). The difference matters on Linux: `dispatchMain()` ends the main
+/// thread and worker threads serve the main queue, so `main.sync` runs each chunk inline on the
+/// feeder queue's thread — no thread hop at all, and not on the main thread (checked: the child
+/// reports `on_main_thread`). Only `RunLoop.main` keeps the chunks on the main thread, at the
+/// price of a real hop per chunk.
+///
+/// `mainspring-bench --child dispatch-feeder <chunks> <chunk ns> <input every ns, 0 = none>
+/// <dispatch-main | runloop>` reports `{"seconds", "chunk_seconds", "on_main_thread",
+/// "latencies_ns"}`: from the first submission to the end of the last chunk, the chunks' own
+/// time, the fraction of chunks that ran on the main thread, and each input record's
+/// write-to-handler latency.
 let dispatchFeederChild = ChildEntryPoint(name: "dispatch-feeder") { arguments in
-    guard arguments.count == 3, let chunks = Int(arguments[0]), let chunkNs = UInt64(arguments[1]),
-          let everyNs = UInt64(arguments[2])
-    else { throw BenchError.usage("dispatch-feeder <chunks> <chunk ns> <input every ns>") }
+    guard arguments.count == 4, let chunks = Int(arguments[0]), let chunkNs = UInt64(arguments[1]),
+          let everyNs = UInt64(arguments[2]), ["dispatch-main", "runloop"].contains(arguments[3])
+    else { throw BenchError.usage("dispatch-feeder <chunks> <chunk ns> <input every ns> <dispatch-main|runloop>") }
+    let mainThread = pthread_self()
 
     /// Touched only on the main queue.
     final class State: @unchecked Sendable {
         var remaining = 0
         var start: UInt64 = 0
+        var chunkNanoseconds: UInt64 = 0
+        var onMainThread = 0
         var latencies: [Double] = []
         var carry: [UInt8] = []
     }
@@ -75,25 +88,54 @@ let dispatchFeederChild = ChildEntryPoint(name: "dispatch-feeder") { arguments i
         for _ in 0..<chunks {
             feederQueue.async {
                 DispatchQueue.main.sync {
+                    let chunkStart = nowNanoseconds()
                     burnCPU(nanoseconds: chunkNs)
+                    let end = nowNanoseconds()
+                    state.chunkNanoseconds += end - chunkStart
+                    if pthread_equal(pthread_self(), mainThread) != 0 { state.onMainThread += 1 }
                     state.remaining -= 1
                     if state.remaining == 0 {
-                        let seconds = Double(nowNanoseconds() - state.start) / 1e9
                         stopWriter.store(true, ordering: .relaxed)
-                        childReportJSON(["seconds": seconds, "latencies_ns": state.latencies])
+                        childReportJSON([
+                            "seconds": Double(end - state.start) / 1e9,
+                            "chunk_seconds": Double(state.chunkNanoseconds) / 1e9,
+                            "on_main_thread": Double(state.onMainThread) / Double(chunks),
+                            "latencies_ns": state.latencies,
+                        ])
                     }
                 }
             }
         }
     }
+    if arguments[3] == "runloop" {
+        while true { RunLoop.main.run() }
+    }
     dispatchMain()
 }
 
-/// Runs the article's recipe in a child; returns (seconds, latencies in ns).
-func dispatchFeeder(chunks: Int, chunkNanoseconds: UInt64, inputEveryNanoseconds: UInt64) throws -> (Double, [Double]) {
-    let object = try runChildJSON(["dispatch-feeder", "\(chunks)", "\(chunkNanoseconds)", "\(inputEveryNanoseconds)"])
-    guard let seconds = object["seconds"] as? Double, let latencies = object["latencies_ns"] as? [Double] else {
+/// What one feeding run measured.
+struct FeedRun {
+    /// From the first submission to the end of the last chunk.
+    var seconds: Double
+    /// The chunks' own time, summed (each chunk timed where it runs).
+    var chunkSeconds: Double
+    var latencies: LatencyHistogram
+    /// `elapsed` beyond the chunks' own time, as a percentage of it.
+    var overheadPercent: Double { (seconds - chunkSeconds) / chunkSeconds * 100 }
+}
+
+/// Runs the article's recipe in a child (`runLoop`: the main queue drained by `RunLoop.main`).
+func dispatchFeeder(chunks: Int, chunkNanoseconds: UInt64, inputEveryNanoseconds: UInt64, runLoop: Bool) throws
+    -> FeedRun
+{
+    let object = try runChildJSON(["dispatch-feeder", "\(chunks)", "\(chunkNanoseconds)", "\(inputEveryNanoseconds)",
+                                   runLoop ? "runloop" : "dispatch-main"])
+    guard let seconds = object["seconds"] as? Double, let chunkSeconds = object["chunk_seconds"] as? Double,
+          let raw = object["latencies_ns"] as? [Double]
+    else {
         throw BenchError.childFailed("dispatch-feeder: bad report", 0)
     }
-    return (seconds, latencies)
+    var latencies = LatencyHistogram()
+    for ns in raw { latencies.record(.nanoseconds(Int64(ns))) }
+    return FeedRun(seconds: seconds, chunkSeconds: chunkSeconds, latencies: latencies)
 }
