@@ -11,7 +11,7 @@ struct InputSimulatorTests {
             nonisolated(unsafe) var sequence: [Int] = []
             let before = loop.metrics.callbacks[.input] ?? 0
             let input = try InputSimulator(loop: loop, pattern: .steady(every: .milliseconds(1)), count: 100) {
-                sequence.append($0)
+                sequence.append($0.sequence)
             }
             let start = ContinuousClock.now
             input.start()

@@ -8,6 +8,7 @@ public enum FeedOutcome: Sendable, Hashable, CustomStringConvertible {
     /// The others never run.
     case cancelled
 
+    /// `"completed"` or `"cancelled"`.
     public var description: String {
         switch self {
         case .completed: return "completed"
@@ -43,6 +44,7 @@ public final class FeedJob: Sendable {
             return total == 0 ? 1 : Double(completed) / Double(total)
         }
 
+        /// `"completed/total"`, with `?` for an unknown total.
         public var description: String { "\(completed)/\(total.map(String.init) ?? "?")" }
     }
 

@@ -16,9 +16,13 @@ public struct FairnessReport: Sendable {
     public struct Latency: Sendable, Hashable {
         /// How many latencies were recorded.
         public let count: Int
+        /// The median.
         public let p50: Duration
+        /// The 90th percentile.
         public let p90: Duration
+        /// The 99th percentile.
         public let p99: Duration
+        /// The longest.
         public let max: Duration
 
         /// Summarises `histogram`.
@@ -42,8 +46,9 @@ public struct FairnessReport: Sendable {
     public let workShare: Double
     /// The longest the work waited between two chunks: its worst starvation.
     public let starvation: Duration
-    /// Callbacks longer than the loop's `stallThreshold`, and the longest of them.
+    /// Callbacks longer than the loop's `stallThreshold` (from `metrics`).
     public let stalls: Int
+    /// The longest of those stalls (zero when there was none).
     public let longestStall: Duration
     /// Chunks per second of wall-clock time.
     public let throughput: Double

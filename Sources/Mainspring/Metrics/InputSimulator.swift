@@ -35,6 +35,14 @@ public final class InputSimulator {
         case burst(count: Int, every: Duration)
     }
 
+    /// One handled record, as reported to `onEvent`.
+    public struct Event: Sendable, Hashable {
+        /// The record's number: 0, 1, 2, … in the order they were written.
+        public let sequence: Int
+        /// From its write to the start of its handling.
+        public let latency: Duration
+    }
+
     /// The loop that reads the records.
     public let loop: EventLoop
     /// When records are written.
@@ -55,11 +63,11 @@ public final class InputSimulator {
     /// - Parameters:
     ///   - count: records to write (negative counts as zero); `nil` for no limit.
     ///   - handlingCost: CPU time (busy-waited) spent on each record in the handler.
-    ///   - onEvent: called on the loop for each record, with its sequence number, after the cost.
+    ///   - onEvent: called on the loop for each record, after its handling cost.
     /// - Throws: `EventLoopError.wrongThread` off the loop's thread; `.system` when the pipe
     ///   cannot be made (out of file descriptors).
     public init(loop: EventLoop, pattern: Pattern, count: Int? = nil, handlingCost: Duration = .zero,
-                onEvent: ((Int) -> Void)? = nil) throws(EventLoopError)
+                onEvent: ((Event) -> Void)? = nil) throws(EventLoopError)
     {
         self.loop = loop
         self.pattern = pattern
@@ -159,14 +167,14 @@ public final class InputSimulator {
     private final class Reader {
         let pipe: RecordPipe
         let cost: UInt64
-        let onEvent: ((Int) -> Void)?
+        let onEvent: ((Event) -> Void)?
         var watcher: Watcher?
         var buffer = RecordBuffer(capacity: 256)
         var latencies = LatencyHistogram()
         var received = 0
         var sawEnd = false
 
-        init(pipe: RecordPipe, cost: UInt64, onEvent: ((Int) -> Void)?) {
+        init(pipe: RecordPipe, cost: UInt64, onEvent: ((Event) -> Void)?) {
             self.pipe = pipe
             self.cost = cost
             self.onEvent = onEvent
@@ -177,10 +185,11 @@ public final class InputSimulator {
             case .records:
                 for record in buffer.records {
                     let start = monotonicNanoseconds()
-                    latencies.record(nanoseconds: start > record.stamp ? start - record.stamp : 0)
+                    let latency = start > record.stamp ? start - record.stamp : 0
+                    latencies.record(nanoseconds: latency)
                     if cost > 0 { while monotonicNanoseconds() &- start < cost {} }
                     received += 1
-                    onEvent?(Int(record.sequence))
+                    onEvent?(Event(sequence: Int(record.sequence), latency: Duration(nanoseconds: latency)))
                 }
             case .wouldBlock:
                 break
