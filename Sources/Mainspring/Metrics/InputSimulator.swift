@@ -22,8 +22,9 @@ import Synchronization
 /// ## What it measures (and what not)
 /// A handler reads every record that is waiting (up to 256 at a time) and handles them one after
 /// the other, so a record's latency includes the handling of the records before it in the same
-/// read: as with any real input. The writer's own lateness (scheduling on a busy machine) is not
-/// counted: records carry the time they were actually written.
+/// read: as with any real input. The writer's lateness against its pattern (scheduling on a busy
+/// machine) is not counted: a record is stamped just before it is written (a writer preempted
+/// between the two does add that delay to its record's latency).
 public final class InputSimulator {
     /// When records are written.
     public enum Pattern: Sendable, Hashable {
