@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 
 /// One figure of one variant of one scenario, summarised over several runs.
 struct BenchRecord: Codable {
@@ -183,3 +184,36 @@ func format(_ value: Double) -> String {
     if magnitude >= 1 { return String(format: "%.2f", value) }
     return String(format: "%.3f", value)
 }
+
+// MARK: Children that report series, and plots
+
+/// Like `runChild`, for a child that reports with `childReportJSON`: returns its JSON object
+/// (numbers and arrays of numbers).
+func runChildJSON(_ arguments: [String], timeout: Duration = .seconds(120)) throws -> [String: Any] {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
+    process.arguments = ["--child"] + arguments
+    let output = Foundation.Pipe()
+    process.standardOutput = output
+    process.standardInput = FileHandle.nullDevice
+    try process.run()
+    let data = output.fileHandleForReading.readDataToEndOfFile()
+    process.waitUntilExit()
+    guard process.terminationStatus == 0,
+          let line = String(decoding: data, as: UTF8.self).split(separator: "\n").last,
+          let object = try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any]
+    else {
+        throw BenchError.childFailed(arguments.joined(separator: " "), process.terminationStatus)
+    }
+    return object
+}
+
+/// Prints a child's result (figures and series) as one JSON line and exits.
+func childReportJSON(_ object: [String: Any]) -> Never {
+    let data = try! JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])
+    FileHandle.standardOutput.write(Data((String(decoding: data, as: UTF8.self) + "\n").utf8))
+    exit(0)
+}
+
+/// Where scenarios that draw a plot write it (`--svg DIR`); nil: no plot.
+let plotDirectory = Mutex<String?>(nil)

@@ -1,18 +1,23 @@
 import Foundation
 
-// mainspring-bench [scenario …] [--runs N] [--json]
+// mainspring-bench [scenario …] [--runs N] [--json] [--svg DIR]
 // Runs each named scenario (all when none is named), every variant side by side in this run,
 // and prints an aligned table, or with --json one JSON array of records (see DESIGN.md).
+// --svg DIR: scenarios with a plot (fairness) write it there as SVG.
 
 /// Every scenario, in the order they run. Each lives in its own file.
 let scenarios: [Scenario] = [
     postLocalScenario,
     postRemoteScenario,
     timersScenario,
+    fairnessScenario,
+    tinyChunksScenario,
+    inputFloodScenario,
 ]
 
 /// Variants that run in a child process (see `runChild`).
 let childEntryPoints: [ChildEntryPoint] = [
+    dispatchFeederChild,
 ]
 
 func main() throws {
@@ -38,8 +43,12 @@ func main() throws {
             runs = value
         case "--json":
             json = true
+        case "--svg":
+            guard let directory = arguments.first else { throw BenchError.usage("--svg needs a directory") }
+            arguments.removeFirst()
+            plotDirectory.withLock { $0 = directory }
         case "--help", "-h":
-            print("usage: mainspring-bench [scenario …] [--runs N] [--json]\n\nscenarios:")
+            print("usage: mainspring-bench [scenario …] [--runs N] [--json] [--svg DIR]\n\nscenarios:")
             for scenario in scenarios { print("  \(scenario.name.padding(toLength: 12, withPad: " ", startingAt: 0))  \(scenario.summary)") }
             return
         default:

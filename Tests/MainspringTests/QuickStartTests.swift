@@ -46,4 +46,32 @@ struct QuickStartTests {
         #expect(output.contains("tick"))
         #expect(output.last == "pong")
     }
+
+    @Test("the README's feeder example runs: work, input between chunks, a report")
+    func feederExample() async throws {
+        let (printed, report) = try await onLoopThread { loop -> ([String], FairnessReport) in
+            nonisolated(unsafe) var printed: [String] = []
+            @Sendable func print(_ text: String) { printed.append(text) }
+            func render(_ row: Int) { spin(for: .microseconds(500)) }
+
+            let feeder = Feeder(loop: loop)
+            let input = try InputSimulator(loop: loop, pattern: .steady(every: .milliseconds(10)))
+            input.start()
+            let job = feeder.feed(chunks: 200) { row in render(row) }
+            job.onCompletion { outcome in
+                input.stop()
+                print("rendering \(outcome): \(job.progress)")
+            }
+            feeder.enqueue { print("runs after the job") }
+            loop.spin(until: { job.isFinished && input.isFinished }, timeout: .seconds(30))
+            let report = FairnessReport(metrics: loop.metrics, input: input, work: job)
+            print(report.table)
+            return (printed, report)
+        }
+        #expect(printed.first == "rendering completed: 200/200")
+        // The enqueued chunk runs in a later turn, maybe after the spin ended; the report is last.
+        #expect(printed.last?.hasPrefix("input events") == true)
+        #expect(report.chunks == 200)
+        #expect(report.inputLatency.count >= 5)
+    }
 }

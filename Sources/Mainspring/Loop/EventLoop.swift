@@ -50,6 +50,8 @@ public final class EventLoop: @unchecked Sendable {
     @exclusivity(unchecked) private var backgroundQueue = RingBuffer<ReadyRecord>()
     /// Records that become ready after the next poll (one "turn" later).
     @exclusivity(unchecked) private var nextTurn: [ReadyRecord] = []
+    /// How many of `nextTurn` are `.background`: fed work between two turns is waiting work.
+    @exclusivity(unchecked) private var nextTurnBackground = 0
     /// Cross-thread posts taken from `remote`, one batch per priority, consumed in place.
     @exclusivity(unchecked) private var inputRemote = RemoteBatch()
     @exclusivity(unchecked) private var normalRemote = RemoteBatch()
@@ -320,6 +322,7 @@ public final class EventLoop: @unchecked Sendable {
     /// Loop thread only. This is how fed work yields to input.
     func executeNextTurn(priority: Priority, _ work: @escaping () -> Void) {
         nextTurn.append(ReadyRecord(work: work, source: nil, stamp: 0, priority: priority))
+        if priority == .background { nextTurnBackground &+= 1 }
     }
 
     /// Queues a fired source (at most once: `Source.fire` guards it).
@@ -332,6 +335,7 @@ public final class EventLoop: @unchecked Sendable {
     /// Queues a source for the next turn (fd sources that epoll cannot watch: always ready).
     func enqueueNextTurn(source: Source) {
         nextTurn.append(ReadyRecord(work: nil, source: source, stamp: 0, priority: source.priority))
+        if source.priority == .background { nextTurnBackground &+= 1 }
     }
 
     @inline(__always)
@@ -380,6 +384,7 @@ public final class EventLoop: @unchecked Sendable {
         let dropped = inputQueue.removeAll() + normalQueue.removeAll() + backgroundQueue.removeAll()
             + nextTurn.count + taken + waiting
         nextTurn.removeAll()
+        nextTurnBackground = 0
         counters.droppedAtShutdown += dropped
         isShutDown = true
         stop()
@@ -463,6 +468,7 @@ public final class EventLoop: @unchecked Sendable {
         let now = clock.now()
         let promoted = nextTurn
         nextTurn.removeAll(keepingCapacity: true)
+        nextTurnBackground = 0
         for var record in promoted {
             record.stamp = now
             if let source = record.source {
@@ -483,7 +489,10 @@ public final class EventLoop: @unchecked Sendable {
         while let (record, priority) = nextRecord(now: now) {
             let start = now
             let accountedBefore = accountedNanoseconds
-            let backgroundWaited = priority != .background && (!backgroundQueue.isEmpty || !backgroundRemote.isEmpty)
+            // Background work waits while this runs if it is ready, or queued for the next turn
+            // (fed work between two turns): either way this callback's time earns it credit.
+            let backgroundWaited = priority != .background
+                && (!backgroundQueue.isEmpty || !backgroundRemote.isEmpty || nextTurnBackground > 0)
             if let source = record.source {
                 source.run()
             } else if let work = record.work {
@@ -501,6 +510,16 @@ public final class EventLoop: @unchecked Sendable {
                     backgroundWaited: backgroundWaited)
             ran &+= 1
             if now >= phaseDeadline || stopRequested.load(ordering: .relaxed) || condition() { break }
+            // Fed work queues its next turn for after the next poll (`executeNextTurn`), so at
+            // most one background turn is ready per pass. While background work still has credit
+            // and higher-priority work waits, poll now: the next turn becomes ready and can use the
+            // credit. Otherwise one long input callback per pass would cap background work at one
+            // turn per such callback, far below its guaranteed share.
+            if priority == .background, nextTurnBackground > 0, backgroundCredit >= backgroundQuantum,
+                higherPriorityWaiting
+            {
+                break
+            }
         }
         return ran
     }
@@ -523,6 +542,10 @@ public final class EventLoop: @unchecked Sendable {
         if let record = Self.take(&normalQueue, &normalRemote, &preferRemote.1) { return (record, .normal) }
         if let record = Self.take(&backgroundQueue, &backgroundRemote, &preferRemote.2) { return (record, .background) }
         return nil
+    }
+
+    private var higherPriorityWaiting: Bool {
+        !inputQueue.isEmpty || !normalQueue.isEmpty || !inputRemote.isEmpty || !normalRemote.isEmpty
     }
 
     /// The stamp of the oldest ready background record, local or remote.
@@ -560,7 +583,7 @@ public final class EventLoop: @unchecked Sendable {
         // (down to a small debt); background time on an otherwise idle loop clears the account.
         switch priority {
         case .background:
-            if !inputQueue.isEmpty || !normalQueue.isEmpty || !inputRemote.isEmpty || !normalRemote.isEmpty {
+            if higherPriorityWaiting {
                 backgroundCredit = max(backgroundCredit &- Int64(clamping: own), -maxBackgroundDebt)
             } else {
                 backgroundCredit = 0

@@ -9,7 +9,7 @@ public struct LatencyHistogram: Sendable, Equatable {
     private static let subBucketBits = 6
     private static let subBuckets = 1 << subBucketBits  // 64
     private static let maxExponent = 43                    // values < 2^44 ns are exact to 1/64
-    private static let bucketCount = subBuckets + (maxExponent - subBucketBits + 1) * subBuckets
+    static let bucketCount = subBuckets + (maxExponent - subBucketBits + 1) * subBuckets
 
     private var buckets: [UInt64]
     /// How many durations were recorded.
@@ -21,6 +21,16 @@ public struct LatencyHistogram: Sendable, Equatable {
     /// An empty histogram.
     public init() {
         buckets = [UInt64](repeating: 0, count: Self.bucketCount)
+    }
+
+    /// A histogram made of counters kept elsewhere (the loop's `HistogramCells`).
+    init(buckets: [UInt64], count: Int, sum: UInt64, minimum: UInt64, maximum: UInt64) {
+        precondition(buckets.count == Self.bucketCount, "LatencyHistogram: wrong bucket count")
+        self.buckets = buckets
+        self.count = count
+        self.sum = sum
+        self.minimum = count == 0 ? .max : minimum
+        self.maximum = maximum
     }
 
     /// Records one duration (negative durations count as zero). O(1), no allocation (unless
@@ -38,8 +48,9 @@ public struct LatencyHistogram: Sendable, Equatable {
         if value > maximum { maximum = value }
     }
 
+    /// The bucket of `value` (ns).
     @inline(__always)
-    private static func index(of value: UInt64) -> Int {
+    static func index(of value: UInt64) -> Int {
         if value < UInt64(subBuckets) { return Int(value) }
         let exponent = Swift.min(63 - value.leadingZeroBitCount, maxExponent + 1)
         if exponent > maxExponent { return bucketCount - 1 }

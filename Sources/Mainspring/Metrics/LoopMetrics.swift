@@ -47,16 +47,14 @@ struct LoopCounters {
     var longestCallback: UInt64 = 0
     private var callbacks: (Int, Int, Int) = (0, 0, 0)
     private var busy: (UInt64, UInt64, UInt64) = (0, 0, 0)
-    private var inputWait: LatencyHistogram
-    private var normalWait: LatencyHistogram
-    private var backgroundWait: LatencyHistogram
+    /// Queue-wait histograms, one series per priority (`Priority.queueIndex`); raw storage, so a
+    /// record costs no uniqueness or bounds check. `nil` when metrics are off.
+    private let waits: HistogramCells?
     let collectsQueueWait: Bool
 
     init(collectsQueueWait: Bool) {
         self.collectsQueueWait = collectsQueueWait
-        inputWait = LatencyHistogram()
-        normalWait = LatencyHistogram()
-        backgroundWait = LatencyHistogram()
+        waits = collectsQueueWait ? HistogramCells(series: 3) : nil
     }
 
     @inline(__always)
@@ -65,16 +63,14 @@ struct LoopCounters {
         case .input:
             callbacks.0 &+= 1
             busy.0 &+= own
-            if collectsQueueWait { inputWait.record(nanoseconds: waited) }
         case .normal:
             callbacks.1 &+= 1
             busy.1 &+= own
-            if collectsQueueWait { normalWait.record(nanoseconds: waited) }
         case .background:
             callbacks.2 &+= 1
             busy.2 &+= own
-            if collectsQueueWait { backgroundWait.record(nanoseconds: waited) }
         }
+        if let waits { waits.record(waited, series: priority.queueIndex) }
         if own > longestCallback { longestCallback = own }
     }
 
@@ -84,8 +80,10 @@ struct LoopCounters {
     }
 
     func snapshot() -> LoopMetrics {
-        let waitByPriority: [Priority: LatencyHistogram] =
-            collectsQueueWait ? [.input: inputWait, .normal: normalWait, .background: backgroundWait] : [:]
+        var waitByPriority: [Priority: LatencyHistogram] = [:]
+        if let waits {
+            for priority in Priority.allCases { waitByPriority[priority] = waits.histogram(priority.queueIndex) }
+        }
         return LoopMetrics(
             iterations: iterations, polls: polls, wakeups: wakeups, remoteItems: remoteItems,
             callbacks: [.input: callbacks.0, .normal: callbacks.1, .background: callbacks.2],

@@ -1,0 +1,94 @@
+import Foundation
+import Testing
+@testable import Mainspring
+
+@Suite("LoopMetrics", .serialized)
+struct MetricsTests {
+    @Test("callbacks, busy time and queue-wait histograms are kept per priority")
+    func perPriority() async throws {
+        let (before, after) = try await onLoopThread { loop -> (LoopMetrics, LoopMetrics) in
+            let before = loop.metrics
+            nonisolated(unsafe) var done = 0
+            loop.execute {
+                for _ in 0..<3 { loop.execute(priority: .input) { spin(for: .milliseconds(2)); done += 1 } }
+                for _ in 0..<2 { loop.execute(priority: .normal) { spin(for: .milliseconds(2)); done += 1 } }
+                loop.execute(priority: .background) { spin(for: .milliseconds(2)); done += 1 }
+            }
+            loop.spin(until: { done == 6 }, timeout: .seconds(5))
+            return (before, loop.metrics)
+        }
+        func delta(_ p: Priority) -> Int { (after.callbacks[p] ?? 0) - (before.callbacks[p] ?? 0) }
+        func busy(_ p: Priority) -> Duration { (after.busyTime[p] ?? .zero) - (before.busyTime[p] ?? .zero) }
+        #expect(delta(.input) == 3)
+        #expect(delta(.normal) == 3)  // the posting closure and two posts
+        #expect(delta(.background) == 1)
+        #expect(busy(.input) >= .microseconds(5_700))  // (cycle-counter clock: a little slack)
+        #expect(busy(.normal) >= .microseconds(3_800))
+        #expect(busy(.background) >= .microseconds(1_900))
+        for p in Priority.allCases {
+            #expect(after.queueWait[p]?.count == after.callbacks[p], "\(p)")
+        }
+        // The background closure waited behind higher-priority work until it had earned its
+        // share (a third of their time, a quantum of 1 ms): at least two 2 ms callbacks.
+        #expect((after.queueWait[.background]?.max ?? .zero) >= .milliseconds(3))
+        #expect(after.totalCallbacks == after.callbacks.values.reduce(0, +))
+    }
+
+    @Test("a callback longer than stallThreshold is a stall, with its duration; shorter ones are not")
+    func stalls() async throws {
+        let (before, after) = try await onLoopThread { loop -> (LoopMetrics, LoopMetrics) in
+            let before = loop.metrics
+            nonisolated(unsafe) var done = 0
+            loop.execute { spin(for: .milliseconds(10)); done += 1 }
+            loop.execute { spin(for: .milliseconds(60)); done += 1 }
+            loop.spin(until: { done == 2 }, timeout: .seconds(5))
+            return (before, loop.metrics)
+        }
+        #expect(after.stalls - before.stalls == 1)
+        // (The loop's clock is a calibrated cycle counter: allow it a little disagreement.)
+        #expect(after.longestStall >= .milliseconds(57))
+        #expect(after.longestCallback >= .milliseconds(57))
+    }
+
+    @Test("iterations and polls count loop passes")
+    func iterationsAndPolls() async throws {
+        let (polls, iterations) = try await onLoopThread { loop -> (Int, Int) in
+            let before = loop.metrics
+            for _ in 0..<5 { loop.runOnce(blocking: false) }
+            let after = loop.metrics
+            return (after.polls - before.polls, after.iterations - before.iterations)
+        }
+        #expect(polls == 5)
+        #expect(iterations == 5)
+    }
+
+    @Test("a snapshot is a value: later work does not change it")
+    func snapshotIsIndependent() async throws {
+        let (first, again, later) = try await onLoopThread { loop -> (LoopMetrics, LoopMetrics, LoopMetrics) in
+            nonisolated(unsafe) var done = false
+            loop.execute { done = true }
+            loop.spin(until: { done })
+            let first = loop.metrics
+            let again = loop.metrics
+            done = false
+            loop.execute { done = true }
+            loop.spin(until: { done })
+            return (first, again, loop.metrics)
+        }
+        #expect(first.queueWait[.normal] == again.queueWait[.normal])
+        #expect((later.queueWait[.normal]?.count ?? 0) == (first.queueWait[.normal]?.count ?? 0) + 1)
+    }
+
+    @Test("with collectsMetrics off, callbacks are still counted but no queue wait is kept")
+    func metricsOff() async throws {
+        let metrics = try await onLoopThread { _ -> LoopMetrics in
+            let loop = try EventLoop(configuration: .init(collectsMetrics: false))
+            nonisolated(unsafe) var done = false
+            loop.execute { done = true }
+            loop.spin(until: { done }, timeout: .seconds(5))
+            return loop.metrics
+        }
+        #expect(metrics.queueWait.isEmpty)
+        #expect(metrics.callbacks[.normal] == 1)
+    }
+}
