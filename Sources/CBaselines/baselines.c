@@ -166,3 +166,94 @@ int64_t ms_baseline_timers(int interval_us, int duration_ms, int64_t *lateness_n
     event_base_free(s.base);
     return s.firings;
 }
+
+/* ---- daemon: bufferevent echo service ---- */
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/listener.h>
+#include <netinet/in.h>
+#include <string.h>
+#include <sys/socket.h>
+
+struct echo_service {
+    struct event_base *base;
+    struct evconnlistener *listener;
+    struct event *stop_event;
+    int stop_pipe[2];
+    pthread_t thread;
+};
+
+static void echo_read_cb(struct bufferevent *bev, void *ctx) {
+    (void)ctx;
+    struct evbuffer *input = bufferevent_get_input(bev);
+    struct evbuffer *output = bufferevent_get_output(bev);
+    size_t length;
+    char *line;
+    while ((line = evbuffer_readln(input, &length, EVBUFFER_EOL_LF)) != NULL) {
+        if (length >= 5 && memcmp(line, "ECHO ", 5) == 0) {
+            evbuffer_add(output, line + 5, length - 5);
+            evbuffer_add(output, "\n", 1);
+        } else {
+            evbuffer_add(output, "ERR\n", 4);
+        }
+        free(line);
+    }
+}
+
+static void echo_event_cb(struct bufferevent *bev, short what, void *ctx) {
+    (void)ctx;
+    if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR)) bufferevent_free(bev);
+}
+
+static void echo_accept_cb(struct evconnlistener *listener, evutil_socket_t fd, struct sockaddr *address,
+                           int length, void *ctx) {
+    (void)listener; (void)address; (void)length;
+    struct echo_service *service = ctx;
+    struct bufferevent *bev = bufferevent_socket_new(service->base, fd, BEV_OPT_CLOSE_ON_FREE);
+    bufferevent_setcb(bev, echo_read_cb, NULL, echo_event_cb, service);
+    bufferevent_enable(bev, EV_READ | EV_WRITE);
+}
+
+static void echo_stop_cb(evutil_socket_t fd, short what, void *ctx) {
+    (void)fd; (void)what;
+    event_base_loopbreak(((struct echo_service *)ctx)->base);
+}
+
+static void *echo_thread(void *ctx) {
+    event_base_dispatch(((struct echo_service *)ctx)->base);
+    return NULL;
+}
+
+void *ms_baseline_echo_start(uint16_t *port) {
+    struct echo_service *service = calloc(1, sizeof *service);
+    service->base = new_base(0);
+    struct sockaddr_in address;
+    memset(&address, 0, sizeof address);
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    service->listener = evconnlistener_new_bind(service->base, echo_accept_cb, service,
+        LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE, 511, (struct sockaddr *)&address, sizeof address);
+    struct sockaddr_in bound;
+    socklen_t bound_length = sizeof bound;
+    getsockname(evconnlistener_get_fd(service->listener), (struct sockaddr *)&bound, &bound_length);
+    *port = ntohs(bound.sin_port);
+    if (pipe(service->stop_pipe) != 0) abort();
+    service->stop_event = event_new(service->base, service->stop_pipe[0], EV_READ, echo_stop_cb, service);
+    event_add(service->stop_event, NULL);
+    pthread_create(&service->thread, NULL, echo_thread, service);
+    return service;
+}
+
+void ms_baseline_echo_stop(void *handle) {
+    struct echo_service *service = handle;
+    char byte = 1;
+    while (write(service->stop_pipe[1], &byte, 1) < 0) {}
+    pthread_join(service->thread, NULL);
+    evconnlistener_free(service->listener);
+    event_free(service->stop_event);
+    event_base_free(service->base);
+    close(service->stop_pipe[0]);
+    close(service->stop_pipe[1]);
+    free(service);
+}

@@ -20,4 +20,12 @@ double ms_baseline_post_remote(int64_t count, int64_t *wakeups);
 /// nanoseconds, into `lateness_ns` (capacity `capacity`). Returns the number of firings.
 int64_t ms_baseline_timers(int interval_us, int duration_ms, int64_t *lateness_ns, int64_t capacity);
 
+/// daemon: a plain libevent line service on 127.0.0.1 (an ephemeral port, written to `*port`)
+/// in a thread of its own: bufferevents, `evbuffer_readln`, "ECHO <text>" answered with
+/// "<text>\n", anything else with "ERR\n". Returns a handle for `ms_baseline_echo_stop`.
+void *ms_baseline_echo_start(uint16_t *port);
+
+/// Stops the service started by `ms_baseline_echo_start` and waits for its thread.
+void ms_baseline_echo_stop(void *handle);
+
 #endif

@@ -1,0 +1,283 @@
+import Foundation
+import Mainspring
+
+/// The line protocol `mainspring-daemon` serves, on the loops of an `EventLoopGroup`: one
+/// request per line, one reply line per request, in request order per connection (requests are
+/// pipelined: a `SLEEP` does not hold back the `ECHO` behind it from being *processed*, only its
+/// reply from being *sent* before the `SLEEP`'s).
+///
+/// | request | reply |
+/// |---|---|
+/// | `ECHO <text>` | `<text>` |
+/// | `TIME` | the time, ISO 8601 |
+/// | `SLEEP <ms>` | `SLEPT <ms>` after that long (a timer) |
+/// | `WORK <n>` | `DONE <n> <checksum>` after n chunks fed through the loop's `Feeder` |
+/// | `STATS` | `STATS key=value …` |
+/// | `QUIT` | `BYE`, then the connection closes |
+/// | anything else | `ERR <reason>` (too long, invalid UTF-8, unknown, bad argument) |
+///
+/// Bounded: lines over `Options.maxLineLength`, at most `Options.maxPendingReplies` replies
+/// waiting per connection, the connection's output limit, and an idle timeout.
+public final class LineService: Sendable {
+    /// Limits of the service.
+    public struct Options: Sendable {
+        public var maxLineLength: Int
+        /// Output buffered per connection before it stops reading (see `Connection`).
+        public var outputLimit: Int
+        /// Closes a connection without requests for this long; nil: never.
+        public var idleTimeout: Duration?
+        /// Requests whose replies may wait behind a slow one, per connection; more are refused.
+        public var maxPendingReplies: Int
+        /// How the loops' feeders pace `WORK`.
+        public var workPacing: Feeder.Pacing
+
+        public init(maxLineLength: Int = 4_096, outputLimit: Int = 256 * 1024, idleTimeout: Duration? = .seconds(300),
+                    maxPendingReplies: Int = 10_000, workPacing: Feeder.Pacing = .budget(.milliseconds(1)))
+        {
+            self.maxLineLength = maxLineLength
+            self.outputLimit = outputLimit
+            self.idleTimeout = idleTimeout
+            self.maxPendingReplies = maxPendingReplies
+            self.workPacing = workPacing
+        }
+    }
+
+    /// Counters of the service, for `STATS` and `SIGHUP`.
+    public struct Stats: Sendable, Equatable, CustomStringConvertible {
+        public var accepted = 0
+        public var open = 0
+        public var requests = 0
+        public var errors = 0
+        public var workJobs = 0
+
+        public var description: String {
+            "connections=\(accepted) open=\(open) requests=\(requests) errors=\(errors) work_jobs=\(workJobs)"
+        }
+    }
+
+    public let group: EventLoopGroup
+    public let options: Options
+    /// The port the service listens on.
+    public let port: UInt16
+    private let stats = Guarded(Stats())
+    private let contexts: [LoopContext]
+    private let listenerBox: UncheckedBox<Listener>
+    private let startTime = Date()
+
+    /// Starts listening on `host:port` (0: any free port, see `port`); connections are spread
+    /// over the group's loops. Call from outside the group's loops.
+    public init(group: EventLoopGroup, host: String = "127.0.0.1", port: UInt16 = 0, options: Options = .init()) throws {
+        self.group = group
+        self.options = options
+        let contexts = group.loops.map { LoopContext(loop: $0, pacing: options.workPacing) }
+        self.contexts = contexts
+        let acceptor = group.loops[0]
+        let stats = self.stats
+        let startTime = self.startTime
+        let connectionOptions = Connection.Options(maxLineLength: options.maxLineLength,
+                                                   outputLimit: options.outputLimit, idleTimeout: options.idleTimeout)
+        let made = try acceptor.runAndWait {
+            try Listener(host: host, port: port, on: acceptor, group: group, options: connectionOptions) { connection in
+                guard let context = contexts.first(where: { $0.loop === connection.loop }) else { return }
+                stats.withLock {
+                    $0.accepted += 1
+                    $0.open += 1
+                }
+                context.adopt(connection, options: options, stats: stats, startTime: startTime)
+            }
+        }
+        listenerBox = UncheckedBox(made)
+        self.port = made.port
+    }
+
+    /// A snapshot of the counters. Any thread.
+    public var currentStats: Stats { stats.withLock { $0 } }
+
+    /// Stops accepting, lets every connection finish the requests it has in flight (their
+    /// replies are sent; new requests get `ERR shutting down`), closes the connections, then
+    /// shuts the group down within `gracePeriod`. Blocks; call from outside the group.
+    @discardableResult
+    public func shutdown(gracePeriod: Duration = .seconds(5)) -> EventLoopGroup.ShutdownReport {
+        let acceptor = group.loops[0]
+        let listener = listenerBox
+        acceptor.execute { listener.value.close() }
+        for context in contexts {
+            context.loop.execute { context.drain() }
+        }
+        return group.shutdown(gracePeriod: gracePeriod)
+    }
+}
+
+/// One loop's share of the service: its feeder and its connections. Only used on that loop.
+private final class LoopContext: @unchecked Sendable {
+    let loop: EventLoop
+    let feeder: Feeder
+    private var sessions: [ObjectIdentifier: Session] = [:]
+    private var isDraining = false
+
+    init(loop: EventLoop, pacing: Feeder.Pacing) {
+        self.loop = loop
+        self.feeder = Feeder(loop: loop, priority: .background, pacing: pacing)
+    }
+
+    func adopt(_ connection: Connection, options: LineService.Options, stats: Guarded<LineService.Stats>,
+               startTime: Date)
+    {
+        let session = Session(connection: connection, context: self, options: options, stats: stats,
+                              startTime: startTime)
+        let id = ObjectIdentifier(session)
+        sessions[id] = session
+        connection.onClose { [weak self] _ in
+            stats.withLock { $0.open -= 1 }
+            self?.sessions[id] = nil
+        }
+        if isDraining { session.drain() } else { session.start() }
+    }
+
+    func drain() {
+        isDraining = true
+        for session in Array(sessions.values) { session.drain() }
+    }
+}
+
+/// One connection: requests in, replies out in request order.
+private final class Session {
+    let connection: Connection
+    unowned let context: LoopContext
+    let options: LineService.Options
+    let stats: Guarded<LineService.Stats>
+    let startTime: Date
+    /// Replies in request order; nil while the request is still in flight.
+    private var replies: [String?] = []
+    private var firstReply = 0
+    private var isDraining = false
+    private var isQuitting = false
+    private var inFlightJobs: [FeedJob] = []
+
+    init(connection: Connection, context: LoopContext, options: LineService.Options,
+         stats: Guarded<LineService.Stats>, startTime: Date)
+    {
+        self.connection = connection
+        self.context = context
+        self.options = options
+        self.stats = stats
+        self.startTime = startTime
+    }
+
+    func start() {
+        connection.readLines { [unowned self] event in self.handle(event) }
+    }
+
+    /// Finish what is in flight, refuse new requests, close when the last reply is out.
+    func drain() {
+        isDraining = true
+        if pending == 0 { connection.close() } else { start() }
+    }
+
+    private var pending: Int { replies.count - firstReply }
+
+    private func handle(_ event: LineEvent) {
+        switch event {
+        case .line(let text):
+            stats.withLock { $0.requests += 1 }
+            if isDraining || isQuitting {
+                reply(now: "ERR shutting down")
+            } else if pending >= options.maxPendingReplies {
+                reply(now: "ERR too many requests in flight (\(options.maxPendingReplies))")
+            } else {
+                serve(text)
+            }
+        case .tooLong(let bytes):
+            reply(now: "ERR line too long (\(bytes) bytes; the limit is \(options.maxLineLength))")
+        case .invalidUTF8(let bytes):
+            reply(now: "ERR invalid UTF-8 (\(bytes) bytes)")
+        case .endOfFile, .error:
+            isQuitting = true
+            closeIfDone()
+        }
+    }
+
+    private func serve(_ line: String) {
+        switch DaemonCommand.parse(line) {
+        case .failure(let error):
+            reply(now: "ERR \(error)")
+        case .success(.echo(let text)):
+            reply(now: text)
+        case .success(.time):
+            reply(now: ISO8601DateFormatter().string(from: Date()))
+        case .success(.stats):
+            let metrics = connection.loop.metrics
+            let wait = metrics.queueWait[.input]?.percentile(0.99) ?? .zero
+            reply(now: "STATS \(stats.withLock { $0 }) uptime_s=\(Int(Date().timeIntervalSince(startTime))) "
+                + "loop_callbacks=\(metrics.totalCallbacks) loop_stalls=\(metrics.stalls) "
+                + "loop_input_wait_p99_us=\(wait.components.attoseconds / 1_000_000_000_000)")
+        case .success(.quit):
+            reply(now: "BYE")
+            isQuitting = true
+            closeIfDone()
+        case .success(.sleep(let milliseconds)):
+            let slot = reserve()
+            connection.loop.schedule(after: .milliseconds(milliseconds)) { [weak self] in
+                self?.fill(slot, "SLEPT \(milliseconds)")
+            }
+        case .success(.work(let chunks)):
+            let slot = reserve()
+            stats.withLock { $0.workJobs += 1 }
+            var checksum: UInt64 = 0
+            let job = context.feeder.feed(chunks: chunks) { index in
+                checksum = WorkUnit.run(seed: UInt64(index), into: checksum)
+            }
+            inFlightJobs.append(job)
+            job.onCompletion { [weak self] outcome in
+                guard let self else { return }
+                self.inFlightJobs.removeAll { $0 === job }
+                self.fill(slot, outcome == .completed ? "DONE \(chunks) \(checksum)" : "ERR work cancelled")
+            }
+        }
+    }
+
+    private func reply(now text: String) { fill(reserve(), text) }
+
+    private func reserve() -> Int {
+        replies.append(nil)
+        return replies.count - 1
+    }
+
+    private func fill(_ slot: Int, _ text: String) {
+        guard slot >= firstReply, slot < replies.count else { return }
+        replies[slot] = text
+        while firstReply < replies.count, let ready = replies[firstReply] {
+            connection.write(ready + "\n")
+            if ready.hasPrefix("ERR") { stats.withLock { $0.errors += 1 } }
+            firstReply += 1
+        }
+        if firstReply == replies.count {
+            replies.removeAll(keepingCapacity: true)
+            firstReply = 0
+        }
+        closeIfDone()
+    }
+
+    private func closeIfDone() {
+        if (isQuitting || isDraining) && pending == 0 && connection.isOpen { connection.close() }
+    }
+}
+
+/// One chunk of `WORK`: about 50 µs of arithmetic, deterministic, so clients can check replies.
+public enum WorkUnit {
+    /// Mixes `seed` into `checksum` through 20,000 rounds of a 64-bit xorshift.
+    public static func run(seed: UInt64, into checksum: UInt64) -> UInt64 {
+        var x = seed &* 0x9E37_79B9_7F4A_7C15 | 1
+        for _ in 0..<20_000 {
+            x ^= x << 13
+            x ^= x >> 7
+            x ^= x << 17
+        }
+        return checksum &+ x
+    }
+
+    /// The checksum a `WORK <chunks>` reply carries.
+    public static func checksum(chunks: Int) -> UInt64 {
+        (0..<chunks).reduce(0) { run(seed: UInt64($1), into: $0) }
+    }
+}
