@@ -6,6 +6,7 @@ let package = Package(
     products: [
         .library(name: "Mainspring", targets: ["Mainspring"]),
         .executable(name: "mainspring-demo", targets: ["mainspring-demo"]),
+        .executable(name: "mainspring-daemon", targets: ["mainspring-daemon"]),
         .executable(name: "mainspring-bench", targets: ["mainspring-bench"]),
         .executable(name: "mainspring-operations", targets: ["mainspring-operations"]),
     ],
@@ -52,6 +53,11 @@ let package = Package(
             dependencies: ["MainspringFuzzing"],
             path: "Fuzz",
             exclude: ["Corpus"]
+        ),
+        .executableTarget(
+            name: "mainspring-daemon",
+            dependencies: ["Mainspring", "ExampleServices"],
+            path: "Examples/Daemon"
         ),
         // The article's batch of asynchronous saves, with completion hooks on the main loop.
         .executableTarget(
