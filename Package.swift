@@ -67,7 +67,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "mainspring-bench",
-            dependencies: ["Mainspring", "CBaselines"],
+            dependencies: ["Mainspring", "CBaselines", "ExampleServices"],
             path: "Benchmarks"
         ),
         .testTarget(

@@ -13,6 +13,7 @@ let scenarios: [Scenario] = [
     fairnessScenario,
     tinyChunksScenario,
     inputFloodScenario,
+    daemonScenario,
 ]
 
 /// Variants that run in a child process (see `runChild`).

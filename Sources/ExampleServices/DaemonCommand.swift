@@ -39,37 +39,39 @@ public enum DaemonCommand: Equatable, Sendable {
     /// after the first space verbatim. Never traps, whatever the input.
     public static func parse(_ line: Substring) -> Result<DaemonCommand, ParseError> {
         let wordEnd = line.firstIndex(of: " ") ?? line.endIndex
-        let word = line[line.startIndex..<wordEnd].uppercased()
+        let word = line[line.startIndex..<wordEnd]
         let rest = wordEnd == line.endIndex ? Substring() : line[line.index(after: wordEnd)...]
-        switch word {
-        case "":
-            return .failure(.empty)
-        case "ECHO":
-            return .success(.echo(String(rest)))
-        case "TIME":
-            return .success(.time)
-        case "STATS":
-            return .success(.stats)
-        case "QUIT":
-            return .success(.quit)
-        case "SLEEP", "WORK":
-            let text = rest.trimmingSpaces
-            guard !text.isEmpty else { return .failure(.missingArgument(word)) }
-            let low = word == "SLEEP" ? 0 : 1
-            let high = word == "SLEEP" ? maxSleepMilliseconds : maxWorkChunks
-            guard let value = Int(text), value >= low, value <= high else {
-                return .failure(.invalidArgument(word, String(text)))
-            }
-            return .success(word == "SLEEP" ? .sleep(milliseconds: value) : .work(chunks: value))
-        default:
-            return .failure(.unknown(word))
+        // Compared without allocating (no uppercased() per request: this is the hot path).
+        if word.isEmpty { return .failure(.empty) }
+        if word.equalsIgnoringASCIICase("ECHO") { return .success(.echo(String(rest))) }
+        if word.equalsIgnoringASCIICase("TIME") { return .success(.time) }
+        if word.equalsIgnoringASCIICase("STATS") { return .success(.stats) }
+        if word.equalsIgnoringASCIICase("QUIT") { return .success(.quit) }
+        let isSleep = word.equalsIgnoringASCIICase("SLEEP")
+        guard isSleep || word.equalsIgnoringASCIICase("WORK") else { return .failure(.unknown(word.uppercased())) }
+        let name = isSleep ? "SLEEP" : "WORK"
+        let text = rest.trimmingSpaces
+        guard !text.isEmpty else { return .failure(.missingArgument(name)) }
+        let low = isSleep ? 0 : 1
+        let high = isSleep ? maxSleepMilliseconds : maxWorkChunks
+        guard let value = Int(text), value >= low, value <= high else {
+            return .failure(.invalidArgument(name, String(text)))
         }
+        return .success(isSleep ? .sleep(milliseconds: value) : .work(chunks: value))
     }
 
     public static func parse(_ line: String) -> Result<DaemonCommand, ParseError> { parse(line[...]) }
 }
 
 extension Substring {
+    /// Whether this is `word` (uppercase ASCII) in any case.
+    func equalsIgnoringASCIICase(_ word: String) -> Bool {
+        guard utf8.count == word.utf8.count else { return false }
+        return zip(utf8, word.utf8).allSatisfy { byte, expected in
+            (byte >= 0x61 && byte <= 0x7A ? byte - 0x20 : byte) == expected
+        }
+    }
+
     var trimmingSpaces: Substring {
         var result = self
         while result.first == " " || result.first == "\t" { result = result.dropFirst() }

@@ -1,5 +1,6 @@
 import Foundation
 import Mainspring
+import Synchronization
 
 /// The line protocol `mainspring-daemon` serves, on the loops of an `EventLoopGroup`: one
 /// request per line, one reply line per request, in request order per connection (requests are
@@ -59,7 +60,7 @@ public final class LineService: Sendable {
     public let options: Options
     /// The port the service listens on.
     public let port: UInt16
-    private let stats = Guarded(Stats())
+    private let stats = StatsCounters()
     private let contexts: [LoopContext]
     private let listenerBox: UncheckedBox<Listener>
     private let startTime = Date()
@@ -79,10 +80,8 @@ public final class LineService: Sendable {
         let made = try acceptor.runAndWait {
             try Listener(host: host, port: port, on: acceptor, group: group, options: connectionOptions) { connection in
                 guard let context = contexts.first(where: { $0.loop === connection.loop }) else { return }
-                stats.withLock {
-                    $0.accepted += 1
-                    $0.open += 1
-                }
+                stats.accepted.add(1, ordering: .relaxed)
+                stats.open.add(1, ordering: .relaxed)
                 context.adopt(connection, options: options, stats: stats, startTime: startTime)
             }
         }
@@ -91,7 +90,7 @@ public final class LineService: Sendable {
     }
 
     /// A snapshot of the counters. Any thread.
-    public var currentStats: Stats { stats.withLock { $0 } }
+    public var currentStats: Stats { stats.snapshot }
 
     /// Stops accepting, lets every connection finish the requests it has in flight (their
     /// replies are sent; new requests get `ERR shutting down`), closes the connections, then
@@ -108,6 +107,21 @@ public final class LineService: Sendable {
     }
 }
 
+/// The service's counters: atomics, bumped on every request from every loop.
+final class StatsCounters: Sendable {
+    let accepted = Atomic<Int>(0)
+    let open = Atomic<Int>(0)
+    let requests = Atomic<Int>(0)
+    let errors = Atomic<Int>(0)
+    let workJobs = Atomic<Int>(0)
+
+    var snapshot: LineService.Stats {
+        LineService.Stats(accepted: accepted.load(ordering: .relaxed), open: open.load(ordering: .relaxed),
+                          requests: requests.load(ordering: .relaxed), errors: errors.load(ordering: .relaxed),
+                          workJobs: workJobs.load(ordering: .relaxed))
+    }
+}
+
 /// One loop's share of the service: its feeder and its connections. Only used on that loop.
 private final class LoopContext: @unchecked Sendable {
     let loop: EventLoop
@@ -120,7 +134,7 @@ private final class LoopContext: @unchecked Sendable {
         self.feeder = Feeder(loop: loop, priority: .background, pacing: pacing)
     }
 
-    func adopt(_ connection: Connection, options: LineService.Options, stats: Guarded<LineService.Stats>,
+    func adopt(_ connection: Connection, options: LineService.Options, stats: StatsCounters,
                startTime: Date)
     {
         let session = Session(connection: connection, context: self, options: options, stats: stats,
@@ -128,7 +142,7 @@ private final class LoopContext: @unchecked Sendable {
         let id = ObjectIdentifier(session)
         sessions[id] = session
         connection.onClose { [weak self] _ in
-            stats.withLock { $0.open -= 1 }
+            stats.open.subtract(1, ordering: .relaxed)
             self?.sessions[id] = nil
         }
         if isDraining { session.drain() } else { session.start() }
@@ -145,7 +159,7 @@ private final class Session {
     let connection: Connection
     unowned let context: LoopContext
     let options: LineService.Options
-    let stats: Guarded<LineService.Stats>
+    let stats: StatsCounters
     let startTime: Date
     /// Replies in request order; nil while the request is still in flight.
     private var replies: [String?] = []
@@ -155,7 +169,7 @@ private final class Session {
     private var inFlightJobs: [FeedJob] = []
 
     init(connection: Connection, context: LoopContext, options: LineService.Options,
-         stats: Guarded<LineService.Stats>, startTime: Date)
+         stats: StatsCounters, startTime: Date)
     {
         self.connection = connection
         self.context = context
@@ -179,7 +193,7 @@ private final class Session {
     private func handle(_ event: LineEvent) {
         switch event {
         case .line(let text):
-            stats.withLock { $0.requests += 1 }
+            stats.requests.add(1, ordering: .relaxed)
             if isDraining || isQuitting {
                 reply(now: "ERR shutting down")
             } else if pending >= options.maxPendingReplies {
@@ -208,7 +222,7 @@ private final class Session {
         case .success(.stats):
             let metrics = connection.loop.metrics
             let wait = metrics.queueWait[.input]?.percentile(0.99) ?? .zero
-            reply(now: "STATS \(stats.withLock { $0 }) uptime_s=\(Int(Date().timeIntervalSince(startTime))) "
+            reply(now: "STATS \(stats.snapshot) uptime_s=\(Int(Date().timeIntervalSince(startTime))) "
                 + "loop_callbacks=\(metrics.totalCallbacks) loop_stalls=\(metrics.stalls) "
                 + "loop_input_wait_p99_us=\(wait.components.attoseconds / 1_000_000_000_000)")
         case .success(.quit):
@@ -222,7 +236,7 @@ private final class Session {
             }
         case .success(.work(let chunks)):
             let slot = reserve()
-            stats.withLock { $0.workJobs += 1 }
+            stats.workJobs.add(1, ordering: .relaxed)
             var checksum: UInt64 = 0
             let job = context.feeder.feed(chunks: chunks) { index in
                 checksum = WorkUnit.run(seed: UInt64(index), into: checksum)
@@ -247,8 +261,8 @@ private final class Session {
         guard slot >= firstReply, slot < replies.count else { return }
         replies[slot] = text
         while firstReply < replies.count, let ready = replies[firstReply] {
-            connection.write(ready + "\n")
-            if ready.hasPrefix("ERR") { stats.withLock { $0.errors += 1 } }
+            connection.writeLine(ready)
+            if ready.hasPrefix("ERR") { stats.errors.add(1, ordering: .relaxed) }
             firstReply += 1
         }
         if firstReply == replies.count {

@@ -115,7 +115,17 @@ public final class Connection {
     }
 
     /// Queues the UTF-8 bytes of `text`.
-    public func write(_ text: String) { write(Array(text.utf8)) }
+    public func write(_ text: String) {
+        source.loop.preconditionOnLoop("Connection.write(_:)")
+        source.write(text: text, newline: false)
+    }
+
+    /// Queues the UTF-8 bytes of `text` and a `\n`, without building a new string (the usual
+    /// reply of a line protocol).
+    public func writeLine(_ text: String) {
+        source.loop.preconditionOnLoop("Connection.writeLine(_:)")
+        source.write(text: text, newline: true)
+    }
 
     /// Sends what is buffered, then half-closes: the peer reads end of file, and this side can
     /// still read.
@@ -270,6 +280,21 @@ final class ConnectionSource: Source {
             finish(.error(12 /* ENOMEM */))
             return
         }
+        didWrite(socket)
+    }
+
+    func write(text: String, newline: Bool) {
+        guard !isClosed, !isClosing, let socket else { return }
+        do {
+            try socket.write(utf8: text, newline: newline)
+        } catch {
+            finish(.error(12 /* ENOMEM */))
+            return
+        }
+        didWrite(socket)
+    }
+
+    private func didWrite(_ socket: BufferedSocket) {
         if !isPausedForOutput && socket.outputLength > options.outputLimit {
             isPausedForOutput = true
             socket.disable(.read)
