@@ -64,6 +64,13 @@ let package = Package(
             dependencies: ["Mainspring", "CBaselines"],
             path: "Benchmarks"
         ),
+        // Programs the tests start as subprocesses: scenarios that need the process main thread
+        // (`EventLoop.main`, `DispatchQueue.main`, `@MainActor`). `mainspring-fixture <scenario>`.
+        .executableTarget(
+            name: "mainspring-fixture",
+            dependencies: ["Mainspring"],
+            path: "Tests/Fixture"
+        ),
         .testTarget(
             name: "MainspringTests",
             dependencies: ["Mainspring", "MainspringFuzzing", "ExampleServices"],
