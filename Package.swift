@@ -1,6 +1,11 @@
 // swift-tools-version:6.0
 import PackageDescription
 
+// Opt-in, experimental: `MAINSPRING_MAIN_EXECUTOR=1 swift build` compiles
+// `EventLoop.installAsMainExecutor()` (Swift 6.3's custom main executor SPI; see README).
+let experimentalMainExecutor: [SwiftSetting] =
+    Context.environment["MAINSPRING_MAIN_EXECUTOR"] == "1" ? [.define("MAINSPRING_MAIN_EXECUTOR")] : []
+
 let package = Package(
     name: "Mainspring",
     products: [
@@ -20,7 +25,8 @@ let package = Package(
         .target(
             name: "Mainspring",
             dependencies: ["CLibevent"],
-            path: "Sources/Mainspring"
+            path: "Sources/Mainspring",
+            swiftSettings: experimentalMainExecutor
         ),
         // Plain-C libevent loops: the baselines `mainspring-bench` compares against.
         .target(
@@ -62,19 +68,22 @@ let package = Package(
         .executableTarget(
             name: "mainspring-bench",
             dependencies: ["Mainspring", "CBaselines"],
-            path: "Benchmarks"
+            path: "Benchmarks",
+            swiftSettings: experimentalMainExecutor
         ),
         // Programs the tests start as subprocesses: scenarios that need the process main thread
         // (`EventLoop.main`, `DispatchQueue.main`, `@MainActor`). `mainspring-fixture <scenario>`.
         .executableTarget(
             name: "mainspring-fixture",
             dependencies: ["Mainspring"],
-            path: "Tests/Fixture"
+            path: "Tests/Fixture",
+            swiftSettings: experimentalMainExecutor
         ),
         .testTarget(
             name: "MainspringTests",
             dependencies: ["Mainspring", "MainspringFuzzing", "ExampleServices"],
-            path: "Tests/MainspringTests"
+            path: "Tests/MainspringTests",
+            swiftSettings: experimentalMainExecutor
         ),
     ],
     swiftLanguageModes: [.v6]

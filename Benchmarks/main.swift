@@ -9,10 +9,14 @@ let scenarios: [Scenario] = [
     postLocalScenario,
     postRemoteScenario,
     timersScenario,
+    mainQueueScenario,
+    actorHopScenario,
 ]
 
 /// Variants that run in a child process (see `runChild`).
 let childEntryPoints: [ChildEntryPoint] = [
+    mainQueueChild,
+    actorHopChild,
 ]
 
 func main() throws {

@@ -7,7 +7,7 @@
 import Foundation
 import Mainspring
 
-let scenarios: [String: @MainActor () throws -> Void] = [
+var scenarios: [String: @MainActor () throws -> Void] = [
     "interleave": interleaveScenario,
     "run-off-main": runOffMainScenario,
     "main-sync": mainSyncScenario,
@@ -16,6 +16,9 @@ let scenarios: [String: @MainActor () throws -> Void] = [
     "wait-for-start": waitForStartScenario,
     "echo": echoScenario,
 ]
+#if MAINSPRING_MAIN_EXECUTOR
+scenarios["main-executor"] = mainExecutorScenario
+#endif
 
 let arguments = CommandLine.arguments.dropFirst()
 guard let name = arguments.first, let scenario = scenarios[name] else {

@@ -70,6 +70,18 @@ struct MainThreadTests {
         #expect(result["ran"] == "3", "every queued work item ran, including the late one: \(result.summary)")
     }
 
+    #if MAINSPRING_MAIN_EXECUTOR
+    @Test("experimental: installAsMainExecutor() posts @MainActor jobs straight to EventLoop.main")
+    func customMainExecutor() async throws {
+        let result = try await runFixture("main-executor")
+        #expect(result.status == 0, "\(result.summary)")
+        #expect(result["main-executor"]?.contains("MainLoopExecutor") == true, "\(result.summary)")
+        #expect(result["main-actor-hops-on-main"] == "100", "\(result.summary)")
+        #expect(result["dispatch-main-still-drained"] == "true", "\(result.summary)")
+        #expect(result["posted-to-loop"] == "true", "\(result.summary)")
+    }
+    #endif
+
     @Test("the fixture helper feeds stdin, collects stdout and reports the exit status")
     func fixtureHelper() async throws {
         let echo = try await runFixture("echo", stdin: "one\ntwo\n")
