@@ -15,6 +15,7 @@ var scenarios: [String: @MainActor () throws -> Void] = [
     "actors": actorsScenario,
     "wait-for-start": waitForStartScenario,
     "echo": echoScenario,
+    "readme-daemon": readmeDaemonScenario,
 ]
 #if MAINSPRING_MAIN_EXECUTOR
 scenarios["main-executor"] = mainExecutorScenario

@@ -70,6 +70,15 @@ struct MainThreadTests {
         #expect(result["ran"] == "3", "every queued work item ran, including the late one: \(result.summary)")
     }
 
+    @Test("the README's daemon: @MainActor code on EventLoop.main, storage actor on its own loop")
+    func readmeDaemon() async throws {
+        let result = try await runFixture("readme-daemon", stdin: "alpha\nbeta\ngamma\n")
+        #expect(result.status == 0, "\(result.summary)")
+        #expect(result.lines.dropLast().sorted() == ["echo alpha (1 stored)", "echo beta (2 stored)", "echo gamma (3 stored)"],
+                "\(result.summary)")
+        #expect(result.lines.last == "handled 3 lines", "\(result.summary)")
+    }
+
     #if MAINSPRING_MAIN_EXECUTOR
     @Test("experimental: installAsMainExecutor() posts @MainActor jobs straight to EventLoop.main")
     func customMainExecutor() async throws {

@@ -131,8 +131,15 @@ public final class EventLoop: @unchecked Sendable {
 
     // MARK: Threads
 
-    /// The loop of the process main thread. `DispatchQueue.main` and `@MainActor` run inside it
-    /// while it runs (see `MainThread/`). Calling `run()` on it from another thread throws.
+    /// The loop of the process main thread.
+    ///
+    /// While it runs (`run`, `spin`, `runOnce` on the main thread) it also drains the Dispatch
+    /// main queue, so `DispatchQueue.main.async`, `asyncAfter`, `MainActor.run`,
+    /// `Task { @MainActor in … }` run inside it, on the main thread, between its other callbacks
+    /// (see `MainThread/MainQueueBridge.swift` for the rules). Only the main thread can own it:
+    /// `run()` from another thread throws `EventLoopError.wrongThread`. Posting to it
+    /// (`execute`, `submit`, `Queue.main`) works from any thread. Do not mix it with
+    /// `RunLoop.main.run()` or `dispatchMain()`, which drain the same main queue their own way.
     public static let main: EventLoop = {
         do {
             return try EventLoop(configuration: .init(), isMainLoop: true)
