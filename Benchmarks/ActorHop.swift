@@ -1,3 +1,4 @@
+import CBaselines
 import Dispatch
 import Foundation
 import Mainspring
@@ -8,7 +9,13 @@ import Mainspring
 /// - mainspring: the worker actor is pinned to a background `EventLoop`; the main actor runs on
 ///   `EventLoop.main` (its jobs arrive through the Dispatch main queue, drained by the loop).
 /// - dispatch: the worker actor runs on a serial `DispatchQueue` (a minimal `SerialExecutor`:
-///   Linux has no `DispatchSerialQueue`); the main actor runs under `dispatchMain()`.
+///   Linux has no `DispatchSerialQueue`); the main actor runs under `dispatchMain()` — which on
+///   Linux turns the main queue into an ordinary queue run by a worker thread, so both actors
+///   often run on the *same* worker thread, one after the other, without any thread switch.
+/// - dispatch-runloop-main (for reference): the same worker actor, with the main actor on the
+///   real main thread under `RunLoop.main.run()` — the same two-thread topology as mainspring.
+/// - libevent-c (for reference): two plain-C libevent loops on two threads ping-ponging through
+///   eventfds: the kernel's floor for any hop between two sleeping loop threads.
 ///
 /// Each variant runs in a child process of its own (they take over the main thread).
 let actorHopScenario = Scenario(
@@ -22,6 +29,7 @@ let actorHopScenario = Scenario(
             let figures = try runChild(["actor-hop", variant, "\(count)"])
             samples.add(variant, "roundtrips_per_s", figures["roundtrips_per_s"] ?? .nan)
         }
+        samples.add("libevent-c", "roundtrips_per_s", Double(count) / ms_baseline_pingpong(Int64(count)))
     }
     return samples.records(scenario: "actor-hop")
 }
@@ -29,9 +37,9 @@ let actorHopScenario = Scenario(
 #if MAINSPRING_MAIN_EXECUTOR
 /// With the experimental custom main executor compiled in, one more variant: `@MainActor` jobs
 /// posted straight to `EventLoop.main` (no Dispatch main queue).
-private let actorHopVariants = ["mainspring", "dispatch", "mainspring-main-executor"]
+private let actorHopVariants = ["mainspring", "dispatch", "dispatch-runloop-main", "mainspring-main-executor"]
 #else
-private let actorHopVariants = ["mainspring", "dispatch"]
+private let actorHopVariants = ["mainspring", "dispatch", "dispatch-runloop-main"]
 #endif
 
 /// The far end of the hop.
@@ -92,6 +100,10 @@ let actorHopChild = ChildEntryPoint(name: "actor-hop") { arguments in
         let worker = HopWorker(executor: DispatchQueueExecutor())
         Task { @MainActor in await hop(worker, count: count) }
         dispatchMain()
+    case "dispatch-runloop-main":
+        let worker = HopWorker(executor: DispatchQueueExecutor())
+        Task { @MainActor in await hop(worker, count: count) }
+        RunLoop.main.run()
     default:
         throw BenchError.usage("actor-hop child: unknown variant \(arguments[0])")
     }

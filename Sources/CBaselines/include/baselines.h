@@ -20,4 +20,9 @@ double ms_baseline_post_remote(int64_t count, int64_t *wakeups);
 /// nanoseconds, into `lateness_ns` (capacity `capacity`). Returns the number of firings.
 int64_t ms_baseline_timers(int interval_us, int duration_ms, int64_t *lateness_ns, int64_t capacity);
 
+/// actor-hop's floor: two threads, each with its own event_base (precise timers, like
+/// Mainspring's), ping-pong `count` round trips through two eventfds — the kernel cost of any
+/// hand-off between two sleeping loop threads. Returns elapsed seconds.
+double ms_baseline_pingpong(int64_t count);
+
 #endif
