@@ -1,5 +1,3 @@
-import Synchronization
-
 /// `async` entry points: run a closure on a loop and await its result, sleep on a loop's timer,
 /// let ready input go first.
 extension EventLoop {
@@ -70,11 +68,11 @@ extension EventLoop {
 /// closure holding it was dropped: the loop was freed before running it), it resumes with
 /// `orphaned`, so no task ever hangs on a dead loop.
 private final class ResumeOnce<T: Sendable, E: Error>: Sendable {
-    private let state: Mutex<CheckedContinuation<T, E>?>
+    private let state: Protected<CheckedContinuation<T, E>?>
     private let orphaned: Result<T, E>
 
     init(_ continuation: CheckedContinuation<T, E>, orphaned: Result<T, E>) {
-        self.state = Mutex(continuation)
+        self.state = Protected(continuation)
         self.orphaned = orphaned
     }
 
@@ -107,7 +105,7 @@ private final class Sleeper: @unchecked Sendable {
         var isCancelled = false
     }
 
-    private let state = Mutex(State())
+    private let state = Protected(State())
     /// The timer, once armed. Loop thread only.
     private var timer: TimerHandle?
 

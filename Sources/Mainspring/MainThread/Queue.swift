@@ -1,5 +1,4 @@
 import Dispatch
-import Synchronization
 
 /// Where to run a closure: a small facade over event loops and Dispatch queues, for the
 /// "do this on the main thread / in the background, maybe wait for it" code that every program
@@ -154,7 +153,7 @@ private final class NamedQueues: Sendable {
         let concurrent: Bool
     }
 
-    private let queues = Mutex<[Key: (DispatchQueue, QueueToken)]>([:])
+    private let queues = Protected<[Key: (DispatchQueue, QueueToken)]>([:])
 
     /// - Complexity: one dictionary lookup under a mutex.
     func queue(_ label: String, concurrent: Bool) -> Target {

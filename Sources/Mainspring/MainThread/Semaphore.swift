@@ -27,11 +27,11 @@ public final class Semaphore: Sendable {
         var waiters: [Waiter] = []
     }
 
-    private let state: Mutex<State>
+    private let state: Protected<State>
 
     /// Creates a semaphore holding `value` signals.
     public init(value: Int = 0) {
-        state = Mutex(State(value: value))
+        state = Protected(State(value: value))
     }
 
     /// Adds a signal: wakes the longest waiter, if any, or else raises the count. Any thread;
