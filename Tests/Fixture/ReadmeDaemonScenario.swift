@@ -64,5 +64,6 @@ func readmeDaemonScenario() throws {
 
     try EventLoop.main.run()                              // the main thread is the loop's now
     print("handled \(service.handled) lines")
-    _ = (reader, terminate)
+    reader.cancel()
+    terminate.cancel()                                    // restores SIGTERM's default
 }

@@ -19,9 +19,10 @@ import Glibc
 /// the test bundle (the directory of `CommandLine.arguments[0]` under `swift test`, which builds
 /// every executable target first), then in `.build/debug/`; `MAINSPRING_BIN_DIR` overrides both.
 ///
-/// The child runs with its own stdin (the given text, or `/dev/null`), stdout and stderr are
-/// collected in full, and a child still running at the timeout is killed (`SIGKILL`) and reported
-/// with `timedOut`. The waiting happens on a dedicated thread, not the test's cooperative pool.
+/// The child runs with its own stdin (the given text, or `/dev/null`), no blocked signals and
+/// default signal handlers; stdout and stderr are collected in full, and a child still running
+/// at the timeout is killed (`SIGKILL`) and reported with `timedOut`. The waiting happens on
+/// dedicated threads, not the test's cooperative pool.
 struct FixtureResult: Sendable {
     /// The exit status, or the signal number when `crashedBySignal`.
     let status: Int32
@@ -52,11 +53,14 @@ struct FixtureResult: Sendable {
 
 enum FixtureLaunchError: Error, CustomStringConvertible {
     case executableNotFound(String, searched: [String])
+    case spawnFailed(String, errno: Int32)
 
     var description: String {
         switch self {
         case .executableNotFound(let name, let searched):
             return "cannot find the executable '\(name)' (searched \(searched.joined(separator: ", "))); run `swift build` first"
+        case .spawnFailed(let what, let code):
+            return "cannot start \(what): \(String(cString: strerror(code)))"
         }
     }
 }
@@ -107,51 +111,129 @@ func executableURL(_ name: String) throws -> URL {
 private func runBlocking(_ url: URL, _ arguments: [String], _ stdin: String?, _ environment: [String: String]?,
                          _ timeout: Duration) throws -> FixtureResult
 {
-    let process = Process()
-    process.executableURL = url
-    process.arguments = arguments
-    if let environment {
-        process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
+    // posix_spawn rather than Foundation.Process: no global SIGCHLD machinery in the test
+    // process, and nothing left behind for LeakSanitizer.
+    let output = try makePipe()
+    let errors = try makePipe()
+    let input = try makePipe()
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    if stdin == nil {
+        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+    } else {
+        posix_spawn_file_actions_adddup2(&actions, input.read, 0)
     }
-    let output = Foundation.Pipe()
-    let errors = Foundation.Pipe()
-    let input = Foundation.Pipe()
-    process.standardOutput = output
-    process.standardError = errors
-    process.standardInput = stdin == nil ? FileHandle.nullDevice : input
-    let exited = DispatchSemaphore(value: 0)
-    process.terminationHandler = { _ in exited.signal() }
-    try process.run()
+    posix_spawn_file_actions_adddup2(&actions, output.write, 1)
+    posix_spawn_file_actions_adddup2(&actions, errors.write, 2)
+    // The child starts with no blocked signals and default handlers, whatever the test thread
+    // (a Dispatch worker blocks most signals) had.
+    var attributes = posix_spawnattr_t()
+    posix_spawnattr_init(&attributes)
+    defer { posix_spawnattr_destroy(&attributes) }
+    var noSignals = sigset_t()
+    sigemptyset(&noSignals)
+    posix_spawnattr_setsigmask(&attributes, &noSignals)
+    var defaults = sigset_t()
+    sigemptyset(&defaults)
+    for signal in [SIGPIPE, SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2, SIGCHLD, SIGALRM] { sigaddset(&defaults, signal) }
+    posix_spawnattr_setsigdefault(&attributes, &defaults)
+    posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
 
-    // Drain both pipes concurrently, so that a chatty child never blocks on a full pipe.
-    let stdoutData = Locked(Data())
-    let stderrData = Locked(Data())
+    let argv = ([url.path] + arguments).map { strdup($0) } + [nil]
+    let variables = ProcessInfo.processInfo.environment.merging(environment ?? [:]) { $1 }
+    let envp = variables.map { strdup("\($0.key)=\($0.value)") } + [nil]
+    defer {
+        for pointer in argv { free(pointer) }
+        for pointer in envp { free(pointer) }
+    }
+    var pid = pid_t()
+    let spawned = posix_spawn(&pid, url.path, &actions, &attributes, argv, envp)
+    for fd in [output.write, errors.write, input.read] { close(fd) }
+    guard spawned == 0 else {
+        for fd in [output.read, errors.read, input.write] { close(fd) }
+        throw FixtureLaunchError.spawnFailed(url.path, errno: spawned)
+    }
+
+    // Drain both pipes concurrently, so that a chatty child never blocks on a full pipe; feed
+    // stdin from a thread that ignores SIGPIPE (a child that exits without reading it is fine).
+    let stdoutData = Locked([UInt8]())
+    let stderrData = Locked([UInt8]())
     let drained = DispatchGroup()
-    for (pipe, sink) in [(output, stdoutData), (errors, stderrData)] {
+    for (fd, sink) in [(output.read, stdoutData), (errors.read, stderrData)] {
         drained.enter()
         Thread.detachNewThread {
-            let data = pipe.fileHandleForReading.readDataToEndOfFile()
-            sink.withLock { $0 = data }
+            sink.withLock { $0 = readToEnd(fd) }
+            close(fd)
             drained.leave()
         }
     }
-    if let stdin {
-        input.fileHandleForWriting.write(Data(stdin.utf8))
-        try? input.fileHandleForWriting.close()
+    let inputFD = input.write
+    Thread.detachNewThread {
+        var pipeSignal = sigset_t()
+        sigemptyset(&pipeSignal)
+        sigaddset(&pipeSignal, SIGPIPE)
+        pthread_sigmask(SIG_BLOCK, &pipeSignal, nil)
+        if let stdin { writeFully(inputFD, Array(stdin.utf8)) }
+        close(inputFD)
     }
 
+    let exited = DispatchSemaphore(value: 0)
+    let status = Locked<Int32>(0)
+    let child = pid
+    Thread.detachNewThread {
+        var raw: Int32 = 0
+        while waitpid(child, &raw, 0) < 0 && errno == EINTR {}
+        status.withLock { $0 = raw }
+        exited.signal()
+    }
     let seconds = Double(timeout.components.seconds) + Double(timeout.components.attoseconds) / 1e18
     var timedOut = false
     if exited.wait(timeout: .now() + seconds) == .timedOut {
         timedOut = true
-        kill(process.processIdentifier, SIGKILL)
+        kill(pid, SIGKILL)
         exited.wait()
     }
     drained.wait()
+    let raw = status.value
+    let signal = raw & 0x7f
     return FixtureResult(
-        status: process.terminationStatus,
-        crashedBySignal: process.terminationReason == .uncaughtSignal,
+        status: signal == 0 ? (raw >> 8) & 0xff : signal,
+        crashedBySignal: signal != 0,
         timedOut: timedOut,
-        stdout: String(decoding: stdoutData.withLock { $0 }, as: UTF8.self),
-        stderr: String(decoding: stderrData.withLock { $0 }, as: UTF8.self))
+        stdout: String(decoding: stdoutData.value, as: UTF8.self),
+        stderr: String(decoding: stderrData.value, as: UTF8.self))
+}
+
+private func makePipe() throws -> (read: Int32, write: Int32) {
+    var fds: [Int32] = [0, 0]
+    guard pipe(&fds) == 0 else { throw FixtureLaunchError.spawnFailed("pipe", errno: errno) }
+    // Close-on-exec, so other children never hold these ends (ours get only their dup2 copies).
+    for fd in fds { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
+    return (fds[0], fds[1])
+}
+
+private func readToEnd(_ fd: Int32) -> [UInt8] {
+    var data: [UInt8] = []
+    var buffer = [UInt8](repeating: 0, count: 65_536)
+    while true {
+        let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+        if n > 0 {
+            data += buffer[0..<n]
+        } else if n == 0 || errno != EINTR {
+            return data
+        }
+    }
+}
+
+private func writeFully(_ fd: Int32, _ bytes: [UInt8]) {
+    var offset = 0
+    while offset < bytes.count {
+        let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + offset, $0.count - offset) }
+        if n > 0 {
+            offset += n
+        } else if errno != EINTR {
+            return
+        }
+    }
 }
