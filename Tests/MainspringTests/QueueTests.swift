@@ -88,25 +88,33 @@ struct QueueTests {
         #expect(results.value.sorted() == ["a→b", "b→a"])
     }
 
-    @Test("async(waitingForStart:) is true when the work started in time")
+    @Test("async(waitingForStart:) is true once the work has started, without waiting for it to finish")
     func waitForStartStarted() async throws {
         let background = try BackgroundLoop()
         defer { background.stop() }
-        let ran = Atomic<Int>(0)
-        let started = finishes { () -> [Bool] in
-            [
-                Queue.loop(background.loop).async(waitingForStart: .seconds(5)) { ran.add(1, ordering: .relaxed) },
-                Queue.global(.userInitiated).async(waitingForStart: .seconds(5)) { ran.add(1, ordering: .relaxed) },
-                Queue.serial("test.queue.start").async(waitingForStart: nil) { ran.add(1, ordering: .relaxed) },
-            ]
+        let targets: [Queue] = [.loop(background.loop), .global(.userInitiated), .serial("test.queue.start")]
+        let results = finishes { () -> [Bool] in
+            targets.map { queue in
+                // The work blocks until released: a true result cannot mean "finished".
+                let release = DispatchSemaphore(value: 0)
+                let finished = DispatchSemaphore(value: 0)
+                let started = queue.async(waitingForStart: .seconds(5)) {
+                    release.wait()
+                    finished.signal()
+                }
+                release.signal()
+                return started && finished.wait(timeout: .now() + 5) == .success
+            }
         }
-        #expect(started == [true, true, true])
+        #expect(results == [true, true, true])
         // On a loop waiting for itself, the work starts (and runs) inside the wait.
-        let own = try await onLoopThread { loop in
-            Queue.loop(loop).async(waitingForStart: .seconds(5)) { ran.add(1, ordering: .relaxed) }
+        let (own, ranInside) = try await onLoopThread { loop -> (Bool, Bool) in
+            nonisolated(unsafe) var ran = false
+            let started = Queue.loop(loop).async(waitingForStart: .seconds(5)) { ran = true }
+            return (started, ran)
         }
         #expect(own)
-        #expect(ran.load(ordering: .relaxed) == 4)
+        #expect(ranInside)
     }
 
     @Test("async(waitingForStart:) is false when the target is blocked past the timeout; the work runs later")
