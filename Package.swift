@@ -1,6 +1,11 @@
 // swift-tools-version:6.0
 import PackageDescription
 
+// Opt-in, experimental: `MAINSPRING_MAIN_EXECUTOR=1 swift build` compiles
+// `EventLoop.installAsMainExecutor()` (Swift 6.3's custom main executor SPI; see README).
+let experimentalMainExecutor: [SwiftSetting] =
+    Context.environment["MAINSPRING_MAIN_EXECUTOR"] == "1" ? [.define("MAINSPRING_MAIN_EXECUTOR")] : []
+
 let package = Package(
     name: "Mainspring",
     products: [
@@ -21,7 +26,8 @@ let package = Package(
         .target(
             name: "Mainspring",
             dependencies: ["CLibevent"],
-            path: "Sources/Mainspring"
+            path: "Sources/Mainspring",
+            swiftSettings: experimentalMainExecutor
         ),
         // Plain-C libevent loops: the baselines `mainspring-bench` compares against.
         .target(
@@ -68,12 +74,22 @@ let package = Package(
         .executableTarget(
             name: "mainspring-bench",
             dependencies: ["Mainspring", "CBaselines", "ExampleServices"],
-            path: "Benchmarks"
+            path: "Benchmarks",
+            swiftSettings: experimentalMainExecutor
+        ),
+        // Programs the tests start as subprocesses: scenarios that need the process main thread
+        // (`EventLoop.main`, `DispatchQueue.main`, `@MainActor`). `mainspring-fixture <scenario>`.
+        .executableTarget(
+            name: "mainspring-fixture",
+            dependencies: ["Mainspring"],
+            path: "Tests/Fixture",
+            swiftSettings: experimentalMainExecutor
         ),
         .testTarget(
             name: "MainspringTests",
             dependencies: ["Mainspring", "MainspringFuzzing", "ExampleServices"],
-            path: "Tests/MainspringTests"
+            path: "Tests/MainspringTests",
+            swiftSettings: experimentalMainExecutor
         ),
     ],
     swiftLanguageModes: [.v6]

@@ -10,6 +10,8 @@ let scenarios: [Scenario] = [
     postLocalScenario,
     postRemoteScenario,
     timersScenario,
+    mainQueueScenario,
+    actorHopScenario,
     fairnessScenario,
     tinyChunksScenario,
     inputFloodScenario,
@@ -18,6 +20,8 @@ let scenarios: [Scenario] = [
 
 /// Variants that run in a child process (see `runChild`).
 let childEntryPoints: [ChildEntryPoint] = [
+    mainQueueChild,
+    actorHopChild,
     dispatchFeederChild,
 ]
 

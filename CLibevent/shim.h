@@ -52,4 +52,13 @@ static inline int ms_set_timer_slack(unsigned long nanoseconds) {
 /// module must not set; see above): a pipe made close-on-exec and non-blocking atomically.
 static inline int ms_pipe2(int fds[2], int flags) { return (int)syscall(SYS_pipe2, fds, flags); }
 
+// libdispatch's main-queue hooks for run loops (the two CoreFoundation's CFRunLoop uses; they are
+// exported by libdispatch.so but declared only in its private headers). On Linux the handle is an
+// eventfd that libdispatch writes whenever the main queue goes from empty to non-empty (and again
+// after a drain that left work behind); it never reads it: the run loop resets it before draining.
+// The callback runs the blocks queued when it starts, on the main thread only, and returns at once
+// when called re-entrantly from inside one of those blocks. Used only by Libevent/MainQueue.swift.
+int _dispatch_get_main_queue_handle_4CF(void);
+void _dispatch_main_queue_callback_4CF(void *_Nullable msg);
+
 #endif

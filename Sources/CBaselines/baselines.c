@@ -257,3 +257,62 @@ void ms_baseline_echo_stop(void *handle) {
     close(service->stop_pipe[1]);
     free(service);
 }
+
+/* ---- actor-hop: the two-thread floor ---- */
+
+struct pingpong_side {
+    struct event_base *base;
+    int in_fd;      /* this side's eventfd: readable when the peer sent */
+    int out_fd;     /* the peer's eventfd */
+    int64_t remaining;
+    int starts;     /* the main side sends first */
+};
+
+static void pingpong_cb(evutil_socket_t fd, short what, void *arg) {
+    (void)what;
+    struct pingpong_side *s = arg;
+    uint64_t value, one = 1;
+    if (read(fd, &value, sizeof value) != sizeof value) return;
+    if (s->starts) {
+        /* The main side got a pong: send the next ping, or stop after `count` round trips. */
+        if (--s->remaining > 0) {
+            if (write(s->out_fd, &one, sizeof one) < 0) event_base_loopbreak(s->base);
+        } else {
+            event_base_loopbreak(s->base);
+        }
+    } else {
+        /* The peer got a ping: answer it. */
+        if (write(s->out_fd, &one, sizeof one) < 0 || --s->remaining == 0) event_base_loopbreak(s->base);
+    }
+}
+
+static void *pingpong_peer(void *arg) {
+    struct pingpong_side *s = arg;
+    struct event *ev = event_new(s->base, s->in_fd, EV_READ | EV_PERSIST, pingpong_cb, s);
+    event_add(ev, NULL);
+    event_base_dispatch(s->base);
+    event_free(ev);
+    return NULL;
+}
+
+double ms_baseline_pingpong(int64_t count) {
+    int a = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC), b = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    struct pingpong_side main_side = {new_base(0), a, b, count, 1};
+    struct pingpong_side peer_side = {new_base(0), b, a, count, 0};
+    pthread_t thread;
+    pthread_create(&thread, NULL, pingpong_peer, &peer_side);
+    struct event *ev = event_new(main_side.base, a, EV_READ | EV_PERSIST, pingpong_cb, &main_side);
+    event_add(ev, NULL);
+    double start = now_seconds();
+    uint64_t one = 1;
+    if (write(b, &one, sizeof one) < 0) return -1;
+    event_base_dispatch(main_side.base);
+    double elapsed = now_seconds() - start;
+    pthread_join(thread, NULL);
+    event_free(ev);
+    event_base_free(main_side.base);
+    event_base_free(peer_side.base);
+    close(a);
+    close(b);
+    return elapsed;
+}

@@ -38,11 +38,7 @@ struct WatcherTests {
     @Test("watching a closed or invalid fd is a thrown badDescriptor error")
     func badDescriptor() async throws {
         try await onLoopThread { loop in
-            // A just-closed fd could be reused at once by a test running in parallel; an fd at
-            // the process's descriptor limit can never be open.
-            var limit = rlimit()
-            getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
-            let fd = Int32(clamping: limit.rlim_cur)
+            let fd = neverOpenDescriptor()
             #expect(throws: EventLoopError.badDescriptor(fd)) { _ = try loop.watch(fd, for: .read) { _ in } }
             #expect(throws: EventLoopError.badDescriptor(-1)) { _ = try loop.readLines(from: -1) { _ in } }
             #expect(EventLoopError.badDescriptor(fd).description.contains("not open"))
@@ -118,4 +114,12 @@ struct WatcherTests {
         }
         #expect(count == 5)
     }
+}
+
+/// A number at the process's fd limit: never open. (A just-closed fd is not safe for tests of bad
+/// descriptors: tests running in parallel may be handed the same number at any moment.)
+func neverOpenDescriptor() -> Int32 {
+    var limit = rlimit()
+    getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit)
+    return Int32(clamping: min(UInt(limit.rlim_cur), UInt(Int32.max - 1)))
 }

@@ -28,4 +28,9 @@ void *ms_baseline_echo_start(uint16_t *port);
 /// Stops the service started by `ms_baseline_echo_start` and waits for its thread.
 void ms_baseline_echo_stop(void *handle);
 
+/// actor-hop's floor: two threads, each with its own event_base (precise timers, like
+/// Mainspring's), ping-pong `count` round trips through two eventfds — the kernel cost of any
+/// hand-off between two sleeping loop threads. Returns elapsed seconds.
+double ms_baseline_pingpong(int64_t count);
+
 #endif

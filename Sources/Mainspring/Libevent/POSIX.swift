@@ -58,6 +58,13 @@ func epollAccepts(_ fd: Int32) -> Bool {
     return errno != EPERM
 }
 
+/// Resets an eventfd's counter (one 8-byte `read`), so that it is no longer readable. Never
+/// blocks on a non-blocking eventfd; does nothing when the counter is already zero.
+func resetEventCounter(_ fd: Int32) {
+    var value: UInt64 = 0
+    while read(fd, &value, 8) < 0 && errno == EINTR {}
+}
+
 /// The result of one `read(2)`.
 enum ReadResult {
     case bytes(Int)

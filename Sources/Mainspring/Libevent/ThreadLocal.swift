@@ -37,3 +37,26 @@ final class ThreadLocalReference<Object: AnyObject>: @unchecked Sendable {
         pthread_setspecific(key, Unmanaged<AnyObject>.passRetained(object).toOpaque())
     }
 }
+
+/// A per-thread *unretained* reference (a `pthread_key_t` without a destructor). The owner must
+/// keep the object alive while it is set and clear it before letting go: used for the loop a
+/// thread is running right now, set and restored around `run`/`spin`/`runOnce`.
+final class ThreadLocalUnretained<Object: AnyObject>: @unchecked Sendable {
+    private var key = pthread_key_t()
+
+    init() {
+        let rc = pthread_key_create(&key, nil)
+        precondition(rc == 0, "Mainspring: pthread_key_create failed (\(rc))")
+    }
+
+    /// The calling thread's object, if one is set.
+    var value: Object? {
+        guard let pointer = pthread_getspecific(key) else { return nil }
+        return Unmanaged<Object>.fromOpaque(pointer).takeUnretainedValue()
+    }
+
+    /// Sets (or with `nil` clears) the calling thread's object, without retaining it.
+    func set(_ object: Object?) {
+        pthread_setspecific(key, object.map { Unmanaged.passUnretained($0).toOpaque() })
+    }
+}

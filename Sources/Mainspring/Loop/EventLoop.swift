@@ -63,6 +63,8 @@ public final class EventLoop: @unchecked Sendable {
     private var busySources = 0
     /// Set by `shutdownNow()`: posts are counted as dropped instead of queued.
     private var isShutDown = false
+    /// `EventLoop.main` only: the Dispatch main-queue bridge, installed when the loop first runs.
+    var mainQueueSource: MainQueueSource?
     /// The time of the last clock read: the stamp for posts and readiness.
     @exclusivity(unchecked) private(set) var cachedNow: UInt64
     @exclusivity(unchecked) private var pollStamp: UInt64 = 0
@@ -131,8 +133,15 @@ public final class EventLoop: @unchecked Sendable {
 
     // MARK: Threads
 
-    /// The loop of the process main thread. `DispatchQueue.main` and `@MainActor` run inside it
-    /// while it runs (see `MainThread/`). Calling `run()` on it from another thread throws.
+    /// The loop of the process main thread.
+    ///
+    /// While it runs (`run`, `spin`, `runOnce` on the main thread) it also drains the Dispatch
+    /// main queue, so `DispatchQueue.main.async`, `asyncAfter`, `MainActor.run`,
+    /// `Task { @MainActor in … }` run inside it, on the main thread, between its other callbacks
+    /// (see `MainThread/MainQueueBridge.swift` for the rules). Only the main thread can own it:
+    /// `run()` from another thread throws `EventLoopError.wrongThread`. Posting to it
+    /// (`execute`, `submit`, `Queue.main`) works from any thread. Do not mix it with
+    /// `RunLoop.main.run()` or `dispatchMain()`, which drain the same main queue their own way.
     public static let main: EventLoop = {
         do {
             return try EventLoop(configuration: .init(), isMainLoop: true)
@@ -167,6 +176,20 @@ public final class EventLoop: @unchecked Sendable {
         _ = loop.claimThread()
         threadLoop.set(loop)
         return loop
+    }
+
+    /// The loop whose `run`/`spin`/`runOnce` is innermost on the calling thread's stack.
+    private static let runningLoop = ThreadLocalUnretained<EventLoop>()
+
+    /// The loop a blocking wait on the calling thread should keep running (nested) instead of
+    /// freezing: the loop this thread is running right now, else its `EventLoop.current` if it
+    /// has one, else `EventLoop.main` on the main thread. `nil` on a plain thread (never creates
+    /// a loop).
+    static var loopToSpinWhileWaiting: EventLoop? {
+        if let loop = runningLoop.value { return loop }
+        if let loop = threadLoop.value { return loop }
+        if isProcessMainThread() && main.claimThread() { return main }
+        return nil
     }
 
     /// Whether the caller is on this loop's thread. Never a false positive; `false` for a loop
@@ -221,6 +244,10 @@ public final class EventLoop: @unchecked Sendable {
         guard claimThread() else {
             throw .wrongThread(function: isMainLoop ? "EventLoop.main.run() (main thread only)" : "EventLoop.run()")
         }
+        if isMainLoop && mainQueueSource == nil { try installMainQueueBridgeIfNeeded() }
+        let previousRunning = Self.runningLoop.value
+        Self.runningLoop.set(self)
+        defer { Self.runningLoop.set(previousRunning) }
         runDepth += 1
         defer { runDepth -= 1 }
         while !stopRequested.exchange(false, ordering: .acquiring) {
@@ -236,6 +263,10 @@ public final class EventLoop: @unchecked Sendable {
     @discardableResult
     public func runOnce(blocking: Bool = true) -> Int {
         preconditionOnLoop("EventLoop.runOnce(blocking:)")
+        if isMainLoop && mainQueueSource == nil { installMainQueueBridgeOrDie() }
+        let previousRunning = Self.runningLoop.value
+        Self.runningLoop.set(self)
+        defer { Self.runningLoop.set(previousRunning) }
         return (try? iterate(blocking: blocking, deadline: nil, condition: { false })) ?? 0
     }
 
@@ -254,8 +285,12 @@ public final class EventLoop: @unchecked Sendable {
     @discardableResult
     public func spin(until condition: () -> Bool, timeout: Duration? = nil) -> Bool {
         preconditionOnLoop("EventLoop.spin(until:timeout:)")
+        if isMainLoop && mainQueueSource == nil { installMainQueueBridgeOrDie() }
         if condition() { return true }
         let deadline = timeout.map { monotonicNanoseconds() &+ $0.clampedNanoseconds }
+        let previousRunning = Self.runningLoop.value
+        Self.runningLoop.set(self)
+        defer { Self.runningLoop.set(previousRunning) }
         runDepth += 1
         defer { runDepth -= 1 }
         while true {

@@ -1,0 +1,136 @@
+/// `async` entry points: run a closure on a loop and await its result, sleep on a loop's timer,
+/// let ready input go first.
+extension EventLoop {
+    /// Runs `work` on this loop's thread and returns its result (or rethrows its error) to the
+    /// awaiting task. Any thread, any task.
+    ///
+    /// The work is posted with `execute` at `.normal` priority and runs when the loop runs.
+    /// Cancelling the awaiting task does not cancel the work: once posted it runs. Should the
+    /// work be dropped without running (its loop freed), the call throws
+    /// `EventLoopError.loopClosed` rather than hanging.
+    /// Costs one post plus one continuation resume (a task hop back to the caller's executor).
+    public func submit<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, Error>) in
+            let once = ResumeOnce(continuation, orphaned: .failure(EventLoopError.loopClosed))
+            execute {
+                once.resume(with: Result { try work() })
+            }
+        }
+    }
+
+    /// Suspends the calling task for at least `duration`, timed by one of this loop's timers
+    /// (never early; as late as the loop's other work makes it). A negative duration counts as
+    /// zero. Any thread, any task; the task resumes on its own executor.
+    ///
+    /// The timer only fires while the loop runs. Cancelling the task ends the sleep at once with
+    /// `CancellationError` (and cancels the timer); should the timer be dropped unfired (its loop
+    /// freed), it throws `EventLoopError.loopClosed`.
+    public func sleep(for duration: Duration) async throws {
+        let deadline = monotonicNanoseconds() &+ duration.clampedNanoseconds
+        let sleeper = Sleeper()
+        try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, Error>) in
+                let once = ResumeOnce(continuation, orphaned: .failure(EventLoopError.loopClosed))
+                guard sleeper.arm(once) else {
+                    once.resume(with: .failure(CancellationError()))
+                    return
+                }
+                execute {
+                    guard !once.isResumed else { return }
+                    let now = monotonicNanoseconds()
+                    let timer = self.schedule(after: .init(nanoseconds: deadline > now ? deadline - now : 0)) {
+                        once.resume(with: .success(()))
+                    }
+                    sleeper.setTimer(timer)
+                }
+            }
+        } onCancel: {
+            sleeper.cancel(on: self)
+        }
+    }
+
+    /// Suspends the calling task until this loop has polled again and run the input that was
+    /// ready by then: `.input` work goes first, then this task continues. Use it to break long
+    /// work running on the loop (an actor pinned to it) into slices that keep input responsive.
+    ///
+    /// Any thread, any task; it returns once the loop has run its next turn (or is freed).
+    public func yield() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let once = ResumeOnce(continuation, orphaned: .success(()))
+            execute {
+                self.executeNextTurn(priority: .normal) { once.resume(with: .success(())) }
+            }
+        }
+    }
+}
+
+/// Resumes a continuation exactly once; if it is released without having resumed it (the
+/// closure holding it was dropped: the loop was freed before running it), it resumes with
+/// `orphaned`, so no task ever hangs on a dead loop.
+private final class ResumeOnce<T: Sendable, E: Error>: Sendable {
+    private let state: Protected<CheckedContinuation<T, E>?>
+    private let orphaned: Result<T, E>
+
+    init(_ continuation: CheckedContinuation<T, E>, orphaned: Result<T, E>) {
+        self.state = Protected(continuation)
+        self.orphaned = orphaned
+    }
+
+    /// Whether it has been resumed already.
+    var isResumed: Bool { state.withLock { $0 == nil } }
+
+    func resume(with result: Result<T, E>) {
+        let continuation = state.withLock { slot -> CheckedContinuation<T, E>? in
+            defer { slot = nil }
+            return slot
+        }
+        continuation?.resume(with: result)
+    }
+
+    deinit {
+        let continuation = state.withLock { slot -> CheckedContinuation<T, E>? in
+            defer { slot = nil }
+            return slot
+        }
+        continuation?.resume(with: orphaned)
+    }
+}
+
+/// The cancellation side of one `sleep(for:)`. The loop's closures hold the continuation
+/// strongly (so that a freed loop resumes it, through `ResumeOnce`'s release); this holds it
+/// weakly, to resume it early on cancellation.
+private final class Sleeper: @unchecked Sendable {
+    private struct State {
+        weak var once: ResumeOnce<Void, Error>?
+        var isCancelled = false
+    }
+
+    private let state = Protected(State())
+    /// The timer, once armed. Loop thread only.
+    private var timer: TimerHandle?
+
+    /// Remembers the continuation; false if the task was already cancelled.
+    func arm(_ once: ResumeOnce<Void, Error>) -> Bool {
+        state.withLock { state in
+            if state.isCancelled { return false }
+            state.once = once
+            return true
+        }
+    }
+
+    /// Loop thread: the timer to cancel if the task is cancelled.
+    func setTimer(_ handle: TimerHandle) { timer = handle }
+
+    /// Any thread: the task was cancelled. Resumes it now and cancels the timer on the loop.
+    func cancel(on loop: EventLoop) {
+        let once = state.withLock { state -> ResumeOnce<Void, Error>? in
+            state.isCancelled = true
+            return state.once
+        }
+        once?.resume(with: .failure(CancellationError()))
+        loop.execute {
+            self.timer?.cancel()
+            self.timer = nil
+        }
+    }
+}

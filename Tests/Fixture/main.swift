@@ -1,0 +1,35 @@
+// mainspring-fixture <scenario>: programs the test suite runs as subprocesses, for behaviour that
+// needs the process main thread (EventLoop.main, DispatchQueue.main, @MainActor).
+//
+// Each scenario prints `key=value` lines on stdout and exits 0; a failed check prints
+// `FAIL: …` on stderr and exits 1. A watchdog ends a hung scenario with status 3.
+// The tests (Tests/MainspringTests/Fixture.swift) assert the exit status and the lines.
+import Foundation
+import Mainspring
+
+var scenarios: [String: @MainActor () throws -> Void] = [
+    "interleave": interleaveScenario,
+    "run-off-main": runOffMainScenario,
+    "main-sync": mainSyncScenario,
+    "nested-spin": nestedSpinScenario,
+    "actors": actorsScenario,
+    "wait-for-start": waitForStartScenario,
+    "echo": echoScenario,
+    "readme-daemon": readmeDaemonScenario,
+]
+#if MAINSPRING_MAIN_EXECUTOR
+scenarios["main-executor"] = mainExecutorScenario
+#endif
+
+let arguments = CommandLine.arguments.dropFirst()
+guard let name = arguments.first, let scenario = scenarios[name] else {
+    FileHandle.standardError.write(Data("usage: mainspring-fixture <\(scenarios.keys.sorted().joined(separator: "|"))>\n".utf8))
+    exit(2)
+}
+startWatchdog(seconds: 30)
+do {
+    try scenario()
+} catch {
+    fail("\(name) threw \(error)")
+}
+exit(0)

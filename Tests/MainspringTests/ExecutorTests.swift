@@ -1,0 +1,154 @@
+import Foundation
+import Synchronization
+import Testing
+@testable import Mainspring
+
+/// A loop on its own thread, running until `stop()`; for tests that await work on it.
+final class BackgroundLoop: Sendable {
+    let loop: EventLoop
+    private let done: DispatchSemaphore
+
+    init() throws {
+        let loop = try EventLoop()
+        self.loop = loop
+        done = startThread { try? loop.run() }
+    }
+
+    /// Stops the loop and waits for its thread to return.
+    func stop() {
+        loop.stop()
+        done.wait()
+    }
+}
+
+actor PinnedCounter {
+    let loop: EventLoop
+    nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
+    private(set) var count = 0
+    private(set) var offLoop = 0
+
+    init(loop: EventLoop) { self.loop = loop }
+
+    func increment() {
+        if !loop.isCurrent { offLoop += 1 }
+        count += 1
+    }
+
+    func isOnItsLoop() -> Bool { loop.isCurrent }
+}
+
+@Suite("Actors, submit, sleep and yield on loops", .serialized)
+struct ExecutorTests {
+    @Test("an actor pinned to a background loop runs every call on that loop's thread")
+    func actorRunsOnItsLoop() async throws {
+        let background = try BackgroundLoop()
+        defer { background.stop() }
+        let counter = PinnedCounter(loop: background.loop)
+        await withTaskGroup(of: Void.self) { group in
+            for _ in 0..<4 {
+                group.addTask { for _ in 0..<250 { await counter.increment() } }
+            }
+        }
+        #expect(await counter.count == 1_000)
+        #expect(await counter.offLoop == 0)
+        #expect(await counter.isOnItsLoop())
+        // The loop ran the jobs as ordinary callbacks.
+        let callbacks = try await background.loop.submit { background.loop.metrics.callbacks[.normal] ?? 0 }
+        #expect(callbacks >= 1_000)
+    }
+
+    @Test("assumeIsolated works in a plain callback of the actor's loop")
+    func assumeIsolatedOnLoop() async throws {
+        let background = try BackgroundLoop()
+        defer { background.stop() }
+        let counter = PinnedCounter(loop: background.loop)
+        let counted = try await background.loop.submit {
+            counter.assumeIsolated { counter in
+                counter.increment()
+                return counter.count
+            }
+        }
+        #expect(counted == 1)
+        #expect(background.loop.isIsolatingCurrentContext() == false)
+    }
+
+    @Test("submit returns the result from the loop's thread and rethrows errors")
+    func submit() async throws {
+        let background = try BackgroundLoop()
+        defer { background.stop() }
+        let loop = background.loop
+        #expect(try await loop.submit { loop.isCurrent })
+        struct Expected: Error {}
+        await #expect(throws: Expected.self) {
+            _ = try await loop.submit { () throws -> Int in throw Expected() }
+        }
+    }
+
+    @Test("sleep(for:) waits at least the duration, on the loop's timer")
+    func sleepWaits() async throws {
+        let background = try BackgroundLoop()
+        defer { background.stop() }
+        let start = ContinuousClock.now
+        try await background.loop.sleep(for: .milliseconds(30))
+        let elapsed = ContinuousClock.now - start
+        #expect(elapsed >= .milliseconds(30))
+        #expect(elapsed < .seconds(5))
+        try await background.loop.sleep(for: .milliseconds(-5))  // negative: no wait, no error
+    }
+
+    @Test("cancelling a task ends its sleep(for:) at once with CancellationError")
+    func sleepCancellation() async throws {
+        let background = try BackgroundLoop()
+        defer { background.stop() }
+        let loop = background.loop
+        let start = ContinuousClock.now
+        let task = Task { try await loop.sleep(for: .seconds(30)) }
+        try await Task.sleep(for: .milliseconds(20))
+        task.cancel()
+        await #expect(throws: CancellationError.self) { try await task.value }
+        #expect(ContinuousClock.now - start < .seconds(10))
+        // The cancelled timer is gone from the loop.
+        let sources = try await loop.submit { loop.sourceCount }
+        #expect(sources == 0)
+    }
+
+    @Test("yield() on the loop lets input that became ready run before the task continues")
+    func yieldLetsInputRun() async throws {
+        let background = try BackgroundLoop()
+        defer { background.stop() }
+        let loop = background.loop
+        let pipe = Pipe()
+        let log = Locked<[String]>([])
+        let watcher = try await loop.submit { () -> UncheckedBox<Watcher> in
+            UncheckedBox(try loop.watch(pipe.readEnd, for: .read) { _ in
+                var byte: UInt8 = 0
+                _ = read(pipe.readEnd, &byte, 1)
+                log.withLock { $0.append("input") }
+            })
+        }
+        let worker = YieldingWorker(loop: loop)
+        await worker.work(pipe: pipe, log: log)
+        #expect(log.value == ["before-yield", "input", "after-yield"])
+        try await loop.submit { watcher.value.cancel() }
+    }
+}
+
+/// Runs on its loop, makes input ready while the loop is busy running it, then yields.
+actor YieldingWorker {
+    let loop: EventLoop
+    nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
+    init(loop: EventLoop) { self.loop = loop }
+
+    func work(pipe: Pipe, log: Locked<[String]>) async {
+        pipe.write("x")  // the fd is readable now, but the loop has not polled since
+        log.withLock { $0.append("before-yield") }
+        await loop.yield()
+        log.withLock { $0.append("after-yield") }
+    }
+}
+
+/// Carries a loop-bound value out of a `submit` closure (it is only used on the loop again).
+struct UncheckedBox<T>: @unchecked Sendable {
+    let value: T
+    init(_ value: T) { self.value = value }
+}

@@ -1,0 +1,239 @@
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Running the package's executables as subprocesses, for tests of behaviour that needs a
+/// process of its own: the process main thread (`EventLoop.main`, `DispatchQueue.main`,
+/// `@MainActor`), stdin, exit status, signals.
+///
+/// ```swift
+/// let result = try await runFixture("interleave")
+/// #expect(result.status == 0, "\(result.stderr)")
+/// #expect(result["dispatch-steps"] == "50")
+/// ```
+///
+/// `runFixture(_:)` starts `mainspring-fixture <scenario>` (Tests/Fixture); `runExecutable` starts
+/// any other product of the package by name (an example, say). Executables are found next to
+/// the test bundle (the directory of `CommandLine.arguments[0]` under `swift test`, which builds
+/// every executable target first), then in `.build/debug/`; `MAINSPRING_BIN_DIR` overrides both.
+///
+/// The child runs with its own stdin (the given text, or `/dev/null`), no blocked signals and
+/// default signal handlers; stdout and stderr are collected in full, and a child still running
+/// at the timeout is killed (`SIGKILL`) and reported with `timedOut`. The waiting happens on
+/// dedicated threads, not the test's cooperative pool.
+struct FixtureResult: Sendable {
+    /// The exit status, or the signal number when `crashedBySignal`.
+    let status: Int32
+    /// Whether the child was ended by a signal (a crash, a precondition, the timeout's SIGKILL).
+    let crashedBySignal: Bool
+    /// Whether the child was killed because it outlived the timeout.
+    let timedOut: Bool
+    let stdout: String
+    let stderr: String
+
+    /// Stdout, line by line.
+    var lines: [Substring] { stdout.split(separator: "\n") }
+
+    /// The value of the last `key=value` line for `key`, if any.
+    subscript(key: String) -> String? {
+        let prefix = key + "="
+        return lines.last { $0.hasPrefix(prefix) }.map { String($0.dropFirst(prefix.count)) }
+    }
+
+    /// `self[key]` as an integer, if it parses.
+    func int(_ key: String) -> Int? { self[key].flatMap { Int($0) } }
+
+    /// A one-line summary for failure messages.
+    var summary: String {
+        "status \(status)\(crashedBySignal ? " (signal)" : "")\(timedOut ? " (timed out)" : ""); stdout: \(stdout); stderr: \(stderr.prefix(2_000))"
+    }
+}
+
+enum FixtureLaunchError: Error, CustomStringConvertible {
+    case executableNotFound(String, searched: [String])
+    case spawnFailed(String, errno: Int32)
+
+    var description: String {
+        switch self {
+        case .executableNotFound(let name, let searched):
+            return "cannot find the executable '\(name)' (searched \(searched.joined(separator: ", "))); run `swift build` first"
+        case .spawnFailed(let what, let code):
+            return "cannot start \(what): \(String(cString: strerror(code)))"
+        }
+    }
+}
+
+/// Runs `mainspring-fixture <scenario> [arguments…]`. See `FixtureResult`.
+func runFixture(_ scenario: String, arguments: [String] = [], stdin: String? = nil,
+                timeout: Duration = .seconds(60)) async throws -> FixtureResult
+{
+    try await runExecutable("mainspring-fixture", arguments: [scenario] + arguments, stdin: stdin, timeout: timeout)
+}
+
+/// Runs the package executable `name` with `arguments`, feeding it `stdin` (or `/dev/null`), and
+/// returns its status and output once it exits — or kills it after `timeout`.
+func runExecutable(_ name: String, arguments: [String] = [], stdin: String? = nil,
+                   environment: [String: String]? = nil, timeout: Duration = .seconds(60)) async throws -> FixtureResult
+{
+    let url = try executableURL(name)
+    return try await withCheckedThrowingContinuation { continuation in
+        let thread = Thread {
+            do {
+                continuation.resume(returning: try runBlocking(url, arguments, stdin, environment, timeout))
+            } catch {
+                continuation.resume(throwing: error)
+            }
+        }
+        thread.start()
+    }
+}
+
+/// Where the package's executables are.
+func executableURL(_ name: String) throws -> URL {
+    var directories: [URL] = []
+    if let override = ProcessInfo.processInfo.environment["MAINSPRING_BIN_DIR"] {
+        directories.append(URL(fileURLWithPath: override))
+    }
+    directories.append(URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath().deletingLastPathComponent())
+    // The package root, from this file's path: Tests/MainspringTests/Fixture.swift.
+    let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .deletingLastPathComponent()
+    directories.append(root.appendingPathComponent(".build/debug"))
+    for directory in directories {
+        let candidate = directory.appendingPathComponent(name)
+        if FileManager.default.isExecutableFile(atPath: candidate.path) { return candidate }
+    }
+    throw FixtureLaunchError.executableNotFound(name, searched: directories.map(\.path))
+}
+
+private func runBlocking(_ url: URL, _ arguments: [String], _ stdin: String?, _ environment: [String: String]?,
+                         _ timeout: Duration) throws -> FixtureResult
+{
+    // posix_spawn rather than Foundation.Process: no global SIGCHLD machinery in the test
+    // process, and nothing left behind for LeakSanitizer.
+    let output = try makePipe()
+    let errors = try makePipe()
+    let input = try makePipe()
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    if stdin == nil {
+        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+    } else {
+        posix_spawn_file_actions_adddup2(&actions, input.read, 0)
+    }
+    posix_spawn_file_actions_adddup2(&actions, output.write, 1)
+    posix_spawn_file_actions_adddup2(&actions, errors.write, 2)
+    // The child starts with no blocked signals and default handlers, whatever the test thread
+    // (a Dispatch worker blocks most signals) had.
+    var attributes = posix_spawnattr_t()
+    posix_spawnattr_init(&attributes)
+    defer { posix_spawnattr_destroy(&attributes) }
+    var noSignals = sigset_t()
+    sigemptyset(&noSignals)
+    posix_spawnattr_setsigmask(&attributes, &noSignals)
+    var defaults = sigset_t()
+    sigemptyset(&defaults)
+    for signal in [SIGPIPE, SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2, SIGCHLD, SIGALRM] { sigaddset(&defaults, signal) }
+    posix_spawnattr_setsigdefault(&attributes, &defaults)
+    posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
+
+    let argv = ([url.path] + arguments).map { strdup($0) } + [nil]
+    let variables = ProcessInfo.processInfo.environment.merging(environment ?? [:]) { $1 }
+    let envp = variables.map { strdup("\($0.key)=\($0.value)") } + [nil]
+    defer {
+        for pointer in argv { free(pointer) }
+        for pointer in envp { free(pointer) }
+    }
+    var pid = pid_t()
+    let spawned = posix_spawn(&pid, url.path, &actions, &attributes, argv, envp)
+    for fd in [output.write, errors.write, input.read] { close(fd) }
+    guard spawned == 0 else {
+        for fd in [output.read, errors.read, input.write] { close(fd) }
+        throw FixtureLaunchError.spawnFailed(url.path, errno: spawned)
+    }
+
+    // Drain both pipes concurrently, so that a chatty child never blocks on a full pipe; feed
+    // stdin from a thread that ignores SIGPIPE (a child that exits without reading it is fine).
+    let stdoutData = Locked([UInt8]())
+    let stderrData = Locked([UInt8]())
+    let drained = DispatchGroup()
+    for (fd, sink) in [(output.read, stdoutData), (errors.read, stderrData)] {
+        drained.enter()
+        Thread.detachNewThread {
+            sink.withLock { $0 = readToEnd(fd) }
+            close(fd)
+            drained.leave()
+        }
+    }
+    let inputFD = input.write
+    Thread.detachNewThread {
+        var pipeSignal = sigset_t()
+        sigemptyset(&pipeSignal)
+        sigaddset(&pipeSignal, SIGPIPE)
+        pthread_sigmask(SIG_BLOCK, &pipeSignal, nil)
+        if let stdin { writeFully(inputFD, Array(stdin.utf8)) }
+        close(inputFD)
+    }
+
+    let exited = DispatchSemaphore(value: 0)
+    let status = Locked<Int32>(0)
+    let child = pid
+    Thread.detachNewThread {
+        var raw: Int32 = 0
+        while waitpid(child, &raw, 0) < 0 && errno == EINTR {}
+        status.withLock { $0 = raw }
+        exited.signal()
+    }
+    let seconds = Double(timeout.components.seconds) + Double(timeout.components.attoseconds) / 1e18
+    var timedOut = false
+    if exited.wait(timeout: .now() + seconds) == .timedOut {
+        timedOut = true
+        kill(pid, SIGKILL)
+        exited.wait()
+    }
+    drained.wait()
+    let raw = status.value
+    let signal = raw & 0x7f
+    return FixtureResult(
+        status: signal == 0 ? (raw >> 8) & 0xff : signal,
+        crashedBySignal: signal != 0,
+        timedOut: timedOut,
+        stdout: String(decoding: stdoutData.value, as: UTF8.self),
+        stderr: String(decoding: stderrData.value, as: UTF8.self))
+}
+
+private func makePipe() throws -> (read: Int32, write: Int32) {
+    var fds: [Int32] = [0, 0]
+    guard pipe(&fds) == 0 else { throw FixtureLaunchError.spawnFailed("pipe", errno: errno) }
+    // Close-on-exec, so other children never hold these ends (ours get only their dup2 copies).
+    for fd in fds { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
+    return (fds[0], fds[1])
+}
+
+private func readToEnd(_ fd: Int32) -> [UInt8] {
+    var data: [UInt8] = []
+    var buffer = [UInt8](repeating: 0, count: 65_536)
+    while true {
+        let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+        if n > 0 {
+            data += buffer[0..<n]
+        } else if n == 0 || errno != EINTR {
+            return data
+        }
+    }
+}
+
+private func writeFully(_ fd: Int32, _ bytes: [UInt8]) {
+    var offset = 0
+    while offset < bytes.count {
+        let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + offset, $0.count - offset) }
+        if n > 0 {
+            offset += n
+        } else if errno != EINTR {
+            return
+        }
+    }
+}
