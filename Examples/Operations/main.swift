@@ -77,6 +77,8 @@ final class RecordStore: @unchecked Sendable {
     func close() {
         try? requests.close()
         loop.spin(until: { self.isClosed }, timeout: .seconds(5))
+        // Reap the child: Foundation's Process keeps itself alive until it has seen the exit.
+        server.waitUntilExit()
     }
 
     private func send(id: Int, value: String, completion: @escaping Completion) {

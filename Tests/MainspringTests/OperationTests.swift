@@ -62,7 +62,10 @@ final class FinishBurst: Sendable {
         done.enter()
         let all = arrived.withLock { arrived -> [AsyncOperation] in
             arrived.append(operation)
-            return arrived.count == expected ? arrived : []
+            guard arrived.count == expected else { return [] }
+            // Hand them over and forget them: each operation's closure holds this burst.
+            defer { arrived.removeAll() }
+            return arrived
         }
         guard !all.isEmpty else { return }
         DispatchQueue.global().async { [done] in
@@ -599,40 +602,13 @@ struct OperationTests {
     }
 
     @Test("the mainspring-operations example runs its two batches and exits 0")
-    func example() throws {
-        let url = try #require(builtProduct("mainspring-operations"), "build it first: swift build --build-tests")
-        let process = Process()
-        process.executableURL = url
-        process.arguments = ["15"]
-        process.standardInput = FileHandle.nullDevice
-        let output = Foundation.Pipe()
-        process.standardOutput = output
-        process.standardError = FileHandle.nullDevice
-        let exited = DispatchSemaphore(value: 0)
-        process.terminationHandler = { _ in exited.signal() }
-        try process.run()
-        if exited.wait(timeout: .now() + 60) != .success {
-            process.terminate()
-            Issue.record("the example did not exit within 60 s")
-            return
-        }
-        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        #expect(process.terminationStatus == 0, "output:\n\(text)")
+    func example() async throws {
+        let result = try await runExecutable("mainspring-operations", arguments: ["15"])
+        let text = result.stdout
+        #expect(result.status == 0 && !result.crashedBySignal, "\(result.summary)")
         #expect(text.contains("batch 1 (onDrained): 15 saves, 12 succeeded, 3 failed"), "output:\n\(text)")
         #expect(text.contains("batch 2 (waitUntilAllOperationsAreFinished(spinning:)): 15 saves, 12 succeeded, 3 failed"))
         #expect(text.contains("record 7 saved (callback on the main thread: true)"))
         #expect(text.contains("record 10 failed: rejected (empty record)"))
     }
-}
-
-/// A product built next to the test bundle (`CommandLine.arguments[0]`'s directory under
-/// `swift test`), or in the package's `.build/debug/`.
-func builtProduct(_ name: String) -> URL? {
-    let packageRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
-        .deletingLastPathComponent()
-    let candidates = [
-        URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent(name),
-        packageRoot.appendingPathComponent(".build/debug").appendingPathComponent(name),
-    ]
-    return candidates.first { FileManager.default.isExecutableFile(atPath: $0.path) }
 }

@@ -9,6 +9,9 @@ import Synchronization
 /// that runs it or registers a source on it (`run`, `runOnce`, `spin`, `schedule`, `watch`, …);
 /// those calls fail loudly on any other thread (`EventLoopError.wrongThread`, or a precondition
 /// for the calls that cannot throw). `execute`, `stop` and `submit` work from any thread.
+/// When the thread a loop belongs to exits, the loop is shut down for good: its sources are
+/// closed and work still queued, or posted later, is dropped and counted in
+/// `LoopMetrics.droppedAtShutdown`.
 ///
 /// ## Who polls, who dispatches
 /// libevent only demultiplexes (epoll, the timer heap). Its callbacks append a ready record and
@@ -209,6 +212,7 @@ public final class EventLoop: @unchecked Sendable {
         if isMainLoop && !isProcessMainThread() { return false }
         let (exchanged, actual) = ownerThread.compareExchange(
             expected: 0, desired: me, ordering: .acquiringAndReleasing)
+        if exchanged && !isMainLoop { ThreadBinding.current.bind(self) }
         return exchanged || actual == me
     }
 
@@ -642,14 +646,36 @@ public final class EventLoop: @unchecked Sendable {
     }
 }
 
-extension EventLoop: ThreadExitObserver {
-    /// `EventLoop.current`'s thread exited, so no thread can ever run this loop again: shut it
-    /// down (close its sources, drop and count its queued work — which also breaks the cycles
-    /// of queued closures and handlers that capture the loop), and orphan it so that a later
-    /// thread that happens to get the same `pthread_t` never looks like its owner.
+/// The loops bound to one thread (weakly). When the thread exits, no thread can ever run them
+/// again, so each is shut down: its sources closed, its queued work dropped and counted — which
+/// also breaks the cycles of queued closures and handlers that capture their loop — and it is
+/// orphaned, so a later thread that happens to get the same `pthread_t` never looks like its
+/// owner. (The main thread's loop is never bound here: the process ends with that thread.)
+final class ThreadBinding: ThreadExitObserver {
+    private struct WeakLoop { weak var loop: EventLoop? }
+    private var loops: [WeakLoop] = []
+    private static let key = ThreadLocalReference<ThreadBinding>()
+
+    /// The calling thread's binding, made on first use.
+    static var current: ThreadBinding {
+        if let binding = key.value { return binding }
+        let binding = ThreadBinding()
+        key.set(binding)
+        return binding
+    }
+
+    func bind(_ loop: EventLoop) {
+        loops.removeAll { $0.loop == nil }
+        loops.append(WeakLoop(loop: loop))
+    }
+
     func threadDidExit() {
-        _ = shutdownNow()
-        releaseThread()
+        for entry in loops {
+            guard let loop = entry.loop, !loop.isOrphaned else { continue }
+            _ = loop.shutdownNow()
+            loop.releaseThread()
+        }
+        loops.removeAll()
     }
 }
 
