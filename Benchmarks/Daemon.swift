@@ -16,7 +16,7 @@ let daemonScenario = Scenario(
     for _ in 0..<runs {
         samples.add("mainspring", {
             let group = try! EventLoopGroup(loopCount: 1)
-            let service = try! LineService(group: group)
+            let service = try! LineService(group: group, options: .init(idleTimeout: nil))
             let plain = loadTest(port: service.port, duration: duration)
             let busy = loadTest(port: service.port, duration: duration, workClient: true)
             service.shutdown(gracePeriod: .seconds(1))

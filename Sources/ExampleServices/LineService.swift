@@ -250,7 +250,16 @@ private final class Session {
         }
     }
 
-    private func reply(now text: String) { fill(reserve(), text) }
+    private func reply(now text: String) {
+        if pending == 0 {
+            // Nothing in flight ahead of it: straight out, no slot.
+            connection.writeLine(text)
+            if text.hasPrefix("ERR") { stats.errors.add(1, ordering: .relaxed) }
+            closeIfDone()
+        } else {
+            fill(reserve(), text)
+        }
+    }
 
     private func reserve() -> Int {
         replies.append(nil)

@@ -275,3 +275,41 @@ struct NetworkTests {
         #expect(forced.stuckLoops == 0)
     }
 }
+
+@Suite("Connection output ordering and spinning", .serialized)
+struct ConnectionOutputTests {
+    @Test("bytes, text and lines keep their order; a handler may write, then spin for the answer")
+    func orderAndSpin() async throws {
+        let (received, answered) = try await onLoopThread { loop -> (String, Bool) in
+            // A server that answers "ping" with "pong" and records everything else.
+            nonisolated(unsafe) var received = ""
+            let server = try Listener(on: loop) { connection in
+                connection.readLines { event in
+                    guard case .line(let text) = event else { return }
+                    if text == "ping" { connection.writeLine("pong") } else { received += text + "|" }
+                }
+            }
+            let client = try Connection.connect(to: "127.0.0.1", port: server.port, on: loop)
+            nonisolated(unsafe) var lines: [String] = []
+            client.readLines { event in if case .line(let text) = event { lines.append(text) } }
+            client.write(Array("a".utf8))
+            client.write("b")
+            client.writeLine("c")
+            client.write(Array("d\n".utf8))
+            client.writeLine("ping")
+            // Write, then wait for the answer inside a handler (a nested spin): the write must
+            // reach the socket although the handler has not returned.
+            nonisolated(unsafe) var answered = false
+            loop.execute {
+                answered = loop.spin(until: { lines.contains("pong") }, timeout: .seconds(5))
+            }
+            loop.spin(until: { answered || lines.contains("pong") }, timeout: .seconds(6))
+            loop.spin(until: { received.count >= 6 }, timeout: .seconds(5))
+            client.close()
+            server.close()
+            return (received, answered)
+        }
+        #expect(received == "abc|d|")
+        #expect(answered)
+    }
+}

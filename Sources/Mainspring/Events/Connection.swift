@@ -159,6 +159,12 @@ final class ConnectionSource: Source {
     let remoteAddress: String
     let options: Connection.Options
 
+    /// Text written since the loop last polled, handed to libevent in one piece just before the
+    /// next poll (libevent only writes while it polls, so nothing is delayed): a line protocol
+    /// writes a reply per request, and this makes a batch of pipelined requests one buffer
+    /// append instead of one per reply.
+    private var pendingOutput: [UInt8] = []
+    private var flushScheduled = false
     private var lineHandler: ((LineEvent) -> Void)?
     private var bytesHandler: ((Connection.Input) -> Void)?
     private var closeHandler: ((Connection.CloseReason) -> Void)?
@@ -214,7 +220,7 @@ final class ConnectionSource: Source {
         configureSocket()
     }
 
-    var bufferedOutputBytes: Int { socket?.outputLength ?? 0 }
+    var bufferedOutputBytes: Int { (socket?.outputLength ?? 0) + pendingOutput.count }
 
     // MARK: Reading
 
@@ -273,26 +279,47 @@ final class ConnectionSource: Source {
     // MARK: Writing
 
     func write(_ bytes: [UInt8]) {
-        guard !isClosed, !isClosing, let socket, !bytes.isEmpty else { return }
-        do {
-            try socket.write(bytes)
-        } catch {
-            finish(.error(12 /* ENOMEM */))
-            return
-        }
-        didWrite(socket)
+        guard !isClosed, !isClosing, socket != nil, !bytes.isEmpty else { return }
+        pendingOutput.append(contentsOf: bytes)
+        scheduleFlush()
     }
 
     func write(text: String, newline: Bool) {
-        guard !isClosed, !isClosing, let socket else { return }
+        guard !isClosed, !isClosing, socket != nil else { return }
+        pendingOutput.append(contentsOf: text.utf8)
+        if newline { pendingOutput.append(0x0A) }
+        scheduleFlush()
+    }
+
+    /// Output is handed to libevent before the loop next polls, or at once past 64 KiB or past
+    /// the output limit (so that backpressure sees it).
+    private func scheduleFlush() {
+        if pendingOutput.count >= Self.chunk || pendingOutput.count + (socket?.outputLength ?? 0) > options.outputLimit {
+            flushPendingOutput()
+        } else if !flushScheduled {
+            flushScheduled = true
+            loop.beforeNextPoll { [weak self] in
+                self?.flushScheduled = false
+                self?.flushPendingOutput()
+            }
+        }
+    }
+
+    /// Hands the buffered output to libevent.
+    private func flushPendingOutput() {
+        guard !pendingOutput.isEmpty, let socket else { return }
         do {
-            try socket.write(utf8: text, newline: newline)
+            try socket.write(pendingOutput)
         } catch {
+            pendingOutput.removeAll()
             finish(.error(12 /* ENOMEM */))
             return
         }
+        pendingOutput.removeAll(keepingCapacity: true)
         didWrite(socket)
     }
+
+
 
     private func didWrite(_ socket: BufferedSocket) {
         if !isPausedForOutput && socket.outputLength > options.outputLimit {
@@ -303,12 +330,14 @@ final class ConnectionSource: Source {
     }
 
     func shutdownOutput() {
+        flushPendingOutput()
         guard !isClosed, let socket else { return }
         wantsOutputShutdown = true
         if socket.outputLength == 0 { socket.shutdownWrite() }
     }
 
     func closeGracefully() {
+        flushPendingOutput()
         guard !isClosed, !isClosing, let socket else { return }
         isClosing = true
         isReading = false
@@ -375,6 +404,7 @@ final class ConnectionSource: Source {
     private func finish(_ reason: Connection.CloseReason) {
         guard closeReason == nil else { return }
         closeReason = reason
+        pendingOutput.removeAll()
         socket = nil  // bufferevent_free closes the fd
         let handler = closeHandler
         closeHandler = nil

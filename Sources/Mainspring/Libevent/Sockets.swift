@@ -159,17 +159,6 @@ final class BufferedSocket {
         try check(rc, "bufferevent_write")
     }
 
-    /// Appends the UTF-8 bytes of `text` (and a newline) to the output buffer, copying once.
-    func write(utf8 text: String, newline: Bool) throws(EventLoopError) {
-        var text = text
-        let rc = text.withUTF8 { bufferevent_write(raw, $0.baseAddress, $0.count) }
-        try check(rc, "bufferevent_write")
-        if newline {
-            var byte: UInt8 = 0x0A
-            try check(bufferevent_write(raw, &byte, 1), "bufferevent_write")
-        }
-    }
-
     /// The drain callback fires when the output buffer falls to `bytes` or below.
     func setWriteLowWatermark(_ bytes: Int) { bufferevent_setwatermark(raw, Int16(EV_WRITE), bytes, 0) }
 

@@ -51,6 +51,9 @@ public final class EventLoop: @unchecked Sendable {
     @exclusivity(unchecked) private var inputQueue = RingBuffer<ReadyRecord>()
     @exclusivity(unchecked) private var normalQueue = RingBuffer<ReadyRecord>()
     @exclusivity(unchecked) private var backgroundQueue = RingBuffer<ReadyRecord>()
+    /// Run (once) just before the next poll: handing buffered output to libevent, which only
+    /// writes while it polls. See `beforeNextPoll`.
+    @exclusivity(unchecked) private var prePollActions: [() -> Void] = []
     /// Records that become ready after the next poll (one "turn" later).
     @exclusivity(unchecked) private var nextTurn: [ReadyRecord] = []
     /// How many of `nextTurn` are `.background`: fed work between two turns is waiting work.
@@ -364,6 +367,13 @@ public final class EventLoop: @unchecked Sendable {
         if priority == .background { nextTurnBackground &+= 1 }
     }
 
+    /// Runs `action` once on this loop just before it next polls — including a poll of a nested
+    /// spin. Loop thread only. For work that must be done before libevent next looks at the
+    /// sockets, such as handing it coalesced output.
+    func beforeNextPoll(_ action: @escaping () -> Void) {
+        prePollActions.append(action)
+    }
+
     /// Queues a fired source (at most once: `Source.fire` guards it).
     @inline(__always)
     func enqueue(source: Source) {
@@ -464,6 +474,11 @@ public final class EventLoop: @unchecked Sendable {
             let event = try NativeEvent(timerOn: base, target: timeoutTarget)
             try event.add(timeoutNanoseconds: deadline > now ? deadline - now : 0)
             timeoutEvent = event
+        }
+        if !prePollActions.isEmpty {
+            let actions = prePollActions
+            prePollActions.removeAll(keepingCapacity: true)
+            for action in actions { action() }
         }
         let pollStart = mayBlock ? clock.now() : 0
         counters.polls += 1
