@@ -65,6 +65,11 @@ while !arguments.isEmpty {
     }
 }
 
+// Run the main loop once now: that installs its Dispatch main-queue bridge, for which
+// libdispatch creates an eventfd — and aborts the process if it cannot. Later, with every
+// descriptor taken by clients (EMFILE), would be too late.
+EventLoop.main.runOnce(blocking: false)
+
 let service: LineService
 do {
     service = try LineService(group: try EventLoopGroup(loopCount: loops), host: host, port: port, options: options)

@@ -108,101 +108,200 @@ func executableURL(_ name: String) throws -> URL {
     throw FixtureLaunchError.executableNotFound(name, searched: directories.map(\.path))
 }
 
+/// A running child process of the package's (see `startExecutable`): its stdout can be read
+/// line by line while it runs, it can be signalled, and `waitForExit` collects the rest.
+final class ChildProcess: @unchecked Sendable {
+    let pid: pid_t
+    private let stdoutFD: Int32
+    private let stdinFD: Int32
+    private let stdoutBuffer = Locked([UInt8]())
+    private let stderrData = Locked([UInt8]())
+    private let stdoutClosed = DispatchSemaphore(value: 0)
+    private let lineArrived = DispatchSemaphore(value: 0)
+    private let drained = DispatchGroup()
+    private let exited = DispatchSemaphore(value: 0)
+    private let rawStatus = Locked<Int32?>(nil)
+    private var consumed = 0
+
+    fileprivate init(url: URL, arguments: [String], stdin: String?, keepStdinOpen: Bool,
+                     environment: [String: String]?) throws
+    {
+        // posix_spawn rather than Foundation.Process: no global SIGCHLD machinery in the test
+        // process, and nothing left behind for LeakSanitizer.
+        markDescriptorsCloseOnExec()
+        let output = try makePipe()
+        let errors = try makePipe()
+        let input = try makePipe()
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        if stdin == nil && !keepStdinOpen {
+            posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        } else {
+            posix_spawn_file_actions_adddup2(&actions, input.read, 0)
+        }
+        posix_spawn_file_actions_adddup2(&actions, output.write, 1)
+        posix_spawn_file_actions_adddup2(&actions, errors.write, 2)
+        // The child starts with no blocked signals and default handlers, whatever the test thread
+        // (a Dispatch worker blocks most signals) had.
+        var attributes = posix_spawnattr_t()
+        posix_spawnattr_init(&attributes)
+        defer { posix_spawnattr_destroy(&attributes) }
+        var noSignals = sigset_t()
+        sigemptyset(&noSignals)
+        posix_spawnattr_setsigmask(&attributes, &noSignals)
+        var defaults = sigset_t()
+        sigemptyset(&defaults)
+        for signal in [SIGPIPE, SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2, SIGCHLD, SIGALRM] { sigaddset(&defaults, signal) }
+        posix_spawnattr_setsigdefault(&attributes, &defaults)
+        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
+
+        let argv = ([url.path] + arguments).map { strdup($0) } + [nil]
+        let variables = ProcessInfo.processInfo.environment.merging(environment ?? [:]) { $1 }
+        let envp = variables.map { strdup("\($0.key)=\($0.value)") } + [nil]
+        defer {
+            for pointer in argv { free(pointer) }
+            for pointer in envp { free(pointer) }
+        }
+        var pid = pid_t()
+        let spawned = posix_spawn(&pid, url.path, &actions, &attributes, argv, envp)
+        for fd in [output.write, errors.write, input.read] { close(fd) }
+        guard spawned == 0 else {
+            for fd in [output.read, errors.read, input.write] { close(fd) }
+            throw FixtureLaunchError.spawnFailed(url.path, errno: spawned)
+        }
+        self.pid = pid
+        self.stdoutFD = output.read
+        self.stdinFD = input.write
+
+        // Drain both pipes concurrently, so that a chatty child never blocks on a full pipe.
+        drained.enter()
+        let stdoutBuffer = self.stdoutBuffer, lineArrived = self.lineArrived, stdoutClosed = self.stdoutClosed
+        Thread.detachNewThread { [drained] in
+            var chunk = [UInt8](repeating: 0, count: 65_536)
+            while true {
+                let n = chunk.withUnsafeMutableBytes { read(output.read, $0.baseAddress, $0.count) }
+                if n > 0 {
+                    stdoutBuffer.withLock { $0 += chunk[0..<n] }
+                    lineArrived.signal()
+                } else if n == 0 || errno != EINTR {
+                    break
+                }
+            }
+            close(output.read)
+            stdoutClosed.signal()
+            lineArrived.signal()
+            drained.leave()
+        }
+        drained.enter()
+        let stderrData = self.stderrData
+        Thread.detachNewThread { [drained] in
+            stderrData.withLock { $0 = readToEnd(errors.read) }
+            close(errors.read)
+            drained.leave()
+        }
+        // Feed stdin from a thread that ignores SIGPIPE (a child that exits without reading it
+        // is fine); keep it open when asked, for `closeStdin()` later.
+        if let stdin {
+            let inputFD = input.write
+            let closeAfter = !keepStdinOpen
+            Thread.detachNewThread {
+                var pipeSignal = sigset_t()
+                sigemptyset(&pipeSignal)
+                sigaddset(&pipeSignal, SIGPIPE)
+                pthread_sigmask(SIG_BLOCK, &pipeSignal, nil)
+                writeFully(inputFD, Array(stdin.utf8))
+                if closeAfter { close(inputFD) }
+            }
+        } else if !keepStdinOpen {
+            close(input.write)
+        }
+        let rawStatus = self.rawStatus, exited = self.exited, child = pid
+        Thread.detachNewThread {
+            var raw: Int32 = 0
+            while waitpid(child, &raw, 0) < 0 && errno == EINTR {}
+            rawStatus.withLock { $0 = raw }
+            exited.signal()
+        }
+    }
+
+    /// The next complete stdout line, waiting up to `timeout`; nil at end of output or timeout.
+    func readLine(timeout: Duration = .seconds(30)) -> String? {
+        let deadline = DispatchTime.now() + .nanoseconds(Int(timeout.components.seconds) * 1_000_000_000
+            + Int(timeout.components.attoseconds / 1_000_000_000))
+        while true {
+            let line = stdoutBuffer.withLock { buffer -> String? in
+                guard let newline = buffer[consumed...].firstIndex(of: 0x0A) else { return nil }
+                defer { consumed = newline + 1 }
+                return String(decoding: buffer[consumed..<newline], as: UTF8.self)
+            }
+            if let line { return line }
+            if stdoutClosed.wait(timeout: .now()) == .success {
+                stdoutClosed.signal()
+                return nil
+            }
+            if lineArrived.wait(timeout: deadline) == .timedOut { return nil }
+        }
+    }
+
+    /// Sends `signal` to the child.
+    func send(_ signal: Int32) { kill(pid, signal) }
+
+    /// Closes the child's stdin (it reads end of file), when it was kept open.
+    func closeStdin() { close(stdinFD) }
+
+    /// Whether the child has exited.
+    var hasExited: Bool { rawStatus.value != nil }
+
+    /// Waits for the child to exit (killing it after `timeout`) and returns the whole result:
+    /// all of stdout (including lines already read) and stderr.
+    func waitForExit(timeout: Duration = .seconds(60)) -> FixtureResult {
+        let seconds = Double(timeout.components.seconds) + Double(timeout.components.attoseconds) / 1e18
+        var timedOut = false
+        if exited.wait(timeout: .now() + seconds) == .timedOut {
+            timedOut = true
+            kill(pid, SIGKILL)
+            exited.wait()
+        }
+        exited.signal()
+        drained.wait()
+        let raw = rawStatus.value ?? 0
+        let signal = raw & 0x7f
+        return FixtureResult(
+            status: signal == 0 ? (raw >> 8) & 0xff : signal,
+            crashedBySignal: signal != 0,
+            timedOut: timedOut,
+            stdout: String(decoding: stdoutBuffer.value, as: UTF8.self),
+            stderr: String(decoding: stderrData.value, as: UTF8.self))
+    }
+}
+
+/// Starts the package executable `name` and returns at once (see `ChildProcess`). With
+/// `keepStdinOpen`, stdin is a pipe that stays open until `closeStdin()`.
+func startExecutable(_ name: String, arguments: [String] = [], stdin: String? = nil, keepStdinOpen: Bool = false,
+                     environment: [String: String]? = nil) throws -> ChildProcess
+{
+    try ChildProcess(url: try executableURL(name), arguments: arguments, stdin: stdin, keepStdinOpen: keepStdinOpen,
+                     environment: environment)
+}
+
 private func runBlocking(_ url: URL, _ arguments: [String], _ stdin: String?, _ environment: [String: String]?,
                          _ timeout: Duration) throws -> FixtureResult
 {
-    // posix_spawn rather than Foundation.Process: no global SIGCHLD machinery in the test
-    // process, and nothing left behind for LeakSanitizer.
-    let output = try makePipe()
-    let errors = try makePipe()
-    let input = try makePipe()
-    var actions = posix_spawn_file_actions_t()
-    posix_spawn_file_actions_init(&actions)
-    defer { posix_spawn_file_actions_destroy(&actions) }
-    if stdin == nil {
-        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
-    } else {
-        posix_spawn_file_actions_adddup2(&actions, input.read, 0)
-    }
-    posix_spawn_file_actions_adddup2(&actions, output.write, 1)
-    posix_spawn_file_actions_adddup2(&actions, errors.write, 2)
-    // The child starts with no blocked signals and default handlers, whatever the test thread
-    // (a Dispatch worker blocks most signals) had.
-    var attributes = posix_spawnattr_t()
-    posix_spawnattr_init(&attributes)
-    defer { posix_spawnattr_destroy(&attributes) }
-    var noSignals = sigset_t()
-    sigemptyset(&noSignals)
-    posix_spawnattr_setsigmask(&attributes, &noSignals)
-    var defaults = sigset_t()
-    sigemptyset(&defaults)
-    for signal in [SIGPIPE, SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2, SIGCHLD, SIGALRM] { sigaddset(&defaults, signal) }
-    posix_spawnattr_setsigdefault(&attributes, &defaults)
-    posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
+    try ChildProcess(url: url, arguments: arguments, stdin: stdin, keepStdinOpen: false, environment: environment)
+        .waitForExit(timeout: timeout)
+}
 
-    let argv = ([url.path] + arguments).map { strdup($0) } + [nil]
-    let variables = ProcessInfo.processInfo.environment.merging(environment ?? [:]) { $1 }
-    let envp = variables.map { strdup("\($0.key)=\($0.value)") } + [nil]
-    defer {
-        for pointer in argv { free(pointer) }
-        for pointer in envp { free(pointer) }
+/// Sets close-on-exec on every descriptor of the test process, so a child gets only its three
+/// standard ones: descriptors that other tests (running in parallel) opened without the flag
+/// would otherwise leak into it — and count against a child's descriptor limit.
+private func markDescriptorsCloseOnExec() {
+    guard let names = try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd") else { return }
+    for name in names {
+        guard let fd = Int32(name), fd > 2 else { continue }
+        let flags = fcntl(fd, F_GETFD)
+        if flags >= 0 && flags & FD_CLOEXEC == 0 { _ = fcntl(fd, F_SETFD, flags | FD_CLOEXEC) }
     }
-    var pid = pid_t()
-    let spawned = posix_spawn(&pid, url.path, &actions, &attributes, argv, envp)
-    for fd in [output.write, errors.write, input.read] { close(fd) }
-    guard spawned == 0 else {
-        for fd in [output.read, errors.read, input.write] { close(fd) }
-        throw FixtureLaunchError.spawnFailed(url.path, errno: spawned)
-    }
-
-    // Drain both pipes concurrently, so that a chatty child never blocks on a full pipe; feed
-    // stdin from a thread that ignores SIGPIPE (a child that exits without reading it is fine).
-    let stdoutData = Locked([UInt8]())
-    let stderrData = Locked([UInt8]())
-    let drained = DispatchGroup()
-    for (fd, sink) in [(output.read, stdoutData), (errors.read, stderrData)] {
-        drained.enter()
-        Thread.detachNewThread {
-            sink.withLock { $0 = readToEnd(fd) }
-            close(fd)
-            drained.leave()
-        }
-    }
-    let inputFD = input.write
-    Thread.detachNewThread {
-        var pipeSignal = sigset_t()
-        sigemptyset(&pipeSignal)
-        sigaddset(&pipeSignal, SIGPIPE)
-        pthread_sigmask(SIG_BLOCK, &pipeSignal, nil)
-        if let stdin { writeFully(inputFD, Array(stdin.utf8)) }
-        close(inputFD)
-    }
-
-    let exited = DispatchSemaphore(value: 0)
-    let status = Locked<Int32>(0)
-    let child = pid
-    Thread.detachNewThread {
-        var raw: Int32 = 0
-        while waitpid(child, &raw, 0) < 0 && errno == EINTR {}
-        status.withLock { $0 = raw }
-        exited.signal()
-    }
-    let seconds = Double(timeout.components.seconds) + Double(timeout.components.attoseconds) / 1e18
-    var timedOut = false
-    if exited.wait(timeout: .now() + seconds) == .timedOut {
-        timedOut = true
-        kill(pid, SIGKILL)
-        exited.wait()
-    }
-    drained.wait()
-    let raw = status.value
-    let signal = raw & 0x7f
-    return FixtureResult(
-        status: signal == 0 ? (raw >> 8) & 0xff : signal,
-        crashedBySignal: signal != 0,
-        timedOut: timedOut,
-        stdout: String(decoding: stdoutData.value, as: UTF8.self),
-        stderr: String(decoding: stderrData.value, as: UTF8.self))
 }
 
 private func makePipe() throws -> (read: Int32, write: Int32) {

@@ -73,12 +73,23 @@ final class SignalHub: Sendable {
             let loopID = ObjectIdentifier(source.loop)
             if var registration = state.registrations[signal] {
                 guard registration.loop == loopID else { return .failure(.signalInUse(signal: signal)) }
+                guard let hub = state.hub else { return .failure(.loopClosed) }
                 registration.boxes.append(box)
                 state.registrations[signal] = registration
-                return .success((state.hub ?? Self.startHub(&state), false))
+                return .success((hub, false))
+            }
+            let hub: EventLoop
+            if let existing = state.hub {
+                hub = existing
+            } else {
+                do throws(EventLoopError) {
+                    hub = try Self.startHub(&state)
+                } catch {
+                    return .failure(error)
+                }
             }
             state.registrations[signal] = Registration(loop: loopID, boxes: [box])
-            return .success((state.hub ?? Self.startHub(&state), true))
+            return .success((hub, true))
         }
         let (hub, isFirst) = try outcome.get()
         source.box = box
@@ -129,13 +140,9 @@ final class SignalHub: Sendable {
         for box in boxes { box.deliver() }
     }
 
-    private static func startHub(_ state: inout State) -> EventLoop {
-        let hub: EventLoop
-        do {
-            hub = try EventLoop()
-        } catch {
-            fatalError("Mainspring: cannot create the signal loop: \(error)")
-        }
+    /// Starts the hub loop and its thread. Fails (out of descriptors, say) with the loop's error.
+    private static func startHub(_ state: inout State) throws(EventLoopError) -> EventLoop {
+        let hub = try EventLoop(configuration: .init(), isMainLoop: false)
         let thread = Thread {
             do {
                 try hub.run()

@@ -19,6 +19,10 @@
 /// - The bridge is installed the first time the main thread runs the main loop. Programs that
 ///   call `dispatchMain()` instead never install it (libdispatch then runs the main queue on a
 ///   worker thread, and refuses to be drained by anyone else).
+/// - libdispatch creates the main queue's eventfd on that first run and *aborts the process* if
+///   it cannot (out of descriptors). A program that may run out of descriptors later (a server
+///   under an EMFILE storm) should run the main loop once early — `EventLoop.main.runOnce(blocking:
+///   false)` at start-up — as `mainspring-daemon` does.
 final class MainQueueSource: DescriptorSource {
     init(loop: EventLoop) throws(EventLoopError) {
         try super.init(loop: loop, fd: DispatchMainQueue.handle, events: .read, priority: .normal)
