@@ -16,6 +16,7 @@ var scenarios: [String: @MainActor () throws -> Void] = [
     "wait-for-start": waitForStartScenario,
     "echo": echoScenario,
     "readme-daemon": readmeDaemonScenario,
+    "operations-main-wait": operationsMainWaitScenario,
 ]
 #if MAINSPRING_MAIN_EXECUTOR
 scenarios["main-executor"] = mainExecutorScenario

@@ -612,3 +612,19 @@ struct OperationTests {
         #expect(text.contains("record 10 failed: rejected (empty record)"))
     }
 }
+
+@Suite("Operations on the real main thread (subprocess)")
+struct OperationMainThreadTests {
+    @Test("waitUntilAllOperationsAreFinished(spinning: .main) on the main thread, completions on the main loop",
+          arguments: [[], ["--dispatch-main"]])
+    func mainThreadWait(arguments: [String]) async throws {
+        let result = try await runFixture("operations-main-wait", arguments: arguments)
+        #expect(result.status == 0 && !result.crashedBySignal, "\(result.summary)")
+        #expect(result.int("before") == 0, "no completion can run before the wait spins the main loop")
+        #expect(result["drained"] == "true")
+        #expect(result.int("completions") == 200)
+        #expect(result.int("hooks") == 200)
+        #expect(result.int("drains") == 1)
+        #expect(result.int("off-main") == 0)
+    }
+}
