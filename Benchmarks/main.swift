@@ -15,6 +15,7 @@ let scenarios: [Scenario] = [
     fairnessScenario,
     tinyChunksScenario,
     inputFloodScenario,
+    timelineScenario,
     daemonScenario,
 ]
 
