@@ -5,7 +5,7 @@ LSAN_SUPPRESSIONS := $(CURDIR)/.ci/lsan.supp
 FUZZ_RUNS ?= 200000
 FUZZ_TARGETS := $(notdir $(wildcard Fuzz/Corpus/*))
 
-.PHONY: all deps build test demo bench sanitize tsan asan stress fuzz ci clean
+.PHONY: all deps build test demo bench sanitize tsan asan stress fuzz leaks soak ci clean
 
 all: build
 
@@ -63,6 +63,16 @@ fuzz: deps
 		grep -E "^(Done|stat::number_of_executed_units|stat::peak_rss_mb|==[0-9]+==ERROR|SUMMARY)" .build/fuzz-$$target.log; \
 		[ $$status -eq 0 ] || { echo "fuzzing $$target failed: see .build/fuzz-$$target.log and fuzz-artifacts/"; exit 1; }; \
 	done
+
+## A short scenario (loops, timers, watchers, readers, signals, connections, a feeder, a group)
+## under valgrind memcheck: it fails on any "definitely lost" block.
+leaks: deps
+	@command -v valgrind >/dev/null || { echo "make leaks needs valgrind (apt-get install valgrind)"; exit 1; }
+	$(SWIFT) build --product mainspring-fixture
+	@valgrind --leak-check=full --errors-for-leak-kinds=definite --error-exitcode=1 \
+		--suppressions=.ci/valgrind.supp .build/debug/mainspring-fixture leak-check > .build/leaks.log 2>&1; \
+		status=$$?; grep -E "^(fired|closed|job)=|definitely lost:|indirectly lost:|possibly lost:|ERROR SUMMARY" .build/leaks.log; \
+		[ $$status -eq 0 ] || { echo "memcheck found definitely lost blocks: see .build/leaks.log"; exit 1; }
 
 ## What CI runs: the plain suite, then the sanitizer suites.
 ci: test sanitize

@@ -17,6 +17,7 @@ var scenarios: [String: @MainActor () throws -> Void] = [
     "echo": echoScenario,
     "readme-daemon": readmeDaemonScenario,
     "operations-main-wait": operationsMainWaitScenario,
+    "leak-check": leakCheckScenario,
 ]
 #if MAINSPRING_MAIN_EXECUTOR
 scenarios["main-executor"] = mainExecutorScenario
