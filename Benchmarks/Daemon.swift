@@ -111,7 +111,7 @@ private func loadTest(port: UInt16, duration: Duration, connections: Int = 32, w
 }
 
 /// A blocking loopback client.
-private final class BenchClient {
+final class BenchClient {
     let fd: Int32
     private var buffer: [UInt8] = []
     private var start = 0

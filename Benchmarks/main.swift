@@ -19,6 +19,11 @@ let scenarios: [Scenario] = [
     daemonScenario,
 ]
 
+/// Scenarios that run only when named (minutes long).
+let namedOnlyScenarios: [Scenario] = [
+    soakScenario,
+]
+
 /// Variants that run in a child process (see `runChild`).
 let childEntryPoints: [ChildEntryPoint] = [
     mainQueueChild,
@@ -55,14 +60,16 @@ func main() throws {
             plotDirectory.withLock { $0 = directory }
         case "--help", "-h":
             print("usage: mainspring-bench [scenario …] [--runs N] [--json] [--svg DIR]\n\nscenarios:")
-            for scenario in scenarios { print("  \(scenario.name.padding(toLength: 12, withPad: " ", startingAt: 0))  \(scenario.summary)") }
+            for scenario in scenarios + namedOnlyScenarios { print("  \(scenario.name.padding(toLength: 12, withPad: " ", startingAt: 0))  \(scenario.summary)") }
             return
         default:
             names.append(argument)
         }
     }
     let selected = try names.isEmpty ? scenarios : names.map { name in
-        guard let scenario = scenarios.first(where: { $0.name == name }) else { throw BenchError.unknownScenario(name) }
+        guard let scenario = (scenarios + namedOnlyScenarios).first(where: { $0.name == name }) else {
+            throw BenchError.unknownScenario(name)
+        }
         return scenario
     }
     var records: [BenchRecord] = []
