@@ -3,8 +3,10 @@ import Foundation
 
 /// soak (run only when named; `make soak`): the real `mainspring-daemon` (the release build next
 /// to this executable) under 100 connections × 10,000 pipelined lines, 1,000 connect/disconnect
-/// cycles and one client that never reads, all at once. Counts lost and reordered replies,
-/// samples the daemon's resident memory, and reports the healthy clients' p99 reply latency.
+/// cycles and one client that never reads, all at once, repeated for `SOAK_ROUNDS` rounds (30).
+/// Counts lost and reordered replies, samples the daemon's resident memory (after the first
+/// round and at the end: a leak grows between them), and reports the healthy clients' p99
+/// reply latency. Sizes: `SOAK_CONNECTIONS`, `SOAK_LINES`, `SOAK_CYCLES`, `SOAK_ROUNDS`.
 let soakScenario = Scenario(
     name: "soak",
     summary: "the daemon under 100 × 10,000 lines, 1,000 connection cycles and a non-reading client (minutes)"
@@ -12,6 +14,7 @@ let soakScenario = Scenario(
     let connections = Int(ProcessInfo.processInfo.environment["SOAK_CONNECTIONS"] ?? "") ?? 100
     let lines = Int(ProcessInfo.processInfo.environment["SOAK_LINES"] ?? "") ?? 10_000
     let cycles = Int(ProcessInfo.processInfo.environment["SOAK_CYCLES"] ?? "") ?? 1_000
+    let rounds = max(1, Int(ProcessInfo.processInfo.environment["SOAK_ROUNDS"] ?? "") ?? 30)
     let daemon = Process()
     daemon.executableURL = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
         .deletingLastPathComponent().appendingPathComponent("mainspring-daemon")
@@ -54,6 +57,8 @@ let soakScenario = Scenario(
 
     let tally = Guarded<(lost: Int, reordered: Int, replies: Int, latencies: [Double], cycles: Int)>((0, 0, 0, [], 0))
     let start = nowNanoseconds()
+    var afterFirstRound = 0
+    for round in 0..<rounds {
     let workers = DispatchGroup()
     for c in 0..<connections {
         workers.enter()
@@ -102,6 +107,10 @@ let soakScenario = Scenario(
         }
     }.start()
     workers.wait()
+    if round == 0 { afterFirstRound = rss(of: pid) }
+    FileHandle.standardError.write(Data("soak round \(round + 1)/\(rounds): rss \(rss(of: pid) / 1_048_576) MB\n".utf8))
+    }
+    let endRSS = rss(of: pid)
     let seconds = Double(nowNanoseconds() - start) / 1e9
     stop.withLock { $0 = true }
     _ = slow
@@ -115,7 +124,10 @@ let soakScenario = Scenario(
         ("reordered_replies", Double(reordered)),
         ("connect_cycles", Double(completedCycles)),
         ("rss_start_mb", Double(startRSS) / 1_048_576),
+        ("rss_after_round_1_mb", Double(afterFirstRound) / 1_048_576),
+        ("rss_end_mb", Double(endRSS) / 1_048_576),
         ("rss_peak_mb", Double(peak) / 1_048_576),
+        ("rounds", Double(rounds)),
         ("seconds", seconds),
     ])
     return samples.records(scenario: "soak")
