@@ -89,30 +89,14 @@ func onFreshThread<T>(_ body: @escaping @Sendable () -> T) -> T {
 /// Runs this executable again as a child (`--child <args>`) and returns the figures it prints
 /// as a JSON object on its last stdout line. For variants that need a process of their own
 /// (the process main thread, `dispatchMain()` that never returns).
-func runChild(_ arguments: [String], timeout: Duration = .seconds(120)) throws -> [String: Double] {
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
-    process.arguments = ["--child"] + arguments
-    let output = Foundation.Pipe()
-    process.standardOutput = output
-    process.standardInput = FileHandle.nullDevice
-    try process.run()
-    let data = output.fileHandleForReading.readDataToEndOfFile()
-    process.waitUntilExit()
-    guard process.terminationStatus == 0,
-          let line = String(decoding: data, as: UTF8.self).split(separator: "\n").last,
-          let figures = try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Double]
-    else {
-        throw BenchError.childFailed(arguments.joined(separator: " "), process.terminationStatus)
-    }
-    return figures
+func runChild(_ arguments: [String]) throws -> [String: Double] {
+    let object = try runChildJSON(arguments)
+    return object.compactMapValues { $0 as? Double }
 }
 
 /// Prints a child's figures as one JSON line and exits.
 func childReport(_ figures: [String: Double]) -> Never {
-    let data = try! JSONSerialization.data(withJSONObject: figures, options: [.sortedKeys])
-    FileHandle.standardOutput.write(Data((String(decoding: data, as: UTF8.self) + "\n").utf8))
-    exit(0)
+    childReportJSON(figures)
 }
 
 enum BenchError: Error, CustomStringConvertible {
@@ -187,9 +171,9 @@ func format(_ value: Double) -> String {
 
 // MARK: Children that report series, and plots
 
-/// Like `runChild`, for a child that reports with `childReportJSON`: returns its JSON object
-/// (numbers and arrays of numbers).
-func runChildJSON(_ arguments: [String], timeout: Duration = .seconds(120)) throws -> [String: Any] {
+/// Runs this executable again as a child (`--child <args>`) and returns the JSON object it
+/// prints on its last stdout line (numbers, and arrays of numbers for series).
+func runChildJSON(_ arguments: [String]) throws -> [String: Any] {
     let process = Process()
     process.executableURL = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
     process.arguments = ["--child"] + arguments
