@@ -45,8 +45,8 @@ asan: deps
 
 ## The stress tests scaled up ×100 (minutes).
 stress: deps
-	$(SWIFT) build --build-tests -c release
-	STRESS=1 $(SWIFT) test --skip-build -c release --filter StressTests
+	$(SWIFT) build --build-tests -c release -Xswiftc -enable-testing --scratch-path .build/stress
+	STRESS=1 $(SWIFT) test --skip-build -c release --scratch-path .build/stress --filter StressTests
 
 ## Each libFuzzer harness for FUZZ_RUNS executions, starting from the committed seed corpus
 ## (new finds go to .build/fuzz-corpus, not into the repository). A crash stops it and leaves
@@ -86,4 +86,4 @@ ci: test sanitize
 
 clean:
 	$(SWIFT) package clean
-	rm -rf .build/tsan .build/asan
+	rm -rf .build/tsan .build/asan .build/stress .build/fuzz

@@ -108,6 +108,9 @@ struct StressTests {
                 loop.spin(until: { handled > 0 }, timeout: .seconds(5))
                 loop.runOnce(blocking: false)
                 #expect(handled == 1)
+                // The pipes must stay open until the watchers are done: a release build may
+                // otherwise free them (and close their fds) right after their last use above.
+                withExtendedLifetime(pipes) {}
             }
             return ranAfterCancel
         }

@@ -48,6 +48,12 @@ final class LineReaderSource: DescriptorSource {
         events.removeAll(keepingCapacity: true)
     }
 
+    override func endStale() {
+        // The fd was closed behind the reader's back and its number reused.
+        events.append(.error(9 /* EBADF */))
+        deliver()
+    }
+
     override func didClose() { handler = nil }
 }
 

@@ -27,15 +27,24 @@ extension Watcher: Sendable {}
 /// are always ready: the source is then queued once per loop turn instead.
 class DescriptorSource: Source {
     let fd: Int32
+    /// Which file `fd` named when the watch began (device and inode).
+    let file: FileIdentity?
     private(set) var isAlwaysReady = false
 
     init(loop: EventLoop, fd: Int32, events: IOEvents, priority: Priority) throws(EventLoopError) {
         self.fd = fd
+        self.file = FileIdentity(of: fd)
         super.init(loop: loop, priority: priority)
-        guard isOpenDescriptor(fd) else {
+        guard isOpenDescriptor(fd), let file else {
             close()
             throw .badDescriptor(fd)
         }
+        // A watcher whose fd was closed behind its back (without cancelling it) is dead — epoll
+        // dropped the closed file — and, worse, libevent still counts its interest in that fd
+        // *number*, so it would not register the new file that reuses the number: a new watcher
+        // would never fire. Such stale watchers are recognised by their file's identity and
+        // closed first.
+        loop.closeStaleDescriptorSources(fd: fd, file: file, except: self)
         guard epollAccepts(fd) else {
             // epoll refuses regular files and some character devices (/dev/null): they never
             // block, so they are ready on every turn.
@@ -59,6 +68,21 @@ class DescriptorSource: Source {
 
     override func didRun() {
         if isAlwaysReady { loop.enqueueNextTurn(source: self) }
+    }
+
+    /// Called when the source is found stale (its fd was closed and the number reused): ends it.
+    /// Line readers report `.error(EBADF)` first.
+    func endStale() { close() }
+}
+
+extension EventLoop {
+    /// Closes the open fd sources on `fd` whose file is no longer the one now behind `fd`.
+    func closeStaleDescriptorSources(fd: Int32, file: FileIdentity, except current: DescriptorSource) {
+        for source in openSources {
+            guard let watcher = source as? DescriptorSource, watcher !== current, watcher.fd == fd,
+                  watcher.file != file else { continue }
+            watcher.endStale()
+        }
     }
 }
 

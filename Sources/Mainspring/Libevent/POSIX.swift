@@ -39,6 +39,19 @@ func unblockSignalInCurrentThread(_ signal: Int32) {
 /// Whether `fd` names an open file description.
 func isOpenDescriptor(_ fd: Int32) -> Bool { fd >= 0 && fcntl(fd, F_GETFD) != -1 }
 
+/// Which file an fd names: its device and inode (nil when `fd` is not open).
+struct FileIdentity: Equatable {
+    let device: UInt64
+    let inode: UInt64
+
+    init?(of fd: Int32) {
+        var st = stat()
+        guard fd >= 0, fstat(fd, &st) == 0 else { return nil }
+        device = UInt64(st.st_dev)
+        inode = UInt64(st.st_ino)
+    }
+}
+
 /// Whether `fd` is a regular file (epoll refuses those: they are always ready).
 func isRegularFile(_ fd: Int32) -> Bool {
     var st = stat()

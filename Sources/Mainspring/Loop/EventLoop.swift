@@ -443,6 +443,9 @@ public final class EventLoop: @unchecked Sendable {
     /// The number of open sources (timers, watchers, readers) on this loop.
     var sourceCount: Int { sources.count }
 
+    /// The open sources (a copy). Loop thread only.
+    var openSources: [Source] { Array(sources.values) }
+
     // MARK: The iteration
 
     private var hasReadyWork: Bool {
