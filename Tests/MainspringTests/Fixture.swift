@@ -77,6 +77,15 @@ func runFixture(_ scenario: String, arguments: [String] = [], stdin: String? = n
 func runExecutable(_ name: String, arguments: [String] = [], stdin: String? = nil,
                    environment: [String: String]? = nil, timeout: Duration = .seconds(60)) async throws -> FixtureResult
 {
+    try await runExecutable(name, arguments: arguments, stdinBytes: stdin.map { Array($0.utf8) },
+                            environment: environment, timeout: timeout)
+}
+
+/// `runExecutable(_:arguments:stdin:environment:timeout:)` with stdin given as bytes, for input
+/// that is not UTF-8 (`nil`: `/dev/null`).
+func runExecutable(_ name: String, arguments: [String] = [], stdinBytes stdin: [UInt8]?,
+                   environment: [String: String]? = nil, timeout: Duration = .seconds(60)) async throws -> FixtureResult
+{
     let url = try executableURL(name)
     return try await withCheckedThrowingContinuation { continuation in
         let thread = Thread {
@@ -108,7 +117,7 @@ func executableURL(_ name: String) throws -> URL {
     throw FixtureLaunchError.executableNotFound(name, searched: directories.map(\.path))
 }
 
-private func runBlocking(_ url: URL, _ arguments: [String], _ stdin: String?, _ environment: [String: String]?,
+private func runBlocking(_ url: URL, _ arguments: [String], _ stdin: [UInt8]?, _ environment: [String: String]?,
                          _ timeout: Duration) throws -> FixtureResult
 {
     // posix_spawn rather than Foundation.Process: no global SIGCHLD machinery in the test
@@ -174,7 +183,7 @@ private func runBlocking(_ url: URL, _ arguments: [String], _ stdin: String?, _ 
         sigemptyset(&pipeSignal)
         sigaddset(&pipeSignal, SIGPIPE)
         pthread_sigmask(SIG_BLOCK, &pipeSignal, nil)
-        if let stdin { writeFully(inputFD, Array(stdin.utf8)) }
+        if let stdin { writeFully(inputFD, stdin) }
         close(inputFD)
     }
 
