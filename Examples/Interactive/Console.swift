@@ -17,7 +17,7 @@ final class Console {
     /// Whether stdin is the same kind of terminal, echoing what the user types.
     let echoesInput: Bool
     /// Columns the bar takes, padded, so that a redraw covers the previous one exactly: what
-    /// the terminal has, less room to type a command after it (at most 64).
+    /// the terminal has, less room to type a command after it (at most 66).
     let barWidth: Int
     /// What follows the bar when the user types after it.
     let prompt: String
@@ -33,17 +33,19 @@ final class Console {
         var size = winsize()
         let columns = isTerminal && ioctl(STDOUT_FILENO, UInt(TIOCGWINSZ), &size) == 0 && size.ws_col > 0
             ? Int(size.ws_col) : 80
-        barWidth = max(20, min(64, columns - (echoesInput ? 16 : 1)))
+        barWidth = max(20, min(66, columns - (echoesInput ? 16 : 1)))
     }
 
-    /// Writes `text` and a newline (the bar, if shown, is cleared first).
+    /// Writes `text` and a newline below the bar (see `lines`).
     func line(_ text: String) {
-        write(clearBar() + text + "\n")
+        lines([text])
     }
 
-    /// Writes several lines at once.
+    /// Writes lines where the bar was: the bar is cleared first — except when the user may be
+    /// typing after it (an echoing terminal, and the output is not a reply to a line just
+    /// entered): then the bar's line is ended and kept, with what was typed so far.
     func lines(_ texts: [String]) {
-        write(clearBar() + texts.map { $0 + "\n" }.joined())
+        write(leaveBar(keepingTypedText: echoesInput) + texts.map { $0 + "\n" }.joined())
     }
 
     /// Shows `bar` (and the prompt) in place of the previous bar, on a terminal; does nothing
@@ -70,13 +72,13 @@ final class Console {
 
     /// Clears the bar for good (before the final output).
     func removeBar() {
-        write(clearBar())
+        write(leaveBar(keepingTypedText: false))
     }
 
-    private func clearBar() -> String {
+    private func leaveBar(keepingTypedText: Bool) -> String {
         guard barShown else { return "" }
         barShown = false
-        return "\r\u{1B}[K"
+        return keepingTypedText ? "\n" : "\r\u{1B}[K"
     }
 
     private func write(_ text: String) {

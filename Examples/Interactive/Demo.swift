@@ -119,7 +119,7 @@ final class Demo {
             console.line(json(report))
             return
         }
-        var lines = [resultLine()]
+        var lines = resultLines()
         if options.mode == .simulate {
             lines.append("fairness report (input: a record every 10 ms through a pipe):")
             lines += report.table.split(separator: "\n").map { "  " + $0 }
@@ -161,8 +161,8 @@ final class Demo {
     /// chunk reads `chunkSize` when it runs, so `chunk <n>` applies from the next chunk on.
     private func startFeeding() {
         let feeder = Feeder(loop: loop, pacing: options.pacing)
-        // One element per chunk still needed; the feeder asks for the next one after each chunk.
-        let chunks = sequence(state: ()) { [self] _ in sieve.isDone ? nil : () }
+        // One element per chunk still needed: the feeder asks for the next one after each chunk.
+        let chunks = AnyIterator { [self] in sieve.isDone ? nil : () }
         let job = feeder.feed(chunks) { [self] _ in sieve.sieveNext(chunkSize) }
         job.onCompletion { [self] outcome in jobFinished(outcome) }
         self.job = job
@@ -205,7 +205,7 @@ final class Demo {
         ticker?.cancel()
         input?.stop()
         if options.mode == .interactive && !inputEnded {
-            console.lines([resultLine(), "('stats' for the fairness report; 'quit' or Ctrl-D to exit)"])
+            console.lines(resultLines() + ["('stats' for the fairness report; 'quit' or Ctrl-D to exit)"])
         }
         showProgress()
         stopWhenDone()
@@ -263,7 +263,7 @@ final class Demo {
 
     private func perform(_ command: DemoCommand) {
         switch command {
-        case .status: console.line("status: " + statusText())
+        case .status: console.lines(statusLines())
         case .pause: pause()
         case .resume: resume()
         case .cancel: cancel(because: "cancel")
@@ -287,8 +287,7 @@ final class Demo {
     private func pause() {
         if let outcome { return console.line("pause: the job has already \(outcome)") }
         guard let job else {
-            return console.line("pause: impossible with --naive: every chunk is already queued on the loop"
-                + " (that is what a Feeder avoids)")
+            return console.line("pause: impossible with --naive: every chunk is queued already (a Feeder avoids that)")
         }
         if job.isPaused { return console.line("pause: already paused") }
         job.pause()
@@ -409,7 +408,7 @@ final class Demo {
     }
 
     private func barText() -> String {
-        let cells = 24
+        let cells = 20
         let fraction = sieve.progress
         let filled = min(cells, Int(fraction * Double(cells)))
         let bar = "[" + String(repeating: "#", count: filled) + String(repeating: "-", count: cells - filled) + "]"
@@ -420,26 +419,33 @@ final class Demo {
 
     // MARK: Reports
 
-    private func statusText() -> String {
+    private func statusLines() -> [String] {
         switch phase {
         case .running, .paused:
-            let size = job == nil ? "" : " of \(grouped(chunkSize))"
-            return "\(phase.rawValue), \(formatPercent(sieve.progress)): \(grouped(sieve.count)) primes below "
-                + "\(grouped(sieve.position)) (\(grouped(chunksRun)) chunks\(size), \(formatSeconds(elapsed.seconds)))"
+            let numbers = job == nil ? "" : ", \(grouped(chunkSize)) numbers per chunk"
+            return [
+                "status: \(phase.rawValue), \(formatPercent(sieve.progress)) in \(formatSeconds(elapsed.seconds)): "
+                    + "\(grouped(sieve.count)) primes below \(grouped(sieve.position))",
+                "        \(grouped(chunksRun)) chunks so far\(numbers)",
+            ]
         case .completed, .cancelled:
-            return resultText()
+            return ["status: \(phase.rawValue)"] + resultLines()
         }
     }
 
-    /// What the job found: `98,222,287 primes below 2,000,000,000 (completed: 20,000 chunks, 5.63 s)`.
-    private func resultText() -> String {
+    /// What the job found, and what it took:
+    /// ```
+    /// result: 98,222,287 primes below 2,000,000,000 (completed)
+    /// job: 20,000 chunks in 5.63 s
+    /// ```
+    private func resultLines() -> [String] {
         let how = phase == .completed ? "completed" : "\(phase.rawValue) at \(formatPercent(sieve.progress))"
         let paused = pausedTotal >= .milliseconds(10) ? ", \(formatSeconds(pausedTotal.seconds)) of it paused" : ""
-        return "\(grouped(sieve.count)) primes below \(grouped(sieve.position)) "
-            + "(\(how): \(grouped(chunksRun)) chunks, \(formatSeconds(elapsed.seconds))\(paused))"
+        return [
+            "result: \(grouped(sieve.count)) primes below \(grouped(sieve.position)) (\(how))",
+            "job: \(grouped(chunksRun)) chunks in \(formatSeconds(elapsed.seconds))\(paused)",
+        ]
     }
-
-    private func resultLine() -> String { "result: " + resultText() }
 
     private func fairnessReport() -> FairnessReport {
         var metrics = loop.metrics

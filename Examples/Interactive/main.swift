@@ -17,6 +17,16 @@ case .failure(let error):
     exit(2)
 }
 
+// A closed stdin would let the next descriptor opened (the loop's own eventfd) become fd 0. With
+// simulated input, give fd 0 to /dev/null; when commands should be read from it, say so.
+if fcntl(STDIN_FILENO, F_GETFD) == -1 {
+    guard options.mode == .simulate else {
+        FileHandle.standardError.write(Data("mainspring-demo: stdin is closed: no commands to read (--simulate does not read it)\n".utf8))
+        exit(1)
+    }
+    _ = open("/dev/null", O_RDONLY)  // the lowest free descriptor: 0
+}
+
 let stdoutIsTerminal = isatty(STDOUT_FILENO) == 1
 let console = Console(
     isTerminal: stdoutIsTerminal && !options.json,

@@ -53,9 +53,11 @@ struct DemoTests {
             "error: ignored a line of 5,000,000 bytes (commands are at most 4,096 bytes)",
             "error: 'chunk' needs a number, e.g. 'chunk 50000' (type 'help' for the commands)",
             "resumed at ",
-            "status: ",
+            "status: running, ",
+            "50,000 numbers per chunk",
             "end of input: letting the job finish",
-            "result: \(Self.primesBelow2M) (completed: ",
+            "result: \(Self.primesBelow2M) (completed)",
+            "job: ",
         ]
         var position = 0
         for text in expected {
@@ -71,8 +73,8 @@ struct DemoTests {
             #expect(lines.contains { $0.hasPrefix("  \(command) ") }, "help line for \(command)")
         }
         // The status while paused says so and shows the chunk size then in force.
-        let pausedStatus = lines.first { $0.hasPrefix("status: paused, ") }
-        #expect(pausedStatus?.contains("of 100,000") == true, "\(pausedStatus ?? "none")")
+        let pausedStatus = Self.index(of: "status: paused, ", in: lines)
+        #expect(pausedStatus.map { lines[$0 + 1].contains("100,000 numbers per chunk") } == true, "\(result.stdout)")
         // No raw control byte reaches the output.
         #expect(!result.stdout.unicodeScalars.contains { $0.value < 0x20 && $0 != "\n" })
         // The summary: result, fairness, progress timer.
@@ -88,6 +90,7 @@ struct DemoTests {
             stdin: "status\n", timeout: .seconds(120))
         #expect(result.status == 0 && !result.timedOut, "\(result.summary)")
         #expect(result.stdout.contains("status: running, "), "\(result.stdout)")
+        #expect(result.stdout.contains(" chunks so far, 100,000 numbers per chunk"), "\(result.stdout)")
         #expect(result.stdout.contains("end of input (--cancel-on-eof): cancelling the job at "), "\(result.stdout)")
         #expect(result.stdout.contains("(cancelled at "), "\(result.stdout)")
         #expect(!result.stdout.contains("(completed"), "\(result.stdout)")
@@ -137,7 +140,8 @@ struct DemoTests {
         #expect(result.status == 0, "\(result.summary)")
         #expect(result.stdout.contains("Simulated input: "), "\(result.stdout)")
         #expect(result.stdout.contains("one chunk per turn"), "\(result.stdout)")
-        #expect(result.stdout.contains("result: \(Self.primesBelow2M) (completed: 20 chunks"), "\(result.stdout)")
+        #expect(result.stdout.contains("result: \(Self.primesBelow2M) (completed)\njob: 20 chunks in "),
+                "\(result.stdout)")
         #expect(result.stdout.contains("fairness report"), "\(result.stdout)")
         for row in ["input events", "input p50", "input p99", "work share", "longest starvation", "stalls", "overhead"] {
             #expect(result.stdout.contains("  \(row) "), "row \(row): \(result.stdout)")
@@ -167,7 +171,8 @@ struct DemoTests {
         #expect(typed.status == 0, "\(typed.summary)")
         #expect(typed.stdout.contains("pause: impossible with --naive"), "\(typed.stdout)")
         #expect(typed.stdout.contains("chunk: impossible with --naive"), "\(typed.stdout)")
-        #expect(typed.stdout.contains("result: \(Self.primesBelow2M) (completed: 20 chunks"), "\(typed.stdout)")
+        #expect(typed.stdout.contains("result: \(Self.primesBelow2M) (completed)\njob: 20 chunks in "),
+                "\(typed.stdout)")
     }
 
     @Test("bad command lines: usage on stderr, exit 2; --help: usage on stdout, exit 0")
