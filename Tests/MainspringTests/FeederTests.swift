@@ -242,6 +242,32 @@ struct FeederTests {
         #expect(finalCount == 1_051)
     }
 
+    @Test("a pause between turns (of the job or the feeder) is not counted as starvation")
+    func pauseIsNotStarvation() async throws {
+        let (jobPaused, feederPaused) = try await onLoopThread { loop -> (FeedJob.Statistics, FeedJob.Statistics) in
+            /// Pauses after 5 of 20 chunks, from the loop between two turns (as an input handler
+            /// would), for 600 ms; returns the job's statistics once it finished.
+            func run(pausingFeeder: Bool) -> FeedJob.Statistics {
+                let feeder = Feeder(loop: loop, pacing: .oneChunkPerTurn)
+                let job = feeder.feed(chunks: 20) { _ in }
+                loop.spin(until: { job.progress.completed >= 5 }, timeout: .seconds(5))
+                if pausingFeeder { feeder.pause() } else { job.pause() }
+                loop.spin(until: { false }, timeout: .milliseconds(600))
+                if pausingFeeder { feeder.resume() } else { job.resume() }
+                loop.spin(until: { job.isFinished }, timeout: .seconds(5))
+                return job.statistics
+            }
+            return (run(pausingFeeder: false), run(pausingFeeder: true))
+        }
+        for statistics in [jobPaused, feederPaused] {
+            #expect(statistics.chunks == 20)
+            // The pause is in the wall-clock time, not in the longest gap (generous bound: a
+            // loaded machine may delay a turn, but not by the 600 ms pause).
+            #expect(statistics.elapsed >= .milliseconds(600))
+            #expect(statistics.longestGap < .milliseconds(300), "longest gap \(statistics.longestGap)")
+        }
+    }
+
     @Test("cancelling a paused job finishes it at once; cancelAll drops queued work, later work runs")
     func cancelPausedAndCancelAll() async throws {
         let result = try await onLoopThread { loop -> (FeedOutcome?, FeedOutcome?, FeedOutcome?, [String]) in

@@ -77,6 +77,15 @@ func runFixture(_ scenario: String, arguments: [String] = [], stdin: String? = n
 func runExecutable(_ name: String, arguments: [String] = [], stdin: String? = nil,
                    environment: [String: String]? = nil, timeout: Duration = .seconds(60)) async throws -> FixtureResult
 {
+    try await runExecutable(name, arguments: arguments, stdinBytes: stdin.map { Array($0.utf8) },
+                            environment: environment, timeout: timeout)
+}
+
+/// `runExecutable(_:arguments:stdin:environment:timeout:)` with stdin given as bytes, for input
+/// that is not UTF-8 (`nil`: `/dev/null`).
+func runExecutable(_ name: String, arguments: [String] = [], stdinBytes stdin: [UInt8]?,
+                   environment: [String: String]? = nil, timeout: Duration = .seconds(60)) async throws -> FixtureResult
+{
     let url = try executableURL(name)
     return try await withCheckedThrowingContinuation { continuation in
         let thread = Thread {
@@ -123,7 +132,7 @@ final class ChildProcess: @unchecked Sendable {
     private let rawStatus = Locked<Int32?>(nil)
     private var consumed = 0
 
-    fileprivate init(url: URL, arguments: [String], stdin: String?, keepStdinOpen: Bool,
+    fileprivate init(url: URL, arguments: [String], stdin: [UInt8]?, keepStdinOpen: Bool,
                      environment: [String: String]?) throws
     {
         // posix_spawn rather than Foundation.Process: no global SIGCHLD machinery in the test
@@ -210,7 +219,7 @@ final class ChildProcess: @unchecked Sendable {
                 sigemptyset(&pipeSignal)
                 sigaddset(&pipeSignal, SIGPIPE)
                 pthread_sigmask(SIG_BLOCK, &pipeSignal, nil)
-                writeFully(inputFD, Array(stdin.utf8))
+                writeFully(inputFD, stdin)
                 if closeAfter { close(inputFD) }
             }
         } else if !keepStdinOpen {
@@ -281,11 +290,11 @@ final class ChildProcess: @unchecked Sendable {
 func startExecutable(_ name: String, arguments: [String] = [], stdin: String? = nil, keepStdinOpen: Bool = false,
                      environment: [String: String]? = nil) throws -> ChildProcess
 {
-    try ChildProcess(url: try executableURL(name), arguments: arguments, stdin: stdin, keepStdinOpen: keepStdinOpen,
-                     environment: environment)
+    try ChildProcess(url: try executableURL(name), arguments: arguments, stdin: stdin.map { Array($0.utf8) },
+                     keepStdinOpen: keepStdinOpen, environment: environment)
 }
 
-private func runBlocking(_ url: URL, _ arguments: [String], _ stdin: String?, _ environment: [String: String]?,
+private func runBlocking(_ url: URL, _ arguments: [String], _ stdin: [UInt8]?, _ environment: [String: String]?,
                          _ timeout: Duration) throws -> FixtureResult
 {
     try ChildProcess(url: url, arguments: arguments, stdin: stdin, keepStdinOpen: false, environment: environment)

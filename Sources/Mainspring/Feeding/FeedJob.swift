@@ -87,6 +87,9 @@ public final class FeedJob: Sendable {
 
     /// `pausedFlag | cancelledFlag`; any thread sets them, the feeder reads them before each chunk.
     let control = Atomic<Int>(0)
+    /// How many times `pause()` was called: a gap between two chunks that spans a pause is not
+    /// starvation (the feeder compares it with `Local.pausesSeen`).
+    let pauses = Atomic<Int>(0)
     static let pausedFlag = 1
     static let cancelledFlag = 2
 
@@ -104,6 +107,8 @@ public final class FeedJob: Sendable {
         var handlers: [(FeedOutcome) -> Void] = []
         /// The end of the previous chunk while the job runs uninterrupted; 0 after a pause.
         var previousEnd: UInt64 = 0
+        /// The job's and its feeder's pause counts when the job last ran (see `Feeder.run`).
+        var pausesSeen = 0
         init(runner: FeedRunner) { self.runner = runner }
     }
 
@@ -143,6 +148,7 @@ public final class FeedJob: Sendable {
     /// Holds the job back after the chunk in progress, until `resume()`. The feeder goes on with
     /// the work queued behind it. Any thread; no effect on a finished job.
     public func pause() {
+        pauses.wrappingAdd(1, ordering: .relaxed)
         control.bitwiseOr(Self.pausedFlag, ordering: .releasing)
     }
 

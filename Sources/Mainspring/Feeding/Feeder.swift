@@ -63,6 +63,8 @@ public final class Feeder: Sendable {
     /// it before every chunk and re-evaluates when it changed.
     private let control = Atomic<Int>(0)
     private static let pausedFlag = 1
+    /// How many times `pause()` was called (see `FeedJob.pauses`).
+    private let pauses = Atomic<Int>(0)
     /// Set by `FeedJob.cancel`: the next turn finishes cancelled jobs.
     private let sweepRequested = Atomic<Bool>(false)
     private let shared = Protected<Shared>(Shared())
@@ -207,6 +209,7 @@ public final class Feeder: Sendable {
     /// Stops running chunks after the chunk in progress, until `resume()`. Submissions are kept.
     /// Any thread.
     public func pause() {
+        pauses.wrappingAdd(1, ordering: .relaxed)
         control.bitwiseOr(Self.pausedFlag, ordering: .releasing)
     }
 
@@ -334,6 +337,13 @@ public final class Feeder: Sendable {
         guard let runner = jobLocal.runner else {
             job.finish(.cancelled)
             return .finished(ranAny: false)
+        }
+        // Paused (the job or the feeder) since the job's last chunk, even between two turns where
+        // no chunk noticed it: the wait was a pause, not starvation.
+        let pausesNow = job.pauses.load(ordering: .relaxed) &+ pauses.load(ordering: .relaxed)
+        if pausesNow != jobLocal.pausesSeen {
+            jobLocal.pausesSeen = pausesNow
+            jobLocal.previousEnd = 0
         }
         let clock = loop.clock
         var chunkTime: UInt64 = 0
