@@ -65,48 +65,56 @@ while !arguments.isEmpty {
     }
 }
 
-// Run the main loop once now: that installs its Dispatch main-queue bridge, for which
-// libdispatch creates an eventfd — and aborts the process if it cannot. Later, with every
-// descriptor taken by clients (EMFILE), would be too late.
-EventLoop.main.runOnce(blocking: false)
-
-let service: LineService
-do {
-    service = try LineService(group: try EventLoopGroup(loopCount: loops), host: host, port: port, options: options)
-} catch {
-    FileHandle.standardError.write(Data("mainspring-daemon: cannot listen on \(host):\(port): \(error)\n".utf8))
-    exit(1)
-}
-let shown = host.contains(":") ? "[\(host)]" : host
-say("listening on \(shown):\(service.port) with \(loops) loop(s)")
-
 /// Runs on the main thread's loop, where the signals arrive.
 final class Daemon {
-    let service: LineService
     let grace: Duration
+    var service: LineService?
     private var stopping = false
 
-    init(service: LineService, grace: Duration) {
-        self.service = service
-        self.grace = grace
-    }
+    init(grace: Duration) { self.grace = grace }
 
     func shutDown(_ name: String) {
-        guard !stopping else { return }
+        guard !stopping, let service else { return }
         stopping = true
         say("\(name): draining (up to \(grace))…", to: .standardError)
         let report = service.shutdown(gracePeriod: grace)
         say("stopped: \(service.currentStats); \(report)", to: .standardError)
         EventLoop.main.stop()
     }
+
+    func printStats() {
+        if let service { say("stats: \(service.currentStats)", to: .standardError) }
+    }
 }
 
-let daemon = Daemon(service: service, grace: grace)
+// Everything that needs a file descriptor of its own is set up before the service accepts its
+// first connection: once clients may have taken every descriptor (EMFILE), it would be too late.
+// - The signal watchers (their loop has an eventfd, an epoll and a timerfd).
+// - The main loop's Dispatch main-queue bridge, installed by running the loop once: libdispatch
+//   creates an eventfd for it, and aborts the process if it cannot.
+let daemon = Daemon(grace: grace)
+let main = EventLoop.main
 do {
-    let main = EventLoop.main
     _ = try main.onSignal(SIGINT) { daemon.shutDown("SIGINT") }
     _ = try main.onSignal(SIGTERM) { daemon.shutDown("SIGTERM") }
-    _ = try main.onSignal(SIGHUP) { say("stats: \(daemon.service.currentStats)", to: .standardError) }
+    _ = try main.onSignal(SIGHUP) { daemon.printStats() }
+} catch {
+    FileHandle.standardError.write(Data("mainspring-daemon: cannot watch signals: \(error)\n".utf8))
+    exit(1)
+}
+main.runOnce(blocking: false)
+
+do {
+    let service = try LineService(group: try EventLoopGroup(loopCount: loops), host: host, port: port, options: options)
+    daemon.service = service
+    let shown = host.contains(":") ? "[\(host)]" : host
+    say("listening on \(shown):\(service.port) with \(loops) loop(s)")
+} catch {
+    FileHandle.standardError.write(Data("mainspring-daemon: cannot listen on \(host):\(port): \(error)\n".utf8))
+    exit(1)
+}
+
+do {
     try main.run()
 } catch {
     FileHandle.standardError.write(Data("mainspring-daemon: \(error)\n".utf8))
