@@ -75,3 +75,42 @@ struct QuickStartTests {
         #expect(report.inputLatency.count >= 5)
     }
 }
+
+/// The README's daemon shape, compiled and exercised on an ephemeral port (no signal: the test
+/// shuts the group down itself).
+@Suite("README daemon on an EventLoopGroup")
+struct ReadmeGroupDaemonTests {
+    @Test("the README's group daemon answers lines and shuts down cleanly")
+    func groupDaemon() async throws {
+        let group = try EventLoopGroup(loopCount: 2)
+        let acceptor = group.loops[0]
+        let port = Locked<UInt16>(0)
+        let ready = DispatchSemaphore(value: 0)
+        acceptor.execute {
+            let listener = try? Listener(host: "127.0.0.1", port: 0, on: acceptor, group: group,
+                                         options: .init(maxLineLength: 4_096, outputLimit: 256 << 10,
+                                                        idleTimeout: .seconds(300))) { connection in
+                connection.readLines { event in
+                    switch event {
+                    case .line(let text): connection.writeLine("you said: \(text)")
+                    case .tooLong, .invalidUTF8: connection.writeLine("ERR bad line")
+                    case .endOfFile, .error: connection.close()
+                    }
+                }
+                connection.onClose { _ in }
+            }
+            port.withLock { $0 = listener?.port ?? 0 }
+            ready.signal()
+        }
+        ready.wait()
+        let client = try TestClient(port: port.value)
+        client.send("hi\n")
+        #expect(client.readLine() == "you said: hi")
+        client.send(String(repeating: "x", count: 5_000) + "\n")
+        #expect(client.readLine() == "ERR bad line")
+        client.shutdownWrite()
+        #expect(client.readLine() == nil)
+        let report = group.shutdown(gracePeriod: .seconds(5))
+        #expect(report.droppedWork == 0 && !report.timedOut)
+    }
+}
