@@ -97,24 +97,22 @@ struct WatcherTests {
     @Test("an fd closed behind its watcher's back does not poison the next file with its number")
     func staleWatcherOnReusedNumber() async throws {
         let (fired, staleEvents, staleCancelled) = try await onLoopThread { loop -> (Bool, [LineEvent], Bool) in
-            // A reader and a watcher on a pipe that is then closed without cancelling them.
+            // A reader and a watcher on a pipe whose read end then changes file behind their
+            // back: dup2 puts a new pipe's read end on the same number (atomically, so no test
+            // running in parallel can take the number in between).
             let old = Pipe()
             let number = old.readEnd
             nonisolated(unsafe) var staleEvents: [LineEvent] = []
             let staleReader = try loop.readLines(from: number) { staleEvents.append($0) }
             let staleWatcher = try loop.watch(number, for: .read) { _ in }
-            old.closeRead()
-            old.closeWrite()
-            // A new pipe gets the same number (the lowest free one).
             let fresh = Pipe()
-            #expect(fresh.readEnd == number || fresh.writeEnd == number)
-            let readEnd = fresh.readEnd == number ? fresh.readEnd : fresh.writeEnd
+            #expect(dup2(fresh.readEnd, number) == number)
             nonisolated(unsafe) var fired = false
-            let watcher = try loop.watch(readEnd, for: fresh.readEnd == number ? .read : .write) { _ in fired = true }
+            let watcher = try loop.watch(number, for: .read) { _ in fired = true }
             fresh.write("x")
             loop.spin(until: { fired }, timeout: .seconds(5))
             watcher.cancel()
-            withExtendedLifetime(fresh) {}
+            withExtendedLifetime((old, fresh)) {}
             return (fired, staleEvents, staleReader.isCancelled && staleWatcher.isCancelled)
         }
         #expect(fired, "the new file's watcher never fired")
