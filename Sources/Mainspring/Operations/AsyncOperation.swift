@@ -39,6 +39,8 @@ open class AsyncOperation: Operation, @unchecked Sendable {
     private let phase = Atomic<UInt8>(Phase.ready.rawValue)
     private let observers = Protected(FinishObservers())
 
+    /// Creates an operation in the ready state; `execute()` runs when a queue (or `start()`)
+    /// starts it.
     public override init() {
         super.init()
     }

@@ -40,6 +40,7 @@ open class SpinningOperation: AsyncOperation, @unchecked Sendable {
     /// the spin): where `finish()`/`cancel()` from other threads post their wake-up.
     private let spinningLoop = Protected<EventLoop?>(nil)
 
+    /// Creates a spinning operation; its `execute()` runs on the loop of the thread that starts it.
     public override init() {
         super.init()
     }
