@@ -19,7 +19,8 @@ struct Readiness: OptionSet, Sendable {
         self = set
     }
 
-    fileprivate var libeventFlags: Int16 {
+    /// The `EV_*` flags for these events (what `event_new` and `bufferevent_enable` take).
+    var libeventFlags: Int16 {
         var flags: Int32 = 0
         if contains(.read) { flags |= EV_READ }
         if contains(.write) { flags |= EV_WRITE }

@@ -1,5 +1,4 @@
 internal import CLibevent
-import Foundation
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)
@@ -21,9 +20,6 @@ func currentThreadID() -> UInt { UInt(bitPattern: Int(bitPattern: pthread_self()
 
 /// Whether the caller is the process's main thread (its kernel thread id equals the pid).
 func isProcessMainThread() -> Bool { ms_gettid() == getpid() }
-
-/// The calling thread's kernel thread id, for messages.
-func currentKernelThreadID() -> Int32 { ms_gettid() }
 
 var currentErrno: Int32 { errno }
 
@@ -100,41 +96,9 @@ func readOnce(_ fd: Int32, into buffer: inout [UInt8]) -> ReadResult {
     }
 }
 
-/// Writes all of `bytes` to a blocking fd. Retries `EINTR` and short writes.
-/// Returns 0 or the `errno` of the failure.
-@discardableResult
-func writeAll(_ fd: Int32, _ bytes: some Collection<UInt8>) -> Int32 {
-    let array = Array(bytes)
-    var offset = 0
-    while offset < array.count {
-        let n = array.withUnsafeBytes { write(fd, $0.baseAddress! + offset, $0.count - offset) }
-        if n < 0 {
-            if errno == EINTR { continue }
-            return errno
-        }
-        offset += n
-    }
-    return 0
-}
-
-/// Bytes the process has allocated with malloc and not freed (glibc's `mallinfo2`), for leak
-/// checks in tests and the soak run.
+/// Bytes the process has allocated with malloc and not freed (glibc's `mallinfo2`), for the
+/// leak tests.
 func heapBytesInUse() -> Int { Int(mallinfo2().uordblks) }
-
-/// Resident set size of the process in bytes (from /proc/self/statm).
-func residentBytes() -> Int {
-    guard let text = try? String(contentsOfFile: "/proc/self/statm", encoding: .utf8) else { return 0 }
-    let fields = text.split(separator: " ")
-    guard fields.count > 1, let pages = Int(fields[1]) else { return 0 }
-    return pages * Int(sysconf(Int32(_SC_PAGESIZE)))
-}
-
-/// CPU time (user + system) used so far by the calling thread, in nanoseconds.
-func threadCPUNanoseconds() -> UInt64 {
-    var ts = timespec()
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts)
-    return UInt64(ts.tv_sec) &* 1_000_000_000 &+ UInt64(ts.tv_nsec)
-}
 
 /// An eventfd that wakes a sleeping loop. `signal()` may be called from any thread.
 final class WakeupDescriptor: Sendable {
@@ -155,8 +119,5 @@ final class WakeupDescriptor: Sendable {
     }
 
     /// Resets the counter so the fd is no longer readable.
-    func drain() {
-        var value: UInt64 = 0
-        while read(fd, &value, 8) < 0 && errno == EINTR {}
-    }
+    func drain() { resetEventCounter(fd) }
 }

@@ -141,8 +141,8 @@ final class BufferedSocket {
 
     var fd: Int32 { bufferevent_getfd(raw) }
 
-    func enable(_ events: IOEvents) { bufferevent_enable(raw, events.readiness.bufferFlags) }
-    func disable(_ events: IOEvents) { bufferevent_disable(raw, events.readiness.bufferFlags) }
+    func enable(_ events: IOEvents) { bufferevent_enable(raw, events.readiness.libeventFlags) }
+    func disable(_ events: IOEvents) { bufferevent_disable(raw, events.readiness.libeventFlags) }
 
     var inputLength: Int { evbuffer_get_length(bufferevent_get_input(raw)) }
     var outputLength: Int { evbuffer_get_length(bufferevent_get_output(raw)) }
@@ -193,15 +193,6 @@ private let socketEventTrampoline: bufferevent_event_cb = { _, what, arg in
     let code = errno
     Unmanaged<BufferedSocketTarget>.fromOpaque(arg!).takeUnretainedValue()
         .socketEvent(SocketEvent(libevent: what), errno: code)
-}
-
-private extension Readiness {
-    var bufferFlags: Int16 {
-        var flags: Int32 = 0
-        if contains(.read) { flags |= EV_READ }
-        if contains(.write) { flags |= EV_WRITE }
-        return Int16(flags)
-    }
 }
 
 private extension timeval {

@@ -129,11 +129,7 @@ public final class EventLoop: @unchecked Sendable {
     deinit {
         // Nobody can run this loop any more: close its sources (their handlers are dropped, not
         // called) and count the work that will never run.
-        for source in Array(sources.values) { source.close() }
-        let queued = inputQueue.removeAll() + normalQueue.removeAll() + backgroundQueue.removeAll() + nextTurn.count
-        let taken = inputRemote.remaining + normalRemote.remaining + backgroundRemote.remaining
-        let waiting = remote.withLock { $0.count }
-        counters.droppedAtShutdown += queued + taken + waiting
+        _ = shutdownNow()
         wakeupTarget?.native = nil
     }
 
@@ -500,15 +496,13 @@ public final class EventLoop: @unchecked Sendable {
     }
 
     /// Takes cross-thread posts for every priority whose previous batch is used up, and tells
-    /// the producers the loop is awake. Returns whether it took any.
-    @discardableResult
-    private func refillRemote() -> Bool {
+    /// the producers the loop is awake.
+    private func refillRemote() {
         let taken = remote.withLock { queue -> Int in
             queue.isSleeping = false
             return takeRemote(from: &queue)
         }
         counters.remoteItems &+= taken
-        return taken > 0
     }
 
     /// Swaps the queue's arrays into the used-up batches (called with the lock held).

@@ -13,8 +13,6 @@ struct RingBuffer<Element> {
 
     var isEmpty: Bool { count == 0 }
 
-    var first: Element? { count == 0 ? nil : storage[head] }
-
     @inline(__always)
     mutating func append(_ element: Element) {
         if count == storage.count { grow() }
