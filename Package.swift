@@ -23,9 +23,15 @@ let package = Package(
             pkgConfig: "libevent",
             providers: [.apt(["libevent-dev"])]
         ),
+        // The operating system's calls that Swift cannot make directly (variadic syscalls, the
+        // cycle counter, libdispatch's main-queue hooks).
+        .target(
+            name: "CMainspringSystem",
+            path: "Sources/CMainspringSystem"
+        ),
         .target(
             name: "Mainspring",
-            dependencies: ["CLibevent"],
+            dependencies: ["CLibevent", "CMainspringSystem"],
             path: "Sources/Mainspring",
             swiftSettings: experimentalMainExecutor
         ),
@@ -87,7 +93,7 @@ let package = Package(
         ),
         .testTarget(
             name: "MainspringTests",
-            dependencies: ["Mainspring", "MainspringFuzzing", "ExampleServices"],
+            dependencies: ["Mainspring", "MainspringFuzzing", "ExampleServices", "CMainspringSystem"],
             path: "Tests/MainspringTests",
             swiftSettings: experimentalMainExecutor
         ),

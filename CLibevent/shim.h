@@ -1,5 +1,6 @@
 // The C surface Mainspring imports. Only Sources/Mainspring/Libevent/ imports this module.
-// Helpers here are limited to what Swift cannot import directly (macros, variadic calls).
+// Helpers here are limited to what Swift cannot import directly (macros, variadic calls); the
+// operating system's own such calls are in Sources/CMainspringSystem.
 #ifndef MAINSPRING_CLIBEVENT_SHIM_H
 #define MAINSPRING_CLIBEVENT_SHIM_H
 
@@ -14,51 +15,5 @@
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/listener.h>
-// Linux-only calls that Swift's Glibc module does not export.
-#include <malloc.h>
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
-#include <sys/prctl.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
-/// The kernel thread id of the caller (`gettid(2)` through `syscall`, which is variadic and so
-/// not callable from Swift).
-static inline int ms_gettid(void) { return (int)syscall(SYS_gettid); }
-
-/// The CPU's cycle counter (x86-64 `rdtsc`, AArch64 `cntvct_el0`), or 0 where there is none.
-/// About 10 ns against about 24 ns for clock_gettime; see Libevent/FastClock.swift.
-static inline uint64_t ms_cycle_counter(void) {
-#if defined(__x86_64__)
-    unsigned lo, hi;
-    __asm__ volatile("rdtsc" : "=a"(lo), "=d"(hi));
-    return ((uint64_t)hi << 32) | lo;
-#elif defined(__aarch64__)
-    uint64_t value;
-    __asm__ volatile("mrs %0, cntvct_el0" : "=r"(value));
-    return value;
-#else
-    return 0;
-#endif
-}
-
-/// Sets the calling thread's timer slack (`prctl(PR_SET_TIMERSLACK)`, variadic in C): how late
-/// the kernel may wake it from a timed sleep. The default, 50 µs, would blur a 100 µs input pattern.
-static inline int ms_set_timer_slack(unsigned long nanoseconds) {
-    return prctl(PR_SET_TIMERSLACK, nanoseconds, 0, 0, 0);
-}
-
-/// `pipe2(2)` through `syscall` (glibc declares `pipe2` only under `_GNU_SOURCE`, which this
-/// module must not set; see above): a pipe made close-on-exec and non-blocking atomically.
-static inline int ms_pipe2(int fds[2], int flags) { return (int)syscall(SYS_pipe2, fds, flags); }
-
-// libdispatch's main-queue hooks for run loops (the two CoreFoundation's CFRunLoop uses; they are
-// exported by libdispatch.so but declared only in its private headers). On Linux the handle is an
-// eventfd that libdispatch writes whenever the main queue goes from empty to non-empty (and again
-// after a drain that left work behind); it never reads it: the run loop resets it before draining.
-// The callback runs the blocks queued when it starts, on the main thread only, and returns at once
-// when called re-entrantly from inside one of those blocks. Used only by Libevent/MainQueue.swift.
-int _dispatch_get_main_queue_handle_4CF(void);
-void _dispatch_main_queue_callback_4CF(void *_Nullable msg);
 
 #endif

@@ -2,11 +2,13 @@ import Foundation
 import Testing
 @testable import Mainspring
 
+import CMainspringSystem
 #if canImport(Glibc)
 import Glibc
 #endif
 
-private func heapInUse() -> Int { heapBytesInUse() }
+/// Bytes the process has allocated with malloc and not freed (glibc's `mallinfo2`).
+private func heapInUse() -> Int { Int(mallinfo2().uordblks) }
 
 /// Runs `batch` once to warm up, then `rounds` more times, and returns the smallest heap growth
 /// of a round. A leak grows every round; allocations by tests running in parallel come and go,

@@ -1,3 +1,7 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// `readLines(from:maxLineLength:_:)`: reads an fd as it becomes readable and reports lines.
 final class LineReaderSource: DescriptorSource {
     private var handler: ((LineEvent) -> Void)?
@@ -20,10 +24,10 @@ final class LineReaderSource: DescriptorSource {
 
     override func perform(_ readiness: Readiness) {
         switch readOnce(fd, into: &buffer) {
+        case .bytes(0):
+            splitter.finish { events.append($0) }
         case .bytes(let n):
             splitter.append(buffer[0..<n]) { events.append($0) }
-        case .endOfFile:
-            splitter.finish { events.append($0) }
         case .wouldBlock:
             return
         case .failure(let code):
@@ -50,7 +54,7 @@ final class LineReaderSource: DescriptorSource {
 
     override func endStale() {
         // The fd was closed behind the reader's back and its number reused.
-        events.append(.error(9 /* EBADF */))
+        events.append(.error(EBADF))
         deliver()
     }
 

@@ -1,5 +1,6 @@
-// Sources/Mainspring/Libevent/ is the only folder that imports CLibevent or handles raw
-// pointers. Everything here is internal; the rest of Mainspring sees typed Swift wrappers.
+// Sources/Mainspring/Libevent/ is the only folder that imports CLibevent: it holds what talks to
+// libevent (the base, events, sockets, listeners). Everything here is internal; the rest of
+// Mainspring sees typed Swift wrappers. (System/ holds the operating system's own calls.)
 internal import CLibevent
 
 /// Owns one libevent `event_base`: the demultiplexer (epoll, the timer min-heap) of one loop.
@@ -33,12 +34,6 @@ final class EventBase {
         let flags = EVLOOP_ONCE | (blocking ? 0 : EVLOOP_NONBLOCK)
         try check(event_base_loop(raw, flags), "event_base_loop")
     }
-
-    /// The kernel interface libevent chose ("epoll" on Linux).
-    var backendName: String {
-        guard let name = event_base_get_method(raw) else { return "unknown" }
-        return String(cString: name)
-    }
 }
 
 /// libevent prints its warnings to stderr by default. Mainspring reports every failure as an
@@ -49,4 +44,22 @@ private let silenceLibeventLog: Void = event_set_log_callback { _, _ in }
 @inline(__always)
 func check(_ rc: Int32, _ function: StaticString) throws(EventLoopError) {
     if rc < 0 { throw .libevent(function: "\(function)") }
+}
+
+// MARK: Callback arguments
+
+// Every libevent callback here gets its Swift target as the `void *` argument, passed
+// *unretained*: the target owns the C object's wrapper (directly or through its source), and the
+// wrapper frees the C object in `deinit`, so libevent can never call back into a freed target.
+// These two functions are the only places that cross that boundary.
+
+/// The callback argument for `target` (not retained; see above).
+func callbackArgument(for target: AnyObject) -> UnsafeMutableRawPointer {
+    Unmanaged.passUnretained(target).toOpaque()
+}
+
+/// The target behind a callback argument made by `callbackArgument(for:)`.
+@inline(__always)
+func callbackTarget<Target: AnyObject>(_ argument: UnsafeMutableRawPointer?, as type: Target.Type) -> Target {
+    Unmanaged<Target>.fromOpaque(argument!).takeUnretainedValue()
 }

@@ -42,10 +42,10 @@ class NativeEventTarget {
 /// `deinit` calls `event_free`, which also deletes it.
 ///
 /// Ownership across the C boundary: the callback argument is the target, passed **unretained**
-/// (`Unmanaged.passUnretained` in `init`). That is sound because the target owns this object
+/// (`callbackArgument(for:)` in `init`). That is sound because the target owns this object
 /// (strongly, directly or through its source), and `deinit` frees the C event before the target
-/// can go: libevent can never call back into a freed target. The matching end is
-/// `target(from:)` in the trampoline, the only place that turns the pointer back into an object.
+/// can go: libevent can never call back into a freed target. The trampoline turns the pointer
+/// back into the object with `callbackTarget(_:as:)`.
 final class NativeEvent {
     private let raw: OpaquePointer
     private let base: EventBase  // keeps the base alive until the event is freed
@@ -56,8 +56,7 @@ final class NativeEvent {
     {
         var flags = readiness.libeventFlags
         if persistent { flags |= Int16(EV_PERSIST) }
-        let arg = Unmanaged.passUnretained(target).toOpaque()  // released never: see the type's comment
-        guard let event = event_new(base.raw, fd, flags, nativeEventTrampoline, arg) else {
+        guard let event = event_new(base.raw, fd, flags, nativeEventTrampoline, callbackArgument(for: target)) else {
             throw .libevent(function: "event_new")
         }
         self.raw = event
@@ -94,10 +93,6 @@ final class NativeEvent {
     func delete() { event_del(raw) }
 }
 
-private func target(from arg: UnsafeMutableRawPointer?) -> NativeEventTarget {
-    Unmanaged<NativeEventTarget>.fromOpaque(arg!).takeUnretainedValue()
-}
-
 private let nativeEventTrampoline: event_callback_fn = { _, what, arg in
-    target(from: arg).nativeEventFired(Readiness(libevent: what))
+    callbackTarget(arg, as: NativeEventTarget.self).nativeEventFired(Readiness(libevent: what))
 }

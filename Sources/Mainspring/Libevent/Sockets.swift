@@ -4,9 +4,8 @@ import Glibc
 #endif
 
 // libevent's evconnlistener (accepting) and bufferevent (buffered socket I/O), wrapped.
-// Like NativeEvent, every C callback argument is the Swift target, passed unretained: the
-// target owns the wrapper, and the wrapper frees the C object in `deinit`, so libevent never
-// calls into a freed target. Callbacks run inside `event_base_loop` and only record what
+// Like NativeEvent, every C callback argument is the Swift target, passed unretained (see
+// `callbackArgument(for:)`). Callbacks run inside `event_base_loop` and only record what
 // happened (the targets fire their sources); no user code runs here.
 
 /// Receives an evconnlistener's callbacks.
@@ -29,7 +28,7 @@ final class SocketListener {
     {
         var storage = sockaddr_storage()
         let length = try parseAddress(host: host, port: port, into: &storage)
-        let arg = Unmanaged.passUnretained(target).toOpaque()  // see the file's comment
+        let arg = callbackArgument(for: target)
         let flags = UInt32(LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC)
         let listener = withUnsafePointer(to: &storage) { pointer in
             pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { address in
@@ -56,13 +55,13 @@ final class SocketListener {
 }
 
 private let listenerAcceptTrampoline: evconnlistener_cb = { _, fd, address, length, arg in
-    let target = Unmanaged<SocketListenerTarget>.fromOpaque(arg!).takeUnretainedValue()
+    let target = callbackTarget(arg, as: SocketListenerTarget.self)
     target.accepted(fd: fd, peer: describe(address, length))
 }
 
 private let listenerErrorTrampoline: evconnlistener_errorcb = { _, arg in
     let code = errno
-    Unmanaged<SocketListenerTarget>.fromOpaque(arg!).takeUnretainedValue().acceptFailed(errno: code)
+    callbackTarget(arg, as: SocketListenerTarget.self).acceptFailed(errno: code)
 }
 
 /// What a bufferevent reported (`BEV_EVENT_*`).
@@ -113,7 +112,7 @@ final class BufferedSocket {
         }
         self.raw = bev
         self.base = base
-        let arg = Unmanaged.passUnretained(target).toOpaque()  // see the file's comment
+        let arg = callbackArgument(for: target)
         bufferevent_setcb(bev, socketReadTrampoline, socketWriteTrampoline, socketEventTrampoline, arg)
     }
 
@@ -129,7 +128,7 @@ final class BufferedSocket {
         }
         self.raw = bev
         self.base = base
-        let arg = Unmanaged.passUnretained(target).toOpaque()  // see the file's comment
+        let arg = callbackArgument(for: target)
         bufferevent_setcb(bev, socketReadTrampoline, socketWriteTrampoline, socketEventTrampoline, arg)
         let rc = withUnsafePointer(to: &storage) { pointer in
             pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { bufferevent_socket_connect(bev, $0, length) }
@@ -182,16 +181,16 @@ final class BufferedSocket {
 }
 
 private let socketReadTrampoline: bufferevent_data_cb = { _, arg in
-    Unmanaged<BufferedSocketTarget>.fromOpaque(arg!).takeUnretainedValue().socketReadable()
+    callbackTarget(arg, as: BufferedSocketTarget.self).socketReadable()
 }
 
 private let socketWriteTrampoline: bufferevent_data_cb = { _, arg in
-    Unmanaged<BufferedSocketTarget>.fromOpaque(arg!).takeUnretainedValue().socketDrained()
+    callbackTarget(arg, as: BufferedSocketTarget.self).socketDrained()
 }
 
 private let socketEventTrampoline: bufferevent_event_cb = { _, what, arg in
     let code = errno
-    Unmanaged<BufferedSocketTarget>.fromOpaque(arg!).takeUnretainedValue()
+    callbackTarget(arg, as: BufferedSocketTarget.self)
         .socketEvent(SocketEvent(libevent: what), errno: code)
 }
 
@@ -251,10 +250,3 @@ private func text(of cString: [CChar]) -> String {
     String(decoding: cString.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
 }
 
-/// Closes an fd (for accepted sockets that could not be handed over).
-func closeDescriptor(_ fd: Int32) { _ = close(fd) }
-
-/// Makes writes to a closed socket return EPIPE instead of killing the process with SIGPIPE
-/// (libevent writes with writev, which has no MSG_NOSIGNAL). Done once, when the first socket
-/// is made.
-let ignoreSIGPIPE: Void = { _ = signal(SIGPIPE, SIG_IGN) }()

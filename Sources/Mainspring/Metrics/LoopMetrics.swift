@@ -45,8 +45,8 @@ struct LoopCounters {
     var stalls = 0
     var longestStall: UInt64 = 0
     var longestCallback: UInt64 = 0
-    private var callbacks: (Int, Int, Int) = (0, 0, 0)
-    private var busy: (UInt64, UInt64, UInt64) = (0, 0, 0)
+    private var callbacks = PerPriority(repeating: 0)
+    private var busy = PerPriority<UInt64>(repeating: 0)
     /// Queue-wait histograms, one series per priority (`Priority.queueIndex`); raw storage, so a
     /// record costs no uniqueness or bounds check. `nil` when metrics are off.
     private let waits: HistogramCells?
@@ -59,17 +59,8 @@ struct LoopCounters {
 
     @inline(__always)
     mutating func record(priority: Priority, own: UInt64, waited: UInt64) {
-        switch priority {
-        case .input:
-            callbacks.0 &+= 1
-            busy.0 &+= own
-        case .normal:
-            callbacks.1 &+= 1
-            busy.1 &+= own
-        case .background:
-            callbacks.2 &+= 1
-            busy.2 &+= own
-        }
+        callbacks[priority] &+= 1
+        busy[priority] &+= own
         if let waits { waits.record(waited, series: priority.queueIndex) }
         if own > longestCallback { longestCallback = own }
     }
@@ -80,18 +71,14 @@ struct LoopCounters {
     }
 
     func snapshot() -> LoopMetrics {
-        var waitByPriority: [Priority: LatencyHistogram] = [:]
-        if let waits {
-            for priority in Priority.allCases { waitByPriority[priority] = waits.histogram(priority.queueIndex) }
+        let waitByPriority = waits.map { waits in
+            PerPriority { waits.histogram($0.queueIndex) }.dictionary { $0 }
         }
         return LoopMetrics(
             iterations: iterations, polls: polls, wakeups: wakeups, remoteItems: remoteItems,
-            callbacks: [.input: callbacks.0, .normal: callbacks.1, .background: callbacks.2],
-            busyTime: [
-                .input: Duration(nanoseconds: busy.0), .normal: Duration(nanoseconds: busy.1),
-                .background: Duration(nanoseconds: busy.2),
-            ],
-            queueWait: waitByPriority, stalls: stalls, longestStall: Duration(nanoseconds: longestStall),
+            callbacks: callbacks.dictionary { $0 },
+            busyTime: busy.dictionary { Duration(nanoseconds: $0) },
+            queueWait: waitByPriority ?? [:], stalls: stalls, longestStall: Duration(nanoseconds: longestStall),
             longestCallback: Duration(nanoseconds: longestCallback), droppedAtShutdown: droppedAtShutdown)
     }
 }

@@ -1,4 +1,4 @@
-internal import CLibevent
+internal import CMainspringSystem
 import Dispatch
 
 /// libdispatch's main-queue hooks, the two that swift-corelibs-foundation's `CFRunLoop` uses to

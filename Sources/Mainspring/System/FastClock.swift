@@ -1,4 +1,4 @@
-internal import CLibevent
+internal import CMainspringSystem
 import Foundation
 
 /// A cheap monotonic clock for the dispatcher's own bookkeeping: the poll deadline, busy time,

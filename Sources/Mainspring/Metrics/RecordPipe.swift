@@ -1,10 +1,4 @@
-internal import CLibevent
 import Synchronization
-#if canImport(Glibc)
-import Glibc
-#elseif canImport(Musl)
-import Musl
-#endif
 
 /// One simulated input event on the wire: its sequence number and when it was written
 /// (`CLOCK_MONOTONIC` ns, `monotonicNanoseconds()`). 16 bytes: well under `PIPE_BUF`, so a
@@ -29,32 +23,27 @@ final class RecordPipe: Sendable {
     private let readClosed = Atomic<Bool>(false)
     private let writeClosed = Atomic<Bool>(false)
     private let stopped = Atomic<Bool>(false)
-    /// `F_SETPIPE_SZ` (Linux; hidden behind `_GNU_SOURCE` in glibc's headers).
-    private static let setPipeSize: Int32 = 1031
 
     init() throws(EventLoopError) {
-        var fds: [Int32] = [-1, -1]
-        guard ms_pipe2(&fds, Int32(O_CLOEXEC | O_NONBLOCK)) == 0 else {
-            throw .system(function: "pipe2", errno: errno)
+        let (readEnd, writeEnd) = try makeNonBlockingPipe()
+        do {
+            stopFD = try makeEventCounter()
+        } catch {
+            closeDescriptor(readEnd)
+            closeDescriptor(writeEnd)
+            throw error
         }
-        guard let stop = Optional(eventfd(0, Int32(EFD_NONBLOCK | EFD_CLOEXEC))), stop >= 0 else {
-            let e = errno
-            Glibc.close(fds[0])
-            Glibc.close(fds[1])
-            throw .system(function: "eventfd", errno: e)
-        }
-        readFD = fds[0]
-        writeFD = fds[1]
-        stopFD = stop
+        readFD = readEnd
+        writeFD = writeEnd
         // Room for 64 K records (best effort: the default 64 KB holds 4 K), so that a loop busy
         // for a while does not make the writer wait.
-        _ = fcntl(writeFD, Self.setPipeSize, Int32(1 << 20))
+        setPipeCapacity(writeFD, bytes: 1 << 20)
     }
 
     deinit {
         closeRead()
         closeWrite()
-        Glibc.close(stopFD)
+        closeDescriptor(stopFD)
     }
 
     // MARK: Writer thread
@@ -63,18 +52,14 @@ final class RecordPipe: Sendable {
     /// is kept to the microsecond) and `SIGPIPE` blocked (a write after the reader left fails
     /// with `EPIPE` instead of killing the process).
     func prepareWriterThread() {
-        _ = ms_set_timer_slack(1)
-        var set = sigset_t()
-        sigemptyset(&set)
-        sigaddset(&set, SIGPIPE)
-        pthread_sigmask(SIG_BLOCK, &set, nil)
+        setTimerSlack(nanoseconds: 1)
+        blockBrokenPipeSignalInCurrentThread()
     }
 
     /// Asks the writer to stop: wakes it from `sleep` or a wait for room. Any thread.
     func requestStop() {
         stopped.store(true, ordering: .releasing)
-        var one: UInt64 = 1
-        while Glibc.write(stopFD, &one, 8) < 0 && errno == EINTR {}
+        incrementEventCounter(stopFD)
     }
 
     var isStopRequested: Bool { stopped.load(ordering: .acquiring) }
@@ -92,8 +77,7 @@ final class RecordPipe: Sendable {
                     return false
                 }
             } else {
-                var ts = timespec(tv_sec: Int(deadline / 1_000_000_000), tv_nsec: Int(deadline % 1_000_000_000))
-                _ = clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nil)
+                sleepUntil(monotonicNanoseconds: deadline)
             }
         }
         return false
@@ -102,31 +86,28 @@ final class RecordPipe: Sendable {
     /// Writes one record. Returns false when the reader is gone, a stop was requested while the
     /// pipe was full, or the write failed.
     func write(_ record: InputRecord) -> Bool {
-        var bytes = (record.sequence, record.stamp)
         while true {
-            let n = withUnsafeBytes(of: &bytes) { Glibc.write(writeFD, $0.baseAddress, InputRecord.size) }
-            if n == InputRecord.size { return true }
-            if n < 0 && errno == EINTR { continue }
-            if n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) {
+            switch writeOnce(writeFD, bytesOf: (record.sequence, record.stamp)) {
+            case .bytes(let n):
+                return n == InputRecord.size  // a record is below PIPE_BUF: written whole or not at all
+            case .wouldBlock:
                 // Full: wait for room or a stop.
-                if waitForStop(events: (writeFD, Int16(POLLOUT)), timeoutMilliseconds: -1) { return false }
-                continue
+                if waitForStop(events: (writeFD, pollWritable), timeoutMilliseconds: -1) { return false }
+            case .failure:
+                return false  // EPIPE (reader gone) or another failure
             }
-            return false  // EPIPE (reader gone) or another failure
         }
     }
 
     /// Closes the write end: the reader then sees end of file. Idempotent.
     func closeWrite() {
-        if !writeClosed.exchange(true, ordering: .acquiringAndReleasing) { Glibc.close(writeFD) }
+        if !writeClosed.exchange(true, ordering: .acquiringAndReleasing) { closeDescriptor(writeFD) }
     }
 
     /// Waits on the stop eventfd (and `events` on another fd), `timeoutMilliseconds` at most
     /// (-1: no limit). Returns true when a stop was requested.
-    private func waitForStop(events: (Int32, Int16)?, timeoutMilliseconds: Int32) -> Bool {
-        var fds = [pollfd(fd: stopFD, events: Int16(POLLIN), revents: 0)]
-        if let (fd, wanted) = events { fds.append(pollfd(fd: fd, events: wanted, revents: 0)) }
-        _ = poll(&fds, nfds_t(fds.count), timeoutMilliseconds)
+    private func waitForStop(events: (fd: Int32, events: Int16)?, timeoutMilliseconds: Int32) -> Bool {
+        waitForReadiness([(stopFD, pollReadable)] + (events.map { [$0] } ?? []), timeoutMilliseconds: timeoutMilliseconds)
         return isStopRequested
     }
 
@@ -142,25 +123,22 @@ final class RecordPipe: Sendable {
     /// Reads whole records into `buffer` (at most its capacity), carrying a partial record over
     /// to the next call. Loop thread.
     func read(into buffer: inout RecordBuffer) -> ReadResult {
-        while true {
-            let n = buffer.bytes.withUnsafeMutableBytes { raw -> Int in
-                Glibc.read(readFD, raw.baseAddress! + buffer.carried, raw.count - buffer.carried)
-            }
-            if n > 0 {
-                buffer.decode(newBytes: n)
-                return .records(buffer.records.count)
-            }
-            if n == 0 { return .endOfFile }
-            let e = errno
-            if e == EINTR { continue }
-            if e == EAGAIN || e == EWOULDBLOCK { return .wouldBlock }
-            return .failure(e)
+        switch readOnce(readFD, into: &buffer.bytes, from: buffer.carried) {
+        case .bytes(0):
+            return .endOfFile
+        case .bytes(let n):
+            buffer.decode(newBytes: n)
+            return .records(buffer.records.count)
+        case .wouldBlock:
+            return .wouldBlock
+        case .failure(let code):
+            return .failure(code)
         }
     }
 
     /// Closes the read end. Idempotent.
     func closeRead() {
-        if !readClosed.exchange(true, ordering: .acquiringAndReleasing) { Glibc.close(readFD) }
+        if !readClosed.exchange(true, ordering: .acquiringAndReleasing) { closeDescriptor(readFD) }
     }
 }
 
@@ -180,13 +158,10 @@ struct RecordBuffer {
         records.removeAll(keepingCapacity: true)
         let available = carried + newBytes
         let whole = available / InputRecord.size
-        bytes.withUnsafeBytes { raw in
-            for i in 0..<whole {
-                let offset = i * InputRecord.size
-                records.append(InputRecord(
-                    sequence: raw.loadUnaligned(fromByteOffset: offset, as: UInt64.self),
-                    stamp: raw.loadUnaligned(fromByteOffset: offset + 8, as: UInt64.self)))
-            }
+        for i in 0..<whole {
+            let offset = i * InputRecord.size
+            records.append(InputRecord(
+                sequence: loadUInt64(from: bytes, at: offset), stamp: loadUInt64(from: bytes, at: offset + 8)))
         }
         let rest = available - whole * InputRecord.size
         if rest > 0 {

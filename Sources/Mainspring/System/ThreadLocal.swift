@@ -1,4 +1,3 @@
-internal import CLibevent
 #if canImport(Glibc)
 import Glibc
 #endif

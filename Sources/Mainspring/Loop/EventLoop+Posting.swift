@@ -1,0 +1,63 @@
+/// Posting work to a loop, from its own thread or any other.
+extension EventLoop {
+    /// Runs `work` on the loop's thread, exactly once, in FIFO order with the other work the
+    /// same thread posts at the same priority. Any thread.
+    ///
+    /// From the loop's own thread this is a lock-free append; from another thread it takes one
+    /// mutex and wakes the loop (an eventfd write) only when the loop is asleep.
+    /// Work posted before `stop()` runs on the next `run`, or is counted in
+    /// `LoopMetrics.droppedAtShutdown` if the loop is freed first.
+    public func execute(priority: Priority = .normal, _ work: @escaping @Sendable () -> Void) {
+        if ownerThread.load(ordering: .relaxed) == currentThreadID() {
+            if isShutDown {
+                scheduler.counters.droppedAtShutdown += 1
+                return
+            }
+            scheduler.enqueue(ReadyRecord(work: work, source: nil, stamp: scheduler.cachedNow), priority)
+        } else {
+            executeFromOtherThread(priority: priority, work)
+        }
+    }
+
+    private func executeFromOtherThread(priority: Priority, _ work: @escaping @Sendable () -> Void) {
+        let stamp = scheduler.counters.collectsQueueWait ? clock.now() : 0
+        let mustWake = remote.withLock { queue -> Bool in
+            if queue.isClosed {
+                queue.droppedWhileClosed += 1
+                return false
+            }
+            queue.append(RemoteItem(work: work, stamp: stamp), priority)
+            if queue.isSleeping {
+                queue.isSleeping = false
+                return true
+            }
+            return false
+        }
+        if mustWake { wakeup.signal() }
+    }
+
+    /// Queues `work` for the next turn: it becomes ready only after the loop has polled again.
+    /// Loop thread only. This is how fed work yields to input.
+    func executeNextTurn(priority: Priority, _ work: @escaping () -> Void) {
+        scheduler.enqueueNextTurn(ReadyRecord(work: work, source: nil, stamp: 0, priority: priority))
+    }
+
+    /// Runs `action` once on this loop just before it next polls — including a poll of a nested
+    /// spin. Loop thread only. For work that must be done before libevent next looks at the
+    /// sockets, such as handing it coalesced output.
+    func beforeNextPoll(_ action: @escaping () -> Void) {
+        prePollActions.append(action)
+    }
+
+    /// Queues a fired source (at most once: `Source.fire` guards it).
+    @inline(__always)
+    func enqueue(source: Source) {
+        if pollStamp == 0 { pollStamp = clock.now() }
+        scheduler.enqueue(ReadyRecord(work: nil, source: source, stamp: pollStamp), source.priority)
+    }
+
+    /// Queues a source for the next turn (fd sources that epoll cannot watch: always ready).
+    func enqueueNextTurn(source: Source) {
+        scheduler.enqueueNextTurn(ReadyRecord(work: nil, source: source, stamp: 0, priority: source.priority))
+    }
+}

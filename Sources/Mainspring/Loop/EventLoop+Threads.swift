@@ -1,0 +1,106 @@
+/// Which thread a loop belongs to, and the per-thread loops.
+extension EventLoop {
+    /// The loop of the process main thread.
+    ///
+    /// While it runs (`run`, `spin`, `runOnce` on the main thread) it also drains the Dispatch
+    /// main queue, so `DispatchQueue.main.async`, `asyncAfter`, `MainActor.run`,
+    /// `Task { @MainActor in … }` run inside it, on the main thread, between its other callbacks
+    /// (see `MainQueueSource` for the rules). Only the main thread can own it: `run()` from
+    /// another thread throws `EventLoopError.wrongThread`. Posting to it (`execute`, `submit`,
+    /// `Queue.main`) works from any thread. Do not mix it with `RunLoop.main.run()` or
+    /// `dispatchMain()`, which drain the same main queue their own way.
+    public static let main: EventLoop = {
+        do {
+            return try EventLoop(configuration: .init(), isMainLoop: true)
+        } catch {
+            fatalError("Mainspring: cannot create the main loop: \(error)")
+        }
+    }()
+
+    private static let threadLoop = ThreadLocalReference<EventLoop>()
+
+    /// The calling thread's loop, created (and bound to the thread) on first use; on the main
+    /// thread it is `EventLoop.main`. The thread keeps its loop until it exits — the
+    /// `RunLoop.current` analogue. When the thread exits, the loop is shut down: its sources are
+    /// closed, and work still queued (or posted later) is dropped and counted in
+    /// `LoopMetrics.droppedAtShutdown`.
+    ///
+    /// On a thread of Swift concurrency's cooperative pool (inside a `Task`) this is a loop that
+    /// nobody runs; use `EventLoop.main`, a loop you run on a thread of your own, or an
+    /// `EventLoopGroup`.
+    public static var current: EventLoop {
+        if let loop = threadLoop.value { return loop }
+        let loop: EventLoop
+        if isProcessMainThread() {
+            loop = main
+        } else {
+            do {
+                loop = try EventLoop(configuration: .init(), isMainLoop: false)
+            } catch {
+                fatalError("Mainspring: cannot create a loop for this thread: \(error)")
+            }
+        }
+        _ = loop.claimThread()
+        threadLoop.set(loop)
+        return loop
+    }
+
+    /// The loop whose `run`/`spin`/`runOnce` is innermost on the calling thread's stack.
+    static let runningLoop = ThreadLocalUnretained<EventLoop>()
+
+    /// The loop a blocking wait on the calling thread should keep running (nested) instead of
+    /// freezing: the loop this thread is running right now, else its `EventLoop.current` if it
+    /// has one, else `EventLoop.main` on the main thread. `nil` on a plain thread (never creates
+    /// a loop).
+    static var loopToSpinWhileWaiting: EventLoop? {
+        if let loop = runningLoop.value { return loop }
+        if let loop = threadLoop.value { return loop }
+        if isProcessMainThread() && main.claimThread() { return main }
+        return nil
+    }
+
+    /// Whether the caller is on this loop's thread. Never a false positive; `false` for a loop
+    /// no thread has claimed yet (except `EventLoop.main` on the main thread).
+    public var isCurrent: Bool {
+        let owner = ownerThread.load(ordering: .relaxed)
+        if owner == currentThreadID() { return true }
+        return owner == 0 && isMainLoop && claimThread()
+    }
+
+    /// Binds an unbound loop to the calling thread, or tells whether the caller owns it.
+    func claimThread() -> Bool {
+        let me = currentThreadID()
+        let owner = ownerThread.load(ordering: .acquiring)
+        if owner == me { return true }
+        guard owner == 0 else { return false }
+        if isMainLoop && !isProcessMainThread() { return false }
+        let (exchanged, actual) = ownerThread.compareExchange(
+            expected: 0, desired: me, ordering: .acquiringAndReleasing)
+        if exchanged && !isMainLoop { ThreadBinding.current.bind(self) }
+        return exchanged || actual == me
+    }
+
+    /// Marks the loop as orphaned: its thread has finished with it for good (when the thread of
+    /// `EventLoop.current` exits, or an `EventLoopGroup` thread ends), so a recycled `pthread_t`
+    /// never looks like the owner. Later posts are kept, and counted as dropped if the loop is
+    /// freed.
+    func releaseThread() {
+        ownerThread.store(Self.deadOwner, ordering: .releasing)
+    }
+
+    /// Whether the loop's thread has finished with it for good (see `releaseThread`).
+    var isOrphaned: Bool { ownerThread.load(ordering: .acquiring) == Self.deadOwner }
+
+    /// Whether some thread that has not finished with the loop owns it.
+    var isBoundToLiveThread: Bool {
+        let owner = ownerThread.load(ordering: .acquiring)
+        return owner != 0 && owner != Self.deadOwner
+    }
+
+    func preconditionOnLoop(_ function: StaticString, file: StaticString = #fileID, line: UInt = #line) {
+        precondition(
+            claimThread(),
+            "Mainspring: \(function) must be called on the loop's own thread; use execute(_:) to get there",
+            file: file, line: line)
+    }
+}
