@@ -67,7 +67,7 @@ struct FairnessTests {
         #expect(report.workShare > 0.5, "\(report.table)")
     }
 
-    @Test("the issue's flood (input every 100 µs costing 50 µs): work keeps its share and is never starved long")
+    @Test("a flood (input every 100 µs costing 50 µs): work keeps its share and is never starved long")
     func issueFlood() async throws {
         let report = try await floodReport(every: .microseconds(100), cost: .microseconds(50), chunks: 2_000)
         // Targets (benchmark `input-flood`): share ≥ 0.25 (about 0.5 measured), gap ≤ 100 ms, input

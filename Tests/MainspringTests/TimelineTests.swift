@@ -481,7 +481,7 @@ struct TimelineTests {
 
     // MARK: README
 
-    @Test("README: the article's three-step example, the Timeline form and run() work as shown")
+    @Test("README: the three-step example, the Timeline form and run() work as shown")
     func readmeExample() async throws {
         let printedLog = Locked<[String]>([])
         let frame = try await onLoopThread { loop -> [Double] in

@@ -1,22 +1,18 @@
 /// A handle on a scheduled timer: `cancel()` it, or let it be (the loop keeps a timer alive
-/// until it fires or is cancelled; dropping the handle does not cancel it).
+/// until it fires or is cancelled; dropping the handle does not cancel it). See `Cancellable`.
 ///
 /// Loop-bound: use it on the loop's thread.
-public final class TimerHandle {
-    private weak var source: TimerSource?
+public final class TimerHandle: Cancellable {
+    private let reference: SourceReference
 
-    init(source: TimerSource) { self.source = source }
+    init(source: TimerSource) { reference = SourceReference(source) }
 
     /// Cancels the timer: once this returns (on the loop's thread) its handler never runs again,
     /// even if it was already due. Idempotent; a no-op after a one-shot timer fired.
-    public func cancel() {
-        guard let source else { return }
-        source.loop.preconditionOnLoop("TimerHandle.cancel()")
-        source.close()
-    }
+    public func cancel() { reference.cancel("TimerHandle.cancel()") }
 
     /// Whether the timer will not fire again (cancelled, or a one-shot that already fired).
-    public var isCancelled: Bool { source?.isClosed ?? true }
+    public var isCancelled: Bool { reference.isCancelled }
 }
 
 @available(*, unavailable)

@@ -1,23 +1,19 @@
 /// A handle on a registered source (fd watcher, line reader, signal watcher): `cancel()` it.
 /// The loop keeps the source alive until it is cancelled (or ends itself, as a line reader does
-/// at end of file); dropping the handle does not cancel it.
+/// at end of file); dropping the handle does not cancel it. See `Cancellable`.
 ///
 /// Loop-bound: use it on the loop's thread.
-public final class Watcher {
-    private weak var source: Source?
+public final class Watcher: Cancellable {
+    private let reference: SourceReference
 
-    init(source: Source) { self.source = source }
+    init(source: Source) { reference = SourceReference(source) }
 
     /// Cancels the source: once this returns (on the loop's thread) its handler never runs
     /// again, even if its event was already ready. Idempotent. Does not close the fd.
-    public func cancel() {
-        guard let source else { return }
-        source.loop.preconditionOnLoop("Watcher.cancel()")
-        source.close()
-    }
+    public func cancel() { reference.cancel("Watcher.cancel()") }
 
     /// Whether the source is cancelled or ended.
-    public var isCancelled: Bool { source?.isClosed ?? true }
+    public var isCancelled: Bool { reference.isCancelled }
 }
 
 @available(*, unavailable)

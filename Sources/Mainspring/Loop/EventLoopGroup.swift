@@ -34,7 +34,7 @@ public final class EventLoopGroup: Sendable {
     /// Starts `loopCount` loops (default: the number of active cores), each on its own thread.
     /// - Throws: `EventLoopError` when a loop cannot be created (out of file descriptors).
     public init(loopCount: Int = ProcessInfo.processInfo.activeProcessorCount,
-                configuration: EventLoop.Configuration = .init()) throws
+                configuration: EventLoop.Configuration = .init()) throws(EventLoopError)
     {
         let count = max(1, loopCount)
         var loops: [EventLoop] = []

@@ -181,8 +181,8 @@ final class QueueTracker: Sendable {
 }
 
 /// The handle `OperationQueue.onDrained(on:_:)` returns: `cancel()` removes the hook.
-/// Dropping the handle does not remove it.
-public final class DrainHook: Sendable {
+/// Dropping the handle does not remove it. See `Cancellable`.
+public final class DrainHook: Cancellable, Sendable {
     private let tracker: QueueTracker
     private let id: UInt64
     private let cancelled = Atomic<Bool>(false)

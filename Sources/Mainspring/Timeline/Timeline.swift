@@ -103,9 +103,9 @@ public final class Timeline {
     /// update, or `false` if the timeline is cancelled first (also when `cancel()` came before
     /// `start`). It runs exactly once, on the loop's thread.
     ///
-    /// With no steps, `completion(true)` runs at once, inside this call (like the article's
-    /// `animate`). Otherwise the first step begins inside this call: a step with no delay and no
-    /// duration delivers its `update(1.0)` before `start` returns.
+    /// With no steps, `completion(true)` runs at once, inside this call (as an animation call
+    /// with nothing to animate does). Otherwise the first step begins inside this call: a step
+    /// with no delay and no duration delivers its `update(1.0)` before `start` returns.
     ///
     /// Loop thread only (precondition); a timeline starts once (precondition).
     public func start(completion: @escaping (Bool) -> Void) {
