@@ -71,7 +71,13 @@ let package = Package(
             dependencies: ["Mainspring", "ExampleServices"],
             path: "Examples/Daemon"
         ),
-        // The article's batch of asynchronous saves, with completion hooks on the main loop.
+        // The README's quick start, exactly as printed there (a test compares the two and runs it).
+        .executableTarget(
+            name: "mainspring-quickstart",
+            dependencies: ["Mainspring"],
+            path: "Examples/QuickStart"
+        ),
+        // A batch of asynchronous saves, with completion hooks on the main loop.
         .executableTarget(
             name: "mainspring-operations",
             dependencies: ["Mainspring"],

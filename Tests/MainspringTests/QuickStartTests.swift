@@ -2,49 +2,51 @@ import Foundation
 import Testing
 @testable import Mainspring
 
-/// The README's quick start, compiled and run against a pipe instead of stdin.
-@Suite("README quick start")
+/// The README's code, compiled and run.
+@Suite("README examples")
 struct QuickStartTests {
-    @Test("the quick start runs: lines in, ticks, a cross-thread post, stop at end of input")
-    func quickStart() async throws {
-        let input = Pipe()
-        let output = try await onLoopThread { loop -> [String] in
+    /// The package root, from this file's path (Tests/MainspringTests/QuickStartTests.swift).
+    static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .deletingLastPathComponent()
+
+    @Test("the README's quick start is Examples/QuickStart/main.swift, character for character")
+    func quickStartIsTheExample() throws {
+        let readme = try String(contentsOf: Self.root.appendingPathComponent("README.md"), encoding: .utf8)
+        let example = try String(contentsOf: Self.root.appendingPathComponent("Examples/QuickStart/main.swift"),
+                                 encoding: .utf8)
+        let section = try #require(readme.range(of: "## Quick start"))
+        let blockStart = try #require(readme.range(of: "```swift\n", range: section.upperBound..<readme.endIndex))
+        let blockEnd = try #require(readme.range(of: "```\n", range: blockStart.upperBound..<readme.endIndex))
+        #expect(String(readme[blockStart.upperBound..<blockEnd.lowerBound]) == example)
+    }
+
+    @Test("the quick start runs: lines and bad bytes from stdin, a result from another thread, stop at end of input")
+    func quickStartRuns() async throws {
+        let result = try await runExecutable("mainspring-quickstart", stdinBytes: Array("one\n".utf8) + [0xFF, 0x0A, 0x74, 0x77, 0x6F])
+        #expect(result.status == 0, "\(result.stderr)")
+        #expect(result.stderr.isEmpty)
+        let lines = result.lines.filter { $0 != "tick" }
+        #expect(Set(lines) == ["got one", "skipped 1 bad bytes", "got two", "sum from another thread: 500000500000"])
+        #expect(lines.firstIndex(of: "got one")! < lines.firstIndex(of: "skipped 1 bad bytes")!)
+        #expect(lines.firstIndex(of: "skipped 1 bad bytes")! < lines.firstIndex(of: "got two")!)
+    }
+
+    @Test("the README's spin example: waiting inside a handler keeps the loop running")
+    func spinExample() async throws {
+        let printed = try await onLoopThread { loop -> [String] in
             nonisolated(unsafe) var printed: [String] = []
             @Sendable func print(_ text: String) { printed.append(text) }
-
-            let ticker = loop.schedule(every: .milliseconds(10)) { _ in print("tick") }
-            let reader = try loop.readLines(from: input.readEnd) { event in
-                switch event {
-                case .line(let text): print("got \(text)")
-                case .tooLong(let n), .invalidUTF8(let n): print("skipped \(n) bad bytes")
-                case .endOfFile, .error:
-                    ticker.cancel()
-                    loop.stop()
-                }
-            }
-            Thread.detachNewThread { loop.execute { print("hello from another thread") } }
-            startThread {
-                usleep(30_000)
-                input.write("one\n")
-                input.write([0xFF, 0x0A])
-                input.closeWrite()
-            }
-            try loop.run()
-            _ = reader
-
             loop.execute {
                 var reply: String?
-                loop.schedule(after: .milliseconds(5)) { reply = "pong" }
-                if loop.spin(until: { reply != nil }, timeout: .seconds(1)) { print(reply!) }
+                loop.schedule(after: .milliseconds(50)) { reply = "pong" }
+                if loop.spin(until: { reply != nil }, timeout: .seconds(1)) {
+                    print(reply!)
+                }
             }
-            loop.spin(until: { printed.last == "pong" }, timeout: .seconds(2))
+            loop.spin(until: { printed.last == "pong" }, timeout: .seconds(5))
             return printed
         }
-        #expect(output.contains("got one"))
-        #expect(output.contains("skipped 1 bad bytes"))
-        #expect(output.contains("hello from another thread"))
-        #expect(output.contains("tick"))
-        #expect(output.last == "pong")
+        #expect(printed == ["pong"])
     }
 
     @Test("the README's feeder example runs: work, input between chunks, a report")
