@@ -42,6 +42,8 @@ public final class EventLoop: @unchecked Sendable {
     let remote = Protected(RemoteQueue())
     let stopRequested = Atomic<Bool>(false)
     let wakeup: WakeupDescriptor
+    /// What the loop is doing, for other threads (see `activity`).
+    let activityStamp = ActivityStamp()
 
     // MARK: Loop-thread state (touched only by the owner)
 
@@ -185,9 +187,12 @@ public final class EventLoop: @unchecked Sendable {
         Self.runningLoop.set(self)
         let depth = nested ? 1 : 0
         runDepth += depth
+        let outermost = previousRunning !== self
+        if outermost { activityStamp.set(clock.now()) }
         defer {
             runDepth -= depth
             Self.runningLoop.set(previousRunning)
+            if outermost { activityStamp.set(ActivityStamp.notRunning) }
         }
         return try body()
     }
@@ -233,8 +238,11 @@ public final class EventLoop: @unchecked Sendable {
         runPrePollActions()
         let pollStart = mayBlock ? clock.now() : 0
         scheduler.counters.polls += 1
+        if mayBlock { activityStamp.set(0) }
         try base.poll(blocking: mayBlock)
-        if mayBlock { scheduler.accountPoll(nanoseconds: clock.now() &- pollStart) }
+        let polled = clock.now()
+        activityStamp.set(polled)
+        if mayBlock { scheduler.accountPoll(nanoseconds: polled &- pollStart) }
         if let target = wakeupTarget, target.didFire {
             target.didFire = false
             scheduler.counters.wakeups += 1
