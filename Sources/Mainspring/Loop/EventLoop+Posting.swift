@@ -7,7 +7,10 @@ extension EventLoop {
     /// mutex and wakes the loop (an eventfd write) only when the loop is asleep.
     /// Work posted before `stop()` runs on the next `run`, or is counted in
     /// `LoopMetrics.droppedAtShutdown` if the loop is freed first.
-    public func execute(priority: Priority = .normal, _ work: @escaping @Sendable () -> Void) {
+    ///
+    /// `work` is taken over (`consuming`): the loop stores the caller's reference instead of
+    /// retaining a new one, so a post costs the closure's own reference count and nothing more.
+    public func execute(priority: Priority = .normal, _ work: consuming @escaping @Sendable () -> Void) {
         if ownerThread.load(ordering: .relaxed) == currentThreadID() {
             if isShutDown {
                 scheduler.counters.droppedAtShutdown += 1
@@ -19,14 +22,17 @@ extension EventLoop {
         }
     }
 
-    private func executeFromOtherThread(priority: Priority, _ work: @escaping @Sendable () -> Void) {
+    private func executeFromOtherThread(priority: Priority, _ work: consuming @escaping @Sendable () -> Void) {
         let stamp = scheduler.counters.collectsQueueWait ? clock.now() : 0
+        // Moved into the queue inside the lock (no retain); if the loop is closed it is released
+        // here, after the lock, so no deinit runs while the lock is held.
+        var item = Optional(RemoteItem(work: work, stamp: stamp))
         let mustWake = remote.withLock { queue -> Bool in
             if queue.isClosed {
                 queue.droppedWhileClosed += 1
                 return false
             }
-            queue.append(RemoteItem(work: work, stamp: stamp), priority)
+            queue.append(item.take()!, priority)
             if queue.isSleeping {
                 queue.isSleeping = false
                 return true

@@ -21,7 +21,7 @@ struct RemoteQueue {
     var count: Int { items.input.count + items.normal.count + items.background.count }
 
     @inline(__always)
-    mutating func append(_ item: RemoteItem, _ priority: Priority) {
+    mutating func append(_ item: consuming RemoteItem, _ priority: Priority) {
         items[priority].append(item)
     }
 }
@@ -46,9 +46,8 @@ struct RemoteBatch {
 
     @inline(__always)
     mutating func popFirst() -> ReadyRecord {
-        let work = items[next].work
+        let work = items[next].work.take()  // moved out: no retain here, no release later
         let stamp = items[next].stamp
-        items[next].work = nil
         next &+= 1
         return ReadyRecord(work: work, source: nil, stamp: stamp == 0 ? takenAt : stamp)
     }

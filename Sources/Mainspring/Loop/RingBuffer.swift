@@ -14,7 +14,7 @@ struct RingBuffer<Element> {
     var isEmpty: Bool { count == 0 }
 
     @inline(__always)
-    mutating func append(_ element: Element) {
+    mutating func append(_ element: consuming Element) {
         if count == storage.count { grow() }
         storage[(head &+ count) & (storage.count &- 1)] = element
         count &+= 1

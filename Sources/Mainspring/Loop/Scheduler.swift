@@ -104,14 +104,14 @@ final class Scheduler {
 
     /// Makes `record` ready at `priority`.
     @inline(__always)
-    func enqueue(_ record: ReadyRecord, _ priority: Priority) {
+    func enqueue(_ record: consuming ReadyRecord, _ priority: Priority) {
         local[priority].append(record)
     }
 
     /// Queues `record` to become ready (at `record.priority`) after the next poll.
-    func enqueueNextTurn(_ record: ReadyRecord) {
-        nextTurn.append(record)
+    func enqueueNextTurn(_ record: consuming ReadyRecord) {
         if record.priority == .background { nextTurnBackground &+= 1 }
+        nextTurn.append(record)
     }
 
     /// Makes the records queued for the next turn ready, stamped with `clock`'s now: closures go
