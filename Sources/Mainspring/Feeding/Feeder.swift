@@ -39,8 +39,8 @@ import Synchronization
 public final class Feeder: Sendable {
     /// How much a feeder runs per loop turn.
     public enum Pacing: Sendable, Hashable {
-        /// One chunk, then a poll: the article's behaviour (one block per trip through the main
-        /// queue). Lowest latency for long chunks; a poll per chunk makes tiny chunks slow.
+        /// One chunk, then a poll: the classic feeding pattern (one block per trip through the
+        /// main queue). Lowest latency for long chunks; a poll per chunk makes tiny chunks slow.
         case oneChunkPerTurn
         /// Chunks until this much time is used, then a poll: amortises tiny chunks without
         /// hurting input. After each chunk the feeder starts another only if what is left of the
@@ -160,7 +160,7 @@ public final class Feeder: Sendable {
     // MARK: Submitting work
 
     /// Queues `chunk` to run once on the loop, after everything submitted before it (FIFO).
-    /// Any thread — the article's `enqueueBlock`.
+    /// Any thread.
     ///
     /// A chunk that `cancelAll()` drops never runs.
     public func enqueue(_ chunk: @escaping @Sendable () -> Void) {
