@@ -28,9 +28,13 @@ test: deps
 ## page and the articles) and the library's doc comments, from its symbol graphs, into
 ## $(DOCS_OUTPUT) (a static site). Any docc warning (an unresolved symbol link, a parameter
 ## documented that does not exist or one left undocumented, ...) fails the target, so that CI
-## keeps the documentation clean. The log is in .build/docs.log.
+## keeps the documentation clean. The log is in .build/docs.log. The symbol graphs come from
+## the debug build that make test uses (after it, this takes seconds); dump-symbol-graph needs
+## the test modules built too, or it fails on them.
 docs: deps
 	@command -v $(DOCC) >/dev/null || { echo "make docs needs docc, which ships with the Swift toolchain (next to swift)"; exit 1; }
+	$(SWIFT) build --build-tests
+	@rm -rf "$$(dirname "$$($(SWIFT) build --show-bin-path)")/symbolgraph"
 	$(SWIFT) package dump-symbol-graph --emit-extension-block-symbols
 	@graphs="$$(dirname "$$($(SWIFT) build --show-bin-path)")/symbolgraph"; \
 		rm -rf $(DOCS_SYMBOL_GRAPHS) && mkdir -p $(DOCS_SYMBOL_GRAPHS) && \
