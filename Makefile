@@ -42,7 +42,8 @@ docs: deps
 	@rm -rf $(DOCS_OUTPUT)
 	@$(DOCC) convert Sources/Mainspring/Mainspring.docc --additional-symbol-graph-dir $(DOCS_SYMBOL_GRAPHS) \
 		--output-path $(DOCS_OUTPUT) --fallback-display-name Mainspring \
-		--fallback-bundle-identifier mainspring.Mainspring --warnings-as-errors > .build/docs.log 2>&1; \
+		--fallback-bundle-identifier mainspring.Mainspring --fallback-default-module-kind Library \
+		--warnings-as-errors > .build/docs.log 2>&1; \
 		status=$$?; cat .build/docs.log; \
 		if [ $$status -ne 0 ] || grep -qE "(warning|error):" .build/docs.log; then \
 			echo "make docs: docc reported problems (above); fix them, warnings included"; exit 1; fi
