@@ -2,10 +2,14 @@
 SWIFT ?= swift
 LSAN_SUPPRESSIONS := $(CURDIR)/.ci/lsan.supp
 
+DOCC ?= docc
+DOCS_OUTPUT ?= .build/docs
+DOCS_SYMBOL_GRAPHS := .build/docs-symbol-graphs
+
 FUZZ_RUNS ?= 200000
 FUZZ_TARGETS := $(notdir $(wildcard Fuzz/Corpus/*))
 
-.PHONY: all deps build test demo bench sanitize tsan asan stress fuzz leaks soak ci clean
+.PHONY: all deps build test docs demo bench sanitize tsan asan stress fuzz leaks soak ci clean
 
 all: build
 
@@ -19,6 +23,31 @@ build: deps
 test: deps
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build
+
+## The Mainspring documentation: DocC renders Sources/Mainspring/Mainspring.docc (the landing
+## page and the articles) and the library's doc comments, from its symbol graphs, into
+## $(DOCS_OUTPUT) (a static site). Any docc warning (an unresolved symbol link, a parameter
+## documented that does not exist or one left undocumented, ...) fails the target, so that CI
+## keeps the documentation clean. The log is in .build/docs.log. The symbol graphs come from
+## the debug build that make test uses (after it, this takes seconds); dump-symbol-graph needs
+## the test modules built too, or it fails on them.
+docs: deps
+	@command -v $(DOCC) >/dev/null || { echo "make docs needs docc, which ships with the Swift toolchain (next to swift)"; exit 1; }
+	$(SWIFT) build --build-tests
+	@rm -rf "$$(dirname "$$($(SWIFT) build --show-bin-path)")/symbolgraph"
+	$(SWIFT) package dump-symbol-graph --emit-extension-block-symbols
+	@graphs="$$(dirname "$$($(SWIFT) build --show-bin-path)")/symbolgraph"; \
+		rm -rf $(DOCS_SYMBOL_GRAPHS) && mkdir -p $(DOCS_SYMBOL_GRAPHS) && \
+		cp "$$graphs"/Mainspring.symbols.json "$$graphs"/Mainspring@*.symbols.json $(DOCS_SYMBOL_GRAPHS)/
+	@rm -rf $(DOCS_OUTPUT)
+	@$(DOCC) convert Sources/Mainspring/Mainspring.docc --additional-symbol-graph-dir $(DOCS_SYMBOL_GRAPHS) \
+		--output-path $(DOCS_OUTPUT) --fallback-display-name Mainspring \
+		--fallback-bundle-identifier mainspring.Mainspring --fallback-default-module-kind Library \
+		--warnings-as-errors > .build/docs.log 2>&1; \
+		status=$$?; cat .build/docs.log; \
+		if [ $$status -ne 0 ] || grep -qE "(warning|error):" .build/docs.log; then \
+			echo "make docs: docc reported problems (above); fix them, warnings included"; exit 1; fi
+	@echo "documentation written to $(DOCS_OUTPUT) (open $(DOCS_OUTPUT)/documentation/mainspring/index.html through a web server)"
 
 ## Builds and runs the interactive example (simulated input when stdin is not a terminal).
 demo: deps
@@ -85,9 +114,9 @@ soak: deps
 	$(SWIFT) build -c release --product mainspring-daemon
 	$(SWIFT) run -c release --skip-build mainspring-bench soak
 
-## What CI runs: the plain suite, then the sanitizer suites.
-ci: test sanitize
+## What CI runs: the plain suite, the documentation, then the sanitizer suites.
+ci: test docs sanitize
 
 clean:
 	$(SWIFT) package clean
-	rm -rf .build/tsan .build/asan .build/stress .build/fuzz
+	rm -rf .build/tsan .build/asan .build/stress .build/fuzz $(DOCS_OUTPUT) $(DOCS_SYMBOL_GRAPHS)

@@ -106,7 +106,12 @@ extension EventLoop {
     /// An fd that epoll cannot watch (a regular file, `/dev/null`) is always ready: the handler
     /// runs once per loop turn until cancelled. Cancel the watcher before closing the fd.
     /// Loop thread only.
-    /// - Parameter priority: where the handler runs; `.input` by default.
+    /// - Parameters:
+    ///   - fd: the file descriptor to watch; it stays yours (the watcher never closes it).
+    ///   - events: the readiness to watch for: `.read`, `.write` or both.
+    ///   - priority: where the handler runs; `.input` by default.
+    ///   - handler: called on this loop with the events that are ready.
+    /// - Returns: the watcher, to `cancel()` it; the loop keeps it alive without the handle.
     /// - Throws: `EventLoopError.badDescriptor` when `fd` is not open, `.wrongThread` off the
     ///   loop's thread, `.libevent` when libevent refuses the fd.
     public func watch(_ fd: Int32, for events: IOEvents, priority: Priority = .input,

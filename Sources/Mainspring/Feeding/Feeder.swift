@@ -39,9 +39,8 @@ import Synchronization
 public final class Feeder: Sendable {
     /// How much a feeder runs per loop turn.
     public enum Pacing: Sendable, Hashable {
-        /// One chunk, then a poll — what feeding a queue one block at a time (each block
-        /// re-posting the next to the main queue) does. Lowest latency for long chunks; a poll
-        /// per chunk makes tiny chunks slow.
+        /// One chunk, then a poll: the classic feeding pattern (one block per trip through the
+        /// main queue). Lowest latency for long chunks; a poll per chunk makes tiny chunks slow.
         case oneChunkPerTurn
         /// Chunks until this much time is used, then a poll: amortises tiny chunks without
         /// hurting input. After each chunk the feeder starts another only if what is left of the

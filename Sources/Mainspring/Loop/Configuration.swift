@@ -1,8 +1,10 @@
 extension EventLoop {
     /// How a loop balances input, normal work and background work, and what it measures.
     ///
-    /// The defaults suit interactive programs and daemons; `Scheduler` (and docs/ARCHITECTURE.md)
-    /// explains the rules these settings tune. All durations are clamped to zero when negative.
+    /// The defaults suit interactive programs and daemons: input waits at most about one poll
+    /// interval behind other work, and `.background` work keeps a quarter of a saturated loop
+    /// (`Scheduler` explains the rules these settings tune). All durations are clamped to zero
+    /// when negative.
     public struct Configuration: Sendable, Equatable {
         /// The longest the loop dispatches ready work before it polls for new I/O again. An input
         /// event therefore waits at most this long plus the one callback in progress.

@@ -149,7 +149,10 @@ public final class EventLoop: @unchecked Sendable {
     ///
     /// Must be called on the loop's thread (precondition). A failing poll stops the program,
     /// as for `runOnce`.
-    /// - Parameter timeout: the longest to spin; `nil` for no limit, negative counts as zero.
+    /// - Parameters:
+    ///   - condition: what to wait for; checked on this thread, before starting and after
+    ///     every callback.
+    ///   - timeout: the longest to spin; `nil` for no limit, negative counts as zero.
     /// - Returns: whether `condition` holds on return (`false` after a timeout or a `stop()`).
     ///   A `stop()` ends every nested spin; the outermost `run` or `spin` consumes it.
     @discardableResult

@@ -5,8 +5,11 @@
 /// (`Feeder`). Strict priority is tempered by the loop's fairness rules (see
 /// `EventLoop.Configuration`): `.background` keeps a guaranteed share under an input flood.
 public enum Priority: Sendable, Hashable, Comparable, CaseIterable, CustomStringConvertible {
+    /// File descriptor readiness and signals: served first.
     case input
+    /// Posted closures, timers, the Dispatch main queue and actor jobs.
     case normal
+    /// Long work fed in slices: served last, but with a guaranteed share of a saturated loop.
     case background
 
     /// Index of the ready queue: 0 is served first.

@@ -62,6 +62,8 @@ public final class InputSimulator {
     ///
     /// Must be called on the loop's thread.
     /// - Parameters:
+    ///   - loop: the loop that reads the records, as `.input`.
+    ///   - pattern: when the writer thread writes records.
     ///   - count: records to write (negative counts as zero); `nil` for no limit.
     ///   - handlingCost: CPU time (busy-waited) spent on each record in the handler.
     ///   - onEvent: called on the loop for each record, after its handling cost.

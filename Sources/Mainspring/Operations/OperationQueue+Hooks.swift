@@ -46,8 +46,8 @@ extension OperationQueue {
     // MARK: Hooks
 
     /// Runs `body` on `loop` each time the queue's tracked operations have all finished: every
-    /// time their count falls to 0 after work was added with `addTrackedOperations(_:)` — the
-    /// article's `operationCount == 0` observer, without KVO.
+    /// time their count falls to 0 after work was added with `addTrackedOperations(_:)` — what
+    /// Darwin code gets by observing `operationCount` with KVO, which Linux does not have.
     ///
     /// Any thread. `body` runs on `loop`'s thread, posted with `loop.execute`, exactly once per
     /// drain — also when the last operations finish at the same moment on many threads (see
@@ -70,9 +70,9 @@ extension OperationQueue {
     /// Waits until the queue has no operations left — while spinning `loop`, so everything
     /// delivered to that loop meanwhile (completions, `onFinish` hooks, timers, input) still runs.
     ///
-    /// This is the wait the article could not use: its operations deliver their completions to
-    /// the main queue, so a plain `waitUntilAllOperationsAreFinished()` on the main thread
-    /// blocks the very thread those completions need, and never returns. Here, call it on the
+    /// This is the wait that deadlocks when done the plain way: when operations deliver their
+    /// completions to the main thread, a plain `waitUntilAllOperationsAreFinished()` on the main
+    /// thread blocks the very thread those completions need, and never returns. Here, call it on the
     /// loop's thread (`EventLoop.main` on the main thread) and the completions run inside the
     /// wait.
     ///
@@ -84,7 +84,9 @@ extension OperationQueue {
     /// normally done too, but not promised (they may be queued right behind).
     ///
     /// Loop thread only (precondition). Cost: one short-lived thread per call that has to wait.
-    /// - Parameter timeout: the longest to wait; `nil` for no limit; negative counts as zero.
+    /// - Parameters:
+    ///   - loop: the loop to keep running while waiting; the caller's thread must be its thread.
+    ///   - timeout: the longest to wait; `nil` for no limit; negative counts as zero.
     /// - Returns: `true` when the queue drained; `false` after the timeout or a `stop()` of the
     ///   loop (the helper thread then keeps waiting for the queue and exits when it drains).
     @available(*, noasync, message: "it blocks the calling thread; await the work instead, or call it on a loop's thread")

@@ -3,7 +3,7 @@ import Observation
 import Synchronization
 
 /// The progress of a queue's tracked operations as an `Observable` model: how Swift on Linux
-/// observes what the article observed with KVO (`operationCount`).
+/// observes what Darwin code observes with KVO (`operationCount`).
 ///
 /// ```swift
 /// let activity = QueueActivity(of: queue, on: loop)

@@ -5,7 +5,7 @@ import Synchronization
 /// are unfinished, and who wants to hear when that changes.
 ///
 /// ## Why a count of our own
-/// On Darwin the article observes `operationCount` with KVO. swift-corelibs-foundation has no
+/// On Darwin, code observes `operationCount` with KVO. swift-corelibs-foundation has no
 /// KVO and no hook at all when an operation is added or removed (`operationCount` is computed by
 /// walking the queue's list under its lock). So the operations are counted as they go in —
 /// `addTrackedOperations(_:)` adds their number *before* handing them to the queue — and as they

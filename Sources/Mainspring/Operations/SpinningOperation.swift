@@ -1,13 +1,14 @@
 import Foundation
 
 /// An `AsyncOperation` that keeps its worker thread and runs that thread's event loop until it
-/// finishes — the article's `RunLoop.current.run(mode:before:)` loop, done right.
+/// finishes — the "spin the current run loop until the operation is done" pattern
+/// (`RunLoop.current.run(mode:before:)` in a loop), done right.
 ///
 /// `start()` (on the queue's worker thread) calls `execute()` with `EventLoop.current` being
 /// the worker's own loop, then spins that loop (`spin(until:)`) until `finish()` or `cancel()`.
 /// While it waits the thread sleeps in `epoll_wait`: no CPU, no polling (on Linux
-/// `RunLoop.run(mode:before:)` returns at once on a thread without run-loop sources, so the
-/// original turns into a 100 % CPU busy loop). Timers, fd watchers, `readLines` and work posted
+/// `RunLoop.run(mode:before:)` returns at once on a thread without run-loop sources, so that
+/// loop turns into a 100 % CPU busy loop). Timers, fd watchers, `readLines` and work posted
 /// with `execute(_:)` on that loop just work inside `execute()`:
 ///
 /// ```swift
@@ -33,7 +34,7 @@ import Foundation
 /// the loop after the operation finished runs the next time something spins that thread's
 /// loop.
 ///
-/// Cost: one blocked queue thread per running operation (like the original), one eventfd write
+/// Cost: one blocked queue thread per running operation (as with `RunLoop`), one eventfd write
 /// per cross-thread `finish()`/`cancel()`.
 open class SpinningOperation: AsyncOperation, @unchecked Sendable {
     /// The worker's loop while the operation executes (set before `execute()`, cleared after

@@ -59,7 +59,9 @@ public final class Connection {
 
     /// Bytes read from the peer, for `readBytes`.
     public enum Input: Sendable, Equatable {
+        /// The next bytes from the peer, at most 64 KiB at a time.
         case bytes([UInt8])
+        /// The peer closed its side of the connection; reported once, after the last bytes.
         case endOfFile
     }
 

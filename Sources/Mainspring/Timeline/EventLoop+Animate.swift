@@ -1,8 +1,9 @@
 extension EventLoop {
     /// Runs `steps` one after another on this loop, each for `eachStepDuration` after
-    /// `eachStepDelay`, eased with `curve` — a sequence of animation blocks in the style of
-    /// `UIView.animate(withDuration:delay:…)`, without nested completion callbacks. Each step gets eased progress once per frame (60 per
-    /// second), ending with exactly `1.0`; see `Timeline` for the timing promises.
+    /// `eachStepDelay`, eased with `curve` — a chain of animation blocks, such as UIKit code
+    /// writes with nested `UIView.animate` completions, without the nesting. Each step gets
+    /// eased progress once per frame (60 per second), ending with exactly `1.0`; see `Timeline`
+    /// for the timing promises.
     ///
     /// ```swift
     /// loop.animate(eachStepDuration: .milliseconds(300), steps:

@@ -79,7 +79,9 @@ public final class Timeline {
     /// Creates an empty timeline for `loop` (`EventLoop.current` on the loop's own thread).
     /// Touches no loop state, so it can be built on any thread and started later on the loop's.
     ///
-    /// - Parameter framesPerSecond: the update rate of every step, clamped to `1...1_000`.
+    /// - Parameters:
+    ///   - loop: the loop whose thread runs the timer, the updates and the completion.
+    ///   - framesPerSecond: the update rate of every step, clamped to `1...1_000`.
     public init(loop: EventLoop, framesPerSecond: Int = 60) {
         self.loop = loop
         self.framesPerSecond = min(max(framesPerSecond, 1), 1_000)
@@ -103,9 +105,9 @@ public final class Timeline {
     /// update, or `false` if the timeline is cancelled first (also when `cancel()` came before
     /// `start`). It runs exactly once, on the loop's thread.
     ///
-    /// With no steps, `completion(true)` runs at once, inside this call (as an animation call
-    /// with nothing to animate does). Otherwise the first step begins inside this call: a step
-    /// with no delay and no duration delivers its `update(1.0)` before `start` returns.
+    /// With no steps, `completion(true)` runs at once, inside this call. Otherwise the first
+    /// step begins inside this call: a step with no delay and no duration delivers its
+    /// `update(1.0)` before `start` returns.
     ///
     /// Loop thread only (precondition); a timeline starts once (precondition).
     public func start(completion: @escaping (Bool) -> Void) {
