@@ -60,14 +60,19 @@ func countedRegion(_ body: () -> Void) {
 }
 
 /// The loop configuration of the counted post and feeder runs: the defaults, except a poll
-/// interval of one hour. Under callgrind the loop polls every 2 ms of *wall* time, about every
-/// 400 items instead of every 50,000, at a point that depends on timing; with this interval the
-/// counted region never polls for the interval's sake, so the counts are deterministic. The
-/// clock read after every callback (the price of the poll-interval rule) is still counted.
+/// interval of one hour. Under callgrind (~50× slower) the loop would poll every 2 ms of *wall*
+/// time, every few hundred items instead of every ~50,000, at points that depend on timing; with
+/// this interval the counted region never polls for the interval's sake, so the counts are
+/// deterministic. The clock read after every callback (the price of the poll-interval rule) is
+/// still counted.
 private let countsConfiguration = EventLoop.Configuration(pollInterval: .seconds(3_600))
 
 /// The same for libevent's `max_dispatch_interval` in the polling C loop (1,000 s).
 private let countsMaxDispatchMicroseconds: Int32 = 1_000_000_000
+
+/// post-remote's warm-up rounds post this many items (the larger size), so that neither counted
+/// run grows an array.
+private let remoteWarmup = 70_000
 
 /// One variant of a counted scenario: what the child runs with `items` items, and the two sizes.
 private struct CountedVariant: Sendable {
@@ -106,20 +111,20 @@ private let countedVariants: [CountedVariant] = [
         return [:]
     },
     // post-remote: non-capturing closures (PostRemote.swift) vs the C mutex + eventfd queue.
-    CountedVariant(scenario: "post-remote", variant: "mainspring", small: 20_000, large: 70_000) { items in
-        ["wakeups": Double(countedPostRemote(items, warmup: 70_000, producerFirst: true))]
+    CountedVariant(scenario: "post-remote", variant: "mainspring", small: 20_000, large: remoteWarmup) { items in
+        ["wakeups": Double(countedPostRemote(items, warmup: remoteWarmup, producerFirst: true))]
     },
-    CountedVariant(scenario: "post-remote", variant: "libevent-c", small: 20_000, large: 70_000) { items in
-        ["wakeups": Double(ms_count_post_remote(Int64(items), 70_000, 1))]
+    CountedVariant(scenario: "post-remote", variant: "libevent-c", small: 20_000, large: remoteWarmup) { items in
+        ["wakeups": Double(ms_count_post_remote(Int64(items), Int64(remoteWarmup), 1))]
     },
     // The same with the producer and the loop running at once, as in the timed scenario: how
     // the threads interleave (under valgrind: its thread scheduler) sets the wake-ups, so these
     // vary from run to run.
-    CountedVariant(scenario: "post-remote", variant: "mainspring-interleaved", small: 20_000, large: 70_000) { items in
-        ["wakeups": Double(countedPostRemote(items, warmup: 70_000, producerFirst: false))]
+    CountedVariant(scenario: "post-remote", variant: "mainspring-interleaved", small: 20_000, large: remoteWarmup) { items in
+        ["wakeups": Double(countedPostRemote(items, warmup: remoteWarmup, producerFirst: false))]
     },
-    CountedVariant(scenario: "post-remote", variant: "libevent-c-interleaved", small: 20_000, large: 70_000) { items in
-        ["wakeups": Double(ms_count_post_remote(Int64(items), 70_000, 0))]
+    CountedVariant(scenario: "post-remote", variant: "libevent-c-interleaved", small: 20_000, large: remoteWarmup) { items in
+        ["wakeups": Double(ms_count_post_remote(Int64(items), Int64(remoteWarmup), 0))]
     },
     // daemon: the line service the `daemon` scenario measures vs the C bufferevent service.
     CountedVariant(scenario: "daemon", variant: "mainspring", small: 1_000, large: 4_000) { items in
