@@ -9,10 +9,12 @@ DOCS_SYMBOL_GRAPHS := .build/docs-symbol-graphs
 FUZZ_RUNS ?= 200000
 FUZZ_TARGETS := $(notdir $(wildcard Fuzz/Corpus/*))
 
-.PHONY: all deps build test docs demo bench sanitize tsan asan stress fuzz leaks soak ci clean
+.PHONY: all deps build test docs demo bench bench-counts sanitize tsan asan stress fuzz leaks soak ci clean
 
 all: build
 
+## libevent-dev and pkg-config when missing; a target that needs more runs the script with
+## the extra Debian packages as arguments (`./scripts/install-deps.sh valgrind`).
 deps:
 	@./scripts/install-deps.sh
 
@@ -59,6 +61,15 @@ bench: deps
 	$(SWIFT) build -c release --product mainspring-bench
 	$(SWIFT) run -c release --skip-build mainspring-bench $(ARGS)
 
+## Deterministic per-item costs (instructions, retains/releases, heap allocations) of post-local,
+## post-remote, a daemon request and a Feeder chunk, counted under valgrind's callgrind (about
+## 2 minutes; installs valgrind when it is missing). ARGS="post-local --callers" to choose and to
+## see which functions make the calls; ARGS=--json for records.
+bench-counts:
+	@./scripts/install-deps.sh valgrind
+	$(SWIFT) build -c release --product mainspring-bench
+	$(SWIFT) run -c release --skip-build mainspring-bench --counts $(ARGS)
+
 ## The suite under ThreadSanitizer and AddressSanitizer (+ LeakSanitizer), one test at a time
 ## (sanitizers slow everything down; a 2-core machine running 30 tests at once would starve the
 ## timing tests). Each has its own build directory. ASan's quarantine of freed memory is capped
@@ -99,8 +110,8 @@ fuzz: deps
 
 ## A short scenario (loops, timers, watchers, readers, signals, connections, a feeder, a group)
 ## under valgrind memcheck: it fails on any "definitely lost" block.
-leaks: deps
-	@command -v valgrind >/dev/null || { echo "make leaks needs valgrind (apt-get install valgrind)"; exit 1; }
+leaks:
+	@./scripts/install-deps.sh valgrind
 	$(SWIFT) build --product mainspring-fixture
 	@valgrind --leak-check=full --errors-for-leak-kinds=definite --error-exitcode=1 \
 		--suppressions=.ci/valgrind.supp .build/debug/mainspring-fixture leak-check > .build/leaks.log 2>&1; \

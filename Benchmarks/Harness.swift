@@ -162,6 +162,7 @@ func table(_ records: [BenchRecord]) -> String {
 func format(_ value: Double) -> String {
     if value.isNaN { return "-" }
     let magnitude = abs(value)
+    if magnitude < 0.0005 { return "0.000" }  // not "-0.000"
     if magnitude >= 1e6 { return String(format: "%.3gM", value / 1e6) }
     if magnitude >= 1e4 { return String(format: "%.0f", value) }
     if magnitude >= 100 { return String(format: "%.1f", value) }

@@ -21,10 +21,18 @@ let postLocalScenario = Scenario(
     return samples.records(scenario: "post-local")
 }
 
-/// Seconds for `count` chained posts on a fresh loop thread.
-func mainspringPostLocal(_ count: Int, metrics: Bool = true) -> Double {
+/// Seconds for `count` chained posts on a fresh loop thread: on its `EventLoop.current`, or on
+/// a loop made with `configuration` (`metrics: false` turns `collectsMetrics` off in it).
+/// `around` runs the measured part, from the first post to the last item (`--counts` passes
+/// `countedRegion`).
+func mainspringPostLocal(_ count: Int, metrics: Bool = true, configuration: EventLoop.Configuration? = nil,
+                         around: @escaping @Sendable (() -> Void) -> Void = { $0() }) -> Double
+{
     onFreshThread {
-        let loop = metrics ? EventLoop.current : try! EventLoop(configuration: .init(collectsMetrics: false))
+        var configuration = configuration
+        if !metrics { configuration = configuration ?? .init() }
+        configuration?.collectsMetrics = metrics
+        let loop = try! configuration.map { try EventLoop(configuration: $0) } ?? EventLoop.current
         final class Chain: @unchecked Sendable {
             var remaining: Int
             var step: (@Sendable () -> Void)?
@@ -37,8 +45,10 @@ func mainspringPostLocal(_ count: Int, metrics: Bool = true) -> Double {
             if chain.remaining > 0 { loopRef.execute(chain.step!) }
         }
         let start = nowNanoseconds()
-        loop.execute(chain.step!)
-        loop.spin(until: { chain.remaining == 0 })
+        around {
+            loop.execute(chain.step!)
+            loop.spin(until: { chain.remaining == 0 })
+        }
         let seconds = Double(nowNanoseconds() - start) / 1e9
         chain.step = nil
         return seconds

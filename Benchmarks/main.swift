@@ -2,8 +2,11 @@ import Foundation
 
 // mainspring-bench [scenario …] [--runs N] [--json] [--svg DIR]
 // Runs each named scenario (all when none is named), every variant side by side in this run,
-// and prints an aligned table, or with --json one JSON array of records (see DESIGN.md).
+// and prints an aligned table, or with --json one JSON array of records (`BenchRecord`).
 // --svg DIR: scenarios with a plot (fairness) write it there as SVG.
+//
+// mainspring-bench --counts [scenario …] [--runs N] [--json] [--callers] [--keep DIR]
+// Deterministic per-item counts under valgrind's callgrind instead (see Counts.swift).
 
 /// Every scenario, in the order they run. Each lives in its own file.
 let scenarios: [Scenario] = [
@@ -29,6 +32,7 @@ let childEntryPoints: [ChildEntryPoint] = [
     mainQueueChild,
     actorHopChild,
     dispatchFeederChild,
+    countsChild,
 ]
 
 func main() throws {
@@ -40,8 +44,11 @@ func main() throws {
         }
         try entry.body(Array(arguments.dropFirst(2)))
     }
-    var runs = 5
+    var requestedRuns: Int?
     var json = false
+    var counts = false
+    var callers = false
+    var keep: String?
     var names: [String] = []
     while !arguments.isEmpty {
         let argument = arguments.removeFirst()
@@ -51,9 +58,17 @@ func main() throws {
                 throw BenchError.usage("--runs needs a positive number")
             }
             arguments.removeFirst()
-            runs = value
+            requestedRuns = value
         case "--json":
             json = true
+        case "--counts":
+            counts = true
+        case "--callers":
+            callers = true
+        case "--keep":
+            guard let directory = arguments.first else { throw BenchError.usage("--keep needs a directory") }
+            arguments.removeFirst()
+            keep = directory
         case "--svg":
             guard let directory = arguments.first else { throw BenchError.usage("--svg needs a directory") }
             arguments.removeFirst()
@@ -61,11 +76,26 @@ func main() throws {
         case "--help", "-h":
             print("usage: mainspring-bench [scenario …] [--runs N] [--json] [--svg DIR]\n\nscenarios:")
             for scenario in scenarios + namedOnlyScenarios { print("  \(scenario.name.padding(toLength: 12, withPad: " ", startingAt: 0))  \(scenario.summary)") }
+            print("""
+
+                mainspring-bench --counts [scenario …] [--runs N] [--json] [--callers] [--keep DIR]
+                  per-item instructions, retains/releases and heap allocations counted under valgrind's
+                  callgrind (deterministic; each of N runs is a pair of counted runs, default 2);
+                  --callers: which functions make the retains, releases and allocations;
+                  --keep DIR: keep the callgrind.out files there (for callgrind_annotate).
+                  counted scenarios: post-local, post-remote, daemon, feeder
+                """)
             return
         default:
             names.append(argument)
         }
     }
+    if counts {
+        try runCounts(names: names, runs: requestedRuns ?? 2, json: json, callers: callers, keep: keep)
+        return
+    }
+    if callers || keep != nil { throw BenchError.usage("--callers and --keep go with --counts") }
+    let runs = requestedRuns ?? 5
     let selected = try names.isEmpty ? scenarios : names.map { name in
         guard let scenario = (scenarios + namedOnlyScenarios).first(where: { $0.name == name }) else {
             throw BenchError.unknownScenario(name)

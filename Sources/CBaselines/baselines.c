@@ -23,12 +23,22 @@ static struct event_base *new_base(int max_dispatch_us) {
     struct event_config *cfg = event_config_new();
     event_config_set_flag(cfg, EVENT_BASE_FLAG_NOLOCK | EVENT_BASE_FLAG_PRECISE_TIMER);
     if (max_dispatch_us > 0) {
-        struct timeval tv = {0, max_dispatch_us};
+        struct timeval tv = {max_dispatch_us / 1000000, max_dispatch_us % 1000000};
         event_config_set_max_dispatch_interval(cfg, &tv, -1, 0);
     }
     struct event_base *base = event_base_new_with_config(cfg);
     event_config_free(cfg);
     return base;
+}
+
+/* ---- cost counts: the region callgrind counts ---- */
+
+/* Not inlined, and not a tail call (the empty asm after the call): callgrind's
+ * --toggle-collect=ms_counted_region switches counting on when a thread enters this function
+ * and off when it returns, so it must stay on the stack around `body`. */
+__attribute__((noinline)) void ms_counted_region(void (*body)(void *), void *context) {
+    body(context);
+    __asm__ volatile("" ::: "memory");
 }
 
 /* ---- post-local ---- */
@@ -44,17 +54,30 @@ static void local_cb(evutil_socket_t fd, short what, void *arg) {
     if (--s->remaining > 0) event_active(s->ev, EV_READ, 0);
 }
 
-double ms_baseline_post_local(int64_t count, int max_dispatch_us) {
+static void local_chain(void *arg) {
+    struct local_state *s = arg;
+    event_active(s->ev, EV_READ, 0);
+    while (s->remaining > 0) event_base_loop(event_get_base(s->ev), EVLOOP_ONCE);
+}
+
+static double post_local(int64_t count, int max_dispatch_us, int counted) {
     struct event_base *base = new_base(max_dispatch_us);
     struct local_state s = {NULL, count};
     s.ev = event_new(base, -1, 0, local_cb, &s);
     double start = now_seconds();
-    event_active(s.ev, EV_READ, 0);
-    while (s.remaining > 0) event_base_loop(base, EVLOOP_ONCE);
+    if (counted) ms_counted_region(local_chain, &s); else local_chain(&s);
     double elapsed = now_seconds() - start;
     event_free(s.ev);
     event_base_free(base);
     return elapsed;
+}
+
+double ms_baseline_post_local(int64_t count, int max_dispatch_us) {
+    return post_local(count, max_dispatch_us, 0);
+}
+
+void ms_count_post_local(int64_t count, int max_dispatch_us) {
+    (void)post_local(count, max_dispatch_us, 1);
 }
 
 /* ---- post-remote ---- */
@@ -107,11 +130,22 @@ static void remote_cb(evutil_socket_t fd, short what, void *arg) {
     if (q->processed >= q->total) event_base_loopbreak(q->base);
 }
 
-static void *producer(void *arg) {
+static void produce(void *arg) {
     struct remote_queue *q = arg;
     for (int64_t i = 0; i < q->total; i++) remote_push(q, (struct item){count_item, q});
+}
+
+static void *producer(void *arg) {
+    produce(arg);
     return NULL;
 }
+
+static void *counted_producer(void *arg) {
+    ms_counted_region(produce, arg);
+    return NULL;
+}
+
+static void dispatch_base(void *arg) { event_base_dispatch(arg); }
 
 double ms_baseline_post_remote(int64_t count, int64_t *wakeups) {
     struct remote_queue q = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, -1, 0, 0, count, NULL};
@@ -131,6 +165,34 @@ double ms_baseline_post_remote(int64_t count, int64_t *wakeups) {
     close(q.efd);
     free(q.items);
     return elapsed;
+}
+
+int64_t ms_count_post_remote(int64_t count, int64_t warmup, int producer_first) {
+    struct remote_queue q = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, -1, 0, 0, 0, NULL};
+    q.efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    q.base = new_base(0);
+    struct event *ev = event_new(q.base, q.efd, EV_READ | EV_PERSIST, remote_cb, &q);
+    event_add(ev, NULL);
+    /* Two uncounted rounds of `warmup` items give both arrays (the queue's and the loop's spare,
+     * swapped on every take) their capacity; the third round, of `count` items, is counted. */
+    int64_t counted_wakeups = 0;
+    for (int round = 0; round < 3; round++) {
+        int counted = round == 2;
+        q.processed = 0;
+        q.total = counted ? count : warmup;
+        int64_t wakeups_before = q.wakeups;
+        pthread_t thread;
+        pthread_create(&thread, NULL, counted ? counted_producer : producer, &q);
+        if (producer_first) pthread_join(thread, NULL);
+        if (counted) ms_counted_region(dispatch_base, q.base); else dispatch_base(q.base);
+        if (!producer_first) pthread_join(thread, NULL);
+        counted_wakeups = q.wakeups - wakeups_before;
+    }
+    event_free(ev);
+    event_base_free(q.base);
+    close(q.efd);
+    free(q.items);
+    return counted_wakeups;
 }
 
 /* ---- timers ---- */
@@ -225,7 +287,12 @@ static void *echo_thread(void *ctx) {
     return NULL;
 }
 
-void *ms_baseline_echo_start(uint16_t *port) {
+static void *counted_echo_thread(void *ctx) {
+    ms_counted_region(dispatch_base, ((struct echo_service *)ctx)->base);
+    return NULL;
+}
+
+static void *echo_start(uint16_t *port, int counted) {
     struct echo_service *service = calloc(1, sizeof *service);
     service->base = new_base(0);
     struct sockaddr_in address;
@@ -241,8 +308,16 @@ void *ms_baseline_echo_start(uint16_t *port) {
     if (pipe(service->stop_pipe) != 0) abort();
     service->stop_event = event_new(service->base, service->stop_pipe[0], EV_READ, echo_stop_cb, service);
     event_add(service->stop_event, NULL);
-    pthread_create(&service->thread, NULL, echo_thread, service);
+    pthread_create(&service->thread, NULL, counted ? counted_echo_thread : echo_thread, service);
     return service;
+}
+
+void *ms_baseline_echo_start(uint16_t *port) {
+    return echo_start(port, 0);
+}
+
+void *ms_count_echo_start(uint16_t *port) {
+    return echo_start(port, 1);
 }
 
 void ms_baseline_echo_stop(void *handle) {

@@ -33,4 +33,27 @@ void ms_baseline_echo_stop(void *handle);
 /// hand-off between two sleeping loop threads. Returns elapsed seconds.
 double ms_baseline_pingpong(int64_t count);
 
+/* ---- Cost counts (`mainspring-bench --counts`, under valgrind's callgrind) ---- */
+
+/// Runs `body(context)` on the calling thread. Does nothing else: it marks the region that
+/// `valgrind --tool=callgrind --collect-atstart=no --toggle-collect=ms_counted_region` counts
+/// (counting is per thread: on while this thread is inside the call, off again after).
+void ms_counted_region(void (*body)(void *), void *context);
+
+/// post-local as `ms_baseline_post_local`, with the chain (from the first `event_active` to the
+/// last callback) run inside `ms_counted_region`.
+void ms_count_post_local(int64_t count, int max_dispatch_us);
+
+/// post-remote's queue: two uncounted rounds of `warmup` items (so both swapped arrays have
+/// their capacity), then `count` items with the producer's pushes and the loop's dispatch each
+/// inside `ms_counted_region`. `producer_first` != 0: the producer pushes all its items before
+/// the loop starts (one wake-up, deterministic); 0: both run at once, as in the timed scenario.
+/// Returns the counted round's eventfd wake-ups.
+int64_t ms_count_post_remote(int64_t count, int64_t warmup, int producer_first);
+
+/// The daemon's C line service as `ms_baseline_echo_start`, with the service thread's whole
+/// `event_base_dispatch` (accepting included) inside `ms_counted_region`. Stop it with
+/// `ms_baseline_echo_stop`.
+void *ms_count_echo_start(uint16_t *port);
+
 #endif
