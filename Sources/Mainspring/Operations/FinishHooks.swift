@@ -2,8 +2,8 @@ import Foundation
 
 extension Operation {
     /// Runs `body` on `loop` once the operation has finished — completed, or cancelled and
-    /// finished — the way the article hopped back to the main queue, without KVO (which
-    /// swift-corelibs-foundation does not have).
+    /// finished: the hop back to the main thread that Darwin code does by observing `isFinished`
+    /// with KVO, which swift-corelibs-foundation does not have.
     ///
     /// Any thread; register before or after the operation finished (afterwards, `body` is
     /// posted at once). `body` runs exactly once, on `loop`'s thread, posted with

@@ -2,67 +2,38 @@ import Foundation
 import Synchronization
 
 extension OperationQueue {
-    // MARK: Tracked operations
+    // MARK: Drain hooks: on TrackedOperationQueue only
 
-    /// Adds `operations` to the queue and counts them for `onDrained(on:_:)` and
-    /// `QueueActivity`: the Linux replacement for observing `operationCount` with KVO.
-    ///
-    /// The whole batch is counted before any of it can start, so the queue cannot report a drain
-    /// in the middle of a batch. Each operation is then counted out exactly once when it
-    /// finishes (completed or cancelled). Any thread.
-    ///
-    /// Operations added with Foundation's own `addOperation(_:)` are not seen by
-    /// `onDrained` or `QueueActivity` — swift-corelibs-foundation offers no hook for them (no
-    /// KVO, no add notification). `waitUntilAllOperationsAreFinished(spinning:)` sees every
-    /// operation.
-    ///
-    /// Cost: for an `AsyncOperation`, one mutex-protected decrement when it finishes; for any
-    /// other operation, one hidden hook operation (see `Operation.onFinish(on:_:)`).
-    /// - Precondition: as for `addOperations(_:waitUntilFinished:)`, no operation is finished,
-    ///   executing or already in a queue (Foundation stops the process otherwise).
-    public func addTrackedOperations(_ operations: [Operation]) {
-        guard !operations.isEmpty else { return }
-        let tracker = QueueTracker.of(self)
-        tracker.willAdd(operations.count)
-        for operation in operations {
-            observeFinish(of: operation, .afterAnnouncement) { tracker.didFinishOne() }
-        }
-        addOperations(operations, waitUntilFinished: false)
-    }
+    // A plain OperationQueue tells nobody that an operation was added (on Linux: no KVO, no
+    // notification), so drain hooks on it would miss every operation added with Foundation's
+    // own methods and never fire, without an error. These entry points therefore exist only on
+    // `TrackedOperationQueue`, which counts every add; on a plain queue they do not compile, and
+    // the compiler's message names the class to use.
 
-    /// Adds `operation` and counts it for `onDrained(on:_:)` and `QueueActivity`; see
-    /// `addTrackedOperations(_:)`. Adding a batch with that method rather than one at a time
-    /// avoids reporting a drain each time the earlier ones happen to finish first.
-    public func addTrackedOperation(_ operation: Operation) {
-        addTrackedOperations([operation])
-    }
-
-    /// Adds a `BlockOperation` running `block`, counted for `onDrained(on:_:)` and
-    /// `QueueActivity`; see `addTrackedOperations(_:)`.
-    public func addTrackedOperation(_ block: @escaping @Sendable () -> Void) {
-        addTrackedOperations([BlockOperation(block: block)])
-    }
-
-    // MARK: Hooks
-
-    /// Runs `body` on `loop` each time the queue's tracked operations have all finished: every
-    /// time their count falls to 0 after work was added with `addTrackedOperations(_:)` — the
-    /// article's `operationCount == 0` observer, without KVO.
-    ///
-    /// Any thread. `body` runs on `loop`'s thread, posted with `loop.execute`, exactly once per
-    /// drain — also when the last operations finish at the same moment on many threads (see
-    /// `QueueTracker` for why). A hook added while operations are in flight fires at the end of
-    /// that drain; one added to an idle queue waits for the next work. Several hooks fire in the
-    /// order they were added, each on its own loop. When `body` runs, new work may already have
-    /// been added; Foundation's own `operationCount` also counts untracked operations, and may
-    /// lag the tracked count by a moment (see `AsyncOperation` on who does Foundation's
-    /// bookkeeping).
-    ///
-    /// - Returns: a handle whose `cancel()` removes the hook; the hook stays while the queue's
-    ///   tracker lives otherwise (dropping the handle does not remove it).
-    @discardableResult
+    /// Unavailable: use `TrackedOperationQueue.onDrained(on:_:)`. A plain `OperationQueue`
+    /// cannot see what its own add methods take, so the hook could silently never fire.
+    @available(*, unavailable, message: "a plain OperationQueue cannot see the operations added with its own addOperation(_:); make the queue a TrackedOperationQueue, which counts every add")
     public func onDrained(on loop: EventLoop = .main, _ body: @escaping @Sendable () -> Void) -> DrainHook {
-        QueueTracker.of(self).addHook(on: loop, body)
+        fatalError("unavailable")
+    }
+
+    /// Unavailable: use a `TrackedOperationQueue`, whose every add is counted (its
+    /// `addTrackedOperations(_:)` is `addOperations(_:waitUntilFinished: false)`).
+    @available(*, unavailable, message: "make the queue a TrackedOperationQueue: it counts every add, Foundation's addOperations(_:waitUntilFinished:) included")
+    public func addTrackedOperations(_ operations: [Operation]) {
+        fatalError("unavailable")
+    }
+
+    /// Unavailable: use a `TrackedOperationQueue`, whose every add is counted.
+    @available(*, unavailable, message: "make the queue a TrackedOperationQueue: it counts every add, Foundation's addOperation(_:) included")
+    public func addTrackedOperation(_ operation: Operation) {
+        fatalError("unavailable")
+    }
+
+    /// Unavailable: use a `TrackedOperationQueue`, whose every add is counted.
+    @available(*, unavailable, message: "make the queue a TrackedOperationQueue: it counts every add, Foundation's addOperation(_:) included")
+    public func addTrackedOperation(_ block: @escaping @Sendable () -> Void) {
+        fatalError("unavailable")
     }
 
     // MARK: Waiting without deadlock
@@ -70,15 +41,15 @@ extension OperationQueue {
     /// Waits until the queue has no operations left — while spinning `loop`, so everything
     /// delivered to that loop meanwhile (completions, `onFinish` hooks, timers, input) still runs.
     ///
-    /// This is the wait the article could not use: its operations deliver their completions to
-    /// the main queue, so a plain `waitUntilAllOperationsAreFinished()` on the main thread
-    /// blocks the very thread those completions need, and never returns. Here, call it on the
-    /// loop's thread (`EventLoop.main` on the main thread) and the completions run inside the
-    /// wait.
+    /// When operations deliver their completions to the main thread, a plain
+    /// `waitUntilAllOperationsAreFinished()` on the main thread blocks the very thread those
+    /// completions need, and never returns. Here, call it on the loop's thread (`EventLoop.main`
+    /// on the main thread) and the completions run inside the wait.
     ///
-    /// It sees every operation in the queue, tracked or not, including those added while it
-    /// waits: a helper thread makes Foundation's own blocking wait and then wakes the loop, so
-    /// the loop sleeps in epoll meanwhile — no polling. When it returns `true`, everything that
+    /// It works on any `OperationQueue` (a `TrackedOperationQueue` or not) and sees every
+    /// operation in it, including those added while it waits: a helper thread makes
+    /// Foundation's own blocking wait and then wakes the loop, so the loop sleeps in epoll
+    /// meanwhile — no polling. When it returns `true`, everything that
     /// was posted to `loop` before the last `finish()` call (the completions that called
     /// `finish()`, results they posted) has run; `onFinish` hooks posted by the finishing are
     /// normally done too, but not promised (they may be queued right behind).
