@@ -16,10 +16,11 @@ import Foundation
 /// ## Why a subclass
 /// Foundation on Linux tells nobody when an operation is added or removed: no KVO, no
 /// notification. So the queue itself has to count, and it can only count what passes through its
-/// own methods. This class overrides every way in — `addOperation(_:)`, `addOperations(_:waitUntilFinished:)`,
-/// `addOperation(_:)` with a block and `addBarrierBlock(_:)`, all `open` in Foundation — so
-/// ordinary Foundation code, a library that takes an `OperationQueue`, or an operation that reaches
-/// its queue through `OperationQueue.current` all add counted work. The class is `final` so that
+/// own methods. This class overrides every way in — `addOperation(_:)`,
+/// `addOperations(_:waitUntilFinished:)`, `addOperation(_:)` with a block and
+/// `addBarrierBlock(_:)`, all `open` in Foundation — so ordinary Foundation code, a library that
+/// takes an `OperationQueue`, or an operation that reaches its queue through
+/// `OperationQueue.current` all add counted work. The class is `final` so that
 /// no override can bypass the count. The drain hooks exist only here: on a plain
 /// `OperationQueue`, `onDrained` and `QueueActivity(of:)` do not compile (their message names
 /// this class), because such a queue could take work the hooks never see.
@@ -40,8 +41,10 @@ import Foundation
 ///   with operations and a barrier, `cancelAllOperations()`, resume).
 ///
 /// Foundation's `operationCount` and `operations` are unchanged: they list the operations still
-/// in the queue and leave out barrier blocks and, for a moment, may still list an operation whose
-/// finishing has been counted (see `AsyncOperation` on who does Foundation's bookkeeping).
+/// in the queue and leave out barrier blocks. Around a finish the two counts may differ for a
+/// moment: an operation is counted out just after Foundation has taken it off its list (a
+/// moment later still for an operation that is not an `AsyncOperation`; see `AsyncOperation`
+/// for the rare reverse order).
 ///
 /// Cost per operation, on top of Foundation's: one mutex-protected insertion when it is added;
 /// when it finishes, one mutex-protected decrement — for an `AsyncOperation` on the finishing
