@@ -2,11 +2,12 @@ import Foundation
 import Mainspring
 import Synchronization
 
-// The article's batch, on Linux: save N records with an asynchronous API whose callbacks are
-// delivered on the main thread, one `AsyncOperation` per record, and get back to the main thread
-// once all are done — first with `onDrained` (the article's KVO observer of `operationCount`),
-// then with `waitUntilAllOperationsAreFinished(spinning:)` (the wait the article could not use
-// because it deadlocks the main thread).
+// A batch of asynchronous saves, on Linux: save N records with an asynchronous API whose
+// callbacks are delivered on the main thread, one `AsyncOperation` per record, and get back to
+// the main thread once all are done — first with `TrackedOperationQueue.onDrained` (what Darwin
+// code does by observing `operationCount` with KVO), then with
+// `waitUntilAllOperationsAreFinished(spinning:)` (a wait on the main thread that does not
+// deadlock although every callback needs the main thread).
 //
 // The "server" is a child process (/bin/sh) spoken to over pipes: one request line in, one reply
 // line out. It rejects records with an empty value, so some saves fail. Runs with no stdin, ends
@@ -15,8 +16,8 @@ import Synchronization
 // Usage: mainspring-operations [count]   (default 12)
 
 /// A record store served by a child process. `save` works from any thread; the request is
-/// written and the reply (or a time-out) delivered on `loop` — like NCMB's `saveInBackground`,
-/// which delivered its callbacks on the main queue.
+/// written and the reply (or a time-out) delivered on `loop` — like the many client SDKs whose
+/// `saveInBackground`-style calls deliver their callbacks on the main queue.
 ///
 /// Thread safety by confinement: everything below `loop` is touched only on `loop`'s thread.
 final class RecordStore: @unchecked Sendable {
@@ -170,7 +171,8 @@ func runExample(count: Int) throws -> Bool {
     signal(SIGPIPE, SIG_IGN)
     let loop = EventLoop.current  // on the main thread, this is EventLoop.main
     let store = try RecordStore(loop: loop)
-    let queue = OperationQueue()
+    // Every add counts, Foundation's own methods included: the drain hook sees all of them.
+    let queue = TrackedOperationQueue()
     queue.name = "saves"
     queue.maxConcurrentOperationCount = 4
     let watchdog = loop.schedule(after: .seconds(30)) {
@@ -178,7 +180,8 @@ func runExample(count: Int) throws -> Bool {
         exit(1)
     }
 
-    // 1. The article's completion block, without KVO: run on the main loop when the queue drains.
+    // 1. A completion block for the whole batch, without KVO: it runs on the main loop when the
+    //    queue drains.
     let first = makeBatch(1...count, store: store)
     let allReported = Mutex(true)
     let hook = queue.onDrained(on: loop) {
@@ -187,12 +190,13 @@ func runExample(count: Int) throws -> Bool {
         allReported.withLock { $0 = $0 && complete }
         loop.stop()
     }
-    queue.addTrackedOperations(first)
+    queue.addOperations(first, waitUntilFinished: false)
     try loop.run()
     hook.cancel()
 
-    // 2. The article's wait, which deadlocks with the plain waitUntilAllOperationsAreFinished():
-    //    the callbacks need the main thread. Spinning the main loop while waiting runs them.
+    // 2. A wait on the main thread, which deadlocks with the plain
+    //    waitUntilAllOperationsAreFinished(): the callbacks need the main thread. Spinning the
+    //    main loop while waiting runs them.
     let second = makeBatch(count + 1...2 * count, store: store)
     queue.addOperations(second, waitUntilFinished: false)
     let drained = queue.waitUntilAllOperationsAreFinished(spinning: loop, timeout: .seconds(20))

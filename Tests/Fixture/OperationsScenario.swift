@@ -2,10 +2,14 @@ import Foundation
 import Mainspring
 import Synchronization
 
-// The article's deadlock case on the real main thread: 200 operations whose completions are
-// delivered to the main loop (some through DispatchQueue.main with --dispatch-main), waited for
-// with waitUntilAllOperationsAreFinished(spinning: .main). With the plain
+// Waiting on the real main thread for operations that need it: 200 operations whose completions
+// are delivered to the main loop (some through DispatchQueue.main with --dispatch-main), waited
+// for with waitUntilAllOperationsAreFinished(spinning: .main). With the plain
 // waitUntilAllOperationsAreFinished() the main thread would block and no completion could run.
+//
+// The queue is a TrackedOperationQueue fed only through Foundation's own add methods (all four),
+// and its onDrained hook is added while the operations are in flight: it must fire exactly once,
+// on the main thread, after the block and the barrier block ran.
 
 private final class Counter: Sendable {
     private let value = Atomic<Int>(0)
@@ -17,6 +21,10 @@ private let completions = Counter()
 private let offMain = Counter()
 private let hooks = Counter()
 private let drains = Counter()
+private let blocks = Counter()
+private let barriers = Counter()
+/// Set by the drain hook: whether the block and the barrier block had both run when it fired.
+private let extrasDoneAtDrain = Counter()
 
 private final class Save: AsyncOperation, @unchecked Sendable {
     let index: Int
@@ -42,7 +50,7 @@ private final class Save: AsyncOperation, @unchecked Sendable {
 
 func operationsMainWaitScenario() throws {
     let useDispatchMain = CommandLine.arguments.contains("--dispatch-main")
-    let queue = OperationQueue()
+    let queue = TrackedOperationQueue()
     queue.maxConcurrentOperationCount = 4
     let operations = (0..<200).map { Save(index: $0, viaDispatch: useDispatchMain) }
     for operation in operations {
@@ -51,21 +59,39 @@ func operationsMainWaitScenario() throws {
             hooks.increment()
         }
     }
+    // Foundation's four add methods. The queue cannot drain meanwhile: every Save needs the
+    // main thread to finish, and this thread is busy here.
+    queue.addOperations(Array(operations[..<100]), waitUntilFinished: false)
+    for operation in operations[100...] { queue.addOperation(operation) }
+    queue.addOperation { blocks.increment() }
+    queue.addBarrierBlock { barriers.increment() }
+    // Added while all of that is in flight: it fires at the end of this drain.
+    let activity = QueueActivity(of: queue, on: .main)
     queue.onDrained {
         if !Thread.isMainThread { offMain.increment() }
+        if blocks.count == 1 && barriers.count == 1 { extrasDoneAtDrain.increment() }
         drains.increment()
     }
-    queue.addTrackedOperations(operations)
     let before = completions.count  // 0: every completion needs the main thread
     let drained = queue.waitUntilAllOperationsAreFinished(spinning: .main, timeout: .seconds(20))
     let after = completions.count
-    EventLoop.main.spin(until: { hooks.count == 200 && drains.count == 1 }, timeout: .seconds(10))
+    // Until everything is counted out (200 saves, the block, the barrier): the counted drains
+    // are then final, and the hook runs once per counted drain.
+    EventLoop.main.spin(until: { hooks.count == 200 && drains.count >= 1 && activity.finishedCount == 202 },
+                        timeout: .seconds(10))
     report("before", before)
     report("drained", drained)
     report("completions", after)
     report("hooks", hooks.count)
     report("drains", drains.count)
     report("off-main", offMain.count)
-    check(before == 0 && drained && after == 200 && hooks.count == 200 && drains.count == 1 && offMain.count == 0,
-          "before=\(before) drained=\(drained) completions=\(after) hooks=\(hooks.count) drains=\(drains.count) offMain=\(offMain.count)")
+    report("blocks", blocks.count)
+    report("barriers", barriers.count)
+    report("extras-done-at-drain", extrasDoneAtDrain.count)
+    report("counted-drains", activity.drainCount)
+    report("counted-finished", activity.finishedCount)
+    check(before == 0 && drained && after == 200 && hooks.count == 200 && drains.count == 1 && offMain.count == 0
+            && blocks.count == 1 && barriers.count == 1 && extrasDoneAtDrain.count == 1
+            && activity.drainCount == 1 && activity.finishedCount == 202,
+          "before=\(before) drained=\(drained) completions=\(after) hooks=\(hooks.count) drains=\(drains.count) offMain=\(offMain.count) blocks=\(blocks.count) barriers=\(barriers.count)")
 }

@@ -93,7 +93,7 @@ struct OperationTests {
     func drainedOncePerDrain() async throws {
         let rounds = 8
         let (drains, executions, finished, foundationCount) = try await onLoopThread { loop -> (Int, [Int], Bool, Int) in
-            let queue = OperationQueue()
+            let queue = TrackedOperationQueue()
             let drains = Counter()
             let offLoop = Counter()
             let finishers = DispatchGroup()
@@ -136,7 +136,7 @@ struct OperationTests {
     @Test("BlockOperations are tracked too: one drain per batch; a cancelled hook never runs again")
     func blockOperationsAndCancelledHook() async throws {
         let (kept, cancelled, ran) = try await onLoopThread { loop -> (Int, Int, Int) in
-            let queue = OperationQueue()
+            let queue = TrackedOperationQueue()
             let kept = Counter()
             let cancelled = Counter()
             let ran = Counter()
@@ -212,7 +212,7 @@ struct OperationTests {
             let offLoop = Counter()
             let operations = (0..<50).map { _ in
                 TestOperation { operation in
-                    // The article's situation: the callback is delivered on the waiting thread.
+                    // The callback is delivered on the waiting thread.
                     DispatchQueue.global().async {
                         loop.execute {
                             if !loop.isCurrent { offLoop.increment() }
@@ -265,7 +265,7 @@ struct OperationTests {
     @Test("an operation cancelled before it starts finishes without execute(), with its hooks")
     func cancelledBeforeStart() async throws {
         let (executions, finished, hookRan, drained) = try await onLoopThread { loop -> (Int, Bool, Bool, Bool) in
-            let queue = OperationQueue()
+            let queue = TrackedOperationQueue()
             let operation = TestOperation { $0.finish() }
             let hook = Counter()
             let drains = Counter()
@@ -318,7 +318,7 @@ struct OperationTests {
     @Test("finish() is idempotent: racing calls finish once, hooks and drain fire once")
     func finishIdempotent() async throws {
         let (hooks, drains, completionBlocks) = try await onLoopThread { loop -> (Int, Int, Int) in
-            let queue = OperationQueue()
+            let queue = TrackedOperationQueue()
             let hooks = Counter()
             let drains = Counter()
             let completionBlocks = Counter()
@@ -511,7 +511,7 @@ struct OperationTests {
     @Test("QueueActivity reports count and drains through Observation, on its loop")
     func observation() async throws {
         let results = try await onLoopThread { loop -> [String] in
-            let queue = OperationQueue()
+            let queue = TrackedOperationQueue()
             let gate = DispatchSemaphore(value: 0)
             let activity = QueueActivity(of: queue, on: loop)
             nonisolated(unsafe) var changes = 0
@@ -588,13 +588,16 @@ struct OperationTests {
                     store.save(id) { _ in self.finish() }
                 }
             }
-            let queue = OperationQueue()
+            let queue = TrackedOperationQueue()
             queue.onDrained(on: loop) { print("all saved"); loop.stop() }
-            queue.addTrackedOperations((1...20).map { Save(id: $0, store: store) })
+            queue.addOperations((1...20).map { Save(id: $0, store: store) }, waitUntilFinished: false)
             try loop.run()
 
-            queue.addOperations((21...40).map { Save(id: $0, store: store) }, waitUntilFinished: false)
-            let waited = queue.waitUntilAllOperationsAreFinished(spinning: loop, timeout: .seconds(20))
+            // The snippet's alternative to run(): a queue of its own, so the hook above (which
+            // would fire again and stop the loop) stays out of it.
+            let other = TrackedOperationQueue()
+            other.addOperations((21...40).map { Save(id: $0, store: store) }, waitUntilFinished: false)
+            let waited = other.waitUntilAllOperationsAreFinished(spinning: loop, timeout: .seconds(20))
             return (printed.value, waited)
         }
         #expect(printed == ["all saved"])
@@ -626,5 +629,11 @@ struct OperationMainThreadTests {
         #expect(result.int("hooks") == 200)
         #expect(result.int("drains") == 1)
         #expect(result.int("off-main") == 0)
+        // Fed only through Foundation's add methods, hook added while the work was in flight.
+        #expect(result.int("blocks") == 1)
+        #expect(result.int("barriers") == 1)
+        #expect(result.int("extras-done-at-drain") == 1, "the drain hook ran after the block and the barrier")
+        #expect(result.int("counted-drains") == 1)
+        #expect(result.int("counted-finished") == 202)
     }
 }

@@ -2,8 +2,8 @@ import Foundation
 
 extension Operation {
     /// Runs `body` on `loop` once the operation has finished — completed, or cancelled and
-    /// finished: a way back to the main loop (or any loop) when the operation is done that
-    /// needs no KVO (which swift-corelibs-foundation does not have).
+    /// finished: the hop back to the main thread that Darwin code does by observing `isFinished`
+    /// with KVO, which swift-corelibs-foundation does not have.
     ///
     /// Any thread; register before or after the operation finished (afterwards, `body` is
     /// posted at once). `body` runs exactly once, on `loop`'s thread, posted with

@@ -2,20 +2,22 @@ import Foundation
 import Observation
 import Synchronization
 
-/// The progress of a queue's tracked operations as an `Observable` model: how Swift on Linux
+/// The progress of a `TrackedOperationQueue` as an `Observable` model: how Swift on Linux
 /// observes what Darwin code observes with KVO (`operationCount`).
 ///
 /// ```swift
+/// let queue = TrackedOperationQueue()
 /// let activity = QueueActivity(of: queue, on: loop)
 /// withObservationTracking { _ = activity.drainCount } onChange: { print("drained") }
 /// ```
 ///
-/// It counts the operations added with `addTrackedOperations(_:)` (see there). Its values change
+/// It counts every operation and barrier block added to the queue, with any of its add methods
+/// (see `TrackedOperationQueue` for what counts). Its values change
 /// only on `loop`'s thread, inside a posted refresh, so observers (`withObservationTracking`'s
 /// `onChange`, `Observations`) are told on that thread. Refreshes coalesce: after a burst of
 /// finishes one refresh reads the latest counts, so `operationCount` may skip values — and may
 /// even skip a 0 when new work arrives at once — but `drainCount` counts every drain, so watch
-/// it to miss none (or use `OperationQueue.onDrained(on:_:)`).
+/// it to miss none (or use `TrackedOperationQueue.onDrained(on:_:)`).
 ///
 /// The model is `Sendable`: its properties can be read on any thread (each read takes a mutex).
 /// That is why it conforms to `Observable` by hand (an `ObservationRegistrar` and
@@ -23,26 +25,26 @@ import Synchronization
 /// macro, whose stored properties could not be shared between threads. It stops updating when
 /// released. Cost: at most one posted refresh per loop turn while the queue is busy.
 public final class QueueActivity: Observable, Sendable {
-    /// Tracked operations added and not finished yet.
+    /// Operations and barrier blocks added and not finished yet. Unlike Foundation's
+    /// `operationCount` it includes barrier blocks.
     public var operationCount: Int {
         registrar.access(self, keyPath: \.operationCount)
         return counts.withLock { $0.pending }
     }
 
-    /// Tracked operations finished so far (completed or cancelled).
+    /// Operations and barrier blocks finished so far (operations completed or cancelled).
     public var finishedCount: Int {
         registrar.access(self, keyPath: \.finishedCount)
         return counts.withLock { $0.finished }
     }
 
-    /// How many times the tracked operations all finished (the count fell to 0 after work was
-    /// added).
+    /// How many times the queue drained (`operationCount` fell to 0 after work was added).
     public var drainCount: Int {
         registrar.access(self, keyPath: \.drainCount)
         return counts.withLock { $0.drains }
     }
 
-    /// Whether no tracked operation is in flight (`operationCount == 0`).
+    /// Whether no operation or barrier block is in flight (`operationCount == 0`).
     public var isDrained: Bool { operationCount == 0 }
 
     /// The loop whose thread updates the model.
@@ -52,11 +54,14 @@ public final class QueueActivity: Observable, Sendable {
     private let counts: Protected<QueueTracker.Snapshot>
     private let listener = Atomic<UInt64>(0)
 
-    /// Starts watching `queue`'s tracked operations (its counts cover every tracked operation
-    /// since the queue's first). Any thread; updates then arrive on `loop`.
-    public init(of queue: OperationQueue, on loop: EventLoop = .main) {
+    /// Starts watching `queue` (its counts cover all the work added since the queue was
+    /// created). Any thread; updates then arrive on `loop`.
+    public convenience init(of queue: TrackedOperationQueue, on loop: EventLoop = .main) {
+        self.init(tracker: queue.tracker, on: loop)
+    }
+
+    private init(tracker: QueueTracker, on loop: EventLoop) {
         self.loop = loop
-        let tracker = QueueTracker.of(queue)
         self.tracker = tracker
         counts = Protected(tracker.snapshot)
         let id = tracker.addListener(on: loop) { [weak self] in
@@ -69,6 +74,14 @@ public final class QueueActivity: Observable, Sendable {
             guard let self else { return }
             apply(tracker.snapshot(forListener: id))
         }
+    }
+
+    /// Watches any queue's counted work. Deprecated for a plain `OperationQueue`: only work
+    /// added there with `addTrackedOperation(s)` is counted, so the model could stay at 0 while
+    /// Foundation's own adds run. Make the queue a `TrackedOperationQueue`.
+    @available(*, deprecated, message: "a plain OperationQueue cannot see the operations added with its own addOperation(_:); make the queue a TrackedOperationQueue, which counts every add")
+    public convenience init(of queue: OperationQueue, on loop: EventLoop = .main) {
+        self.init(tracker: queue.drainTracker, on: loop)
     }
 
     deinit {

@@ -1,30 +1,33 @@
 import Foundation
 import Synchronization
 
-/// The count behind `onDrained` and `QueueActivity`: how many tracked operations of one queue
-/// are unfinished, and who wants to hear when that changes.
+/// The count behind `TrackedOperationQueue.onDrained(on:_:)` and `QueueActivity`: how many of one
+/// queue's operations and barrier blocks are unfinished, and who wants to hear when that changes.
 ///
 /// ## Why a count of our own
-/// On Darwin, code observes `operationCount` with KVO. swift-corelibs-foundation has no
-/// KVO and no hook at all when an operation is added or removed (`operationCount` is computed by
-/// walking the queue's list under its lock). So the operations are counted as they go in —
-/// `addTrackedOperations(_:)` adds their number *before* handing them to the queue — and as they
-/// come out, through a finish observer registered on each one (see `observeFinish`): for an
-/// `AsyncOperation` a callback from the thread that finishes it, after Foundation has taken it
-/// off the queue; for any other operation a dependent hook operation.
+/// Observing `operationCount` with KVO is how Darwin code learns that a queue drained.
+/// swift-corelibs-foundation has no KVO and no hook at all when an operation is added or removed
+/// (`operationCount` is computed by walking the queue's list under its lock). So
+/// `TrackedOperationQueue` counts the work as it goes in — each of its add methods adds the
+/// number *before* handing the work to Foundation — and as it comes out: a finish observer on each
+/// operation (see `observeFinish`; for an `AsyncOperation` a callback from the thread that
+/// finishes it, after Foundation has taken it off the queue; for any other operation a dependent
+/// hook operation), and the end of each barrier block.
 ///
 /// ## Why a drain is reported exactly once
 /// The count lives under one mutex. Every finish decrements it once (each observer runs once:
-/// the operation's state word, or Foundation's dependency release, guarantees it), and the one
-/// decrement that takes it from 1 to 0 — there is exactly one per drain, whatever the threads —
-/// collects the hooks while still holding the lock and posts them after releasing it. Adding
-/// the count before the operations can run means a batch cannot drain before it was all added.
-/// No user code runs under the lock.
+/// the operation's state word, or Foundation's dependency release, guarantees it; and an
+/// operation is counted at most once while it is unfinished, however Foundation's add methods
+/// call each other), and the one decrement that takes it from 1 to 0 — there is exactly one per
+/// drain, whatever the threads — collects the hooks while still holding the lock and posts them
+/// after releasing it. Adding the count before the work can run means a batch cannot drain before
+/// it was all added, and an operation that adds more work from its `main()` keeps the queue from
+/// draining until that work is done too. No user code runs under the lock.
 final class QueueTracker: Sendable {
     struct Snapshot: Sendable, Equatable {
-        /// Tracked operations added and not finished yet.
+        /// Operations and barrier blocks added and not finished yet.
         var pending = 0
-        /// Tracked operations finished so far.
+        /// Operations and barrier blocks finished so far.
         var finished = 0
         /// How many times `pending` fell to 0.
         var drains = 0
@@ -46,6 +49,9 @@ final class QueueTracker: Sendable {
 
     private struct State {
         var counts = Snapshot()
+        /// The operations counted and not finished yet. An identifier cannot be reused while it
+        /// is here: the operation is alive until its finish observer has run (`observeFinish`).
+        var unfinished: Set<ObjectIdentifier> = []
         var nextID: UInt64 = 0
         var hooks: [Hook] = []
         var listeners: [UInt64: Listener] = [:]
@@ -70,18 +76,36 @@ final class QueueTracker: Sendable {
 
     // MARK: Counting
 
-    /// Counts `count` operations that are about to be added.
-    func willAdd(_ count: Int) {
+    /// Counts those of `operations` that are not counted yet (an operation already counted and
+    /// unfinished is not counted again) and returns them: the caller observes their finishing.
+    func willAdd(_ operations: [Operation]) -> [Operation] {
+        let (added, toNotify) = state.withLock { state -> ([Operation], [(EventLoop, @Sendable () -> Void)]) in
+            let added = operations.filter { state.unfinished.insert(ObjectIdentifier($0)).inserted }
+            guard !added.isEmpty else { return ([], []) }
+            state.counts.pending += added.count
+            return (added, state.listenersToNotify())
+        }
+        for (loop, refresh) in toNotify { loop.execute(refresh) }
+        return added
+    }
+
+    /// Counts one barrier block that is about to be added.
+    func willAddBarrier() {
         let toNotify = state.withLock { state -> [(EventLoop, @Sendable () -> Void)] in
-            state.counts.pending += count
+            state.counts.pending += 1
             return state.listenersToNotify()
         }
         for (loop, refresh) in toNotify { loop.execute(refresh) }
     }
 
-    /// Counts one tracked operation as finished; on the last one, posts every drained hook.
-    func didFinishOne() {
+    /// Counts one counted operation (`operation`, from `willAdd`) or barrier block (`nil`) as
+    /// finished; on the last one, posts every drained hook.
+    func didFinish(_ operation: ObjectIdentifier?) {
         let (hooks, toNotify) = state.withLock { state -> ([Hook], [(EventLoop, @Sendable () -> Void)]) in
+            if let operation {
+                let wasCounted = state.unfinished.remove(operation) != nil
+                precondition(wasCounted, "Mainspring: a tracked operation finished twice")
+            }
             state.counts.pending -= 1
             state.counts.finished += 1
             precondition(state.counts.pending >= 0, "Mainspring: a tracked operation finished twice")
@@ -146,8 +170,17 @@ final class QueueTracker: Sendable {
             return state.counts
         }
     }
+}
 
-    // MARK: One tracker per queue
+extension QueueTracker {
+    /// Counts those of `operations` not counted yet and observes their finishing. Call before
+    /// handing them to Foundation, so that none can finish uncounted.
+    func track(_ operations: [Operation]) {
+        for operation in willAdd(operations) {
+            let id = ObjectIdentifier(operation)
+            observeFinish(of: operation, .afterAnnouncement) { [self] in didFinish(id) }
+        }
+    }
 
     private struct Entry {
         weak var queue: OperationQueue?
@@ -162,10 +195,11 @@ final class QueueTracker: Sendable {
 
     private static let registry = Protected(Registry())
 
-    /// The tracker of `queue`, made on first use. A global table keyed by the queue's identity
-    /// with a weak reference to it (Foundation on Linux has no associated objects); an entry
-    /// whose queue died is replaced, and dead entries are swept as the table grows.
-    static func of(_ queue: OperationQueue) -> QueueTracker {
+    /// The tracker of a plain `OperationQueue` (the deprecated hooks on one), made on first use:
+    /// a global table keyed by the queue's identity with a weak reference to it (Foundation on
+    /// Linux has no associated objects); an entry whose queue died is replaced, and dead entries
+    /// are swept as the table grows.
+    static func ofPlainQueue(_ queue: OperationQueue) -> QueueTracker {
         registry.withLock { registry in
             let key = ObjectIdentifier(queue)
             if let entry = registry.entries[key], entry.queue === queue { return entry.tracker }
@@ -180,8 +214,8 @@ final class QueueTracker: Sendable {
     }
 }
 
-/// The handle `OperationQueue.onDrained(on:_:)` returns: `cancel()` removes the hook.
-/// Dropping the handle does not remove it. See `Cancellable`.
+/// The handle `TrackedOperationQueue.onDrained(on:_:)` returns: `cancel()` removes the hook.
+/// Dropping the handle does not remove it.
 public final class DrainHook: Cancellable, Sendable {
     private let tracker: QueueTracker
     private let id: UInt64
