@@ -34,7 +34,7 @@ private final class SimulatedLoop: @unchecked Sendable {
             log.append((name, priority, clock.now(), stamp))
             clock.advance(cost)
             then?()
-        }, source: nil, stamp: stamp, priority: priority)
+        }, stamp: stamp, priority: priority)
     }
 
     func post(_ name: String, _ priority: Priority, cost: UInt64 = microsecond, then: (() -> Void)? = nil) {

@@ -16,7 +16,7 @@ extension EventLoop {
                 scheduler.counters.droppedAtShutdown += 1
                 return
             }
-            scheduler.enqueue(ReadyRecord(work: work, source: nil, stamp: scheduler.cachedNow), priority)
+            scheduler.enqueue(ReadyRecord(work: work, stamp: scheduler.cachedNow), priority)
         } else {
             executeFromOtherThread(priority: priority, work)
         }
@@ -32,7 +32,7 @@ extension EventLoop {
                 queue.droppedWhileClosed += 1
                 return false
             }
-            queue.append(item.take()!, priority)
+            if let moved = item.take() { queue.append(moved, priority) }
             if queue.isSleeping {
                 queue.isSleeping = false
                 return true
@@ -45,7 +45,7 @@ extension EventLoop {
     /// Queues `work` for the next turn: it becomes ready only after the loop has polled again.
     /// Loop thread only. This is how fed work yields to input.
     func executeNextTurn(priority: Priority, _ work: @escaping () -> Void) {
-        scheduler.enqueueNextTurn(ReadyRecord(work: work, source: nil, stamp: 0, priority: priority))
+        scheduler.enqueueNextTurn(ReadyRecord(work: work, stamp: 0, priority: priority))
     }
 
     /// Runs `action` once on this loop just before it next polls — including a poll of a nested
@@ -59,11 +59,11 @@ extension EventLoop {
     @inline(__always)
     func enqueue(source: Source) {
         if pollStamp == 0 { pollStamp = clock.now() }
-        scheduler.enqueue(ReadyRecord(work: nil, source: source, stamp: pollStamp), source.priority)
+        scheduler.enqueue(ReadyRecord(source: source, stamp: pollStamp, priority: source.priority), source.priority)
     }
 
     /// Queues a source for the next turn (fd sources that epoll cannot watch: always ready).
     func enqueueNextTurn(source: Source) {
-        scheduler.enqueueNextTurn(ReadyRecord(work: nil, source: source, stamp: 0, priority: source.priority))
+        scheduler.enqueueNextTurn(ReadyRecord(source: source, stamp: 0, priority: source.priority))
     }
 }

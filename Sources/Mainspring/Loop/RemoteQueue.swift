@@ -1,7 +1,7 @@
 /// Work posted from another thread, waiting for the loop to take it.
 struct RemoteItem {
-    /// Set to nil when the loop takes it, so a closure (and what it captures) is released as
-    /// soon as it has run, not when the batch is refilled.
+    /// Moved out (leaving nil) when the loop takes it, so a closure (and what it captures) is
+    /// released as soon as it has run, not when the batch is refilled.
     var work: (@Sendable () -> Void)?
     /// When it was posted (the loop's `FastClock`), or 0 when metrics are off.
     let stamp: UInt64
@@ -46,10 +46,11 @@ struct RemoteBatch {
 
     @inline(__always)
     mutating func popFirst() -> ReadyRecord {
-        let work = items[next].work.take()  // moved out: no retain here, no release later
         let stamp = items[next].stamp
+        // Moved out: no retain here, and no release when the batch is refilled.
+        guard let work = items[next].work.take() else { preconditionFailure("Mainspring: a remote item taken twice") }
         next &+= 1
-        return ReadyRecord(work: work, source: nil, stamp: stamp == 0 ? takenAt : stamp)
+        return ReadyRecord(work: work, stamp: stamp == 0 ? takenAt : stamp)
     }
 
     /// Takes the queue's items if this batch is used up. Returns how many it took.

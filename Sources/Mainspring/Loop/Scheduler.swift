@@ -8,21 +8,44 @@ extension FastClock: SchedulerClock {}
 
 /// One unit of ready work: a posted closure or a fired source.
 struct ReadyRecord {
-    var work: (() -> Void)?
-    var source: Source?
+    enum Job {
+        case work(() -> Void)
+        case source(Source)
+    }
+
+    var job: Job
     /// When it became ready (posted, fired), on the scheduler's clock.
     var stamp: UInt64
     /// Where a record queued for the next turn goes when it becomes ready.
-    var priority: Priority = .normal
+    var priority: Priority
 
     @inline(__always)
-    func run() {
-        if let source {
-            source.run()
-        } else if let work {
-            // (Not `unsafelyUnwrapped`: going through generic Optional API would reabstract the
-            // closure, allocating a thunk per call.)
-            work()
+    init(work: consuming @escaping () -> Void, stamp: UInt64, priority: Priority = .normal) {
+        job = .work(work)
+        self.stamp = stamp
+        self.priority = priority
+    }
+
+    @inline(__always)
+    init(source: Source, stamp: UInt64, priority: Priority) {
+        job = .source(source)
+        self.stamp = stamp
+        self.priority = priority
+    }
+
+    /// The source, if the record is a fired source.
+    var source: Source? {
+        if case .source(let source) = job { return source }
+        return nil
+    }
+
+    /// Runs the record, ending it: the closure (or source reference) is released once, after the
+    /// call, with no copy made for the call.
+    @inline(__always)
+    consuming func run() {
+        switch job {
+        case .work(let work): work()
+        case .source(let source): source.run()
         }
     }
 }
@@ -105,7 +128,12 @@ final class Scheduler {
     /// Makes `record` ready at `priority`.
     @inline(__always)
     func enqueue(_ record: consuming ReadyRecord, _ priority: Priority) {
-        local[priority].append(record)
+        // (A switch rather than `local.update`: a consuming value cannot move into a closure.)
+        switch priority {
+        case .input: local.input.append(record)
+        case .normal: local.normal.append(record)
+        case .background: local.background.append(record)
+        }
     }
 
     /// Queues `record` to become ready (at `record.priority`) after the next poll.
@@ -176,6 +204,7 @@ final class Scheduler {
         var ran = 0
         while let (record, priority) = next(now: now) {
             let start = now
+            let stamp = record.stamp
             let accountedBefore = accountedNanoseconds
             // Background work waits while this runs if it is ready, or queued for the next turn
             // (fed work between two turns): either way this callback's time earns it credit.
@@ -187,7 +216,7 @@ final class Scheduler {
             let nested = accountedNanoseconds &- accountedBefore
             let own = elapsed > nested ? elapsed &- nested : 0
             accountedNanoseconds &+= own
-            account(priority, own: own, waited: start > record.stamp ? start &- record.stamp : 0,
+            account(priority, own: own, waited: start > stamp ? start &- stamp : 0,
                     backgroundWaited: backgroundWaited)
             ran &+= 1
             if now >= passDeadline || shouldStop() { break }
@@ -265,13 +294,14 @@ final class Scheduler {
     /// One record of a priority: local and cross-thread work take turns when both are ready.
     @inline(__always)
     private func take(_ priority: Priority) -> ReadyRecord? {
-        if !local[priority].isEmpty && (remote[priority].isEmpty || !preferRemote[priority]) {
-            preferRemote[priority] = true
-            return local[priority].popFirst()
+        let remoteIsEmpty = remote[priority].isEmpty
+        if !local[priority].isEmpty && (remoteIsEmpty || !preferRemote[priority]) {
+            preferRemote.update(priority) { $0 = true }
+            return local.update(priority) { $0.popFirst() }
         }
-        if !remote[priority].isEmpty {
-            preferRemote[priority] = false
-            return remote[priority].popFirst()
+        if !remoteIsEmpty {
+            preferRemote.update(priority) { $0 = false }
+            return remote.update(priority) { $0.popFirst() }
         }
         return nil
     }

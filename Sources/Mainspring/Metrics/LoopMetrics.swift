@@ -59,8 +59,8 @@ struct LoopCounters {
 
     @inline(__always)
     mutating func record(priority: Priority, own: UInt64, waited: UInt64) {
-        callbacks[priority] &+= 1
-        busy[priority] &+= own
+        callbacks.update(priority) { $0 &+= 1 }
+        busy.update(priority) { $0 &+= own }
         if let waits { waits.record(waited, series: priority.queueIndex) }
         if own > longestCallback { longestCallback = own }
     }
