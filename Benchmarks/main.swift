@@ -17,6 +17,7 @@ let scenarios: [Scenario] = [
     inputFloodScenario,
     timelineScenario,
     daemonScenario,
+    httpScenario,
 ]
 
 /// Scenarios that run only when named (minutes long).

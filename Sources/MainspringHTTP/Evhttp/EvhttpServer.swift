@@ -36,7 +36,8 @@ protocol EvhttpServerDelegate: AnyObject {
     /// A request handed over by `evhttpReceived` is over: its response was written, or its
     /// connection was lost, or the server was freed. Exactly once per request.
     func evhttpFinished(_ request: EvhttpRequest, written: Bool)
-    /// Mainspring's head guard answered a request itself (431), or libevent's parser did.
+    /// Mainspring's head guard answered a request itself (431), or libevent's parser did (400,
+    /// 413).
     func evhttpAnsweredByGuard(status: Int)
     /// A connection was accepted. Returns whether the listener may keep accepting.
     func evhttpConnectionOpened() -> Bool
@@ -376,6 +377,10 @@ final class EvhttpConnection {
     /// connection at that moment); handing the bytes to the socket bufferevent would drop
     /// whatever that one had not written yet. What waits is written when the socket has room.
     fileprivate func filterOutput(source: OpaquePointer) -> bufferevent_filter_result {
+        // Only from the kick (the next poll), never while evhttp is still adding output: evhttp
+        // sets its "written" callback after adding, so output sent at once would report to the
+        // callback of the previous write.
+        guard isFlushing else { return BEV_NEED_MORE }
         let pending = evbuffer_get_length(source)
         if pending == 0 { return BEV_NEED_MORE }
         let fd = bufferevent_getfd(underlying)
@@ -545,13 +550,31 @@ final class EvhttpConnection {
     /// evhttp is being freed with this connection open: its own close report is not needed.
     fileprivate func detach() { isDetached = true }
 
+    private var isFlushing = false
+
     fileprivate func flushOutput() {
         guard !isClosed, let filter else { return }
+        isFlushing = true
         bufferevent_flush(filter, Int16(EV_WRITE), BEV_NORMAL)
+        isFlushing = false
     }
 
-    fileprivate func outputAdded() {
+    fileprivate func nudge() {
         if let kick { event_active(kick, Int32(EV_TIMEOUT), 1) }
+    }
+
+    fileprivate func outputAdded(_ buffer: OpaquePointer) {
+        if let kick { event_active(kick, Int32(EV_TIMEOUT), 1) }
+        // Output with no request handed over is one of evhttp's own answers (400 for a
+        // malformed request, 413 for a body over the limit): count it by its status.
+        if current == nil && answeredAt == 0 {
+            var head = [UInt8](repeating: 0, count: 12)
+            if evbuffer_copyout(buffer, &head, 12) == 12, head.starts(with: Array("HTTP/1.".utf8)),
+               let status = Int(String(decoding: head[9..<12], as: UTF8.self)), status >= 200
+            {
+                server?.guardAnswered(status: status)
+            }
+        }
     }
 }
 
@@ -767,9 +790,14 @@ private let contextFreedTrampoline: @convention(c) (UnsafeMutableRawPointer?) ->
 /// evhttp added output to the filter (a response, or one of its own error pages): libevent 2.1
 /// does not move a filter's output while writing was disabled when it was added, so nudge it on
 /// the next poll.
-private let outputAddedTrampoline: @convention(c) (OpaquePointer?, UnsafePointer<evbuffer_cb_info>?, UnsafeMutableRawPointer?) -> Void = { _, info, context in
-    guard let info, info.pointee.n_added > 0, let context else { return }
-    Unmanaged<EvhttpConnection>.fromOpaque(context).takeUnretainedValue().outputAdded()
+private let outputAddedTrampoline: @convention(c) (OpaquePointer?, UnsafePointer<evbuffer_cb_info>?, UnsafeMutableRawPointer?) -> Void = { buffer, info, context in
+    guard let buffer, let info, info.pointee.n_added > 0, info.pointee.orig_size == 0, let context else {
+        if let info, info.pointee.n_added > 0, let context {
+            Unmanaged<EvhttpConnection>.fromOpaque(context).takeUnretainedValue().nudge()
+        }
+        return
+    }
+    Unmanaged<EvhttpConnection>.fromOpaque(context).takeUnretainedValue().outputAdded(buffer)
 }
 
 private let outputFilterTrampoline: bufferevent_filter_cb = { source, _, _, _, context in
