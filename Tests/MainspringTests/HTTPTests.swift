@@ -333,4 +333,26 @@ struct HTTPTests {
         }
         #expect(healthyAgain)
     }
+
+    @Test("mainspring-daemon --http-port 0: prints the bound port, serves /healthz, /echo, /work and /metrics, exits 0 on SIGTERM")
+    func daemonHTTPSide() async throws {
+        let daemon = try startExecutable("mainspring-daemon", arguments: ["--port", "0", "--http-port", "0", "--loops", "2"])
+        _ = daemon.readLine(timeout: .seconds(30))
+        let banner = try #require(daemon.readLine(timeout: .seconds(30)), "no HTTP banner")
+        #expect(banner.hasPrefix("http listening on 127.0.0.1:"), "\(banner)")
+        let port = try #require(banner.split(separator: ":").last.flatMap { UInt16($0) })
+        let base = "http://127.0.0.1:\(port)"
+        #expect(try await curl(["\(base)/healthz"]).stdout == "ok\n")
+        #expect(try await curl(["-d", "ping", "\(base)/echo"]).stdout == "ping")
+        let work = try await curl(["\(base)/work?n=50"])
+        #expect(work.stdout.hasSuffix("result 50 \(WorkUnit.checksum(chunks: 50))\n"), "\(work.stdout)")
+        let metrics = try await curl(["\(base)/metrics"])
+        #expect(metrics.stdout.contains("mainspring_loop_queue_wait_seconds_bucket{loop=\"1\",priority=\"input\",le=\"+Inf\"}"))
+        #expect(metrics.stdout.contains("mainspring_http_requests_total{code=\"2xx\"}"))
+        let bad = try await curl(["-o", "/dev/null", "-w", "%{http_code}", "\(base)/work?n=zero"])
+        #expect(bad.stdout == "400")
+        daemon.send(SIGTERM)
+        let exit = daemon.waitForExit(timeout: .seconds(30))
+        #expect(exit.status == 0 && !exit.crashedBySignal, "\(exit.summary)")
+    }
 }

@@ -552,6 +552,13 @@ final class EvhttpConnection {
 
     private var isFlushing = false
 
+    /// Writes pending output now (a loop callback, after a whole response was handed over).
+    func flushNow() {
+        guard !isClosed, let kick else { return }
+        event_del(kick)
+        flushOutput()
+    }
+
     fileprivate func flushOutput() {
         guard !isClosed, let filter else { return }
         isFlushing = true
@@ -686,7 +693,7 @@ final class EvhttpRequest {
         var port: UInt16 = 0
         evhttp_connection_get_peer(evcon, &address, &port)
         let host = address.map { String(cString: $0) } ?? ""
-        return host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
+        return host.utf8.contains(UInt8(ascii: ":")) ? "[\(host)]:\(port)" : "\(host):\(port)"
     }
 
     // MARK: Replying
@@ -710,6 +717,10 @@ final class EvhttpRequest {
             }
         }
         evhttp_send_reply(raw, Int32(status), reason, nil)
+        // evhttp has set its "written" callback: hand the response to the socket now rather
+        // than on the next poll (what follows — the request's completion, the next request on
+        // the connection — only records and posts, as inside libevent).
+        connection.flushNow()
     }
 
     /// Starts a chunked response (or, for HTTP/1.0 clients, one ended by closing).

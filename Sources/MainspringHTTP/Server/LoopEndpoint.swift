@@ -133,11 +133,16 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
 
     /// Sends `response` for `raw`. Loop thread.
     func reply(_ response: HTTPResponse, to raw: EvhttpRequest, method: HTTPMethod) {
-        var headers = response.headers
-        headers.set("Content-Length", String(response.body.count))
-        if isDraining { headers.set("Connection", "close") }
+        var headers: [(String, String)] = []
+        headers.reserveCapacity(response.headers.fields.count + 2)
+        for field in response.headers.fields
+        where !field.name.caseInsensitiveEquals("Content-Length") && !(isDraining && field.name.caseInsensitiveEquals("Connection")) {
+            headers.append((field.name, field.value))
+        }
+        headers.append(("Content-Length", String(response.body.count)))
+        if isDraining { headers.append(("Connection", "close")) }
         if raw.isConnectionOpen { statistics.recordResponse(status: response.status) }
-        raw.sendReply(status: response.status, reason: reasonPhrase(response.status), headers: headers.fields.map { ($0.name, $0.value) },
+        raw.sendReply(status: response.status, reason: reasonPhrase(response.status), headers: headers,
                       body: method == .head ? [] : response.body)
     }
 
