@@ -9,7 +9,7 @@ DOCS_SYMBOL_GRAPHS := .build/docs-symbol-graphs
 FUZZ_RUNS ?= 200000
 FUZZ_TARGETS := $(notdir $(wildcard Fuzz/Corpus/*))
 
-.PHONY: all deps build test docs demo bench bench-counts sanitize tsan asan stress fuzz leaks soak ci clean
+.PHONY: all deps test-tools bench-tools build test docs demo bench bench-counts sanitize tsan asan stress fuzz leaks soak ci clean
 
 all: build
 
@@ -18,11 +18,18 @@ all: build
 deps:
 	@./scripts/install-deps.sh
 
+## Tools of the HTTP tests (curl, the Prometheus text parser) and of the http benchmark (wrk).
+test-tools:
+	@./scripts/install-tools.sh curl prometheus-parser
+
+bench-tools:
+	@./scripts/install-tools.sh wrk
+
 build: deps
 	$(SWIFT) build
 
 ## Builds and runs the whole test suite.
-test: deps
+test: deps test-tools
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build
 
@@ -57,7 +64,7 @@ demo: deps
 	$(SWIFT) run -c release --skip-build mainspring-demo $(ARGS)
 
 ## Runs the side-by-side benchmarks (release build). ARGS="post-local --runs 7" to choose.
-bench: deps
+bench: deps bench-tools
 	$(SWIFT) build -c release --product mainspring-bench
 	$(SWIFT) run -c release --skip-build mainspring-bench $(ARGS)
 
@@ -77,12 +84,12 @@ bench-counts:
 ## the program, not the quarantine; MAINSPRING_SANITIZER tells such tests where they run.
 sanitize: tsan asan
 
-tsan: deps
+tsan: deps test-tools
 	$(SWIFT) build --build-tests --sanitize=thread --scratch-path .build/tsan
 	MAINSPRING_SANITIZER=thread TSAN_OPTIONS=halt_on_error=0:exitcode=66 \
 		$(SWIFT) test --skip-build --no-parallel --sanitize=thread --scratch-path .build/tsan
 
-asan: deps
+asan: deps test-tools
 	$(SWIFT) build --build-tests --sanitize=address --scratch-path .build/asan
 	MAINSPRING_SANITIZER=address ASAN_OPTIONS=quarantine_size_mb=32 LSAN_OPTIONS=suppressions=$(LSAN_SUPPRESSIONS) \
 		$(SWIFT) test --skip-build --no-parallel --sanitize=address --scratch-path .build/asan

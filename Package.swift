@@ -10,6 +10,7 @@ let package = Package(
     name: "Mainspring",
     products: [
         .library(name: "Mainspring", targets: ["Mainspring"]),
+        .library(name: "MainspringHTTP", targets: ["MainspringHTTP"]),
         .executable(name: "mainspring-demo", targets: ["mainspring-demo"]),
         .executable(name: "mainspring-daemon", targets: ["mainspring-daemon"]),
         .executable(name: "mainspring-bench", targets: ["mainspring-bench"]),
@@ -35,6 +36,13 @@ let package = Package(
             path: "Sources/Mainspring",
             swiftSettings: experimentalMainExecutor
         ),
+        // HTTP for daemons on libevent's evhttp: routes, streaming, Prometheus metrics, health.
+        // Only its Evhttp/ folder imports CLibevent.
+        .target(
+            name: "MainspringHTTP",
+            dependencies: ["Mainspring", "CLibevent"],
+            path: "Sources/MainspringHTTP"
+        ),
         // Plain-C libevent loops: the baselines `mainspring-bench` compares against.
         .target(
             name: "CBaselines",
@@ -45,7 +53,7 @@ let package = Package(
         // a library, so the benchmark, the fuzzer and the tests use the very same code.
         .target(
             name: "ExampleServices",
-            dependencies: ["Mainspring"],
+            dependencies: ["Mainspring", "MainspringHTTP"],
             path: "Sources/ExampleServices"
         ),
         .executableTarget(
@@ -68,7 +76,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "mainspring-daemon",
-            dependencies: ["Mainspring", "ExampleServices"],
+            dependencies: ["Mainspring", "MainspringHTTP", "ExampleServices"],
             path: "Examples/Daemon"
         ),
         // The README's quick start, exactly as printed there (a test compares the two and runs it).
@@ -85,7 +93,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "mainspring-bench",
-            dependencies: ["Mainspring", "CBaselines", "ExampleServices"],
+            dependencies: ["Mainspring", "MainspringHTTP", "CBaselines", "ExampleServices"],
             path: "Benchmarks",
             swiftSettings: experimentalMainExecutor
         ),
@@ -99,7 +107,7 @@ let package = Package(
         ),
         .testTarget(
             name: "MainspringTests",
-            dependencies: ["Mainspring", "MainspringFuzzing", "ExampleServices", "CMainspringSystem"],
+            dependencies: ["Mainspring", "MainspringHTTP", "MainspringFuzzing", "ExampleServices", "CMainspringSystem"],
             path: "Tests/MainspringTests",
             swiftSettings: experimentalMainExecutor
         ),

@@ -144,6 +144,31 @@ final class BenchClient {
         }
     }
 
+    /// Reads and drops exactly `count` bytes (after what `readLine` buffered); false at EOF.
+    func readBytes(_ count: Int) -> Bool {
+        var needed = count
+        let buffered = buffer.count - start
+        let taken = min(buffered, needed)
+        start += taken
+        needed -= taken
+        if start == buffer.count {
+            buffer.removeAll(keepingCapacity: true)
+            start = 0
+        }
+        while needed > 0 {
+            var chunk = [UInt8](repeating: 0, count: 16_384)
+            let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            if n <= 0 { return false }
+            if n > needed {
+                buffer += chunk[needed..<n]
+                needed = 0
+            } else {
+                needed -= n
+            }
+        }
+        return true
+    }
+
     func readLine() -> Substring? {
         while true {
             if let newline = buffer[start...].firstIndex(of: 0x0A) {

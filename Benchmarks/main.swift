@@ -20,6 +20,7 @@ let scenarios: [Scenario] = [
     inputFloodScenario,
     timelineScenario,
     daemonScenario,
+    httpScenario,
 ]
 
 /// Scenarios that run only when named (minutes long).

@@ -1,4 +1,5 @@
-// The C surface Mainspring imports. Only Sources/Mainspring/Libevent/ imports this module.
+// The C surface Mainspring imports. Only Sources/Mainspring/Libevent/ (and, for libevent's HTTP
+// server, Sources/MainspringHTTP/Evhttp/) import this module.
 // Helpers here are limited to what Swift cannot import directly (macros, variadic calls); the
 // operating system's own such calls are in Sources/CMainspringSystem.
 #ifndef MAINSPRING_CLIBEVENT_SHIM_H
@@ -15,5 +16,7 @@
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/listener.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
 
 #endif

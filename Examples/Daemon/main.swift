@@ -1,6 +1,7 @@
 import ExampleServices
 import Foundation
 import Mainspring
+import MainspringHTTP
 
 // mainspring-daemon: a line service on loopback, its connections spread over an EventLoopGroup.
 // See LineService for the protocol. SIGINT/SIGTERM drain gracefully and exit 0; SIGHUP prints
@@ -10,6 +11,8 @@ let usage = """
     usage: mainspring-daemon [options]
       --host <address>       address to listen on (default 127.0.0.1; ::1 for IPv6)
       --port <n>             port (default 0: any free port; the bound one is printed)
+      --http-port <n>        also serve HTTP (/metrics, /healthz, POST /echo, /work?n=) on this
+                             port (0: any free port; the bound one is printed)
       --loops <n>            event loops / threads (default: the number of cores)
       --max-line <bytes>     longest request line (default 4096)
       --output-limit <bytes> output buffered per connection before reading pauses (default 262144)
@@ -30,6 +33,7 @@ func say(_ text: String, to handle: FileHandle = .standardOutput) {
 
 var host = "127.0.0.1"
 var port: UInt16 = 0
+var httpPort: UInt16?
 var loops = ProcessInfo.processInfo.activeProcessorCount
 var options = LineService.Options()
 var grace = Duration.seconds(5)
@@ -49,6 +53,7 @@ while !arguments.isEmpty {
     switch flag {
     case "--host": host = value
     case "--port": port = UInt16(number(0...65_535))
+    case "--http-port": httpPort = UInt16(number(0...65_535))
     case "--loops": loops = number(1...256)
     case "--max-line": options.maxLineLength = number(16...(16 << 20))
     case "--output-limit": options.outputLimit = number(1_024...(1 << 30))
@@ -69,6 +74,7 @@ while !arguments.isEmpty {
 final class Daemon {
     let grace: Duration
     var service: LineService?
+    var http: HTTPServer?
     private var stopping = false
 
     init(grace: Duration) { self.grace = grace }
@@ -77,6 +83,7 @@ final class Daemon {
         guard !stopping, let service else { return }
         stopping = true
         say("\(name): draining (up to \(grace))…", to: .standardError)
+        http?.close()
         let report = service.shutdown(gracePeriod: grace)
         say("stopped: \(service.currentStats); \(report)", to: .standardError)
         EventLoop.main.stop()
@@ -109,6 +116,7 @@ do {
     daemon.service = service
     let shown = host.contains(":") ? "[\(host)]" : host
     say("listening on \(shown):\(service.port) with \(loops) loop(s)")
+    if let httpPort { daemon.http = startHTTPSide(group: service.group, host: host, port: httpPort) }
 } catch {
     FileHandle.standardError.write(Data("mainspring-daemon: cannot listen on \(host):\(port): \(error)\n".utf8))
     exit(1)

@@ -99,6 +99,26 @@ func runExecutable(_ name: String, arguments: [String] = [], stdinBytes stdin: [
     }
 }
 
+/// Runs a program from `PATH` (`curl`, `python3`), the way `runExecutable` runs the package's.
+func runProgram(_ name: String, arguments: [String] = [], stdin: String? = nil,
+                timeout: Duration = .seconds(60)) async throws -> FixtureResult
+{
+    let directories = (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin").split(separator: ":").map(String.init)
+    guard let path = (["/usr/bin"] + directories).map({ "\($0)/\(name)" }).first(where: { FileManager.default.isExecutableFile(atPath: $0) })
+    else { throw FixtureLaunchError.executableNotFound(name, searched: directories) }
+    let url = URL(fileURLWithPath: path)
+    let input = stdin.map { Array($0.utf8) }
+    return try await withCheckedThrowingContinuation { continuation in
+        Thread {
+            do {
+                continuation.resume(returning: try runBlocking(url, arguments, input, nil, timeout))
+            } catch {
+                continuation.resume(throwing: error)
+            }
+        }.start()
+    }
+}
+
 /// Where the package's executables are.
 func executableURL(_ name: String) throws -> URL {
     var directories: [URL] = []

@@ -56,4 +56,16 @@ int64_t ms_count_post_remote(int64_t count, int64_t warmup, int producer_first);
 /// `ms_baseline_echo_stop`.
 void *ms_count_echo_start(uint16_t *port);
 
+/// http: a plain-C evhttp server on 127.0.0.1 (an ephemeral port, written to `*port`) on a
+/// thread of its own, with `/hello`, `/healthz` and `/work?n=` (n units of `ms_baseline_work_unit`
+/// computed inline in the callback, answered `result <n> <checksum>`). Returns a handle for
+/// `ms_baseline_http_stop`.
+void *ms_baseline_http_start(uint16_t *port);
+
+/// Stops the server started by `ms_baseline_http_start` and waits for its thread.
+void ms_baseline_http_stop(void *handle);
+
+/// One unit of /work: the same arithmetic as ExampleServices' `WorkUnit.run`.
+uint64_t ms_baseline_work_unit(uint64_t seed, uint64_t checksum);
+
 #endif

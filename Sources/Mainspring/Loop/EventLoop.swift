@@ -64,8 +64,9 @@ public final class EventLoop: @unchecked Sendable {
     /// How many `run`/`spin` calls are on the stack.
     @exclusivity(unchecked) private var runDepth = 0
     private var sources: [ObjectIdentifier: Source] = [:]
-    /// Open sources with `keepsLoopBusy` (see `isQuiescent`).
-    private var busySources = 0
+    /// Open sources with `keepsLoopBusy`, plus in-flight work of `LoopAttachment`s (see
+    /// `isQuiescent`).
+    var busySources = 0
     /// Set by `shutdownNow()`: posts are counted as dropped instead of queued.
     var isShutDown = false
     /// `EventLoop.main` only: the Dispatch main-queue bridge, installed when the loop first runs.

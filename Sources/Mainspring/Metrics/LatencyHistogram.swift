@@ -98,6 +98,47 @@ public struct LatencyHistogram: Sendable, Equatable {
     /// The mean of the recorded durations (zero when empty).
     public var mean: Duration { count == 0 ? .zero : Duration(nanoseconds: sum / UInt64(count)) }
 
+    /// The sum of the recorded durations (for a Prometheus histogram's `_sum`).
+    public var total: Duration { Duration(nanoseconds: sum) }
+
+    /// For each bound (in ascending order), how many recorded durations are at or below it: the
+    /// cumulative counts of a Prometheus histogram's `_bucket{le=…}` series. A bucket of this
+    /// histogram counts as at or below a bound when its upper edge is, so a count may leave out
+    /// values up to one bucket width (1/64 of the value) under the bound. Non-decreasing.
+    /// - Complexity: one pass over the buckets, whatever the number of bounds.
+    public func cumulativeCounts(atOrBelow bounds: [Duration]) -> [Int] {
+        var counts = [Int](repeating: 0, count: bounds.count)
+        guard count > 0, !bounds.isEmpty else { return counts }
+        let limits = bounds.map(\.clampedNanoseconds)
+        var boundIndex = 0
+        var seen = 0
+        for index in buckets.indices {
+            let upper = Self.upperEdge(ofBucket: index)
+            while boundIndex < limits.count && upper > limits[boundIndex] {
+                counts[boundIndex] = seen
+                boundIndex += 1
+            }
+            if boundIndex == limits.count { break }
+            seen += Int(buckets[index])
+        }
+        while boundIndex < limits.count {
+            counts[boundIndex] = seen
+            boundIndex += 1
+        }
+        // Monotonic even for unsorted bounds.
+        for i in counts.indices.dropFirst() where counts[i] < counts[i - 1] { counts[i] = counts[i - 1] }
+        return counts
+    }
+
+    /// The largest value (ns) that falls into bucket `index`.
+    private static func upperEdge(ofBucket index: Int) -> UInt64 {
+        if index < subBuckets { return UInt64(index) }
+        if index == bucketCount - 1 { return .max }
+        let shift = (index - subBuckets) / subBuckets
+        let mantissa = UInt64(subBuckets + (index - subBuckets) % subBuckets)
+        return ((mantissa + 1) << UInt64(shift)) - 1
+    }
+
     /// Adds every duration recorded in `other` to this histogram.
     /// - Complexity: O(number of buckets).
     public mutating func merge(_ other: LatencyHistogram) {

@@ -1,0 +1,127 @@
+import CBaselines
+import ExampleServices
+import Foundation
+import Mainspring
+import MainspringHTTP
+
+/// http: Mainspring's HTTP server (one loop, the daemon's routes plus `/hello`) against a
+/// plain-C evhttp server on one thread, both driven by `wrk --latency` with 32 keep-alive
+/// connections on `GET /hello`. Then the p99 of `GET /healthz` (wrk, 4 connections) while
+/// another client keeps `/work` requests of about 20 ms of CPU each running back to back: fed
+/// through a `Feeder` on Mainspring, computed inline in the callback in C.
+let httpScenario = Scenario(
+    name: "http",
+    summary: "HTTP server vs plain-C evhttp: wrk on /hello (32 connections); /healthz p99 while /work runs"
+) { runs in
+    guard let wrk = findExecutable("wrk") else {
+        throw BenchError.usage("the http scenario needs wrk (make bench installs it; or apt-get install wrk)")
+    }
+    var samples = Samples()
+    let seconds = 3
+    let workChunks = 400  // WorkUnit ≈ 50 µs: about 20 ms per request
+    for _ in 0..<runs {
+        samples.add("mainspring", {
+            let group = try! EventLoopGroup(loopCount: 1)
+            let exporter = LoopMetricsExporter(group: group)
+            var routes = HTTPService.routes(group: group, exporter: exporter)
+            routes.get("/hello") { _ in .text("hello\n") }
+            let server = try! HTTPServer(group: group, routes: routes)
+            let figures = measure(wrk: wrk, port: server.port, seconds: seconds, workChunks: workChunks)
+            server.close()
+            group.shutdown(gracePeriod: .seconds(2))
+            return figures
+        }())
+        samples.add("libevent-c", {
+            var port: UInt16 = 0
+            let handle = ms_baseline_http_start(&port)
+            let figures = measure(wrk: wrk, port: port, seconds: seconds, workChunks: workChunks)
+            ms_baseline_http_stop(handle)
+            return figures
+        }())
+    }
+    return samples.records(scenario: "http")
+}
+
+private func measure(wrk: String, port: UInt16, seconds: Int, workChunks: Int) -> [(String, Double)] {
+    let hello = runWrk(wrk, ["-t2", "-c32", "-d\(seconds)s", "--latency", "http://127.0.0.1:\(port)/hello"])
+    let stop = Guarded(false)
+    let worker = Thread {
+        while !stop.withLock({ $0 }) {
+            guard let client = BenchClient(port: port) else { return }
+            while !stop.withLock({ $0 }) {
+                client.send("GET /work?n=\(workChunks) HTTP/1.1\r\nHost: bench\r\n\r\n")
+                guard readHTTPResponse(client) else { break }
+            }
+        }
+    }
+    worker.start()
+    usleep(100_000)
+    let busy = runWrk(wrk, ["-t1", "-c4", "-d\(seconds)s", "--latency", "http://127.0.0.1:\(port)/healthz"])
+    stop.withLock { $0 = true }
+    usleep(200_000)
+    return [("requests_per_s", hello.rate), ("p99_ms", hello.p99), ("busy_health_p99_ms", busy.p99)]
+}
+
+/// Reads one response (sized or chunked) from a blocking client; false on error or EOF.
+private func readHTTPResponse(_ client: BenchClient) -> Bool {
+    var chunked = false
+    var length = 0
+    while let line = client.readLine() {
+        let text = line.hasSuffix("\r") ? line.dropLast() : line
+        if text.isEmpty { break }
+        let lower = text.lowercased()
+        if lower.hasPrefix("transfer-encoding:") && lower.contains("chunked") { chunked = true }
+        if lower.hasPrefix("content-length:") { length = Int(lower.dropFirst(15).trimmingCharacters(in: .whitespaces)) ?? 0 }
+    }
+    if chunked {
+        while let line = client.readLine() {
+            let size = Int(line.hasSuffix("\r") ? String(line.dropLast()) : String(line), radix: 16) ?? -1
+            if size < 0 { return false }
+            if size == 0 { return client.readLine() != nil }
+            guard client.readBytes(size + 2) else { return false }
+        }
+        return false
+    }
+    return client.readBytes(length)
+}
+
+private struct WrkResult {
+    var rate = Double.nan
+    var p99 = Double.nan
+}
+
+/// Runs wrk and reads `Requests/sec` and the 99% latency (converted to ms).
+private func runWrk(_ path: String, _ arguments: [String]) -> WrkResult {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: path)
+    process.arguments = arguments
+    let output = Foundation.Pipe()
+    process.standardOutput = output
+    process.standardError = FileHandle.nullDevice
+    guard (try? process.run()) != nil else { return WrkResult() }
+    let data = output.fileHandleForReading.readDataToEndOfFile()
+    process.waitUntilExit()
+    var result = WrkResult()
+    for line in String(decoding: data, as: UTF8.self).split(separator: "\n") {
+        let fields = line.split(separator: " ", omittingEmptySubsequences: true)
+        if fields.first == "Requests/sec:", fields.count > 1 { result.rate = Double(fields[1]) ?? .nan }
+        if fields.first == "99%", fields.count > 1 { result.p99 = milliseconds(String(fields[1])) }
+    }
+    return result
+}
+
+/// wrk's latency text (`812.00us`, `1.23ms`, `2.00s`) in milliseconds.
+private func milliseconds(_ text: String) -> Double {
+    for (suffix, factor) in [("us", 0.001), ("ms", 1.0), ("s", 1000.0)] where text.hasSuffix(suffix) {
+        return (Double(text.dropLast(suffix.count)) ?? .nan) * factor
+    }
+    return .nan
+}
+
+func findExecutable(_ name: String) -> String? {
+    for directory in (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin").split(separator: ":") {
+        let candidate = "\(directory)/\(name)"
+        if FileManager.default.isExecutableFile(atPath: candidate) { return candidate }
+    }
+    return nil
+}

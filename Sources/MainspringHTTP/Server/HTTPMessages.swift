@@ -1,0 +1,107 @@
+import Foundation
+import Mainspring
+
+/// A request as the server read it: a value, safe to keep and to pass to any thread.
+///
+/// evhttp parsed it (request line, headers, chunked or sized body) and Mainspring copied what a
+/// handler needs; reading a field costs nothing further.
+public struct HTTPRequest: Sendable {
+    /// The method. A `HEAD` request is routed to the `GET` handler (its body is not sent).
+    public var method: HTTPMethod
+    /// The path, percent-decoded (`/files/a b` for `/files/a%20b`).
+    public var path: String
+    /// The path as sent, still percent-encoded.
+    public var rawPath: String
+    /// The request target as sent (path and query).
+    public var uri: String
+    /// The query items, decoded, in order (`?a=1&b=x%20y` → `[("a", "1"), ("b", "x y")]`).
+    public var queryItems: [(name: String, value: String)]
+    /// The header fields (case-insensitive lookup).
+    public var headers: HTTPHeaders
+    /// The body (empty when there is none).
+    public var body: [UInt8]
+    /// The client, `host:port` (`[::1]:port` for IPv6).
+    public var remoteAddress: String
+    /// The loop this request is served on: where synchronous handlers run and where a
+    /// `Feeder` for its work belongs.
+    public var loop: EventLoop
+    /// The counters of the server that read the request (for `/metrics`).
+    public var server: HTTPServerStatistics
+
+    /// The first query item named `name`, if any.
+    public func query(_ name: String) -> String? { queryItems.first { $0.name == name }?.value }
+
+    /// The body as UTF-8 text (invalid sequences replaced).
+    public var text: String { String(decoding: body, as: UTF8.self) }
+
+    /// Decodes the body as JSON.
+    /// - Throws: `DecodingError` for a body that is not a `T` (a route can turn it into 400 with
+    ///   `HTTPError.badRequest`).
+    public func decode<T: Decodable>(_ type: T.Type, decoder: JSONDecoder = JSONDecoder()) throws -> T {
+        try decoder.decode(type, from: Data(body))
+    }
+}
+
+/// A response: status, header fields, body.
+public struct HTTPResponse: Sendable {
+    /// The status code (200, 404, …).
+    public var status: Int
+    /// The header fields. `Content-Length` is set by the server; `Date` by evhttp.
+    public var headers: HTTPHeaders
+    /// The body bytes.
+    public var body: [UInt8]
+
+    /// A response with raw bytes.
+    public init(status: Int = 200, headers: HTTPHeaders = [:], body: [UInt8] = []) {
+        self.status = status
+        self.headers = headers
+        self.body = body
+    }
+
+    /// A `text/plain; charset=utf-8` response.
+    public static func text(_ text: String, status: Int = 200, headers: HTTPHeaders = [:]) -> HTTPResponse {
+        var headers = headers
+        if !headers.contains("Content-Type") { headers.add("Content-Type", "text/plain; charset=utf-8") }
+        return HTTPResponse(status: status, headers: headers, body: Array(text.utf8))
+    }
+
+    /// An `application/json` response with `value` encoded (sorted keys).
+    /// - Throws: `EncodingError` when `value` cannot be encoded.
+    public static func json<T: Encodable>(_ value: T, status: Int = 200, headers: HTTPHeaders = [:],
+                                          encoder: JSONEncoder? = nil) throws -> HTTPResponse
+    {
+        let encoder = encoder ?? {
+            let made = JSONEncoder()
+            made.outputFormatting = [.sortedKeys]
+            return made
+        }()
+        var headers = headers
+        if !headers.contains("Content-Type") { headers.add("Content-Type", "application/json") }
+        return HTTPResponse(status: status, headers: headers, body: Array(try encoder.encode(value)))
+    }
+
+    /// A response with just a status and its reason phrase as a text body.
+    public static func status(_ status: Int, headers: HTTPHeaders = [:]) -> HTTPResponse {
+        .text("\(reasonPhrase(status))\n", status: status, headers: headers)
+    }
+}
+
+/// An error a handler can throw to answer with a status of its choice (the message is sent as
+/// the body). Any other error thrown by a handler becomes `500 Internal Server Error`, with no
+/// detail of the error in the body.
+public struct HTTPError: Error, Sendable {
+    public var status: Int
+    public var message: String
+    public var headers: HTTPHeaders
+
+    public init(status: Int, message: String? = nil, headers: HTTPHeaders = [:]) {
+        self.status = status
+        self.message = message ?? reasonPhrase(status)
+        self.headers = headers
+    }
+
+    /// 400 with `message`.
+    public static func badRequest(_ message: String) -> HTTPError { HTTPError(status: 400, message: message) }
+
+    var response: HTTPResponse { .text(message.hasSuffix("\n") ? message : message + "\n", status: status, headers: headers) }
+}

@@ -1,0 +1,160 @@
+import Mainspring
+
+/// How a route's path matches a request path.
+public enum PathMatch: Sendable, Hashable {
+    /// The request path equals the route's path.
+    case exact
+    /// The request path starts with the route's path (`/static/` matches `/static/a.css`). The
+    /// longest matching prefix wins; an exact route wins over any prefix.
+    case prefix
+}
+
+/// What handles a route. Every kind runs on the loop that read the request, except the body of
+/// an `async` handler, which runs in a task (see `HTTPRoutes`).
+enum RouteHandler: Sendable {
+    case sync(@Sendable (HTTPRequest) throws -> HTTPResponse)
+    case async(@Sendable (HTTPRequest) async throws -> HTTPResponse)
+    case deferred(@Sendable (HTTPRequest, HTTPResponder) -> Void)
+    case streaming(@Sendable (HTTPRequest, HTTPResponseWriter) throws -> Void)
+}
+
+/// The routes of an `HTTPServer`: by method and path (exact or prefix), each with a handler.
+///
+/// ```swift
+/// var routes = HTTPRoutes()
+/// routes.get("/hello") { _ in .text("hello\n") }                      // on the request's loop
+/// routes.post("/echo") { request in HTTPResponse(body: request.body) }
+/// routes.get("/user") { request async throws in                       // in a task
+///     try .json(await users.find(request.query("id") ?? ""))
+/// }
+/// routes.get("/static/", match: .prefix) { request in try files.serve(request.path) }
+/// ```
+///
+/// Handlers are `@Sendable`: with an `EventLoopGroup` a route runs on whichever loop read the
+/// request. A synchronous handler runs on that loop's thread, between the loop's other
+/// callbacks: keep it short, or feed long work through a `Feeder` with a streaming or deferred
+/// handler. A `HEAD` request runs the `GET` handler and gets its headers without the body. A
+/// path with routes but none for the method gets `405` with `Allow`; no route, `404`. A handler
+/// that throws `HTTPError` answers with its status; any other error is `500` with no detail.
+public struct HTTPRoutes: Sendable {
+    struct Route: Sendable {
+        var methods: Set<HTTPMethod>
+        var handler: RouteHandler
+    }
+
+    private var exact: [String: [Route]] = [:]
+    private var prefixes: [(path: String, routes: [Route])] = []
+
+    /// No routes.
+    public init() {}
+
+    mutating func add(_ methods: Set<HTTPMethod>, _ path: String, match: PathMatch, _ handler: RouteHandler) {
+        let route = Route(methods: methods, handler: handler)
+        switch match {
+        case .exact:
+            exact[path, default: []].append(route)
+        case .prefix:
+            if let index = prefixes.firstIndex(where: { $0.path == path }) {
+                prefixes[index].routes.append(route)
+            } else {
+                prefixes.append((path, [route]))
+                prefixes.sort { $0.path.utf8.count > $1.path.utf8.count }
+            }
+        }
+    }
+
+    // MARK: Synchronous handlers
+
+    /// A synchronous handler for `methods` on `path`: it runs on the request's loop thread and
+    /// returns the response.
+    public mutating func on(_ methods: Set<HTTPMethod>, _ path: String, match: PathMatch = .exact,
+                            _ handler: @escaping @Sendable (HTTPRequest) throws -> HTTPResponse)
+    {
+        add(methods, path, match: match, .sync(handler))
+    }
+
+    /// `on([.get], …)`; also answers `HEAD`.
+    public mutating func get(_ path: String, match: PathMatch = .exact,
+                             _ handler: @escaping @Sendable (HTTPRequest) throws -> HTTPResponse)
+    {
+        on([.get], path, match: match, handler)
+    }
+
+    /// `on([.post], …)`.
+    public mutating func post(_ path: String, match: PathMatch = .exact,
+                              _ handler: @escaping @Sendable (HTTPRequest) throws -> HTTPResponse)
+    {
+        on([.post], path, match: match, handler)
+    }
+
+    // MARK: Async handlers
+
+    /// An `async` handler: it runs in a task, and its response is sent on the request's loop.
+    /// (The task runs on the global concurrent executor; hop to the loop with `loop.submit` for
+    /// loop-bound work.)
+    public mutating func on(_ methods: Set<HTTPMethod>, _ path: String, match: PathMatch = .exact,
+                            _ handler: @escaping @Sendable (HTTPRequest) async throws -> HTTPResponse)
+    {
+        add(methods, path, match: match, .async(handler))
+    }
+
+    /// `on([.get], …)` with an `async` handler; also answers `HEAD`.
+    public mutating func get(_ path: String, match: PathMatch = .exact,
+                             _ handler: @escaping @Sendable (HTTPRequest) async throws -> HTTPResponse)
+    {
+        on([.get], path, match: match, handler)
+    }
+
+    /// `on([.post], …)` with an `async` handler.
+    public mutating func post(_ path: String, match: PathMatch = .exact,
+                              _ handler: @escaping @Sendable (HTTPRequest) async throws -> HTTPResponse)
+    {
+        on([.post], path, match: match, handler)
+    }
+
+    // MARK: Deferred and streaming handlers
+
+    /// A handler that answers later, through `responder` (from any thread, exactly once): for
+    /// answers that wait on a timer, another loop or a `Feeder` job. Runs on the request's loop.
+    public mutating func on(_ methods: Set<HTTPMethod>, _ path: String, match: PathMatch = .exact,
+                            responding handler: @escaping @Sendable (HTTPRequest, HTTPResponder) -> Void)
+    {
+        add(methods, path, match: match, .deferred(handler))
+    }
+
+    /// A handler that streams its response (chunked), on the request's loop, through `writer`
+    /// (see `HTTPResponseWriter` for backpressure).
+    public mutating func on(_ methods: Set<HTTPMethod>, _ path: String, match: PathMatch = .exact,
+                            streaming handler: @escaping @Sendable (HTTPRequest, HTTPResponseWriter) throws -> Void)
+    {
+        add(methods, path, match: match, .streaming(handler))
+    }
+
+    // MARK: Lookup
+
+    enum Resolution {
+        case handler(RouteHandler)
+        case methodNotAllowed(allow: String)
+        case notFound
+    }
+
+    func resolve(_ method: HTTPMethod, _ path: String) -> Resolution {
+        let candidates: [Route]
+        if let routes = exact[path] {
+            candidates = routes
+        } else if let match = prefixes.first(where: { path.hasPrefix($0.path) }) {
+            candidates = match.routes
+        } else {
+            return .notFound
+        }
+        let wanted = method == .head ? HTTPMethod.get : method
+        if method == .head, let route = candidates.first(where: { $0.methods.contains(.head) }) {
+            return .handler(route.handler)
+        }
+        if let route = candidates.first(where: { $0.methods.contains(wanted) }) { return .handler(route.handler) }
+        var allowed = Set(candidates.flatMap(\.methods))
+        if allowed.contains(.get) { allowed.insert(.head) }
+        let allow = HTTPMethod.allCases.filter { allowed.contains($0) }.map(\.rawValue).joined(separator: ", ")
+        return .methodNotAllowed(allow: allow)
+    }
+}

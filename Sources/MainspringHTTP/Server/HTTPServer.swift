@@ -1,0 +1,175 @@
+import Dispatch
+import Foundation
+import Mainspring
+
+/// An HTTP/1.1 server on Mainspring loops, built on libevent's evhttp (its parser, keep-alive,
+/// chunked encoding, timeouts and limits).
+///
+/// ```swift
+/// let group = try EventLoopGroup()
+/// var routes = HTTPRoutes()
+/// routes.get("/hello") { _ in .text("hello\n") }
+/// routes.serveMetrics(of: group)            // GET /metrics, Prometheus text format
+/// routes.serveHealth(of: group)             // GET /healthz, 503 when a loop is stuck
+/// let server = try HTTPServer(group: group, configuration: .init(port: 8080), routes: routes)
+/// ```
+///
+/// ## Threads
+/// Every loop of the group accepts from one shared listening socket: a loop stuck in a long
+/// callback stops taking connections and the others take them. A connection stays on the loop
+/// that accepted it; its requests are read by libevent on that loop, and their handlers run
+/// there, as `.input` work between the loop's other callbacks (libevent's callbacks only record
+/// and post: no handler runs inside libevent). The server object itself is `Sendable`.
+///
+/// ## Bad input
+/// A malformed request gets `400`, a request head over `maxHeaderBytes` `431`, a body over
+/// `maxBodyBytes` `413` (sent as soon as the declared length is known), an unknown path `404`, a
+/// known path with another method `405` with `Allow`, a handler that throws `500` (no detail). A
+/// request whose head does not arrive within `headerTimeout`, or whose body does not within
+/// `bodyTimeout`, has its connection closed; so has a connection idle (or not reading its
+/// response) for `idleTimeout`. At `maxConnections` the server stops accepting until one closes
+/// (further clients wait in the listen backlog). Nothing of this affects the other connections.
+///
+/// ## Shutdown
+/// `close()` stops accepting; requests in flight finish (their responses say
+/// `Connection: close`), then idle connections are closed. Requests in flight are busy work of
+/// their loop: `EventLoopGroup.shutdown(gracePeriod:)` waits for them, and closes the server's
+/// connections when the grace period ends.
+public final class HTTPServer: Sendable {
+    /// Addresses, limits and timeouts. Every duration is clamped to at least one millisecond.
+    public struct Configuration: Sendable {
+        /// The address to listen on (`127.0.0.1`, `::1`, `0.0.0.0`, `::`). Default `127.0.0.1`.
+        public var host: String
+        /// The port; 0 picks a free one (see `HTTPServer.port`). Default 0.
+        public var port: UInt16
+        /// The longest request head (request line and header fields) accepted; longer gets 431.
+        /// Default 8 KiB.
+        public var maxHeaderBytes: Int
+        /// The longest request body accepted; longer gets 413. Default 1 MiB.
+        public var maxBodyBytes: Int
+        /// Connections open at once, over all loops. Default 10,000.
+        public var maxConnections: Int
+        /// A connection with no traffic for this long (idle keep-alive, or a client not reading
+        /// its response) is closed. Default 60 s.
+        public var idleTimeout: Duration
+        /// A request head that has not arrived in full this long after its first byte closes its
+        /// connection. Default 10 s.
+        public var headerTimeout: Duration
+        /// A request body that has not arrived in full this long after its head closes its
+        /// connection. Default 30 s.
+        public var bodyTimeout: Duration
+        /// The listen backlog. Default 511.
+        public var backlog: Int32
+
+        public init(host: String = "127.0.0.1", port: UInt16 = 0, maxHeaderBytes: Int = 8 * 1024,
+                    maxBodyBytes: Int = 1 << 20, maxConnections: Int = 10_000, idleTimeout: Duration = .seconds(60),
+                    headerTimeout: Duration = .seconds(10), bodyTimeout: Duration = .seconds(30), backlog: Int32 = 511)
+        {
+            self.host = host
+            self.port = port
+            self.maxHeaderBytes = maxHeaderBytes
+            self.maxBodyBytes = maxBodyBytes
+            self.maxConnections = maxConnections
+            self.idleTimeout = idleTimeout
+            self.headerTimeout = headerTimeout
+            self.bodyTimeout = bodyTimeout
+            self.backlog = backlog
+        }
+    }
+
+    /// The bound port.
+    public let port: UInt16
+    /// The loops that serve requests.
+    public let loops: [EventLoop]
+    /// The server's counters (responses by status class, requests in flight, connections).
+    public let statistics: HTTPServerStatistics
+    private let shared: ServerShared
+
+    /// Serves `routes` on every loop of `group`. Call it from outside the group's loops, or from
+    /// one of them (its share is set up in place; the others' are waited for).
+    /// - Throws: `HTTPServerError` when the address is invalid or in use, or libevent fails.
+    public convenience init(group: EventLoopGroup, configuration: Configuration = .init(), routes: HTTPRoutes)
+        throws(HTTPServerError)
+    {
+        try self.init(loops: group.loops, configuration: configuration, routes: routes)
+    }
+
+    /// Serves `routes` on one loop. Call it on `loop`'s thread, or from another thread while the
+    /// loop runs.
+    public convenience init(loop: EventLoop, configuration: Configuration = .init(), routes: HTTPRoutes)
+        throws(HTTPServerError)
+    {
+        try self.init(loops: [loop], configuration: configuration, routes: routes)
+    }
+
+    private init(loops: [EventLoop], configuration: Configuration, routes: HTTPRoutes) throws(HTTPServerError) {
+        let floor = Duration.milliseconds(1)
+        let limits = EvhttpLimits(
+            maxHeaderBytes: max(256, configuration.maxHeaderBytes), maxBodyBytes: max(0, configuration.maxBodyBytes),
+            idleTimeout: max(floor, configuration.idleTimeout), headerTimeout: max(floor, configuration.headerTimeout),
+            bodyTimeout: max(floor, configuration.bodyTimeout), acceptBurst: 16)
+        let socket = try ListeningSocket(host: configuration.host, port: configuration.port, backlog: configuration.backlog)
+        let statistics = HTTPServerStatistics()
+        let shared = ServerShared(maxConnections: max(1, configuration.maxConnections))
+        var endpoints: [LoopEndpoint] = []
+        for loop in loops {
+            let make = { () throws(HTTPServerError) -> LoopEndpoint in
+                try LoopEndpoint(loop: loop, routes: routes, statistics: statistics, shared: shared, limits: limits,
+                                 socket: socket)
+            }
+            do {
+                endpoints.append(try onLoop(loop, make))
+            } catch {
+                for endpoint in endpoints { endpoint.loop.execute(priority: .input) { endpoint.close() } }
+                throw error
+            }
+        }
+        shared.endpoints = endpoints
+        shared.setEndpointCount(endpoints.count)
+        self.port = socket.port
+        self.loops = loops
+        self.statistics = statistics
+        self.shared = shared
+    }
+
+    /// Stops accepting connections; requests in flight finish, then the server's connections
+    /// close. Any thread; returns at once (see `isClosed`).
+    public func close() {
+        for endpoint in shared.endpoints {
+            if endpoint.loop.isCurrent {
+                endpoint.close()
+            } else {
+                endpoint.loop.execute(priority: .input) { endpoint.close() }
+            }
+        }
+    }
+
+    /// Whether every loop has finished closing (its requests done, its connections closed).
+    public var isClosed: Bool { shared.openEndpoints == 0 }
+}
+
+/// Runs `body` on `loop`'s thread and returns its result: in place on that thread, else posted
+/// and waited for (up to 10 s: a loop that does not run cannot host a server).
+private func onLoop<T>(_ loop: EventLoop, _ body: @escaping () throws(HTTPServerError) -> T) throws(HTTPServerError) -> T {
+    if loop.isCurrent { return try body() }
+    let box = OnLoopBox(body)
+    let done = DispatchSemaphore(value: 0)
+    loop.execute(priority: .input) {
+        box.run()
+        done.signal()
+    }
+    guard done.wait(timeout: .now() + 10) == .success, let result = box.result else {
+        throw .closed
+    }
+    return try result.get()
+}
+
+/// A loop-bound closure and its result, carried across the hop in `onLoop`.
+private final class OnLoopBox<T>: @unchecked Sendable {
+    var result: Result<T, HTTPServerError>?
+    private let body: () throws(HTTPServerError) -> T
+    init(_ body: @escaping () throws(HTTPServerError) -> T) { self.body = body }
+    func run() {
+        do throws(HTTPServerError) { result = .success(try body()) } catch { result = .failure(error) }
+    }
+}

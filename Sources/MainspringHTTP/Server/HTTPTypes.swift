@@ -1,0 +1,141 @@
+import Foundation
+
+/// An HTTP request method.
+public enum HTTPMethod: String, Sendable, Hashable, CaseIterable, CustomStringConvertible {
+    case get = "GET"
+    case head = "HEAD"
+    case post = "POST"
+    case put = "PUT"
+    case delete = "DELETE"
+    case patch = "PATCH"
+    case options = "OPTIONS"
+    case trace = "TRACE"
+    case connect = "CONNECT"
+
+    public var description: String { rawValue }
+}
+
+/// Header fields in order, with case-insensitive lookup (`headers["content-type"]`).
+///
+/// A value type; lookups are linear in the number of fields (requests carry a handful).
+public struct HTTPHeaders: Sendable, Equatable, Sequence, ExpressibleByDictionaryLiteral, CustomStringConvertible {
+    /// The fields, in the order received or added.
+    public private(set) var fields: [(name: String, value: String)]
+
+    /// Empty headers.
+    public init() { fields = [] }
+
+    /// Headers from name–value pairs, in order.
+    public init(_ fields: [(String, String)]) { self.fields = fields.map { (name: $0.0, value: $0.1) } }
+
+    public init(dictionaryLiteral elements: (String, String)...) { self.init(elements) }
+
+    /// The first value of the field `name` (any case), or nil.
+    public subscript(name: String) -> String? {
+        fields.first { $0.name.caseInsensitiveEquals(name) }?.value
+    }
+
+    /// Every value of the field `name` (any case), in order.
+    public func values(of name: String) -> [String] {
+        fields.filter { $0.name.caseInsensitiveEquals(name) }.map(\.value)
+    }
+
+    /// Adds a field (keeps existing ones of the same name).
+    public mutating func add(_ name: String, _ value: String) { fields.append((name: name, value: value)) }
+
+    /// Replaces every field `name` (any case) with one field.
+    public mutating func set(_ name: String, _ value: String) {
+        remove(name)
+        fields.append((name: name, value: value))
+    }
+
+    /// Removes every field `name` (any case).
+    public mutating func remove(_ name: String) { fields.removeAll { $0.name.caseInsensitiveEquals(name) } }
+
+    /// Whether a field `name` (any case) is present.
+    public func contains(_ name: String) -> Bool { self[name] != nil }
+
+    public func makeIterator() -> IndexingIterator<[(name: String, value: String)]> { fields.makeIterator() }
+
+    public static func == (lhs: HTTPHeaders, rhs: HTTPHeaders) -> Bool {
+        lhs.fields.elementsEqual(rhs.fields) { $0.name == $1.name && $0.value == $1.value }
+    }
+
+    public var description: String { fields.map { "\($0.name): \($0.value)" }.joined(separator: "\n") }
+}
+
+extension String {
+    func caseInsensitiveEquals(_ other: String) -> Bool {
+        guard utf8.count == other.utf8.count else { return false }
+        return zip(utf8, other.utf8).allSatisfy { a, b in
+            (a >= 0x41 && a <= 0x5A ? a + 0x20 : a) == (b >= 0x41 && b <= 0x5A ? b + 0x20 : b)
+        }
+    }
+}
+
+/// Why an `HTTPServer` could not start.
+public enum HTTPServerError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// The host could not be parsed or resolved.
+    case invalidAddress(String)
+    /// A system call failed (`bind` when the port is in use, say).
+    case system(function: String, errno: Int32)
+    /// libevent could not create what was asked.
+    case libevent(function: String)
+    /// The server (or its loop) is closed.
+    case closed
+
+    public var description: String {
+        switch self {
+        case .invalidAddress(let text): return "invalid address \(text)"
+        case .system(let function, let code): return "\(function) failed: \(String(cString: strerror(code)))"
+        case .libevent(let function): return "libevent: \(function) failed"
+        case .closed: return "the server is closed"
+        }
+    }
+}
+
+/// The reason phrase of a status code.
+func reasonPhrase(_ status: Int) -> String {
+    switch status {
+    case 100: return "Continue"
+    case 200: return "OK"
+    case 201: return "Created"
+    case 202: return "Accepted"
+    case 204: return "No Content"
+    case 206: return "Partial Content"
+    case 301: return "Moved Permanently"
+    case 302: return "Found"
+    case 303: return "See Other"
+    case 304: return "Not Modified"
+    case 307: return "Temporary Redirect"
+    case 308: return "Permanent Redirect"
+    case 400: return "Bad Request"
+    case 401: return "Unauthorized"
+    case 403: return "Forbidden"
+    case 404: return "Not Found"
+    case 405: return "Method Not Allowed"
+    case 408: return "Request Timeout"
+    case 409: return "Conflict"
+    case 410: return "Gone"
+    case 411: return "Length Required"
+    case 413: return "Content Too Large"
+    case 414: return "URI Too Long"
+    case 415: return "Unsupported Media Type"
+    case 422: return "Unprocessable Content"
+    case 429: return "Too Many Requests"
+    case 431: return "Request Header Fields Too Large"
+    case 500: return "Internal Server Error"
+    case 501: return "Not Implemented"
+    case 502: return "Bad Gateway"
+    case 503: return "Service Unavailable"
+    case 504: return "Gateway Timeout"
+    default:
+        switch status / 100 {
+        case 1: return "Informational"
+        case 2: return "Success"
+        case 3: return "Redirection"
+        case 4: return "Client Error"
+        default: return "Server Error"
+        }
+    }
+}

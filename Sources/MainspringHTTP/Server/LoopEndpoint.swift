@@ -1,0 +1,234 @@
+import Foundation
+@_spi(MainspringHTTP) import Mainspring
+
+/// One loop's share of an `HTTPServer`: its evhttp, its in-flight requests (counted as the loop's
+/// busy work, so a graceful group shutdown waits for them), its deadline sweep. Loop thread
+/// only, except `post`.
+final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
+    let loop: EventLoop
+    let routes: HTTPRoutes
+    let statistics: HTTPServerStatistics
+    private let shared: ServerShared
+    private var evhttp: EvhttpServer?
+    private var attachment: LoopAttachment?
+    private var sweepTimer: TimerHandle?
+    private var isDraining = false
+    private var inFlight = 0
+
+    init(loop: EventLoop, routes: HTTPRoutes, statistics: HTTPServerStatistics, shared: ServerShared,
+         limits: EvhttpLimits, socket: ListeningSocket) throws(HTTPServerError)
+    {
+        self.loop = loop
+        self.routes = routes
+        self.statistics = statistics
+        self.shared = shared
+        let server = try EvhttpServer(loop: loop, limits: limits)
+        server.delegate = self
+        try server.accept(on: socket)
+        evhttp = server
+        attachment = LoopAttachment(loop: loop) { [weak self] in self?.loopClosed() }
+    }
+
+    // MARK: evhttp's reports (inside libevent: record, hand off)
+
+    func evhttpReceived(_ raw: EvhttpRequest) {
+        inFlight += 1
+        attachment?.beginWork()
+        statistics.requestStarted()
+        let box = UncheckedRequest(raw)
+        loop.execute(priority: .input) { [self] in dispatch(box.request) }
+    }
+
+    func evhttpFinished(_ raw: EvhttpRequest, written: Bool) {
+        inFlight -= 1
+        attachment?.endWork()
+        statistics.requestFinished()
+        if isDraining && inFlight == 0 {
+            loop.execute(priority: .input) { [weak self] in self?.finishDraining() }
+        }
+    }
+
+    func evhttpAnsweredByGuard(status: Int) {
+        statistics.recordResponse(status: status)
+    }
+
+    func evhttpConnectionOpened() -> Bool {
+        let open = statistics.connectionOpened()
+        if sweepTimer == nil { startSweep() }
+        return shared.connectionOpened(open: open)
+    }
+
+    func evhttpConnectionClosed(timedOut: Bool) {
+        let open = statistics.connectionClosed(timedOut: timedOut)
+        shared.connectionClosed(open: open)
+    }
+
+    // MARK: Deadlines
+
+    private func startSweep() {
+        guard let evhttp else { return }
+        let limits = evhttp.limits
+        let shortest = min(limits.headerTimeout, limits.bodyTimeout)
+        let interval = max(.milliseconds(20), min(.milliseconds(250), shortest / 10))
+        // Scheduled from a libevent callback: create the timer from the loop, not inside it.
+        loop.execute(priority: .input) { [weak self] in
+            guard let self, self.sweepTimer == nil, self.evhttp != nil else { return }
+            self.sweepTimer = self.loop.schedule(every: interval) { [weak self] timer in
+                guard let self, let evhttp = self.evhttp, evhttp.sweep(now: monotonicNow()) else {
+                    timer.cancel()
+                    self?.sweepTimer = nil
+                    return
+                }
+            }
+        }
+    }
+
+    // MARK: Requests
+
+    private func dispatch(_ raw: EvhttpRequest) {
+        guard raw.isConnectionOpen else {
+            // Lost before it could run: hand it back unanswered.
+            raw.sendReply(status: 500, reason: reasonPhrase(500), headers: [], body: [])
+            return
+        }
+        let (path, rawPath, query) = raw.pathAndQuery
+        let method = raw.method
+        let request = HTTPRequest(method: method, path: path, rawPath: rawPath, uri: raw.uri,
+                                  queryItems: query.map { (name: $0.0, value: $0.1) }, headers: HTTPHeaders(raw.headers),
+                                  body: raw.body, remoteAddress: raw.remoteAddress, loop: loop, server: statistics)
+        switch routes.resolve(method, path) {
+        case .notFound:
+            reply(.status(404), to: raw, method: method)
+        case .methodNotAllowed(let allow):
+            reply(.status(405, headers: ["Allow": allow]), to: raw, method: method)
+        case .handler(let handler):
+            run(handler, request, raw)
+        }
+    }
+
+    private func run(_ handler: RouteHandler, _ request: HTTPRequest, _ raw: EvhttpRequest) {
+        switch handler {
+        case .sync(let body):
+            let response: HTTPResponse
+            do { response = try body(request) } catch { response = Self.errorResponse(error) }
+            reply(response, to: raw, method: request.method)
+        case .async(let body):
+            runAsync(body, request: request, responder: HTTPResponder(endpoint: self, request: raw, method: request.method))
+        case .deferred(let body):
+            body(request, HTTPResponder(endpoint: self, request: raw, method: request.method))
+        case .streaming(let body):
+            let writer = HTTPResponseWriter(endpoint: self, request: raw, method: request.method)
+            do {
+                try body(request, writer)
+            } catch {
+                writer.fail(with: error)
+            }
+        }
+    }
+
+    static func errorResponse(_ error: any Error) -> HTTPResponse {
+        if let error = error as? HTTPError { return error.response }
+        return .status(500)
+    }
+
+    /// Sends `response` for `raw`. Loop thread.
+    func reply(_ response: HTTPResponse, to raw: EvhttpRequest, method: HTTPMethod) {
+        var headers: [(String, String)] = []
+        headers.reserveCapacity(response.headers.fields.count + 2)
+        for field in response.headers.fields
+        where !field.name.caseInsensitiveEquals("Content-Length") && !(isDraining && field.name.caseInsensitiveEquals("Connection")) {
+            headers.append((field.name, field.value))
+        }
+        headers.append(("Content-Length", String(response.body.count)))
+        if isDraining { headers.append(("Connection", "close")) }
+        if raw.isConnectionOpen { statistics.recordResponse(status: response.status) }
+        raw.sendReply(status: response.status, reason: reasonPhrase(response.status), headers: headers,
+                      body: method == .head ? [] : response.body)
+    }
+
+    /// Starts a streamed response. Loop thread.
+    func startStream(_ raw: EvhttpRequest, status: Int, headers: HTTPHeaders) {
+        var headers = headers
+        if isDraining { headers.set("Connection", "close") }
+        if raw.isConnectionOpen { statistics.recordResponse(status: status) }
+        raw.startChunked(status: status, reason: reasonPhrase(status), headers: headers.fields.map { ($0.name, $0.value) })
+    }
+
+    // MARK: Closing
+
+    /// Stops accepting; requests in flight finish (their responses close their connections),
+    /// then evhttp is freed, closing idle connections. Loop thread.
+    func close() {
+        guard !isDraining else { return }
+        isDraining = true
+        evhttp?.stopAccepting()
+        if inFlight == 0 { finishDraining() }
+    }
+
+    private func finishDraining() {
+        guard isDraining, inFlight == 0 else { return }
+        attachment?.close()
+    }
+
+    /// The attachment closed (the server closed, or the loop shut down): free evhttp.
+    private func loopClosed() {
+        isDraining = true
+        sweepTimer?.cancel()
+        sweepTimer = nil
+        let server = evhttp
+        evhttp = nil
+        server?.free()
+        attachment = nil
+        shared.endpointClosed()
+    }
+
+    /// Resumes accepting after the connection limit. Loop thread.
+    func resumeAccepting() { evhttp?.resumeAfterLimit() }
+
+    /// Connections open on this loop.
+    var connectionCount: Int { evhttp?.connectionCount ?? 0 }
+}
+
+/// What the loops of one server share: the connection limit.
+final class ServerShared: @unchecked Sendable {
+    let maxConnections: Int
+    private let lock = NSLock()
+    private var state = State()
+    private struct State {
+        var limitReached = false
+        var openEndpoints = 0
+    }
+
+    private func withState<T>(_ body: (inout State) -> T) -> T {
+        lock.lock()
+        defer { lock.unlock() }
+        return body(&state)
+    }
+    var endpoints: [LoopEndpoint] = []
+
+    init(maxConnections: Int) { self.maxConnections = maxConnections }
+
+    func setEndpointCount(_ count: Int) { withState { $0.openEndpoints = count } }
+
+    /// Whether accepting may go on with `open` connections.
+    func connectionOpened(open: Int) -> Bool {
+        guard open >= maxConnections else { return true }
+        withState { $0.limitReached = true }
+        return false
+    }
+
+    func connectionClosed(open: Int) {
+        guard open < maxConnections else { return }
+        let resume = withState { state -> Bool in
+            defer { state.limitReached = false }
+            return state.limitReached
+        }
+        if resume {
+            for endpoint in endpoints { endpoint.loop.execute(priority: .input) { endpoint.resumeAccepting() } }
+        }
+    }
+
+    func endpointClosed() { withState { $0.openEndpoints -= 1 } }
+
+    var openEndpoints: Int { withState { $0.openEndpoints } }
+}

@@ -1,0 +1,358 @@
+import ExampleServices
+import Foundation
+import Mainspring
+import MainspringHTTP
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A server on a fresh group of `loops` loops with the daemon's routes plus test routes.
+private final class TestServer: @unchecked Sendable {
+    let group: EventLoopGroup
+    let server: HTTPServer
+    var port: UInt16 { server.port }
+    var base: String { "http://127.0.0.1:\(server.port)" }
+
+    init(loops: Int = 2, configuration: HTTPServer.Configuration = .init(), extra: (inout HTTPRoutes) -> Void = { _ in }) throws {
+        group = try EventLoopGroup(loopCount: loops)
+        var routes = HTTPService.routes(group: group, exporter: LoopMetricsExporter(group: group))
+        routes.get("/hello") { _ in .text("hello\n") }
+        routes.get("/boom") { _ in throw SecretError() }
+        routes.post("/json") { request in
+            let order = try request.decode(Order.self)
+            return try .json(Receipt(item: order.item, total: order.quantity * 3, loop: request.loop === request.loop))
+        }
+        routes.get("/query") { request in .text(request.queryItems.map { "\($0.name)=\($0.value)" }.joined(separator: "&") + "\n") }
+        routes.get("/later") { request async throws in
+            try await request.loop.sleep(for: .milliseconds(50))
+            return .text("later from \(request.remoteAddress.hasPrefix("127.0.0.1:") ? "loopback" : request.remoteAddress)\n")
+        }
+        routes.get("/static/", match: .prefix) { request in .text("file \(request.path)\n") }
+        extra(&routes)
+        server = try HTTPServer(group: group, configuration: configuration, routes: routes)
+    }
+
+    func stop() {
+        server.close()
+        group.shutdown(gracePeriod: .seconds(2))
+    }
+}
+
+private struct SecretError: Error, CustomStringConvertible {
+    var description: String { "database password is hunter2" }
+}
+
+private struct Order: Codable { var item: String; var quantity: Int }
+private struct Receipt: Codable, Equatable { var item: String; var total: Int; var loop: Bool }
+
+private func curl(_ arguments: [String], timeout: Duration = .seconds(30)) async throws -> FixtureResult {
+    try await runProgram("curl", arguments: ["-sS"] + arguments, timeout: timeout)
+}
+
+/// Status, header block and body of a raw HTTP exchange (`Connection: close` responses).
+private func rawExchange(port: UInt16, _ request: String) throws -> String {
+    let client = try TestClient(port: port)
+    client.send(request)
+    return client.readToEnd()
+}
+
+@Suite("HTTP server (curl and raw sockets)", .serialized)
+struct HTTPTests {
+    @Test("keep-alive: curl reuses one connection for several requests")
+    func keepAlive() async throws {
+        let server = try TestServer()
+        defer { server.stop() }
+        let result = try await curl(["-v", "\(server.base)/hello", "\(server.base)/hello", "\(server.base)/healthz"])
+        #expect(result.status == 0, "\(result.summary)")
+        #expect(result.stdout == "hello\nhello\nok\n")
+        #expect(result.stderr.contains("Re-using existing connection"), "\(result.stderr)")
+        #expect(server.server.statistics.snapshot.connectionsAccepted == 1)
+    }
+
+    @Test("streaming: /work sends chunked progress lines and the right checksum")
+    func streaming() async throws {
+        let server = try TestServer()
+        defer { server.stop() }
+        let result = try await curl(["-i", "\(server.base)/work?n=200"])
+        #expect(result.status == 0, "\(result.summary)")
+        #expect(result.stdout.lowercased().contains("transfer-encoding: chunked"))
+        let lines = result.stdout.split(whereSeparator: \.isNewline).map { $0.trimmingCharacters(in: .whitespacesAndNewlines) }
+        let progress = lines.filter { $0.hasPrefix("progress ") }
+        #expect(progress.count == 9, "\(lines)")
+        #expect(progress.first == "progress 10% (20/200)")
+        #expect(lines.contains("result 200 \(WorkUnit.checksum(chunks: 200))"), "\(lines)")
+    }
+
+    @Test("JSON: a Codable body in, a Codable body out; a body that does not decode is 500 without detail")
+    func json() async throws {
+        let server = try TestServer()
+        defer { server.stop() }
+        let ok = try await curl(["-H", "Content-Type: application/json", "-d", #"{"item":"bolt","quantity":4}"#, "\(server.base)/json"])
+        #expect(ok.status == 0)
+        let receipt = try JSONDecoder().decode(Receipt.self, from: Data(ok.stdout.utf8))
+        #expect(receipt == Receipt(item: "bolt", total: 12, loop: true))
+        let bad = try await curl(["-w", "%{http_code}", "-d", "not json", "\(server.base)/json"])
+        #expect(bad.stdout.hasSuffix("500"), "\(bad.stdout)")
+        #expect(!bad.stdout.contains("DecodingError"))
+    }
+
+    @Test("every error status: 404, 405 with Allow, 413, 431, 500 without detail, 400 for garbage; the server keeps serving")
+    func errorStatuses() async throws {
+        let server = try TestServer(configuration: .init(maxHeaderBytes: 4_096, maxBodyBytes: 100_000))
+        defer { server.stop() }
+        var expected4xx = 0
+        /// Each answer above is counted once in the server's 4xx responses.
+        func counted(_ what: String) async throws {
+            expected4xx += 1
+            var now = 0
+            for _ in 0..<50 {
+                now = server.server.statistics.snapshot.responses["4xx"] ?? 0
+                if now >= expected4xx { break }
+                try await Task.sleep(for: .milliseconds(20))
+            }
+            #expect(now == expected4xx, "after \(what)")
+        }
+        let missing = try await curl(["-o", "/dev/null", "-w", "%{http_code}", "\(server.base)/nope"])
+        #expect(missing.stdout == "404")
+        try await counted("404")
+        let prefix = try await curl(["\(server.base)/static/a%20b.css"])
+        #expect(prefix.stdout == "file /static/a b.css\n")
+        let wrongMethod = try await curl(["-i", "-X", "DELETE", "\(server.base)/echo"])
+        #expect(wrongMethod.stdout.hasPrefix("HTTP/1.1 405"), "\(wrongMethod.stdout)")
+        #expect(wrongMethod.stdout.contains("Allow: POST"))
+        try await counted("405")
+        let getOnly = try await curl(["-i", "-X", "PUT", "\(server.base)/hello"])
+        #expect(getOnly.stdout.contains("Allow: GET, HEAD"), "\(getOnly.stdout)")
+        try await counted("405 (GET)")
+        let bodyFile = FileManager.default.temporaryDirectory.appendingPathComponent("mainspring-http-\(getpid()).bin")
+        try Data(repeating: 0x78, count: 200_000).write(to: bodyFile)
+        defer { try? FileManager.default.removeItem(at: bodyFile) }
+        let tooLarge = try await curl(["-o", "/dev/null", "-w", "%{http_code}", "--data-binary", "@\(bodyFile.path)", "\(server.base)/echo"])
+        #expect(tooLarge.stdout == "413", "\(tooLarge.summary)")
+        try await counted("413")
+        let header = String(repeating: "h", count: 6_000)
+        let headers = try await curl(["-o", "/dev/null", "-w", "%{http_code}", "-H", "X-Big: \(header)", "\(server.base)/hello"])
+        #expect(headers.stdout == "431", "\(headers.summary)")
+        try await counted("431")
+        let boom = try await curl(["-i", "\(server.base)/boom"])
+        #expect(boom.stdout.hasPrefix("HTTP/1.1 500"))
+        #expect(!boom.stdout.contains("hunter2"))
+        let garbage = try rawExchange(port: server.port, "NONSENSE\r\n\r\n")
+        #expect(garbage.hasPrefix("HTTP/1.1 400"), "\(garbage)")
+        try await counted("400")
+        let badVersion = try rawExchange(port: server.port, "GET /hello HTTP/9\r\n\r\n")
+        #expect(badVersion.hasPrefix("HTTP/1.1 400"), "\(badVersion)")
+        try await counted("400 (version)")
+        let fine = try await curl(["\(server.base)/hello"])
+        #expect(fine.stdout == "hello\n")
+        #expect(server.server.statistics.snapshot.responses["5xx"] == 1)
+    }
+
+    @Test("HEAD gets the GET headers with Content-Length and no body; query items are decoded")
+    func headAndQuery() async throws {
+        let server = try TestServer()
+        defer { server.stop() }
+        let head = try rawExchange(port: server.port, "HEAD /hello HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        #expect(head.hasPrefix("HTTP/1.1 200"), "\(head)")
+        #expect(head.contains("Content-Length: 6"))
+        #expect(head.hasSuffix("\r\n\r\n"), "a body came with HEAD: \(head)")
+        let query = try await curl(["\(server.base)/query?a=1&b=x%20y&c=%E2%9C%93"])
+        #expect(query.stdout == "a=1&b=x y&c=✓\n")
+        let later = try await curl(["\(server.base)/later"])
+        #expect(later.stdout == "later from loopback\n")
+    }
+
+    @Test("slow clients: a trickled head and an unfinished body are closed after their timeouts; others are served meanwhile")
+    func slowClients() async throws {
+        let server = try TestServer(configuration: .init(headerTimeout: .milliseconds(600), bodyTimeout: .milliseconds(600)))
+        defer { server.stop() }
+        let start = ContinuousClock.now
+        let trickler = try TestClient(port: server.port)
+        let stalled = try TestClient(port: server.port)
+        stalled.send("POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\nonly ten b")
+        // A byte every 100 ms: never idle, never finished.
+        let trickling = Task.detached {
+            for byte in "GET /hello HTTP/1.1\r\nHost: t\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa".map({ String($0) }) {
+                trickler.send(byte)
+                try? await Task.sleep(for: .milliseconds(100))
+            }
+        }
+        for _ in 0..<5 {
+            let fine = try await curl(["\(server.base)/hello"])
+            #expect(fine.stdout == "hello\n")
+        }
+        let trickledEnd = trickler.readToEnd()
+        let stalledEnd = stalled.readToEnd()
+        let elapsed = ContinuousClock.now - start
+        trickling.cancel()
+        #expect(trickledEnd.isEmpty, "the trickling client got \(trickledEnd)")
+        #expect(stalledEnd.isEmpty, "the stalled client got \(stalledEnd)")
+        #expect(elapsed < .seconds(5), "closed only after \(elapsed)")
+        #expect(elapsed >= .milliseconds(500), "closed before the timeout: \(elapsed)")
+        // The client sees the close before the server's bookkeeping of it has run.
+        var timedOut = 0
+        for _ in 0..<100 where timedOut < 2 {
+            timedOut = server.server.statistics.snapshot.connectionsTimedOut
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        #expect(timedOut == 2)
+    }
+
+    @Test("1,000 concurrent connections, each with a request in flight: every one answered")
+    func thousandConnections() async throws {
+        let server = try TestServer()
+        defer { server.stop() }
+        let answered = try await onLoopThread { _ -> Int in
+            var clients: [TestClient] = []
+            for _ in 0..<1_000 { clients.append(try TestClient(port: server.port)) }
+            for (index, client) in clients.enumerated() {
+                client.send("GET /query?i=\(index) HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            }
+            var ok = 0
+            for (index, client) in clients.enumerated() where client.readToEnd().hasSuffix("i=\(index)\n") { ok += 1 }
+            return ok
+        }
+        #expect(answered == 1_000)
+    }
+
+    @Test("the connection limit: past it, a client waits in the backlog until a connection closes")
+    func connectionLimit() async throws {
+        let server = try TestServer(loops: 1, configuration: .init(maxConnections: 3))
+        defer { server.stop() }
+        let held = try (0..<3).map { _ in try TestClient(port: server.port) }
+        for client in held {
+            client.send("GET /hello HTTP/1.1\r\nHost: t\r\n\r\n")
+            #expect(client.readLine()?.hasPrefix("HTTP/1.1 200") == true)
+        }
+        let waiting = try TestClient(port: server.port)  // accepted by the kernel, not by the server
+        waiting.send("GET /hello HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        var timeout = timeval(tv_sec: 0, tv_usec: 400_000)
+        setsockopt(waiting.fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        #expect(waiting.readLine() == nil, "served past the limit")
+        #expect(server.server.statistics.snapshot.connectionsOpen == 3)
+        held[0].shutdownWrite()
+        _ = held[0].readToEnd()
+        timeout = timeval(tv_sec: 10, tv_usec: 0)
+        setsockopt(waiting.fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        #expect(waiting.readToEnd().hasSuffix("hello\n"))
+    }
+
+    @Test("shutdown: requests in flight are answered within the grace period, then the loops stop")
+    func gracefulShutdown() async throws {
+        let server = try TestServer { routes in
+            routes.on([.get], "/slow", responding: { request, responder in
+                request.loop.schedule(after: .milliseconds(400)) { responder.send(.text("finally\n")) }
+            })
+        }
+        async let answer = curl(["-i", "\(server.base)/slow"])
+        try await Task.sleep(for: .milliseconds(150))
+        #expect(server.server.statistics.snapshot.requestsInFlight == 1)
+        server.server.close()
+        let report = server.group.shutdown(gracePeriod: .seconds(3))
+        let result = try await answer
+        #expect(result.stdout.hasSuffix("finally\n"), "\(result.summary)")
+        #expect(result.stdout.contains("Connection: close"))
+        #expect(!report.timedOut, "\(report)")
+        #expect(server.server.isClosed)
+        let refused = try await curl(["--max-time", "2", "\(server.base)/hello"])
+        #expect(refused.status != 0)
+    }
+
+    @Test("/metrics parses with the Prometheus client library, histograms are cumulative, counters end in _total")
+    func metricsParse() async throws {
+        let server = try TestServer()
+        defer { server.stop() }
+        _ = try await curl(["\(server.base)/work?n=20", "\(server.base)/nope"])
+        let scrape = try await curl(["-i", "\(server.base)/metrics"])
+        #expect(scrape.stdout.contains("Content-Type: text/plain; version=0.0.4"))
+        let body = try await curl(["\(server.base)/metrics"])
+        let script = """
+            import sys
+            from prometheus_client.parser import text_string_to_metric_families
+            text = sys.stdin.read()
+            families = {f.name: f for f in text_string_to_metric_families(text)}
+            seen = set()
+            for line in text.splitlines():
+                if line.startswith('# TYPE '):
+                    name = line.split()[2]
+                    assert name not in seen, 'family twice: ' + name
+                    seen.add(name)
+                    if line.split()[3] == 'counter':
+                        assert name.endswith('_total'), 'counter without _total: ' + name
+                    assert name.startswith('mainspring_'), name
+            hist = families['mainspring_loop_queue_wait_seconds']
+            assert hist.type == 'histogram'
+            series = {}
+            for s in hist.samples:
+                key = (s.labels['loop'], s.labels['priority'])
+                series.setdefault(key, {'buckets': [], 'count': None})
+                if s.name.endswith('_bucket'):
+                    series[key]['buckets'].append((float(s.labels['le']), s.value))
+                elif s.name.endswith('_count'):
+                    series[key]['count'] = s.value
+            assert len(series) == 6, series.keys()
+            for key, v in series.items():
+                values = [b[1] for b in sorted(v['buckets'])]
+                assert values == sorted(values), ('not cumulative', key, values)
+                assert values[-1] == v['count'], ('+Inf != count', key)
+            requests = {s.labels['code']: s.value for s in families['mainspring_http_requests'].samples if s.name.endswith('_total')}
+            assert requests['2xx'] >= 1 and requests['4xx'] >= 1, requests
+            assert len(families['mainspring_loop_callbacks'].samples) == 6
+            print('families', len(families))
+            """
+        let parsed = try await runProgram("python3", arguments: ["-c", script], stdin: body.stdout)
+        #expect(parsed.status == 0, "\(parsed.summary)")
+        #expect(parsed.stdout.hasPrefix("families"))
+    }
+
+    @Test("/healthz: 503 naming the loop while one loop is wedged in a long callback, 200 before and after")
+    func healthUnderStall() async throws {
+        let server = try TestServer(loops: 2)
+        defer { server.stop() }
+        #expect(try await curl(["\(server.base)/healthz"]).stdout == "ok\n")
+        let released = Locked(false)
+        server.group.loops[1].execute {
+            // A blocking callback, as a careless handler would write it (up to 10 s).
+            let start = ContinuousClock.now
+            while !released.value && ContinuousClock.now - start < .seconds(10) { usleep(1_000) }
+        }
+        var saw503 = ""
+        for _ in 0..<40 where saw503.isEmpty {
+            let probe = try await curl(["--max-time", "1", "-w", " %{http_code}", "\(server.base)/healthz"])
+            if probe.stdout.hasSuffix(" 503") { saw503 = probe.stdout }
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        released.withLock { $0 = true }
+        #expect(saw503.hasPrefix("loop 1 is stuck"), "\(saw503)")
+        var healthyAgain = false
+        for _ in 0..<40 where !healthyAgain {
+            healthyAgain = try await curl(["--max-time", "1", "\(server.base)/healthz"]).stdout == "ok\n"
+            if !healthyAgain { try await Task.sleep(for: .milliseconds(100)) }
+        }
+        #expect(healthyAgain)
+    }
+
+    @Test("mainspring-daemon --http-port 0: prints the bound port, serves /healthz, /echo, /work and /metrics, exits 0 on SIGTERM")
+    func daemonHTTPSide() async throws {
+        let daemon = try startExecutable("mainspring-daemon", arguments: ["--port", "0", "--http-port", "0", "--loops", "2"])
+        _ = daemon.readLine(timeout: .seconds(30))
+        let banner = try #require(daemon.readLine(timeout: .seconds(30)), "no HTTP banner")
+        #expect(banner.hasPrefix("http listening on 127.0.0.1:"), "\(banner)")
+        let port = try #require(banner.split(separator: ":").last.flatMap { UInt16($0) })
+        let base = "http://127.0.0.1:\(port)"
+        #expect(try await curl(["\(base)/healthz"]).stdout == "ok\n")
+        #expect(try await curl(["-d", "ping", "\(base)/echo"]).stdout == "ping")
+        let work = try await curl(["\(base)/work?n=50"])
+        #expect(work.stdout.hasSuffix("result 50 \(WorkUnit.checksum(chunks: 50))\n"), "\(work.stdout)")
+        let metrics = try await curl(["\(base)/metrics"])
+        #expect(metrics.stdout.contains("mainspring_loop_queue_wait_seconds_bucket{loop=\"1\",priority=\"input\",le=\"+Inf\"}"))
+        #expect(metrics.stdout.contains("mainspring_http_requests_total{code=\"2xx\"}"))
+        let bad = try await curl(["-o", "/dev/null", "-w", "%{http_code}", "\(base)/work?n=zero"])
+        #expect(bad.stdout == "400")
+        daemon.send(SIGTERM)
+        let exit = daemon.waitForExit(timeout: .seconds(30))
+        #expect(exit.status == 0 && !exit.crashedBySignal, "\(exit.summary)")
+    }
+}
