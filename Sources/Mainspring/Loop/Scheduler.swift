@@ -11,6 +11,8 @@ struct ReadyRecord {
     enum Job {
         case work(() -> Void)
         case source(Source)
+        /// What a record holds once it ran.
+        case done
     }
 
     var job: Job
@@ -39,13 +41,16 @@ struct ReadyRecord {
         return nil
     }
 
-    /// Runs the record, ending it: the closure (or source reference) is released once, after the
-    /// call, with no copy made for the call.
+    /// Runs the record once, leaving it `.done`: the job is moved out first (a swap, not a copy),
+    /// so the closure or source reference is released once, after the call.
     @inline(__always)
-    consuming func run() {
+    mutating func run() {
+        var job = Job.done
+        swap(&job, &self.job)
         switch job {
         case .work(let work): work()
         case .source(let source): source.run()
+        case .done: break
         }
     }
 }
@@ -202,7 +207,7 @@ final class Scheduler {
         counters.iterations &+= 1
         let passDeadline = now &+ policy.pollInterval
         var ran = 0
-        while let (record, priority) = next(now: now) {
+        while case (var record, let priority)? = next(now: now) {
             let start = now
             let stamp = record.stamp
             let accountedBefore = accountedNanoseconds
