@@ -93,7 +93,8 @@ struct SchedulerTests {
         for i in 0..<3 {
             let name = "remote\(i)"
             queue.append(RemoteItem(work: { [unowned loop] in
-                loop.record(name, .normal, cost: microsecond).run()
+                var record = loop.record(name, .normal, cost: microsecond)
+                record.run()
             }, stamp: loop.clock.now()), .normal)
         }
         #expect(loop.scheduler.takeRemote(from: &queue, now: loop.clock.now()) == 3)
