@@ -67,6 +67,8 @@ public final class EventLoop: @unchecked Sendable {
     private var sources: [ObjectIdentifier: Source] = [:]
     /// Open sources with `keepsLoopBusy` (see `isQuiescent`).
     private var busySources = 0
+    /// The timers' deadlines, in order (Events/TimerQueue.swift).
+    private(set) lazy var timerQueue = TimerQueue(loop: self)
     /// Set by `shutdownNow()`: posts are counted as dropped instead of queued.
     private var isShutDown = false
     /// `EventLoop.main` only: the Dispatch main-queue bridge, installed when the loop first runs.
