@@ -9,7 +9,7 @@ DOCS_SYMBOL_GRAPHS := .build/docs-symbol-graphs
 FUZZ_RUNS ?= 200000
 FUZZ_TARGETS := $(notdir $(wildcard Fuzz/Corpus/*))
 
-.PHONY: all deps test-tools bench-tools build test docs demo bench bench-counts sanitize tsan asan stress fuzz leaks soak ci clean
+.PHONY: all deps test-tools bench-tools build test test-release docs demo bench bench-counts sanitize tsan asan stress fuzz leaks soak ci clean
 
 all: build
 
@@ -32,6 +32,14 @@ build: deps
 test: deps test-tools
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build
+
+## The whole suite again, optimised: some defects only show in release builds (timers created
+## within one microsecond, a task kept on an actor between two calls). One test at a time, like
+## the sanitizer suites, so the stress tests do not starve the timing tests. The build is shared
+## with `make stress`.
+test-release: deps
+	$(SWIFT) build --build-tests -c release -Xswiftc -enable-testing --scratch-path .build/release-tests
+	$(SWIFT) test --skip-build --no-parallel -c release --scratch-path .build/release-tests
 
 ## The Mainspring documentation: DocC renders Sources/Mainspring/Mainspring.docc (the landing
 ## page and the articles) and the library's doc comments, from its symbol graphs, into
@@ -99,8 +107,8 @@ asan: deps test-tools
 
 ## The stress tests scaled up ×100 (minutes).
 stress: deps
-	$(SWIFT) build --build-tests -c release -Xswiftc -enable-testing --scratch-path .build/stress
-	STRESS=1 $(SWIFT) test --skip-build -c release --scratch-path .build/stress --filter StressTests
+	$(SWIFT) build --build-tests -c release -Xswiftc -enable-testing --scratch-path .build/release-tests
+	STRESS=1 $(SWIFT) test --skip-build -c release --scratch-path .build/release-tests --filter StressTests
 
 ## Each libFuzzer harness for FUZZ_RUNS executions, starting from the committed seed corpus
 ## (new finds go to .build/fuzz-corpus, not into the repository). A crash stops it and leaves
@@ -135,9 +143,10 @@ soak: deps
 	$(SWIFT) build -c release --product mainspring-daemon
 	$(SWIFT) run -c release --skip-build mainspring-bench soak
 
-## What CI runs: the plain suite, the documentation, then the sanitizer suites.
-ci: test docs sanitize
+## What CI runs: the plain suite, the optimised suite, the documentation, then the sanitizer
+## suites.
+ci: test test-release docs sanitize
 
 clean:
 	$(SWIFT) package clean
-	rm -rf .build/tsan .build/asan .build/stress .build/fuzz $(DOCS_OUTPUT) $(DOCS_SYMBOL_GRAPHS)
+	rm -rf .build/tsan .build/asan .build/release-tests .build/stress .build/fuzz .build/counts $(DOCS_OUTPUT) $(DOCS_SYMBOL_GRAPHS)

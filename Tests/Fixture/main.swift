@@ -18,6 +18,7 @@ var scenarios: [String: @MainActor () throws -> Void] = [
     "readme-daemon": readmeDaemonScenario,
     "operations-main-wait": operationsMainWaitScenario,
     "leak-check": leakCheckScenario,
+    "signal-default": signalDefaultScenario,
 ]
 #if MAINSPRING_MAIN_EXECUTOR
 scenarios["main-executor"] = mainExecutorScenario

@@ -52,9 +52,11 @@ struct ExecutorTests {
         #expect(await counter.count == 1_000)
         #expect(await counter.offLoop == 0)
         #expect(await counter.isOnItsLoop())
-        // The loop ran the jobs as ordinary callbacks.
+        // The loop ran the jobs as ordinary callbacks. How many depends on the optimiser: a
+        // release build keeps a task on the actor between back-to-back calls to it, so one
+        // callback can run many of them.
         let callbacks = try await background.loop.submit { background.loop.metrics.callbacks[.normal] ?? 0 }
-        #expect(callbacks >= 1_000)
+        #expect(callbacks >= 1)
     }
 
     @Test("assumeIsolated works in a plain callback of the actor's loop")

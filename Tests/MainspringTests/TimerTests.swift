@@ -113,3 +113,147 @@ struct TimerTests {
         #expect(counts.0 == counts.1)
     }
 }
+
+/// Timers due at the same instant fire in the order they were scheduled. libevent keeps timer
+/// deadlines in microseconds in a heap that is not stable for equal keys, and an optimised build
+/// schedules several timers within one microsecond: these tests matter most in release builds
+/// (`make test-release`).
+@Suite("Timer order", .serialized)
+struct TimerOrderTests {
+    @Test("timers scheduled back to back with one delay fire in creation order (batches of 1 to 1,000)")
+    func sameDelayFiresInCreationOrder() async throws {
+        let failures = try await onLoopThread { loop -> [String] in
+            var failures: [String] = []
+            for round in 0..<20 {
+                for batch in [1, 2, 3, 10, 100, 1_000] {
+                    nonisolated(unsafe) var fired: [Int] = []
+                    fired.reserveCapacity(batch)
+                    let delay = Duration.milliseconds(2)
+                    for index in 0..<batch { loop.schedule(after: delay) { fired.append(index) } }
+                    loop.spin(until: { fired.count == batch }, timeout: .seconds(10))
+                    if fired != Array(0..<batch) {
+                        failures.append("round \(round), batch \(batch): \(fired.prefix(20))…")
+                    }
+                }
+            }
+            return failures
+        }
+        #expect(failures.count == 0, "batches out of order: \(failures.prefix(5))")
+    }
+
+    @Test("timers with non-decreasing delays, scheduled back to back, fire in creation order")
+    func nonDecreasingDelaysFireInOrder() async throws {
+        let failures = try await onLoopThread { loop -> [String] in
+            var failures: [String] = []
+            for round in 0..<20 {
+                let batch = 500
+                nonisolated(unsafe) var fired: [Int] = []
+                fired.reserveCapacity(batch)
+                // Runs of equal delays, a few nanoseconds to microseconds apart.
+                for index in 0..<batch {
+                    let delay = Duration.milliseconds(2) + .nanoseconds(index / 7 * (round % 2 == 0 ? 3 : 700))
+                    loop.schedule(after: delay) { fired.append(index) }
+                }
+                loop.spin(until: { fired.count == batch }, timeout: .seconds(10))
+                if fired != Array(0..<batch) { failures.append("round \(round): \(fired.prefix(20))…") }
+            }
+            return failures
+        }
+        #expect(failures.count == 0, "batches out of order: \(failures.prefix(5))")
+    }
+
+    @Test("repeating timers created back to back with one interval tick in creation order")
+    func repeatingTimersTickInCreationOrder() async throws {
+        let failures = try await onLoopThread { loop -> [String] in
+            var failures: [String] = []
+            for round in 0..<10 {
+                for batch in [2, 10, 100, 1_000] {
+                    nonisolated(unsafe) var fired: [Int] = []
+                    let handles = (0..<batch).map { index in
+                        loop.schedule(every: .milliseconds(5)) { _ in fired.append(index) }
+                    }
+                    // Block the loop past two ticks: every timer's first tick is due when it polls,
+                    // so the first batch comes from one poll, in deadline order.
+                    usleep(12_000)
+                    loop.spin(until: { fired.count >= batch }, timeout: .seconds(10))
+                    for handle in handles { handle.cancel() }
+                    if Array(fired.prefix(batch)) != Array(0..<batch) {
+                        failures.append("round \(round), batch \(batch): \(fired.prefix(20))…")
+                    }
+                }
+            }
+            return failures
+        }
+        #expect(failures.count == 0, "ticks out of order: \(failures.prefix(5))")
+    }
+
+    @Test("sleep(for:) with one duration, called in order, resumes in that order")
+    func sleepsResumeInOrder() async throws {
+        let failures = try await onLoopThread { loop -> [String] in
+            // Tasks that prefer the loop as their executor run `sleep(for:)` (a nonisolated async
+            // function) on the loop's thread, one after another in creation order, and resume
+            // there in the order their timers fire.
+            let executor = LoopTaskExecutor(loop: loop)
+            var failures: [String] = []
+            for round in 0..<5 {
+                for batch in [2, 10, 100, 500] {
+                    let resumed = Locked<[Int]>([])
+                    for index in 0..<batch {
+                        Task(executorPreference: executor) {
+                            try await loop.sleep(for: .milliseconds(2))
+                            resumed.withLock { $0.append(index) }
+                        }
+                    }
+                    if !loop.spin(until: { resumed.value.count == batch }, timeout: .seconds(10)) {
+                        failures.append("round \(round), batch \(batch): timed out")
+                    } else if resumed.value != Array(0..<batch) {
+                        failures.append("round \(round), batch \(batch): \(resumed.value.prefix(20))…")
+                    }
+                }
+            }
+            return failures
+        }
+        #expect(failures.count == 0, "sleeps resumed out of order: \(failures.prefix(5))")
+    }
+
+    @Test("timelines started back to back with one frame rate deliver their first frames in start order")
+    func timelineFramesInStartOrder() async throws {
+        let failures = try await onLoopThread { loop -> [String] in
+            var failures: [String] = []
+            for round in 0..<10 {
+                for count in [2, 10, 100] {
+                    nonisolated(unsafe) var firstUpdates: [Int] = []
+                    nonisolated(unsafe) var seen = Set<Int>()
+                    nonisolated(unsafe) var finished = 0
+                    for index in 0..<count {
+                        let timeline = Timeline(loop: loop, framesPerSecond: 500)
+                        timeline.step(duration: .milliseconds(10), curve: .linear) { _ in
+                            if seen.insert(index).inserted { firstUpdates.append(index) }
+                        }
+                        timeline.start { _ in finished += 1 }
+                    }
+                    loop.spin(until: { finished == count }, timeout: .seconds(10))
+                    if firstUpdates != Array(0..<count) {
+                        failures.append("round \(round), \(count) timelines: \(firstUpdates.prefix(20))…")
+                    }
+                }
+            }
+            return failures
+        }
+        #expect(failures.count == 0, "first frames out of order: \(failures.prefix(5))")
+    }
+}
+
+/// Runs a task's jobs on a loop, in FIFO order (`execute`): with it as the task's executor
+/// preference, nonisolated async code runs on the loop's thread.
+private final class LoopTaskExecutor: TaskExecutor {
+    let loop: EventLoop
+
+    init(loop: EventLoop) { self.loop = loop }
+
+    func enqueue(_ job: consuming ExecutorJob) {
+        let job = UnownedJob(job)
+        let executor = asUnownedTaskExecutor()
+        loop.execute { job.runSynchronously(on: executor) }
+    }
+}

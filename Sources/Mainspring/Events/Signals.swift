@@ -63,6 +63,11 @@ final class SignalHub: Sendable {
 
     private let state = Protected(State())
 
+    /// For tests: runs on the hub thread when the last watcher of a signal is gone and its
+    /// libevent handler is about to be removed — the moment a signal can arrive with nobody to
+    /// deliver it to.
+    nonisolated(unsafe) static var beforeHandlerRemoval: ((Int32, EventLoop) -> Void)?
+
     /// Routes `signal` to `source` (on its loop).
     /// - Throws: `.signalInUse` if another loop watches the signal; `.libevent` if the signal
     ///   cannot be handled (an invalid number, `SIGKILL`, `SIGSTOP`).
@@ -114,6 +119,11 @@ final class SignalHub: Sendable {
         }
     }
 
+    /// Stops routing the signal to `box`. When it was the signal's last watcher, returns only
+    /// once the hub has removed its libevent handler, so the signal's previous disposition is
+    /// back: a signal raised after this returns goes there, not to a hub with nobody to tell.
+    /// Blocks for one round trip to the hub thread (tens of microseconds); never waits for any
+    /// other loop, so it cannot deadlock with a loop that is delivering a signal.
     fileprivate func unregister(_ box: SignalSourceBox) {
         let hubToClear: EventLoop? = state.withLock { state in
             guard var registration = state.registrations[box.signal] else { return nil }
@@ -127,17 +137,36 @@ final class SignalHub: Sendable {
         }
         guard let hub = hubToClear else { return }
         let signal = box.signal
+        if hub.isCurrent {
+            // A watcher's loop freed on the hub thread (the hub holds a loop for a moment while
+            // it forwards a signal to it): already where the removal runs.
+            removeHandlerIfUnwatched(signal, hub: hub)
+            return
+        }
+        let done = DispatchSemaphore(value: 0)
         hub.execute {
-            // Only remove the libevent event if nobody registered the signal again meanwhile.
-            if self.state.withLock({ $0.registrations[signal] == nil }) {
-                HubSignalSource.remove(signal: signal)
-            }
+            self.removeHandlerIfUnwatched(signal, hub: hub)
+            done.signal()
+        }
+        done.wait()
+    }
+
+    /// Hub thread: removes the signal's libevent handler unless the signal was registered again
+    /// meanwhile (then a signal caught in between, when nobody watched, goes to the new watchers).
+    private func removeHandlerIfUnwatched(_ signal: Int32, hub: EventLoop) {
+        if state.withLock({ $0.registrations[signal] == nil }) {
+            Self.beforeHandlerRemoval?(signal, hub)
+            HubSignalSource.remove(signal: signal, on: hub)
+        } else if HubSignalSource.takeUnwatchedCatch(signal: signal) {
+            _ = deliver(signal)
         }
     }
 
-    fileprivate func deliver(_ signal: Int32) {
+    /// Forwards `signal` to every watcher; `false` when there is none.
+    fileprivate func deliver(_ signal: Int32) -> Bool {
         let boxes = state.withLock { $0.registrations[signal]?.boxes ?? [] }
         for box in boxes { box.deliver() }
+        return !boxes.isEmpty
     }
 
     /// Starts the hub loop and its thread. Fails (out of descriptors, say) with the loop's error.
@@ -158,9 +187,17 @@ final class SignalHub: Sendable {
 }
 
 /// A libevent signal event on the hub loop. Hub thread only.
+///
+/// Between the moment the last watcher unregisters and the moment the hub removes the libevent
+/// handler, a signal is caught with nobody to deliver it to. `remove` hands such a signal to
+/// the restored disposition (raising it again), so it is not lost.
 private final class HubSignalSource: Source {
     nonisolated(unsafe) private static var installed: [Int32: HubSignalSource] = [:]  // hub thread only
     let signal: Int32
+    /// The disposition libevent replaces (libevent saves the same one and restores it on removal).
+    private var previous = sigaction()
+    /// Whether a signal was caught when no watcher existed.
+    private var caughtUnwatched = false
 
     private init(signal: Int32, loop: EventLoop) {
         self.signal = signal
@@ -172,6 +209,8 @@ private final class HubSignalSource: Source {
         unblockSignalInCurrentThread(signal)
         let source = HubSignalSource(signal: signal, loop: hub)
         do {
+            // Fails only for a number that is no signal, and then so does event_add.
+            sigaction(signal, nil, &source.previous)
             let event = try NativeEvent(signal: signal, base: hub.base, target: source)
             try event.add()
             source.native = event
@@ -182,23 +221,55 @@ private final class HubSignalSource: Source {
         installed[signal] = source
     }
 
-    static func remove(signal: Int32) {
-        installed.removeValue(forKey: signal)?.close()
+    /// Removes the handler. A signal libevent caught that no watcher saw goes to the restored
+    /// disposition: put it back first (so nothing more is caught), collect what was caught until
+    /// then, remove the libevent event, and raise such a signal again.
+    static func remove(signal: Int32, on hub: EventLoop) {
+        guard let source = installed.removeValue(forKey: signal) else { return }
+        sigaction(signal, &source.previous, nil)
+        // Reads libevent's signal pipe: each signal caught before the line above marks the
+        // source pending (only recorded, nothing runs).
+        try? hub.base.poll(blocking: false)
+        let unwatched = source.caughtUnwatched || !source.pending.isEmpty
+        source.close()
+        // On this thread (which has the signal unblocked), so the disposition has run — or the
+        // process has ended — before the watcher's cancel() returns.
+        if unwatched { raise(signal) }
     }
 
-    override func perform(_ readiness: Readiness) { SignalHub.shared.deliver(signal) }
+    /// Whether a signal was caught while nobody watched (and forgets it).
+    static func takeUnwatchedCatch(signal: Int32) -> Bool {
+        guard let source = installed[signal], source.caughtUnwatched else { return false }
+        source.caughtUnwatched = false
+        return true
+    }
+
+    override func perform(_ readiness: Readiness) {
+        if !SignalHub.shared.deliver(signal) { caughtUnwatched = true }
+    }
 }
 
 extension EventLoop {
     /// Calls `handler` on this loop each time the process receives `signal` (several deliveries
     /// that arrive together may be reported once, as with any Unix signal handling).
     ///
-    /// Installs a libevent signal handler (replacing the signal's default action) for as long as
-    /// a watcher exists; cancelling the last one restores the previous disposition. The signal is
-    /// unblocked on this thread (threads started by libdispatch, and their children, begin with
-    /// signals blocked), so `raise(signal)` here reaches the handler. Handlers run
-    /// at `.input` priority. A signal belongs to one loop at a time; more watchers for it on the
-    /// same loop all run. Loop thread only; may block briefly while the handler is installed.
+    /// Installs a libevent signal handler (replacing the signal's disposition) for as long as a
+    /// watcher exists. The hand-over is synchronous both ways:
+    /// - once `onSignal` returns, the signal reaches the handler (`raise` right after works);
+    /// - cancelling the last watcher of the signal (`Watcher.cancel()`, or its loop ending)
+    ///   returns only once the previous disposition is back, so a signal raised after it goes
+    ///   there (a `SIGTERM` terminates again). A signal that arrives while the last watcher is
+    ///   being cancelled is not lost either: it goes to the previous disposition (raised again
+    ///   once that is restored). One already handed to a watcher and not yet handled when that
+    ///   watcher is cancelled is dropped with it: after `cancel()` the handler never runs.
+    ///
+    /// The signal is unblocked on this thread (threads started by libdispatch, and their
+    /// children, begin with signals blocked), so `raise(signal)` here reaches the handler.
+    /// Handlers run at `.input` priority. A signal belongs to one loop at a time; more watchers
+    /// for it on the same loop all run. Loop thread only. The first watcher of a signal and the
+    /// cancellation of its last one each block for a round trip to Mainspring's signal thread
+    /// (tens of microseconds); that thread never waits for a loop, so neither can deadlock, also
+    /// from inside a handler.
     /// - Throws: `EventLoopError.signalInUse` when another loop watches `signal`, `.libevent` when
     ///   it cannot be caught (`SIGKILL`, `SIGSTOP`, an invalid number), `.wrongThread`.
     public func onSignal(_ signal: Int32, _ handler: @escaping () -> Void) throws(EventLoopError) -> Watcher {

@@ -18,30 +18,23 @@ public final class TimerHandle: Cancellable {
 @available(*, unavailable)
 extension TimerHandle: Sendable {}
 
-/// A libevent timer (one-shot; a repeating timer is re-armed after each run, from its previous
-/// deadline, so it neither drifts nor re-enters its handler).
-final class TimerSource: Source {
-    private var deadline: UInt64
+/// A timer of the loop's `TimerQueue` (one-shot, or repeating: re-armed after each run, from
+/// its previous deadline, so it neither drifts nor re-enters its handler).
+final class TimerSource: DeadlineSource {
     private let interval: UInt64?
     private var oneShot: (() -> Void)?
     private var repeating: ((TimerHandle) -> Void)?
     private var handle: TimerHandle?
 
-    init(loop: EventLoop, delay: UInt64, interval: UInt64?, oneShot: (() -> Void)?,
-         repeating: ((TimerHandle) -> Void)?) throws(EventLoopError)
+    /// - Parameter deadline: the first run's deadline (monotonic ns).
+    init(loop: EventLoop, deadline: UInt64, interval: UInt64?, oneShot: (() -> Void)?,
+         repeating: ((TimerHandle) -> Void)?)
     {
-        self.deadline = monotonicNanoseconds() &+ delay
         self.interval = interval
         self.oneShot = oneShot
         self.repeating = repeating
         super.init(loop: loop, priority: .normal, keepsLoopBusy: interval == nil)
-        do {
-            native = try NativeEvent(timerOn: loop.base, target: self)
-            try native?.add(timeoutNanoseconds: delay)
-        } catch {
-            close()
-            throw error
-        }
+        arm(at: deadline)
     }
 
     func makeHandle() -> TimerHandle {
@@ -52,12 +45,7 @@ final class TimerSource: Source {
     }
 
     override func perform(_ readiness: Readiness) {
-        let now = monotonicNanoseconds()
-        if now < deadline {
-            // Never early: libevent fired before our clock reached the deadline; wait the rest.
-            try? native?.add(timeoutNanoseconds: deadline - now)
-            return
-        }
+        // The queue fires a timer only once its deadline has passed: never early.
         if let oneShot {
             close()
             oneShot()
@@ -73,15 +61,17 @@ final class TimerSource: Source {
         // missed ticks are skipped, not burst.
         guard let interval else { return }
         let now = monotonicNanoseconds()
+        var next = deadline
         if interval == 0 {
-            deadline = now
-        } else if deadline <= now {
-            deadline &+= ((now - deadline) / interval + 1) * interval
+            next = now
+        } else if next <= now {
+            next &+= ((now - next) / interval + 1) * interval
         }
-        try? native?.add(timeoutNanoseconds: deadline > now ? deadline - now : 0)
+        arm(at: next)
     }
 
     override func didClose() {
+        super.didClose()
         oneShot = nil
         repeating = nil
         handle = nil
@@ -92,13 +82,28 @@ extension EventLoop {
     /// Runs `work` once on this loop after `delay` — never earlier (measured on the monotonic
     /// clock), as soon after as the loop's other work allows. A negative delay counts as zero.
     ///
+    /// Timers run in deadline order, and timers due at the same instant run in the order they
+    /// were created: timers scheduled one after another with one delay run in that order, however
+    /// many fall within one clock tick (deadlines keep their nanoseconds).
+    ///
     /// Loop thread only (precondition). Timers run at `.normal` priority; libevent's precise
-    /// (timerfd) timers keep lateness in the tens of microseconds on an idle loop.
+    /// (timerfd) timer keeps lateness in the tens of microseconds on an idle loop. Costs one
+    /// allocation and O(log n) in the loop's pending timers (the same to cancel).
     /// - Returns: a handle to cancel the timer; the loop keeps the timer alive without it.
     @discardableResult
     public func schedule(after delay: Duration, _ work: @escaping () -> Void) -> TimerHandle {
         preconditionOnLoop("EventLoop.schedule(after:_:)")
-        return makeTimer(delay: delay.clampedNanoseconds, interval: nil, oneShot: work, repeating: nil)
+        return makeTimer(deadline: monotonicNanoseconds() &+ delay.clampedNanoseconds, interval: nil, oneShot: work,
+                         repeating: nil)
+    }
+
+    /// Runs `work` once on this loop at `deadline` (monotonic ns, `monotonicNanoseconds()`) or
+    /// later: `schedule(after:)` for a deadline computed earlier, possibly on another thread
+    /// (`sleep(for:)`, `Queue.after`), so that it keeps its nanoseconds. Loop thread only.
+    @discardableResult
+    func schedule(atMonotonicNanoseconds deadline: UInt64, _ work: @escaping () -> Void) -> TimerHandle {
+        preconditionOnLoop("EventLoop.schedule(atMonotonicNanoseconds:_:)")
+        return makeTimer(deadline: deadline, interval: nil, oneShot: work, repeating: nil)
     }
 
     /// Runs `work` every `interval` on this loop until the timer is cancelled (`work` gets the
@@ -107,24 +112,22 @@ extension EventLoop {
     /// Deadlines stay on the grid `start + k × interval`: a late run does not shift the next one,
     /// and ticks missed while the loop was busy are skipped rather than run in a burst. The
     /// handler is never re-entered. An interval of zero or less fires once per loop iteration.
+    /// Ticks due at the same instant as other timers run in creation order, like one-shot timers.
     /// Loop thread only (precondition).
     @discardableResult
     public func schedule(every interval: Duration, _ work: @escaping (TimerHandle) -> Void) -> TimerHandle {
         preconditionOnLoop("EventLoop.schedule(every:_:)")
         let nanoseconds = interval.clampedNanoseconds
-        return makeTimer(delay: nanoseconds, interval: nanoseconds, oneShot: nil, repeating: work)
+        return makeTimer(deadline: monotonicNanoseconds() &+ nanoseconds, interval: nanoseconds, oneShot: nil,
+                         repeating: work)
     }
 
-    private func makeTimer(delay: UInt64, interval: UInt64?, oneShot: (() -> Void)?,
+    private func makeTimer(deadline: UInt64, interval: UInt64?, oneShot: (() -> Void)?,
                            repeating: ((TimerHandle) -> Void)?) -> TimerHandle
     {
-        do {
-            let source = try TimerSource(loop: self, delay: delay, interval: interval, oneShot: oneShot,
-                                         repeating: repeating)
-            return source.makeHandle()
-        } catch {
-            // event_new/event_add only fail when memory runs out; there is no sane way on.
-            fatalError("Mainspring: cannot create a timer: \(error)")
-        }
+        // The loop keeps the source (it is registered); the handle refers to it weakly.
+        let source = TimerSource(loop: self, deadline: deadline, interval: interval, oneShot: oneShot,
+                                 repeating: repeating)
+        return source.makeHandle()
     }
 }

@@ -37,8 +37,7 @@ extension EventLoop {
                 }
                 execute {
                     guard !once.isResumed else { return }
-                    let now = monotonicNanoseconds()
-                    let timer = self.schedule(after: .init(nanoseconds: deadline > now ? deadline - now : 0)) {
+                    let timer = self.schedule(atMonotonicNanoseconds: deadline) {
                         once.resume(with: .success(()))
                     }
                     sleeper.setTimer(timer)

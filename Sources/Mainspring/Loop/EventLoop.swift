@@ -67,6 +67,8 @@ public final class EventLoop: @unchecked Sendable {
     /// Open sources with `keepsLoopBusy`, plus in-flight work of `LoopAttachment`s (see
     /// `isQuiescent`).
     var busySources = 0
+    /// The timers' deadlines, in order (Events/TimerQueue.swift).
+    private(set) lazy var timerQueue = TimerQueue(loop: self)
     /// Set by `shutdownNow()`: posts are counted as dropped instead of queued.
     var isShutDown = false
     /// `EventLoop.main` only: the Dispatch main-queue bridge, installed when the loop first runs.

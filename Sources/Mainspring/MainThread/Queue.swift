@@ -105,10 +105,7 @@ public enum Queue: Sendable {
         switch target {
         case .loop(let loop):
             let deadline = monotonicNanoseconds() &+ nanoseconds
-            loop.execute {
-                let now = monotonicNanoseconds()
-                loop.schedule(after: Duration(nanoseconds: deadline > now ? deadline - now : 0), work)
-            }
+            loop.execute { loop.schedule(atMonotonicNanoseconds: deadline, work) }
         case .dispatch(let queue, _):
             queue.asyncAfter(deadline: .now() + .nanoseconds(Int(clamping: nanoseconds)), execute: work)
         }

@@ -32,8 +32,8 @@
 /// A timeline is loop-bound: `start`, `cancel` and every `update` and `completion` call happen on
 /// the loop's thread (`start` and `cancel` check it with a precondition). You may build it
 /// (`init`, `step`) anywhere before it starts — that touches no loop state. Its frames come from
-/// one libevent timer at `.normal` priority, re-armed per frame (no allocation per frame), so
-/// they keep coming while `.background` work saturates the loop. A running timeline is kept
+/// one of the loop's timers at `.normal` priority, re-armed per frame (no allocation per frame),
+/// so they keep coming while `.background` work saturates the loop. A running timeline is kept
 /// alive by its loop: dropping your reference does not stop it.
 ///
 /// ## Not promised
@@ -129,14 +129,9 @@ public final class Timeline {
             finish(true)
             return
         }
-        do {
-            // The timer holds the timeline strongly: a running timeline lives as long as its loop
-            // keeps the timer; `finish` closes the timer, which drops the handler (and the cycle).
-            timer = try FrameTimer(loop: loop) { now in self.timerFired(at: now) }
-        } catch {
-            // event_new only fails when libevent runs out of memory; there is no sane way on.
-            fatalError("Mainspring: cannot create a timer for a Timeline: \(error)")
-        }
+        // The timer holds the timeline strongly: a running timeline lives as long as its loop
+        // keeps the timer; `finish` closes the timer, which drops the handler (and the cycle).
+        timer = FrameTimer(loop: loop) { now in self.timerFired(at: now) }
         enterStep(at: monotonicNanoseconds())
     }
 
