@@ -15,6 +15,7 @@ all: build
 
 deps:
 	@./scripts/install-deps.sh
+	@./scripts/install-tools.sh
 
 build: deps
 	$(SWIFT) build
