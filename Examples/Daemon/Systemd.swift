@@ -107,8 +107,13 @@ final class ServiceManagerLink: Sendable {
         send(.ready, .status(status()))
     }
 
-    /// `STOPPING=1` with a status line: the daemon is draining.
-    func stopping(status: String) { send(.stopping, .status(status)) }
+    /// `STOPPING=1` with a status line: the daemon is draining. The watchdog stops here: the
+    /// group's loops stop during the drain (which would read as stuck loops), and from now on
+    /// the manager's stop timeout (`TimeoutStopSec=`) bounds a drain that hangs.
+    func stopping(status: String) {
+        send(.stopping, .status(status))
+        watchdog.withLock { $0 }?.stop()
+    }
 
     /// A `STATUS=` line from `status` every `interval`, from a timer on `loop` (call on its
     /// thread). Nothing without `$NOTIFY_SOCKET`.

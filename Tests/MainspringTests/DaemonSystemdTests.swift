@@ -116,14 +116,23 @@ struct DaemonSystemdTests {
         let reloadIndex = try #require(fake.messages.firstIndex { $0.contains("RELOADING=1") })
         #expect(fake.waitFor(after: reloadIndex + 1) { $0.contains("READY=1") } != nil, "no READY=1 after the reload")
 
-        // SIGTERM: STOPPING=1, then a clean exit.
+        // SIGTERM during a request that takes 800 ms: STOPPING=1, the reply, then a clean exit.
+        // The idle loop is done draining long before the busy one.
+        client.send("SLEEP 800\n")
+        usleep(100_000)
         daemon.send(SIGTERM)
+        #expect(client.readLine() == "SLEPT 800")
         let result = daemon.waitForExit(timeout: .seconds(60))
         #expect(result.status == 0 && !result.crashedBySignal, "\(result.summary)")
         let stopping = fake.waitFor(timeout: .seconds(5)) { $0.contains("STOPPING=1") }
         #expect(stopping?.value(of: "STATUS")?.hasPrefix("SIGTERM: draining") == true, "\(fake.messages.suffix(3))")
         #expect(result.stderr.contains("stats: connections=1"), "SIGHUP's reload prints the counters: \(result.stderr)")
         #expect(!result.stderr.contains("<6>"), "stderr is not the journal: no priority prefixes")
+        // The watchdog stops with STOPPING=1: the drain stops the loops one by one, which is no
+        // stuck loop.
+        let stoppingIndex = fake.messages.firstIndex { $0.contains("STOPPING=1") } ?? fake.messages.count
+        #expect(!fake.messages.dropFirst(stoppingIndex).contains { $0.text == "WATCHDOG=1" }, "\(fake.messages.suffix(3))")
+        #expect(!result.stderr.contains("watchdog:"), "\(result.stderr)")
     }
 
     @Test("an abstract-namespace NOTIFY_SOCKET (@name): READY=1, STOPPING=1")

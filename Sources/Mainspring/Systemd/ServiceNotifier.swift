@@ -81,8 +81,9 @@ public final class ServiceNotifier: Sendable {
     /// Whether notifications are sent anywhere.
     public var isEnabled: Bool { sender != nil }
 
-    /// Sends `notifications` together, as one datagram (`READY=1\nSTATUS=…`). Does nothing when
-    /// the notifier is disabled or `notifications` is empty. Any thread; never blocks.
+    /// Sends `notifications` together, as one datagram (`READY=1\nSTATUS=…`; of two statuses,
+    /// the last is sent). Does nothing when the notifier is disabled or `notifications` is
+    /// empty. Any thread; never blocks.
     ///
     /// - Throws: ``EventLoopError/system(function:errno:)`` when the datagram cannot be sent:
     ///   `ECONNREFUSED` or `ENOENT` (nobody listens at the address), `EAGAIN` (the manager's
