@@ -277,6 +277,28 @@ struct DaemonSystemdTests {
         }
     }
 
+    @Test("the README's systemd example runs under systemd-socket-activate: READY=1 with the passed socket, echo, WATCHDOG=1, STOPPING=1",
+          .enabled(if: socketActivate != nil, "systemd-socket-activate is not installed or cannot run (Debian: apt-get install systemd)"))
+    func readmeExample() async throws {
+        let tool = try #require(socketActivate)
+        let fake = try FakeNotifySocket()
+        let port = try freePort()
+        let example = try startProgram(tool, arguments: [
+            "-l", "127.0.0.1:\(port)", "--fdname=line", "-E", "NOTIFY_SOCKET=\(fake.address)", "-E", "WATCHDOG_USEC=200000",
+            try executableURL("mainspring-fixture").path, "readme-systemd",
+        ])
+        let client = try connect(to: port)
+        client.send("ECHO from the README\n")
+        #expect(client.readLine() == "ECHO from the README")
+        let ready = fake.waitFor { $0.contains("READY=1") }
+        #expect(ready?.value(of: "STATUS") == "accepting on 127.0.0.1:\(port)", "\(fake.messages)")
+        #expect(fake.waitFor { _ in fake.messages.filter { $0.text == "WATCHDOG=1" }.count >= 3 } != nil, "\(fake.messages)")
+        example.send(SIGTERM)
+        let result = example.waitForExit(timeout: .seconds(60))
+        #expect(result.status == 0, "\(result.summary)")
+        #expect(fake.waitFor(timeout: .seconds(5)) { $0.text == "STOPPING=1" } != nil, "\(fake.messages)")
+    }
+
     @Test("LISTEN_FDS passing a descriptor that is not a socket: a clear error and exit status 78")
     func notASocket() async throws {
         let daemon = try startDaemonThroughShell(#"exec 3</dev/null; LISTEN_PID=$$ LISTEN_FDS=1 exec "$0" "$@""#,
@@ -318,7 +340,7 @@ struct DaemonSystemdTests {
     }
 }
 
-@Suite("systemd unit files")
+@Suite("systemd unit files and the README")
 struct UnitFileTests {
     static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
         .deletingLastPathComponent()
@@ -376,10 +398,18 @@ struct UnitFileTests {
         #expect(security.status == 0, "exposure over 2.0: \(security.stdout.split(separator: "\n").suffix(2))")
     }
 
-    @Test("the README shows both unit files as they are")
+    @Test("the README shows both unit files as they are, and its example is the fixture's readme-systemd scenario")
     func readmeShowsUnits() throws {
         let readme = try String(contentsOf: Self.root.appendingPathComponent("README.md"), encoding: .utf8)
         let section = try #require(readme.range(of: "## Running under systemd"))
+        let scenario = try String(contentsOf: Self.root.appendingPathComponent("Tests/Fixture/ReadmeSystemdScenario.swift"),
+                                  encoding: .utf8)
+        let begin = try #require(scenario.range(of: "    // README begin\n"))
+        let end = try #require(scenario.range(of: "    // README end\n"))
+        let example = scenario[begin.upperBound..<end.lowerBound].split(separator: "\n", omittingEmptySubsequences: false)
+            .map { $0.hasPrefix("    ") ? $0.dropFirst(4) : $0 }.joined(separator: "\n")
+        #expect(readme[section.upperBound...].contains("```swift\n\(example)```\n"),
+                "README's example differs from Tests/Fixture/ReadmeSystemdScenario.swift")
         for name in ["mainspring-daemon.service", "mainspring-daemon.socket"] {
             let text = try unit(name)
             #expect(readme[section.upperBound...].contains("```ini\n\(text)```\n"),
