@@ -1,4 +1,5 @@
-# Mainspring: `make demo` and `make test` work on a fresh machine (they install libevent-dev).
+# Mainspring: `make demo` and `make test` work on a fresh machine (they install libevent-dev, and
+# systemd's tools for the tests that use them).
 SWIFT ?= swift
 LSAN_SUPPRESSIONS := $(CURDIR)/.ci/lsan.supp
 

@@ -428,7 +428,7 @@ struct WatchdogTests {
         #expect(pings().count == count)
     }
 
-    @Test("a loop that is not running counts as stuck: no pings")
+    @Test("a loop that is not running counts as stuck once its start grace (one interval) is over: no more pings")
     func loopNotRunning() async throws {
         let fake = try FakeNotifySocket()
         let idle = try EventLoop()  // never runs
@@ -436,12 +436,33 @@ struct WatchdogTests {
                                 interval: .milliseconds(40))
         defer { watchdog.stop() }
         let deadline = ContinuousClock.now + .seconds(30)
-        while watchdog.counters.pingsWithheld < 3 && ContinuousClock.now < deadline { usleep(5_000) }
-        #expect(watchdog.counters.pingsWithheld >= 3)
-        #expect(watchdog.counters.pingsSent == 0)
+        while watchdog.counters.pingsWithheld < 2 && ContinuousClock.now < deadline { usleep(5_000) }
+        let sent = watchdog.counters.pingsSent
+        while watchdog.counters.pingsWithheld < 6 && ContinuousClock.now < deadline { usleep(5_000) }
+        #expect(watchdog.counters.pingsWithheld >= 6)
+        // A grace of one interval (two checks at most), then nothing.
+        #expect(sent <= 3 && watchdog.counters.pingsSent == sent, "\(watchdog.counters)")
         #expect(watchdog.health == .unresponsive(loopIndex: 0, activity: .notRunning))
         #expect(watchdog.health.description == "loop 0 is stuck: not running")
-        #expect(fake.messages.isEmpty)
+    }
+
+    @Test("a loop that starts within the first interval (a group's threads still starting) is not reported stuck")
+    func loopStartingLate() async throws {
+        let fake = try FakeNotifySocket()
+        let late = try EventLoop()
+        let changes = Locked<[Watchdog.Health]>([])
+        let watchdog = Watchdog(watching: [late], notifier: try ServiceNotifier(address: fake.address),
+                                interval: .milliseconds(400)) { health in changes.withLock { $0.append(health) } }
+        defer { watchdog.stop() }
+        let running = Thread {
+            usleep(50_000)
+            try? late.run()
+        }
+        running.start()
+        defer { late.stop() }
+        #expect(fake.waitFor { _ in fake.messages.count >= 6 } != nil, "\(watchdog.counters)")
+        #expect(changes.value.isEmpty, "\(changes.value)")
+        #expect(watchdog.counters.pingsWithheld == 0 && watchdog.health == .healthy)
     }
 
     @Test("a ping that cannot be sent is counted with its error; the watchdog keeps going")

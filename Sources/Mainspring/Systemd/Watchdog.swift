@@ -11,7 +11,9 @@ import Synchronization
 /// ``stallThreshold``. A loop stuck in a callback (a blocking call, a computation that should
 /// have been fed in slices, a deadlock) stops the pings, and the manager restarts the service
 /// once ``interval`` passes without one; a loop that recovers in time resumes them. A loop that
-/// is not running (not started, stopped, or its thread gone) counts as stuck.
+/// is not running (stopped, or its thread gone) counts as stuck; one that has not started yet
+/// when the watchdog starts (an ``EventLoopGroup``'s threads may still be starting) gets one
+/// interval to start.
 ///
 /// ```swift
 /// let notifier = try ServiceNotifier()
@@ -73,8 +75,9 @@ public final class Watchdog: Sendable {
     /// - Parameters:
     ///   - loops: the loops whose health the pings vouch for: typically an
     ///     ``EventLoopGroup``'s ``EventLoopGroup/loops``, and any other loop the service relies
-    ///     on. They should be running already: a loop that is not running counts as stuck.
-    ///     An empty list makes the watchdog a plain pinger.
+    ///     on. A loop that has not run yet gets one `interval` to start; after that, and once a
+    ///     loop that ran has stopped, a loop that is not running counts as stuck. An empty list
+    ///     makes the watchdog a plain pinger.
     ///   - notifier: where the pings go (a disabled notifier sends nothing, but the loops are
     ///     still checked and ``health`` kept up to date).
     ///   - interval: the manager's watchdog timeout (``requestedInterval(environment:)``);
@@ -98,7 +101,7 @@ public final class Watchdog: Sendable {
         self.pingInterval = max(interval / 2, .microseconds(500))
         self.stallThreshold = threshold
         state = WatchdogState(loops: loops, notifier: notifier, pingInterval: pingInterval, threshold: threshold,
-                              onHealthChange: onHealthChange)
+                              startGrace: interval, onHealthChange: onHealthChange)
         let state = self.state
         let thread = Thread { state.run() }
         thread.name = "mainspring.watchdog"
@@ -167,6 +170,8 @@ private final class WatchdogState: Sendable {
     let notifier: ServiceNotifier
     let pingNanoseconds: UInt64
     let threshold: Duration
+    /// How long a loop that has not run yet may take to start.
+    let startGraceNanoseconds: UInt64
     let onHealthChange: (@Sendable (Watchdog.Health) -> Void)?
     let health = Protected<Watchdog.Health>(.healthy)
     let counters = Protected(Watchdog.Counters())
@@ -177,12 +182,13 @@ private final class WatchdogState: Sendable {
     private let finished = DispatchSemaphore(value: 0)
 
     init(loops: [EventLoop], notifier: ServiceNotifier, pingInterval: Duration, threshold: Duration,
-         onHealthChange: (@Sendable (Watchdog.Health) -> Void)?)
+         startGrace: Duration, onHealthChange: (@Sendable (Watchdog.Health) -> Void)?)
     {
         self.loops = loops
         self.notifier = notifier
         self.pingNanoseconds = pingInterval.clampedNanoseconds
         self.threshold = threshold
+        self.startGraceNanoseconds = startGrace.clampedNanoseconds
         self.onHealthChange = onHealthChange
     }
 
@@ -190,9 +196,13 @@ private final class WatchdogState: Sendable {
         threadID.store(currentThreadID(), ordering: .releasing)
         defer { finished.signal() }
         var wasHealthy = true
-        var next = monotonicNanoseconds()
+        let start = monotonicNanoseconds()
+        var next = start
+        // Which loops have been seen running; only the watchdog's thread touches it.
+        var seenRunning = [Bool](repeating: false, count: loops.count)
         while !stopRequested.load(ordering: .acquiring) {
-            let found = check()
+            let starting = monotonicNanoseconds() &- start < startGraceNanoseconds
+            let found = check(seenRunning: &seenRunning, starting: starting)
             health.withLock { $0 = found }
             if found.isHealthy {
                 do throws(EventLoopError) {
@@ -220,15 +230,19 @@ private final class WatchdogState: Sendable {
         }
     }
 
-    /// The first stuck loop, or `.healthy`.
-    private func check() -> Watchdog.Health {
+    /// The first stuck loop, or `.healthy`. While `starting`, a loop that has never been seen
+    /// running is given time to start.
+    private func check(seenRunning: inout [Bool], starting: Bool) -> Watchdog.Health {
+        var found = Watchdog.Health.healthy
         for (index, loop) in loops.enumerated() {
             let activity = loop.activity
-            if !activity.isResponsive(within: threshold) {
-                return .unresponsive(loopIndex: index, activity: activity)
+            if activity != .notRunning { seenRunning[index] = true }
+            if activity == .notRunning && starting && !seenRunning[index] { continue }
+            if found.isHealthy && !activity.isResponsive(within: threshold) {
+                found = .unresponsive(loopIndex: index, activity: activity)
             }
         }
-        return .healthy
+        return found
     }
 
     func stop() {
