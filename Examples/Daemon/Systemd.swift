@@ -115,6 +115,9 @@ final class ServiceManagerLink: Sendable {
         watchdog.withLock { $0 }?.stop()
     }
 
+    /// One `STATUS=` line (for a daemon that keeps its own schedule, a task, say).
+    func status(_ text: String) { send(.status(text)) }
+
     /// A `STATUS=` line from `status` every `interval`, from a timer on `loop` (call on its
     /// thread). Nothing without `$NOTIFY_SOCKET`.
     func sendStatus(every interval: Duration, on loop: EventLoop, _ status: @escaping () -> String) {
