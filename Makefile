@@ -1,4 +1,5 @@
-# Mainspring: `make demo` and `make test` work on a fresh machine (they install libevent-dev).
+# Mainspring: `make demo` and `make test` work on a fresh machine (they install libevent-dev, and
+# systemd's tools for the tests that use them).
 SWIFT ?= swift
 LSAN_SUPPRESSIONS := $(CURDIR)/.ci/lsan.supp
 
@@ -18,12 +19,15 @@ all: build
 deps:
 	@./scripts/install-deps.sh
 
-## Tools of the HTTP tests (curl, the Prometheus text parser) and of the http benchmark (wrk).
+## Tools of the HTTP tests (curl, the Prometheus text parser of python3-prometheus-client) and
+## of the http benchmark (wrk), from Debian's packages when missing; and systemd's tools for the
+## systemd tests (best effort: without them those tests are skipped, saying so).
 test-tools:
-	@./scripts/install-tools.sh curl prometheus-parser
+	@./scripts/install-deps.sh curl python3-prometheus-client
+	@./scripts/install-tools.sh
 
 bench-tools:
-	@./scripts/install-tools.sh wrk
+	@./scripts/install-deps.sh wrk
 
 build: deps
 	$(SWIFT) build
@@ -37,7 +41,7 @@ test: deps test-tools
 ## within one microsecond, a task kept on an actor between two calls). One test at a time, like
 ## the sanitizer suites, so the stress tests do not starve the timing tests. The build is shared
 ## with `make stress`.
-test-release: deps
+test-release: deps test-tools
 	$(SWIFT) build --build-tests -c release -Xswiftc -enable-testing --scratch-path .build/release-tests
 	$(SWIFT) test --skip-build --no-parallel -c release --scratch-path .build/release-tests
 

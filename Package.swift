@@ -77,7 +77,8 @@ let package = Package(
         .executableTarget(
             name: "mainspring-daemon",
             dependencies: ["Mainspring", "MainspringHTTP", "ExampleServices"],
-            path: "Examples/Daemon"
+            path: "Examples/Daemon",
+            exclude: ["systemd"]  // the unit files
         ),
         // The README's quick start, exactly as printed there (a test compares the two and runs it).
         .executableTarget(

@@ -5,7 +5,8 @@ import MainspringHTTP
 
 // mainspring-daemon: a line service on loopback, its connections spread over an EventLoopGroup.
 // See LineService for the protocol. SIGINT/SIGTERM drain gracefully and exit 0; SIGHUP prints
-// the counters to stderr.
+// the counters to stderr. Under systemd (Systemd.swift): socket activation, readiness, status
+// and reload notifications, a watchdog fed by the loops' health, journal priorities.
 
 let usage = """
     usage: mainspring-daemon [options]
@@ -19,11 +20,20 @@ let usage = """
       --idle-timeout <s>     close connections idle this long (default 300; 0: never)
       --grace <s>            how long a shutdown waits for in-flight requests (default 5)
       --fd-limit <n>         lower the descriptor limit (to see EMFILE handled)
+      --socket-name <name>   serve on the activated socket with this name (LISTEN_FDNAMES;
+                             default: the first socket passed, if any)
+      --status-interval <ms> how often STATUS= goes to the service manager (default 5000; 0: never)
       --help                 this text
+    Sockets passed by socket activation (LISTEN_FDS) take the place of --host/--port.
+    Exit status: 0 after a clean shutdown, 1 when it cannot listen, 2 for a bad command line,
+    78 when the sockets or environment passed by the service manager cannot be used.
     """
 
+let log = DaemonLog()
+
 func fail(_ message: String) -> Never {
-    FileHandle.standardError.write(Data("mainspring-daemon: \(message)\n\(usage)\n".utf8))
+    log(.error, "mainspring-daemon: \(message)")
+    FileHandle.standardError.write(Data("\(usage)\n".utf8))
     exit(2)
 }
 
@@ -37,6 +47,8 @@ var httpPort: UInt16?
 var loops = ProcessInfo.processInfo.activeProcessorCount
 var options = LineService.Options()
 var grace = Duration.seconds(5)
+var socketName: String?
+var statusInterval = Duration.seconds(5)
 var arguments = Array(CommandLine.arguments.dropFirst())
 while !arguments.isEmpty {
     let flag = arguments.removeFirst()
@@ -66,9 +78,15 @@ while !arguments.isEmpty {
         getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
         limit.rlim_cur = rlim_t(number(16...1_048_576))
         guard setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { fail("cannot set the descriptor limit") }
+    case "--socket-name": socketName = value
+    case "--status-interval": statusInterval = .milliseconds(number(0...3_600_000))
     default: fail("unknown option \(flag)")
     }
 }
+
+// Before any thread starts: socket activation reads and unsets LISTEN_* in the environment.
+let activated = activatedSocket(named: socketName, log: log)
+let manager = ServiceManagerLink(log: log)
 
 /// Runs on the main thread's loop, where the signals arrive.
 final class Daemon {
@@ -82,15 +100,30 @@ final class Daemon {
     func shutDown(_ name: String) {
         guard !stopping, let service else { return }
         stopping = true
-        say("\(name): draining (up to \(grace))…", to: .standardError)
+        manager.stopping(status: "\(name): draining (up to \(grace)): \(service.currentStats)")
+        log(.info, "\(name): draining (up to \(grace))…")
         http?.close()
         let report = service.shutdown(gracePeriod: grace)
-        say("stopped: \(service.currentStats); \(report)", to: .standardError)
+        log(.info, "stopped: \(service.currentStats); \(report)")
         EventLoop.main.stop()
     }
 
+    /// SIGHUP: the daemon has no configuration to re-read, so its reload prints the counters;
+    /// the manager hears RELOADING=1 … READY=1 around it all the same.
+    func reload() {
+        guard !stopping else { return }
+        manager.reload(status: { status() }) { printStats() }
+    }
+
     func printStats() {
-        if let service { say("stats: \(service.currentStats)", to: .standardError) }
+        if let service { log(.info, "stats: \(service.currentStats)") }
+    }
+
+    /// The STATUS= line: where it serves and its counters.
+    func status() -> String {
+        guard let service else { return "starting" }
+        return "serving \(service.localAddress) on \(service.group.loops.count) loop(s): \(service.currentStats)"
+            + manager.watchdogSummary
     }
 }
 
@@ -104,28 +137,46 @@ let main = EventLoop.main
 do {
     _ = try main.onSignal(SIGINT) { daemon.shutDown("SIGINT") }
     _ = try main.onSignal(SIGTERM) { daemon.shutDown("SIGTERM") }
-    _ = try main.onSignal(SIGHUP) { daemon.printStats() }
+    _ = try main.onSignal(SIGHUP) { daemon.reload() }
 } catch {
-    FileHandle.standardError.write(Data("mainspring-daemon: cannot watch signals: \(error)\n".utf8))
+    log(.error, "mainspring-daemon: cannot watch signals: \(error)")
     exit(1)
 }
 main.runOnce(blocking: false)
 
 do {
-    let service = try LineService(group: try EventLoopGroup(loopCount: loops), host: host, port: port, options: options)
+    let group = try EventLoopGroup(loopCount: loops)
+    let service: LineService
+    if let activated {
+        do {
+            service = try LineService(group: group, endpoint: .activated(activated), options: options)
+        } catch {
+            log(.error, "mainspring-daemon: cannot serve on the activated \(activated): \(error)")
+            exit(exitConfigurationError)
+        }
+    } else {
+        service = try LineService(group: group, host: host, port: port, options: options)
+    }
     daemon.service = service
-    let shown = host.contains(":") ? "[\(host)]" : host
-    say("listening on \(shown):\(service.port) with \(loops) loop(s)")
+    let how = activated.map { " (socket activation: \($0))" } ?? ""
+    say("listening on \(service.localAddress)\(how) with \(loops) loop(s)")
     if let httpPort { daemon.http = startHTTPSide(group: service.group, host: host, port: httpPort) }
 } catch {
-    FileHandle.standardError.write(Data("mainspring-daemon: cannot listen on \(host):\(port): \(error)\n".utf8))
+    log(.error, "mainspring-daemon: cannot listen on \(host):\(port): \(error)")
     exit(1)
 }
+
+// Accepting: tell the service manager, keep it posted, and feed its watchdog while the group's
+// loops are healthy.
+manager.ready(status: daemon.status())
+manager.startWatchdog(over: daemon.service?.group.loops ?? [])
+manager.sendStatus(every: statusInterval, on: main) { daemon.status() }
 
 do {
     try main.run()
 } catch {
-    FileHandle.standardError.write(Data("mainspring-daemon: \(error)\n".utf8))
+    log(.error, "mainspring-daemon: \(error)")
     exit(1)
 }
+manager.stop()
 exit(0)

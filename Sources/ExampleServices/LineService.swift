@@ -56,10 +56,20 @@ public final class LineService: Sendable {
         }
     }
 
+    /// Where the service accepts connections.
+    public enum Endpoint: Sendable {
+        /// A new socket bound to `host:port` (port 0: any free port).
+        case address(host: String, port: UInt16)
+        /// A listening socket passed by the service manager (socket activation).
+        case activated(ActivatedSockets.Socket)
+    }
+
     public let group: EventLoopGroup
     public let options: Options
-    /// The port the service listens on.
+    /// The port the service listens on (0 on a unix socket).
     public let port: UInt16
+    /// The address the service listens on ("127.0.0.1:7000", a unix socket's path).
+    public let localAddress: String
     private let stats = StatsCounters()
     private let contexts: [LoopContext]
     private let listenerBox: UncheckedBox<Listener>
@@ -67,7 +77,15 @@ public final class LineService: Sendable {
 
     /// Starts listening on `host:port` (0: any free port, see `port`); connections are spread
     /// over the group's loops. Call from outside the group's loops.
-    public init(group: EventLoopGroup, host: String = "127.0.0.1", port: UInt16 = 0, options: Options = .init()) throws {
+    public convenience init(group: EventLoopGroup, host: String = "127.0.0.1", port: UInt16 = 0,
+                            options: Options = .init()) throws
+    {
+        try self.init(group: group, endpoint: .address(host: host, port: port), options: options)
+    }
+
+    /// Starts accepting on `endpoint`; connections are spread over the group's loops. Call from
+    /// outside the group's loops.
+    public init(group: EventLoopGroup, endpoint: Endpoint, options: Options = .init()) throws {
         self.group = group
         self.options = options
         let contexts = group.loops.map { LoopContext(loop: $0, pacing: options.workPacing) }
@@ -77,16 +95,25 @@ public final class LineService: Sendable {
         let startTime = self.startTime
         let connectionOptions = Connection.Options(maxLineLength: options.maxLineLength,
                                                    outputLimit: options.outputLimit, idleTimeout: options.idleTimeout)
+        let accept: @Sendable (Connection) -> Void = { connection in
+            guard let context = contexts.first(where: { $0.loop === connection.loop }) else { return }
+            stats.accepted.add(1, ordering: .relaxed)
+            stats.open.add(1, ordering: .relaxed)
+            context.adopt(connection, options: options, stats: stats, startTime: startTime)
+        }
         let made = try acceptor.runAndWait {
-            try Listener(host: host, port: port, on: acceptor, group: group, options: connectionOptions) { connection in
-                guard let context = contexts.first(where: { $0.loop === connection.loop }) else { return }
-                stats.accepted.add(1, ordering: .relaxed)
-                stats.open.add(1, ordering: .relaxed)
-                context.adopt(connection, options: options, stats: stats, startTime: startTime)
+            switch endpoint {
+            case .address(let host, let port):
+                try Listener(host: host, port: port, on: acceptor, group: group, options: connectionOptions,
+                             accept: accept)
+            case .activated(let socket):
+                try Listener(activatedSocket: socket, on: acceptor, group: group, options: connectionOptions,
+                             accept: accept)
             }
         }
         listenerBox = UncheckedBox(made)
         self.port = made.port
+        self.localAddress = made.localAddress
     }
 
     /// A snapshot of the counters. Any thread.

@@ -16,6 +16,7 @@ var scenarios: [String: @MainActor () throws -> Void] = [
     "wait-for-start": waitForStartScenario,
     "echo": echoScenario,
     "readme-daemon": readmeDaemonScenario,
+    "readme-systemd": readmeSystemdScenario,
     "operations-main-wait": operationsMainWaitScenario,
     "leak-check": leakCheckScenario,
     "signal-default": signalDefaultScenario,

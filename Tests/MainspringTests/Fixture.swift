@@ -314,6 +314,14 @@ func startExecutable(_ name: String, arguments: [String] = [], stdin: String? = 
                      keepStdinOpen: keepStdinOpen, environment: environment)
 }
 
+/// Starts any program — a system tool (`systemd-socket-activate`), a shell that sets up
+/// descriptors and the environment before `exec`ing one of the package's executables — the
+/// way `startExecutable` starts the package's own. `path` is absolute.
+func startProgram(_ path: String, arguments: [String] = [], environment: [String: String]? = nil) throws -> ChildProcess {
+    try ChildProcess(url: URL(fileURLWithPath: path), arguments: arguments, stdin: nil, keepStdinOpen: false,
+                     environment: environment)
+}
+
 private func runBlocking(_ url: URL, _ arguments: [String], _ stdin: [UInt8]?, _ environment: [String: String]?,
                          _ timeout: Duration) throws -> FixtureResult
 {

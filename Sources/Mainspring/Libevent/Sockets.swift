@@ -16,12 +16,15 @@ class SocketListenerTarget {
     func acceptFailed(errno: Int32) {}
 }
 
-/// A listening TCP socket on a base (`evconnlistener_new_bind`).
+/// A listening socket on a base: bound here (`evconnlistener_new_bind`) or adopted from a
+/// descriptor that already listens (`evconnlistener_new`). Owns the socket: `deinit` closes it.
 final class SocketListener {
     private let raw: OpaquePointer
     private let base: EventBase
-    /// The bound port (useful when binding port 0).
+    /// The bound port (useful when binding port 0); 0 for a unix socket.
     let port: UInt16
+    /// The bound address, for messages: "127.0.0.1:7000", "[::1]:7000", a unix socket's path.
+    let localAddress: String
 
     init(base: EventBase, host: String, port: UInt16, backlog: Int32, target: SocketListenerTarget)
         throws(EventLoopError)
@@ -36,16 +39,32 @@ final class SocketListener {
             }
         }
         guard let listener else { throw .system(function: "bind/listen \(host):\(port)", errno: errno) }
+        (self.port, self.localAddress) = boundAddress(of: evconnlistener_get_fd(listener))
         self.raw = listener
         self.base = base
         evconnlistener_set_error_cb(listener, listenerErrorTrampoline)
-        var bound = sockaddr_storage()
-        var boundLength = socklen_t(MemoryLayout<sockaddr_storage>.size)
-        let fd = evconnlistener_get_fd(listener)
-        _ = withUnsafeMutablePointer(to: &bound) { pointer in
-            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &boundLength) }
+    }
+
+    /// Adopts `fd`, a stream socket already bound and listening (passed by socket activation,
+    /// say): checks that it is one, makes it non-blocking and close-on-exec, and accepts on it.
+    /// From then on the listener owns it; when this throws, `fd` is left open, still the
+    /// caller's.
+    init(base: EventBase, adopting fd: Int32, target: SocketListenerTarget) throws(EventLoopError) {
+        if let problem = listeningStreamSocketProblem(fd) {
+            throw .notListeningSocket(descriptor: fd, reason: problem)
         }
-        self.port = portOf(bound)
+        if let code = setNonBlocking(fd) { throw .system(function: "fcntl(\(fd), F_SETFL, O_NONBLOCK)", errno: code) }
+        if let code = setCloseOnExec(fd) { throw .system(function: "fcntl(\(fd), F_SETFD, FD_CLOEXEC)", errno: code) }
+        let arg = callbackArgument(for: target)
+        let flags = UInt32(LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC)
+        // A backlog of 0: the socket already listens, so libevent does not call listen(2).
+        guard let listener = evconnlistener_new(base.raw, listenerAcceptTrampoline, arg, flags, 0, fd) else {
+            throw .libevent(function: "evconnlistener_new")
+        }
+        (self.port, self.localAddress) = boundAddress(of: fd)
+        self.raw = listener
+        self.base = base
+        evconnlistener_set_error_cb(listener, listenerErrorTrampoline)
     }
 
     deinit { evconnlistener_free(raw) }
@@ -213,6 +232,18 @@ private func parseAddress(host: String, port: UInt16, into storage: inout sockad
     return length
 }
 
+/// The port and the printable address a listening socket is bound to.
+private func boundAddress(of fd: Int32) -> (port: UInt16, address: String) {
+    var bound = sockaddr_storage()
+    var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
+    let address = withUnsafeMutablePointer(to: &bound) { pointer in
+        pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { socketAddress -> String in
+            getsockname(fd, socketAddress, &length) == 0 ? describe(socketAddress, Int32(length)) : "unknown"
+        }
+    }
+    return (portOf(bound), address)
+}
+
 private func portOf(_ storage: sockaddr_storage) -> UInt16 {
     var copy = storage
     return withUnsafePointer(to: &copy) { pointer -> UInt16 in
@@ -241,6 +272,14 @@ private func describe(_ address: UnsafeMutablePointer<sockaddr>?, _ length: Int3
             evutil_inet_ntop(AF_INET6, &addr, &host, host.count)
             return "[\(text(of: host))]:\(UInt16(bigEndian: sin6.pointee.sin6_port))"
         }
+    case AF_UNIX:
+        // A path (NUL-terminated), an abstract name (a leading NUL, shown as "@"), or unnamed.
+        let pathOffset = MemoryLayout<sa_family_t>.size
+        let pathLength = Int(length) - pathOffset
+        guard pathLength > 0 else { return "unix socket (unnamed)" }
+        let bytes = UnsafeRawBufferPointer(start: UnsafeRawPointer(address) + pathOffset, count: pathLength)
+        if bytes[0] == 0 { return "@" + String(decoding: bytes.dropFirst(), as: UTF8.self) }
+        return String(decoding: bytes.prefix { $0 != 0 }, as: UTF8.self)
     default:
         return "unknown"
     }

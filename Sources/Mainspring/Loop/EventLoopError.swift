@@ -14,6 +14,9 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
     case loopClosed
     /// A host that is not an IPv4 or IPv6 literal (or "localhost").
     case invalidAddress(String)
+    /// A descriptor given to ``Listener/init(adopting:on:group:options:accept:)`` (by socket
+    /// activation, say) is not a listening stream socket; `reason` says what it is instead.
+    case notListeningSocket(descriptor: Int32, reason: String)
 
     public var description: String {
         switch self {
@@ -31,6 +34,8 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
             return "the loop is shut down"
         case .invalidAddress(let host):
             return "'\(host)' is not an IPv4 or IPv6 address"
+        case .notListeningSocket(let descriptor, let reason):
+            return "descriptor \(descriptor) is not a listening stream socket: it is \(reason)"
         }
     }
 }

@@ -19,12 +19,39 @@ public final class Listener {
                 accept: @escaping @Sendable (Connection) -> Void) throws(EventLoopError)
     {
         guard loop.claimThread() else { throw .wrongThread(function: "Listener.init(host:port:on:…)") }
-        source = try ListenerSource(loop: loop, host: host, port: port, group: group, options: options,
-                                    backlog: backlog, accept: accept)
+        source = try ListenerSource(loop: loop, socket: .binding(host: host, port: port, backlog: backlog),
+                                    group: group, options: options, accept: accept)
     }
 
-    /// The bound port.
+    /// Accepts on `descriptor`, a stream socket that is already bound and listening — passed by
+    /// a service manager (see ``ActivatedSockets`` and ``init(activatedSocket:on:group:options:accept:)``),
+    /// or by a parent process. Connections are handed to `accept` as with
+    /// ``init(host:port:on:group:options:backlog:accept:)``. IPv4, IPv6 and unix stream sockets
+    /// are accepted.
+    ///
+    /// The listener takes the descriptor over: it makes it non-blocking and close-on-exec, and
+    /// closes it when the listener is closed. When the initialiser throws, the descriptor is
+    /// left open and still the caller's.
+    ///
+    /// Must be called on `loop`'s thread.
+    /// - Throws: `EventLoopError.notListeningSocket` when `descriptor` is not open, not a
+    ///   socket, not a stream socket, or not listening (the reason says which); `.system`,
+    ///   `.libevent`, `.wrongThread`.
+    public init(adopting descriptor: Int32, on loop: EventLoop, group: EventLoopGroup? = nil,
+                options: Connection.Options = .init(), accept: @escaping @Sendable (Connection) -> Void)
+        throws(EventLoopError)
+    {
+        guard loop.claimThread() else { throw .wrongThread(function: "Listener.init(adopting:on:…)") }
+        source = try ListenerSource(loop: loop, socket: .adopting(descriptor), group: group, options: options,
+                                    accept: accept)
+    }
+
+    /// The bound port (0 for a unix socket).
     public var port: UInt16 { source.port }
+
+    /// The address the socket is bound to, for messages: `127.0.0.1:7000`, `[::1]:7000`, or a
+    /// unix socket's path (`@name` in the abstract namespace).
+    public var localAddress: String { source.localAddress }
 
     /// Connections accepted so far.
     public var acceptedCount: Int { source.acceptedCount }
@@ -58,6 +85,14 @@ private final class AcceptedSocket: @unchecked Sendable {
     deinit { if fd >= 0 { closeDescriptor(fd) } }
 }
 
+/// Where a listener's socket comes from.
+enum ListeningSocket {
+    /// A new socket bound to `host:port` and listening with `backlog`.
+    case binding(host: String, port: UInt16, backlog: Int32)
+    /// A descriptor that already listens (socket activation): checked, then owned.
+    case adopting(Int32)
+}
+
 final class ListenerSource: Source {
     private var listener: SocketListener?
     private let target = Target()
@@ -68,10 +103,13 @@ final class ListenerSource: Source {
     private var accepted: [AcceptedSocket] = []
     private var pauseTimer: TimerHandle?
     private(set) var port: UInt16 = 0
+    private(set) var localAddress = ""
     private(set) var acceptedCount = 0
 
-    init(loop: EventLoop, host: String, port: UInt16, group: EventLoopGroup?, options: Connection.Options,
-         backlog: Int32, accept: @escaping @Sendable (Connection) -> Void) throws(EventLoopError)
+    /// The one initialiser every kind of listener goes through, whether it binds a new socket or
+    /// adopts a descriptor that already listens.
+    init(loop: EventLoop, socket: ListeningSocket, group: EventLoopGroup?, options: Connection.Options,
+         accept: @escaping @Sendable (Connection) -> Void) throws(EventLoopError)
     {
         _ = ignoreSIGPIPE
         self.group = group
@@ -80,9 +118,15 @@ final class ListenerSource: Source {
         super.init(loop: loop, priority: .input)
         target.source = self
         do {
-            let socket = try SocketListener(base: loop.base, host: host, port: port, backlog: backlog, target: target)
-            self.port = socket.port
-            listener = socket
+            let made = switch socket {
+            case .binding(let host, let port, let backlog):
+                try SocketListener(base: loop.base, host: host, port: port, backlog: backlog, target: target)
+            case .adopting(let fd):
+                try SocketListener(base: loop.base, adopting: fd, target: target)
+            }
+            self.port = made.port
+            self.localAddress = made.localAddress
+            listener = made
         } catch {
             close()
             throw error

@@ -1,0 +1,113 @@
+import Foundation
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A stand-in for systemd's notification socket: a unix datagram socket, bound to a path in
+/// /tmp or to an abstract name, whose address goes into `$NOTIFY_SOCKET`. A thread receives
+/// every datagram and stamps it with `CLOCK_MONOTONIC` (the clock every process shares), so
+/// tests can compare arrival times with stamps a child process reports.
+final class FakeNotifySocket: @unchecked Sendable {
+    struct Message: Sendable, CustomStringConvertible {
+        /// `CLOCK_MONOTONIC` nanoseconds at arrival.
+        let arrival: UInt64
+        let text: String
+        /// The `KEY=value` lines.
+        var assignments: [Substring] { text.split(separator: "\n") }
+        func contains(_ assignment: String) -> Bool { assignments.contains { $0 == assignment } }
+        func value(of key: String) -> String? {
+            assignments.first { $0.hasPrefix(key + "=") }.map { String($0.dropFirst(key.count + 1)) }
+        }
+        var description: String { "\(Double(arrival) / 1e9): \(text.replacingOccurrences(of: "\n", with: "\\n"))" }
+    }
+
+    /// The value for `$NOTIFY_SOCKET`: the path, or `@name`.
+    let address: String
+    private let fd: Int32
+    private let path: String?
+    private let shared = Shared()
+    private static let counter = Atomic<Int>(0)
+
+    /// What the receiving thread shares with the socket's owner.
+    private final class Shared: Sendable {
+        let received = Locked<[Message]>([])
+        let arrived = DispatchSemaphore(value: 0)
+        let stopping = Atomic<Bool>(false)
+        let readerDone = DispatchSemaphore(value: 0)
+    }
+
+    init(abstract: Bool = false) throws {
+        let name = "mainspring-test-notify-\(getpid())-\(Self.counter.wrappingAdd(1, ordering: .relaxed).oldValue)"
+        let socketFD = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard socketFD >= 0 else { throw POSIXError(.EMFILE) }
+        fd = socketFD
+        var bytes: [UInt8]
+        if abstract {
+            address = "@" + name
+            path = nil
+            bytes = [0] + Array(name.utf8)
+        } else {
+            address = "/tmp/\(name).sock"
+            path = address
+            unlink(address)
+            bytes = Array(address.utf8) + [0]
+        }
+        var storage = sockaddr_un()
+        storage.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &storage.sun_path) { $0.copyBytes(from: bytes) }
+        let length = socklen_t(MemoryLayout<sa_family_t>.size + bytes.count)
+        let rc = withUnsafePointer(to: &storage) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(socketFD, $0, length) }
+        }
+        guard rc == 0 else {
+            let code = errno
+            Glibc.close(socketFD)
+            throw POSIXError(POSIXErrorCode(rawValue: code) ?? .EINVAL)
+        }
+        var timeout = timeval(tv_sec: 0, tv_usec: 50_000)
+        setsockopt(socketFD, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        let shared = self.shared
+        Thread.detachNewThread {
+            var buffer = [UInt8](repeating: 0, count: 8_192)
+            while !shared.stopping.load(ordering: .acquiring) {
+                let n = buffer.withUnsafeMutableBytes { recv(socketFD, $0.baseAddress, $0.count, 0) }
+                guard n > 0 else { continue }
+                let message = Message(arrival: monotonicNow(), text: String(decoding: buffer[0..<n], as: UTF8.self))
+                shared.received.withLock { $0.append(message) }
+                shared.arrived.signal()
+            }
+            shared.readerDone.signal()
+        }
+    }
+
+    deinit {
+        shared.stopping.store(true, ordering: .releasing)
+        shared.readerDone.wait()
+        Glibc.close(fd)
+        if let path { unlink(path) }
+    }
+
+    /// Every datagram so far, in arrival order.
+    var messages: [Message] { shared.received.value }
+
+    /// Waits (up to `timeout`) for a datagram after the first `after` ones that satisfies
+    /// `predicate`; returns it.
+    func waitFor(after: Int = 0, timeout: Duration = .seconds(20), _ predicate: (Message) -> Bool) -> Message? {
+        let deadline = ContinuousClock.now + timeout
+        while true {
+            if let found = shared.received.value.dropFirst(after).first(where: predicate) { return found }
+            let left = deadline - ContinuousClock.now
+            if left <= .zero { return nil }
+            _ = shared.arrived.wait(timeout: .now() + .milliseconds(min(100, max(1, Int(left.milliseconds)))))
+        }
+    }
+}
+
+/// `CLOCK_MONOTONIC` now, in nanoseconds.
+func monotonicNow() -> UInt64 {
+    var ts = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return UInt64(ts.tv_sec) * 1_000_000_000 + UInt64(ts.tv_nsec)
+}
