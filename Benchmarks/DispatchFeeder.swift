@@ -3,8 +3,8 @@ import Foundation
 import Mainspring
 import Synchronization
 
-/// The article's recipe on plain Dispatch ("Feeding the main queue"), in a child process because
-/// `dispatchMain()` never returns:
+/// The classic recipe for feeding long work to the main queue on plain Dispatch, in a child
+/// process because `dispatchMain()` never returns:
 ///
 ///     dispatch_async(feederQueue, ^{ dispatch_sync(dispatch_get_main_queue(), block); });
 ///
@@ -124,7 +124,7 @@ struct FeedRun {
     var overheadPercent: Double { (seconds - chunkSeconds) / chunkSeconds * 100 }
 }
 
-/// Runs the article's recipe in a child (`runLoop`: the main queue drained by `RunLoop.main`).
+/// Runs the Dispatch feeding recipe in a child (`runLoop`: the main queue drained by `RunLoop.main`).
 func dispatchFeeder(chunks: Int, chunkNanoseconds: UInt64, inputEveryNanoseconds: UInt64, runLoop: Bool) throws
     -> FeedRun
 {

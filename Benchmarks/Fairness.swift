@@ -8,7 +8,7 @@ import Mainspring
 ///
 /// - `naive-flood`: every chunk posted at once with `execute` (`.normal`); only the loop's
 ///   poll-interval rule keeps input moving.
-/// - `dispatch-feeder`: the article's recipe on plain Dispatch, main queue drained by
+/// - `dispatch-feeder`: the Dispatch feeding recipe (DispatchFeeder.swift), main queue drained by
 ///   `dispatchMain()` (child process; see DispatchFeeder.swift).
 /// - `dispatch-feeder-runloop`: the same, drained by `RunLoop.main` (the only way to keep the
 ///   chunks on the main thread on Linux).

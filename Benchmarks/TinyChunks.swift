@@ -3,7 +3,7 @@ import Mainspring
 
 /// tiny-chunks: chunks of about 1 µs of busy CPU, no input: what the feeding costs per chunk.
 /// `for-loop` runs them straight; `budget` and `one-chunk` through a `Feeder`; `dispatch-feeder`
-/// is the article's recipe with `dispatchMain()` (on Linux: no hop, chunks run inline on the
+/// is the Dispatch feeding recipe with `dispatchMain()` (on Linux: no hop, chunks run inline on the
 /// feeder queue's thread) and `dispatch-feeder-runloop` with `RunLoop.main` (a real hop to the
 /// main thread and back per chunk). Child processes; see DispatchFeeder.swift.
 ///
@@ -12,7 +12,7 @@ import Mainspring
 /// do not bias it.
 let tinyChunksScenario = Scenario(
     name: "tiny-chunks",
-    summary: "1 µs chunks: Feeder throughput vs a plain for loop and the article's Dispatch recipe"
+    summary: "1 µs chunks: Feeder throughput vs a plain for loop and the Dispatch feeding recipe"
 ) { runs in
     let chunkNs: UInt64 = 1_000
     let count = 1_000_000
