@@ -32,12 +32,12 @@ let soakScenario = Scenario(
         throw BenchError.usage("the daemon printed no port: \(banner)")
     }
     let pid = daemon.processIdentifier
-    let startRSS = rss(of: pid)
+    let startRSS = residentBytes(of: pid)
     let peakRSS = Guarded(startRSS)
     let stop = Guarded(false)
     let sampler = Thread {
         while !stop.withLock({ $0 }) {
-            let now = rss(of: pid)
+            let now = residentBytes(of: pid)
             peakRSS.withLock { $0 = max($0, now) }
             usleep(100_000)
         }
@@ -107,10 +107,10 @@ let soakScenario = Scenario(
         }
     }.start()
     workers.wait()
-    if round == 0 { afterFirstRound = rss(of: pid) }
-    FileHandle.standardError.write(Data("soak round \(round + 1)/\(rounds): rss \(rss(of: pid) / 1_048_576) MB\n".utf8))
+    if round == 0 { afterFirstRound = residentBytes(of: pid) }
+    FileHandle.standardError.write(Data("soak round \(round + 1)/\(rounds): rss \(residentBytes(of: pid) / 1_048_576) MB\n".utf8))
     }
-    let endRSS = rss(of: pid)
+    let endRSS = residentBytes(of: pid)
     let seconds = Double(nowNanoseconds() - start) / 1e9
     stop.withLock { $0 = true }
     _ = slow
@@ -134,10 +134,3 @@ let soakScenario = Scenario(
 }
 
 /// Resident memory of a process, in bytes.
-private func rss(of pid: Int32) -> Int {
-    guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
-          let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }),
-          let kilobytes = Int(line.split(separator: " ").dropFirst().first ?? "")
-    else { return 0 }
-    return kilobytes * 1_024
-}

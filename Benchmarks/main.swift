@@ -20,6 +20,7 @@ let scenarios: [Scenario] = [
     inputFloodScenario,
     timelineScenario,
     daemonScenario,
+    connectionsScenario,
     httpScenario,
 ]
 
@@ -34,6 +35,7 @@ let childEntryPoints: [ChildEntryPoint] = [
     actorHopChild,
     dispatchFeederChild,
     countsChild,
+    echoCChild,
 ]
 
 func main() throws {

@@ -1,0 +1,122 @@
+import CBaselines
+import Foundation
+
+/// connections: what an idle connection costs a server in resident memory. The server runs in a
+/// process of its own — `mainspring-daemon` (the release build next to this executable, one
+/// loop) or the plain-C bufferevent line service (this executable as a child, `echo-c`) — and
+/// this process opens `CONNECTIONS` (10,000) loopback connections to it, each sending one `ECHO`
+/// and reading the reply, then leaves them open. The metric is the server's RSS growth
+/// (`/proc/<pid>/status`, VmRSS) from one warm connection to all of them, per connection.
+///
+/// Descriptors: each side needs one per connection; both processes raise their soft limit (the
+/// hard limit here is 20,000, so 10,000 fits with room for the rest).
+let connectionsScenario = Scenario(
+    name: "connections",
+    summary: "server RSS per idle connection (10,000, one ECHO each): mainspring-daemon vs a C bufferevent service"
+) { runs in
+    let count = Int(ProcessInfo.processInfo.environment["CONNECTIONS"] ?? "") ?? 10_000
+    raiseDescriptorLimit(to: count + 1_000)
+    var samples = Samples()
+    for _ in 0..<runs {
+        if variantEnabled("mainspring") {
+            let bytes = try bytesPerConnection(count: count) {
+                let process = Process()
+                process.executableURL = siblingExecutable("mainspring-daemon")
+                process.arguments = ["--port", "0", "--loops", "1", "--fd-limit", "\(count + 1_000)"]
+                return process
+            }
+            samples.add("mainspring", "bytes_per_connection", bytes)
+        }
+        if variantEnabled("libevent-c") {
+            let bytes = try bytesPerConnection(count: count) {
+                let process = Process()
+                process.executableURL = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
+                process.arguments = ["--child", "echo-c", "\(count + 1_000)"]
+                return process
+            }
+            samples.add("libevent-c", "bytes_per_connection", bytes)
+        }
+    }
+    return samples.records(scenario: "connections")
+}
+
+/// The C line service in a process of its own: prints `listening on 127.0.0.1:<port>`, serves
+/// until its stdin is closed.
+let echoCChild = ChildEntryPoint(name: "echo-c") { arguments in
+    raiseDescriptorLimit(to: arguments.first.flatMap(Int.init) ?? 1_024)
+    var port: UInt16 = 0
+    let handle = ms_baseline_echo_start(&port)
+    FileHandle.standardOutput.write(Data("listening on 127.0.0.1:\(port) (plain C)\n".utf8))
+    _ = FileHandle.standardInput.readDataToEndOfFile()
+    ms_baseline_echo_stop(handle)
+    exit(0)
+}
+
+/// The executable `name` next to this one (same build).
+func siblingExecutable(_ name: String) -> URL {
+    URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath().deletingLastPathComponent()
+        .appendingPathComponent(name)
+}
+
+/// Raises the soft descriptor limit to `wanted` (at most the hard limit).
+func raiseDescriptorLimit(to wanted: Int) {
+    var limit = rlimit()
+    getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
+    limit.rlim_cur = min(limit.rlim_max, max(limit.rlim_cur, rlim_t(wanted)))
+    setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
+}
+
+/// Starts the server `makeServer` describes, and returns its RSS growth per connection over
+/// `count` idle connections that each made one `ECHO` request.
+private func bytesPerConnection(count: Int, _ makeServer: () -> Process) throws -> Double {
+    let server = makeServer()
+    let output = Foundation.Pipe()
+    let input = Foundation.Pipe()
+    server.standardOutput = output
+    server.standardInput = input
+    server.standardError = FileHandle.nullDevice
+    try server.run()
+    defer {
+        try? input.fileHandleForWriting.close()
+        server.terminate()
+        server.waitUntilExit()
+    }
+    let banner = String(decoding: output.fileHandleForReading.availableData, as: UTF8.self)
+    guard let port = banner.split(separator: " ").dropFirst(2).first?.split(separator: ":").last
+        .flatMap({ UInt16($0.prefix { $0.isNumber }) })
+    else {
+        throw BenchError.usage("connections: the server printed no port: \(banner)")
+    }
+    func echo(_ client: BenchClient) throws {
+        client.send("ECHO idle\n")
+        guard client.readLine() == "idle" else { throw BenchError.usage("connections: wrong or missing reply") }
+    }
+    // One connection first, so that what every server allocates once (buffers, tables) is in
+    // the baseline.
+    guard let warm = BenchClient(port: port) else { throw BenchError.usage("connections: cannot connect") }
+    try echo(warm)
+    usleep(100_000)
+    let before = residentBytes(of: server.processIdentifier)
+    var clients: [BenchClient] = []
+    clients.reserveCapacity(count)
+    for _ in 0..<count {
+        guard let client = BenchClient(port: port) else {
+            throw BenchError.usage("connections: connection \(clients.count + 1) of \(count) refused (descriptor limit?)")
+        }
+        try echo(client)
+        clients.append(client)
+    }
+    usleep(200_000)
+    let after = residentBytes(of: server.processIdentifier)
+    withExtendedLifetime((warm, clients)) {}
+    return Double(after - before) / Double(count)
+}
+
+/// Resident memory of process `pid` in bytes (VmRSS), 0 if it cannot be read.
+func residentBytes(of pid: Int32) -> Int {
+    guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
+          let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }),
+          let kilobytes = Int(line.split(separator: " ").dropFirst().first ?? "")
+    else { return 0 }
+    return kilobytes * 1_024
+}
