@@ -397,24 +397,14 @@ private func callgrind(_ variant: CountedVariant, items: Int, directory: String,
     let name = "\(variant.scenario)-\(variant.variant)-\(items)-\(tag)"
     let outFile = "\(directory)/callgrind.out.\(name)"
     let logFile = "\(directory)/valgrind.\(name).log"
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-    let executable = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath().path
-    process.arguments = ["valgrind"] + callgrindOptions + ["--callgrind-out-file=\(outFile)", "--log-file=\(logFile)",
-                                                           executable, "--child", "counts", variant.scenario,
-                                                           variant.variant, "\(items)"]
-    let output = Foundation.Pipe()
-    process.standardOutput = output
-    process.standardInput = FileHandle.nullDevice
-    try process.run()
-    let data = output.fileHandleForReading.readDataToEndOfFile()
-    process.waitUntilExit()
-    guard process.terminationStatus == 0,
-          let line = String(decoding: data, as: UTF8.self).split(separator: "\n").last,
-          let object = try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any]
-    else {
+    let object: [String: Any]
+    do {
+        object = try runChildJSON(["counts", variant.scenario, variant.variant, "\(items)"],
+                                  wrappedIn: ["valgrind"] + callgrindOptions
+                                      + ["--callgrind-out-file=\(outFile)", "--log-file=\(logFile)"])
+    } catch BenchError.childFailed(_, let status) {
         throw BenchError.childFailed("valgrind … --child counts \(variant.scenario) \(variant.variant) \(items) (see \(logFile))",
-                                     process.terminationStatus)
+                                     status)
     }
     return (try CallgrindCounts(file: outFile), object.compactMapValues { $0 as? Double })
 }

@@ -173,11 +173,18 @@ func format(_ value: Double) -> String {
 // MARK: Children that report series, and plots
 
 /// Runs this executable again as a child (`--child <args>`) and returns the JSON object it
-/// prints on its last stdout line (numbers, and arrays of numbers for series).
-func runChildJSON(_ arguments: [String]) throws -> [String: Any] {
+/// prints on its last stdout line (numbers, and arrays of numbers for series). `wrapper`, when
+/// given, is a command (from the PATH) that runs the child: `["valgrind", "--tool=callgrind"]`.
+func runChildJSON(_ arguments: [String], wrappedIn wrapper: [String] = []) throws -> [String: Any] {
     let process = Process()
-    process.executableURL = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
-    process.arguments = ["--child"] + arguments
+    let executable = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
+    if wrapper.isEmpty {
+        process.executableURL = executable
+        process.arguments = ["--child"] + arguments
+    } else {
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        process.arguments = wrapper + [executable.path, "--child"] + arguments
+    }
     let output = Foundation.Pipe()
     process.standardOutput = output
     process.standardInput = FileHandle.nullDevice
