@@ -53,12 +53,21 @@ extension EventLoop {
     /// ready by then: `.input` work goes first, then this task continues. Use it to break long
     /// work running on the loop (an actor pinned to it) into slices that keep input responsive.
     ///
-    /// Any thread, any task; it returns once the loop has run its next turn (or is freed).
+    /// This is the way out for a task that runs long on the loop without suspending (see the
+    /// poll-interval rule in `Executor.swift`): `await loop.yield()` every few milliseconds of
+    /// work keeps input responsive.
+    ///
+    /// Any thread, any task; it returns once the loop has run its next turn (or is freed). From
+    /// a task running on this loop it costs one record queued for the next turn.
     public func yield() async {
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
             let once = ResumeOnce(continuation, orphaned: .success(()))
-            execute {
-                self.executeNextTurn(priority: .normal) { once.resume(with: .success(())) }
+            if isCurrent && !isShutDown {
+                executeNextTurn(priority: .normal) { once.resume(with: .success(())) }
+            } else {
+                execute {
+                    self.executeNextTurn(priority: .normal) { once.resume(with: .success(())) }
+                }
             }
         }
     }
