@@ -143,3 +143,36 @@ private final class Sleeper: @unchecked Sendable {
         }
     }
 }
+
+extension EventLoop {
+    /// Posts `work` like `execute`; if the loop drops it instead of running it (the loop is shut
+    /// down, or freed first), `fallback` runs, on the thread that drops it. For posts that
+    /// resume a suspended task: it must be resumed either way.
+    func execute(_ work: @escaping @Sendable () -> Void, orElse fallback: @escaping @Sendable () -> Void) {
+        let post = RunOrElse(work, fallback)
+        execute { post.run() }
+    }
+}
+
+/// One of two closures, run once: `work` when the loop runs the post, `fallback` when the post
+/// is released without having run.
+private final class RunOrElse: @unchecked Sendable {
+    // Only the loop's thread (run) or the thread releasing the last reference (deinit) touch these,
+    // never both: deinit cannot start while the post that holds the object is running.
+    private var work: (@Sendable () -> Void)?
+    private var fallback: (@Sendable () -> Void)?
+
+    init(_ work: @escaping @Sendable () -> Void, _ fallback: @escaping @Sendable () -> Void) {
+        self.work = work
+        self.fallback = fallback
+    }
+
+    func run() {
+        let work = self.work
+        self.work = nil
+        fallback = nil
+        work?()
+    }
+
+    deinit { fallback?() }
+}
