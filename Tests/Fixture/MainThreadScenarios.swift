@@ -211,6 +211,17 @@ actor BackgroundActor {
     func onItsLoop() -> Bool { loop.isCurrent && !Thread.isMainThread }
 }
 
+/// `@MainActor` code calling an actor pinned to `EventLoop.main`: one serial context, so no
+/// hop — the loop runs no callback per call. Returns (calls that ran on the main thread, loop
+/// callbacks meanwhile).
+@MainActor
+func colocatedCalls(_ pinned: MainLoopActor, count: Int) async -> (Int, Int) {
+    let before = EventLoop.main.metrics.totalCallbacks
+    var onMain = 0
+    for _ in 0..<count where await pinned.where_() { onMain += 1 }
+    return (onMain, EventLoop.main.metrics.totalCallbacks - before)
+}
+
 @MainActor
 func actorsScenario() throws {
     let loop = EventLoop.main
@@ -237,6 +248,9 @@ func actorsScenario() throws {
             if there && back { hops += 1 }
         }
         report("round-trips", hops)
+        let (onMain, callbacks) = await colocatedCalls(pinned, count: 10_000)
+        report("colocated-calls-on-main", onMain)
+        report("colocated-loop-callbacks", callbacks)
         await MainActor.run { loop.stop() }
     }
     try loop.run()

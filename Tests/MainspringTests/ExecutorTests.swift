@@ -135,6 +135,94 @@ struct ExecutorTests {
     }
 }
 
+@Suite("Tasks on loops (TaskExecutor)", .serialized)
+struct TaskExecutorTests {
+    @Test("Task(executorPreference:), group children and withTaskExecutorPreference run on the loop, as counted callbacks")
+    func tasksRunOnTheLoop() async throws {
+        let background = try BackgroundLoop()
+        defer { background.stop() }
+        let loop = background.loop
+        let before = try await loop.submit { loop.metrics.callbacks[.normal] ?? 0 }
+        let alwaysOnLoop = await Task(executorPreference: loop) { () -> Bool in
+            var all = loop.isCurrent
+            for _ in 0..<100 {
+                await Task.yield()  // re-enqueued: on the loop again
+                all = all && loop.isCurrent
+            }
+            return all
+        }.value
+        #expect(alwaysOnLoop)
+        let children = await withTaskGroup(of: Bool.self) { group in
+            for _ in 0..<8 { group.addTask(executorPreference: loop) { loop.isCurrent } }
+            return await group.reduce(true) { $0 && $1 }
+        }
+        #expect(children)
+        let scoped = await withTaskExecutorPreference(loop) { () async -> Bool in
+            await Task.yield()
+            return loop.isCurrent
+        }
+        #expect(scoped)
+        let after = try await loop.submit { loop.metrics.callbacks[.normal] ?? 0 }
+        #expect(after - before >= 100, "each slice of a task is one loop callback")
+    }
+
+    @Test("a task on a loop calls an actor pinned to it on the same thread, one post per round trip")
+    func sameLoopActor() async throws {
+        let background = try BackgroundLoop()
+        defer { background.stop() }
+        let loop = background.loop
+        let counter = PinnedCounter(loop: loop)
+        let before = try await loop.submit { loop.metrics.totalCallbacks }
+        await Task(executorPreference: loop) {
+            for _ in 0..<1_000 { await counter.increment() }
+        }.value
+        let after = try await loop.submit { loop.metrics.totalCallbacks }
+        #expect(await counter.count == 1_000)
+        #expect(await counter.offLoop == 0)
+        // The call itself is inline; only the way back to the task's nonisolated code is a post.
+        // Two executors (there and back again) would take 2,000.
+        #expect(after - before < 1_500, "\(after - before) callbacks for 1,000 calls")
+    }
+
+    @Test("a task that never suspends holds input back like a long callback; loop.yield() lets it in")
+    func pollIntervalRuleForTasks() async throws {
+        let background = try BackgroundLoop()
+        defer { background.stop() }
+        let loop = background.loop
+        for yields in [false, true] {
+            let pipe = Pipe()
+            let log = Locked<[String]>([])
+            let written = Atomic<Bool>(false)
+            let watcher = try await loop.submit { () -> UncheckedBox<Watcher> in
+                UncheckedBox(try loop.watch(pipe.readEnd, for: .read) { _ in
+                    var byte: UInt8 = 0
+                    _ = read(pipe.readEnd, &byte, 1)
+                    log.withLock { $0.append("input") }
+                })
+            }
+            let writer = startThread {
+                while log.value.isEmpty { usleep(100) }  // the task has started
+                pipe.write("x")
+                written.store(true, ordering: .releasing)
+            }
+            await Task(executorPreference: loop) {
+                log.withLock { $0.append("start") }
+                while !written.load(ordering: .acquiring) {
+                    if yields { await loop.yield() }
+                }
+                // Input is ready now; a task that yields lets the loop poll and run it first.
+                if yields { await loop.yield() }
+                log.withLock { $0.append("end") }
+            }.value
+            writer.wait()
+            try await loop.sleep(for: .milliseconds(20))  // the input of the non-yielding run
+            #expect(log.value == (yields ? ["start", "input", "end"] : ["start", "end", "input"]), "yields: \(yields)")
+            try await loop.submit { watcher.value.cancel() }
+        }
+    }
+}
+
+
 /// Runs on its loop, makes input ready while the loop is busy running it, then yields.
 actor YieldingWorker {
     let loop: EventLoop

@@ -250,7 +250,7 @@ struct HTTPTests {
         try await Task.sleep(for: .milliseconds(150))
         #expect(server.server.statistics.snapshot.requestsInFlight == 1)
         server.server.close()
-        let report = server.group.shutdown(gracePeriod: .seconds(3))
+        let report = await server.group.shutdown(gracePeriod: .seconds(3))
         let result = try await answer
         #expect(result.stdout.hasSuffix("finally\n"), "\(result.summary)")
         #expect(result.stdout.contains("Connection: close"))

@@ -58,6 +58,9 @@ struct MainThreadTests {
         #expect(result["pinned-actor-on-main"] == "true", "\(result.summary)")
         #expect(result["background-actor-on-its-loop"] == "true", "\(result.summary)")
         #expect(result["round-trips"] == "200", "\(result.summary)")
+        // @MainActor code and an actor pinned to EventLoop.main share one executor: no hop.
+        #expect(result["colocated-calls-on-main"] == "10000", "\(result.summary)")
+        #expect(Int(result["colocated-loop-callbacks"] ?? "") ?? .max < 100, "\(result.summary)")
     }
 
     @Test("Queue.main.async(waitingForStart:) is false while the main thread is blocked, true once it runs")

@@ -73,7 +73,7 @@ struct NetworkTests {
         }
         for semaphore in done { #expect(semaphore.wait(timeout: .now() + 60) == .success) }
         #expect(failures.value.isEmpty, "\(failures.value.prefix(3))")
-        let report = group.shutdown(gracePeriod: .seconds(5))
+        let report = await group.shutdown(gracePeriod: .seconds(5))
         #expect(report.droppedWork == 0)
         #expect(!report.timedOut)
         // Connections were spread over both loops.
@@ -128,7 +128,7 @@ struct NetworkTests {
         // Bounded: the limit plus one reply (socket buffers hold the rest of what was sent).
         #expect(snapshot.maxBuffered <= limit + 16 * 1024 + 1, "buffered \(snapshot.maxBuffered)")
         #expect(snapshot.requests < 2_000, "it kept reading from a client that does not read")
-        group.shutdown(gracePeriod: .zero)
+        await group.shutdown(gracePeriod: .zero)
     }
 
     @Test("an idle connection is closed after its idle timeout, with that reason, once")
@@ -146,7 +146,7 @@ struct NetworkTests {
         #expect(elapsed < .seconds(5))
         usleep(50_000)
         #expect(reasons.value == [.idleTimeout])
-        group.shutdown(gracePeriod: .zero)
+        await group.shutdown(gracePeriod: .zero)
     }
 
     @Test("half-close: the client's end of file reaches the reader; replies still arrive; listener on ::1")
@@ -179,7 +179,7 @@ struct NetworkTests {
         client.send("a\nb\r\nc")
         client.shutdownWrite()
         #expect(client.readToEnd() == "got 3 lines: a,b,c\n")
-        group.shutdown(gracePeriod: .seconds(1))
+        await group.shutdown(gracePeriod: .seconds(1))
     }
 
     @Test("connect to a closed port reports .error(ECONNREFUSED) once; bad addresses throw")
@@ -245,7 +245,7 @@ struct NetworkTests {
             loop.execute { loop.schedule(after: .milliseconds(100)) { ran.withLock { $0 += 1 } } }
         }
         usleep(20_000)
-        let report = group.shutdown(gracePeriod: .seconds(5))
+        let report = await group.shutdown(gracePeriod: .seconds(5))
         #expect(ran.value == 2)
         #expect(report == .init(droppedWork: 0, closedSources: 0, timedOut: false, stuckLoops: 0))
         // After shutdown, posts are counted as dropped, never silently lost.
@@ -253,7 +253,7 @@ struct NetworkTests {
         #expect(group.loops[0].metrics.droppedAtShutdown == 1)
         #expect(ran.value == 2)
         // A second shutdown returns the first report.
-        #expect(group.shutdown() == report)
+        #expect(await group.shutdown() == report)
 
         // A loop that stays busy past the grace period: its work is dropped and counted.
         let busy = try EventLoopGroup(loopCount: 1)
@@ -267,7 +267,7 @@ struct NetworkTests {
         }
         started.wait()
         let start = ContinuousClock.now
-        let forced = busy.shutdown(gracePeriod: .milliseconds(150))
+        let forced = await busy.shutdown(gracePeriod: .milliseconds(150))
         #expect(ContinuousClock.now - start < .seconds(3))
         #expect(forced.timedOut)
         #expect(forced.closedSources == 2)

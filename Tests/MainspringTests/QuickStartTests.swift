@@ -112,7 +112,7 @@ struct ReadmeGroupDaemonTests {
         #expect(client.readLine() == "ERR bad line")
         client.shutdownWrite()
         #expect(client.readLine() == nil)
-        let report = group.shutdown(gracePeriod: .seconds(5))
+        let report = await group.shutdown(gracePeriod: .seconds(5))
         #expect(report.droppedWork == 0 && !report.timedOut)
     }
 }

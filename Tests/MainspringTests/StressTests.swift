@@ -183,7 +183,7 @@ struct StressTests {
             }
         }
         usleep(5_000)
-        let report = group.shutdown(gracePeriod: .zero)
+        let report = await group.shutdown(gracePeriod: .zero)
         for producer in producers { producer.wait() }
         let dropped = group.loops.map(\.metrics.droppedAtShutdown).reduce(0, +)
         #expect(ran.value + dropped == 4 * perProducer, "ran \(ran.value), dropped \(dropped), report \(report)")

@@ -22,7 +22,32 @@ final class LineReaderSource: DescriptorSource {
         try super.init(loop: loop, fd: fd, events: .read, priority: .input)
     }
 
+    /// Whether reading is paused (`pause()`): the fd is not polled meanwhile.
+    private(set) var isPaused = false
+    /// Runs once when the reader closes (end of input, error, cancel, the loop going away).
+    var onClosed: (() -> Void)?
+    /// Async operations suspended on this reader (the task iterating `EventLoop.lines(from:)`).
+    var suspendedTasks: () -> Int = { 0 }
+
+    /// Stops reading until `resume()`: for a consumer that has not taken what was read.
+    func pause() {
+        guard !isPaused, !isClosed else { return }
+        isPaused = true
+        native?.delete()
+    }
+
+    func resume() {
+        guard isPaused, !isClosed else { return }
+        isPaused = false
+        if isAlwaysReady { loop.enqueueNextTurn(source: self) } else { try? native?.add() }
+    }
+
+    override func didRun() {
+        if !isPaused { super.didRun() }
+    }
+
     override func perform(_ readiness: Readiness) {
+        guard !isPaused else { return }
         switch readOnce(fd, into: &buffer) {
         case .bytes(0):
             splitter.finish { events.append($0) }
@@ -58,7 +83,12 @@ final class LineReaderSource: DescriptorSource {
         deliver()
     }
 
-    override func didClose() { handler = nil }
+    override func didClose() {
+        handler = nil
+        let closed = onClosed
+        onClosed = nil
+        closed?()
+    }
 }
 
 extension EventLoop {

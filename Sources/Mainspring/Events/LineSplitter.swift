@@ -48,13 +48,7 @@ public struct LineSplitter: Sendable {
     /// Feeds the next bytes of the stream, reporting each line they complete, in order.
     /// - Complexity: O(bytes).
     public mutating func append(_ bytes: ArraySlice<UInt8>, _ emit: (LineEvent) -> Void) {
-        guard !isFinished else { return }
-        var rest = bytes
-        while let newline = rest.firstIndex(of: 0x0A) {
-            completeLine(rest[rest.startIndex..<newline], emit)
-            rest = rest[(newline + 1)...]
-        }
-        accumulate(rest)
+        feed(bytes, emit)
     }
 
     /// Feeds bytes from any sequence (a convenience over `append(_: ArraySlice<UInt8>, _:)`).
@@ -62,18 +56,31 @@ public struct LineSplitter: Sendable {
         append(ArraySlice(bytes), emit)
     }
 
+    /// The splitting itself, over any contiguous run of bytes (an array slice, or a socket's
+    /// input read in place, without copying it first). Only the tail of an unfinished line is
+    /// kept, at most `maxLineLength` + 1 bytes.
+    mutating func feed<Bytes: RandomAccessCollection<UInt8>>(_ bytes: Bytes, _ emit: (LineEvent) -> Void) {
+        guard !isFinished else { return }
+        var start = bytes.startIndex
+        while let newline = bytes[start...].firstIndex(of: 0x0A) {
+            completeLine(bytes[start..<newline], emit)
+            start = bytes.index(after: newline)
+        }
+        accumulate(bytes[start...])
+    }
+
     /// Ends the stream: reports a final line without `\n` (or a final too-long line), then
     /// `.endOfFile`. Later calls do nothing.
     public mutating func finish(_ emit: (LineEvent) -> Void) {
         guard !isFinished else { return }
         if overlongCount != nil || !partial.isEmpty {
-            completeLine([], emit)
+            completeLine(EmptyCollection<UInt8>(), emit)
         }
         isFinished = true
         emit(.endOfFile)
     }
 
-    private mutating func accumulate(_ bytes: ArraySlice<UInt8>) {
+    private mutating func accumulate(_ bytes: some BidirectionalCollection<UInt8>) {
         guard !bytes.isEmpty else { return }
         if let count = overlongCount {
             overlongCount = count + bytes.count
@@ -89,7 +96,7 @@ public struct LineSplitter: Sendable {
         }
     }
 
-    private mutating func completeLine(_ tail: ArraySlice<UInt8>, _ emit: (LineEvent) -> Void) {
+    private mutating func completeLine(_ tail: some BidirectionalCollection<UInt8>, _ emit: (LineEvent) -> Void) {
         if let count = overlongCount {
             let endsWithCR = tail.isEmpty ? overlongEndsWithCR : tail.last == 0x0D
             overlongCount = nil
@@ -106,8 +113,8 @@ public struct LineSplitter: Sendable {
         }
     }
 
-    private func emitLine(_ raw: ArraySlice<UInt8>, _ emit: (LineEvent) -> Void) {
-        let bytes = raw.last == 0x0D ? raw.dropLast() : raw
+    private func emitLine<Bytes: BidirectionalCollection<UInt8>>(_ raw: Bytes, _ emit: (LineEvent) -> Void) {
+        let bytes = raw.last == 0x0D ? raw.dropLast() : raw[...]
         if bytes.count > maxLineLength {
             emit(.tooLong(bytes.count))
         } else if let text = String(validating: bytes, as: UTF8.self) {

@@ -12,10 +12,18 @@ final class SignalSource: Source {
         super.init(loop: loop, priority: .input)
     }
 
+    /// Runs once when the watcher closes (cancelled, or the loop going away).
+    var onClosed: (() -> Void)?
+    /// Async operations suspended on this watcher (the task iterating `EventLoop.signals`).
+    var suspendedTasks: () -> Int = { 0 }
+
     override func perform(_ readiness: Readiness) { handler?() }
 
     override func didClose() {
         handler = nil
+        let closed = onClosed
+        onClosed = nil
+        closed?()
         if let box {
             self.box = nil
             SignalHub.shared.unregister(box)

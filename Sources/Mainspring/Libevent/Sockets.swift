@@ -165,10 +165,41 @@ final class BufferedSocket {
     var inputLength: Int { evbuffer_get_length(bufferevent_get_input(raw)) }
     var outputLength: Int { evbuffer_get_length(bufferevent_get_output(raw)) }
 
-    /// Moves up to `buffer.count` input bytes into the front of `buffer`; returns how many.
-    func read(into buffer: inout [UInt8]) -> Int {
-        let n = buffer.withUnsafeMutableBytes { evbuffer_remove(bufferevent_get_input(raw), $0.baseAddress, $0.count) }
-        return max(0, Int(n))
+    /// Splits up to `limit` input bytes into lines, reading them where libevent keeps them (no
+    /// copy, no buffer of our own), then removes them from the input. Returns how many bytes it
+    /// took. `emit` must not run user code: the input may not change while it is being read.
+    func splitInput(upTo limit: Int, into splitter: inout LineSplitter, _ emit: (LineEvent) -> Void) -> Int {
+        let input = bufferevent_get_input(raw)
+        let wanted = min(limit, evbuffer_get_length(input))
+        guard wanted > 0 else { return 0 }
+        return withUnsafeTemporaryAllocation(of: iovec.self, capacity: Self.maxExtents) { extents in
+            let count = min(Int(evbuffer_peek(input, wanted, nil, extents.baseAddress, Int32(Self.maxExtents))),
+                            Self.maxExtents)
+            var taken = 0
+            for extent in extents.prefix(count) where taken < wanted {
+                let length = min(extent.iov_len, wanted - taken)
+                guard let base = extent.iov_base, length > 0 else { continue }
+                splitter.feed(UnsafeBufferPointer(start: base.assumingMemoryBound(to: UInt8.self), count: length), emit)
+                taken += length
+            }
+            evbuffer_drain(input, taken)
+            return taken
+        }
+    }
+
+    /// Extents looked at per `splitInput` (libevent chains are 4 KiB and more, so a 64 KiB read
+    /// rarely spans more than a few).
+    private static let maxExtents = 16
+
+    /// Removes up to `limit` input bytes and returns them in an array of their exact size
+    /// (empty when there is no input).
+    func readInput(upTo limit: Int) -> [UInt8] {
+        let input = bufferevent_get_input(raw)
+        let count = min(limit, evbuffer_get_length(input))
+        guard count > 0 else { return [] }
+        return [UInt8](unsafeUninitializedCapacity: count) { buffer, initialized in
+            initialized = max(0, Int(evbuffer_remove(input, buffer.baseAddress, count)))
+        }
     }
 
     /// Appends bytes to the output buffer (libevent writes them as the socket allows).

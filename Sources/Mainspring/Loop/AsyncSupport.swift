@@ -52,12 +52,21 @@ extension EventLoop {
     /// ready by then: `.input` work goes first, then this task continues. Use it to break long
     /// work running on the loop (an actor pinned to it) into slices that keep input responsive.
     ///
-    /// Any thread, any task; it returns once the loop has run its next turn (or is freed).
+    /// This is the way out for a task that runs long on the loop without suspending (see the
+    /// poll-interval rule in `Executor.swift`): `await loop.yield()` every few milliseconds of
+    /// work keeps input responsive.
+    ///
+    /// Any thread, any task; it returns once the loop has run its next turn (or is freed). From
+    /// a task running on this loop it costs one record queued for the next turn.
     public func yield() async {
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
             let once = ResumeOnce(continuation, orphaned: .success(()))
-            execute {
-                self.executeNextTurn(priority: .normal) { once.resume(with: .success(())) }
+            if isCurrent && !isShutDown {
+                executeNextTurn(priority: .normal) { once.resume(with: .success(())) }
+            } else {
+                execute {
+                    self.executeNextTurn(priority: .normal) { once.resume(with: .success(())) }
+                }
             }
         }
     }
@@ -132,4 +141,39 @@ private final class Sleeper: @unchecked Sendable {
             self.timer = nil
         }
     }
+}
+
+extension EventLoop {
+    /// Posts `work` like `execute`; if the loop drops it instead of running it (the loop is shut
+    /// down, or freed first), `fallback` runs, on the thread that drops it. For posts that
+    /// resume a suspended task: it must be resumed either way.
+    func execute(priority: Priority = .normal, _ work: @escaping @Sendable () -> Void,
+                 orElse fallback: @escaping @Sendable () -> Void)
+    {
+        let post = RunOrElse(work, fallback)
+        execute(priority: priority) { post.run() }
+    }
+}
+
+/// One of two closures, run once: `work` when the loop runs the post, `fallback` when the post
+/// is released without having run.
+private final class RunOrElse: @unchecked Sendable {
+    // Only the loop's thread (run) or the thread releasing the last reference (deinit) touch these,
+    // never both: deinit cannot start while the post that holds the object is running.
+    private var work: (@Sendable () -> Void)?
+    private var fallback: (@Sendable () -> Void)?
+
+    init(_ work: @escaping @Sendable () -> Void, _ fallback: @escaping @Sendable () -> Void) {
+        self.work = work
+        self.fallback = fallback
+    }
+
+    func run() {
+        let work = self.work
+        self.work = nil
+        fallback = nil
+        work?()
+    }
+
+    deinit { fallback?() }
 }

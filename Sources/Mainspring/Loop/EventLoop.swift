@@ -73,6 +73,8 @@ public final class EventLoop: @unchecked Sendable {
     var isShutDown = false
     /// `EventLoop.main` only: the Dispatch main-queue bridge, installed when the loop first runs.
     var mainQueueSource: MainQueueSource?
+    /// The serial executor of the actors pinned to this loop (see Executor.swift).
+    let actorExecutor = LoopActorExecutor()
 
     // MARK: Creation
 
@@ -97,6 +99,7 @@ public final class EventLoop: @unchecked Sendable {
         target.native = event
         target.descriptor = wakeup
         wakeupTarget = target
+        actorExecutor.loop = self
     }
 
     deinit {

@@ -1,40 +1,72 @@
-/// Actors on loops: every `EventLoop` is a `SerialExecutor`.
+/// Swift concurrency on loops: every `EventLoop` is a `SerialExecutor` (actors pinned to it) and
+/// a `TaskExecutor` (tasks that prefer it).
 ///
-/// Pin an actor to a loop and all its code runs on that loop's thread, between the loop's other
-/// callbacks:
+/// **Actors on a loop.** Pin an actor to a loop and all its code runs on that loop's thread,
+/// between the loop's other callbacks:
 ///
 /// ```swift
-/// actor Connection {
+/// actor Session {
 ///     let loop: EventLoop
 ///     nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
 /// }
 /// ```
 ///
-/// A job is posted with `execute` at `.normal` priority: FIFO with the other work posted from the
-/// same thread, behind ready input, never re-entered. From the loop's own thread that is a
-/// lock-free append; from another thread one mutex and (if the loop sleeps) one eventfd write.
-/// Task priorities are not used to reorder jobs. A job enqueued on a loop that is never run again
-/// never runs (it is counted in `LoopMetrics.droppedAtShutdown` if the loop is freed).
+/// **Tasks on a loop.** `Task(executorPreference: loop) { … }`,
+/// `group.addTask(executorPreference: loop) { … }` and `withTaskExecutorPreference(loop) { … }`
+/// run nonisolated async code on the loop's thread: the task's code between two suspension
+/// points is one loop callback. Such a task calls an actor pinned to the same loop without a
+/// thread switch — inline when the task itself is running on the loop, and the way back to the
+/// task's nonisolated code is one post on the loop (no lock, no system call).
 ///
-/// `EventLoop.main` is a different executor from `MainActor`'s (which is the Dispatch main queue,
-/// drained by the same loop on the same thread): an actor pinned to `EventLoop.main` runs on the
-/// main thread, but the compiler does not treat it as `@MainActor`.
-extension EventLoop: SerialExecutor {
-    /// Runs `job` on this loop's thread. Any thread.
+/// **What a job is.** Every job (a slice of a task or of an actor) is posted with `execute` at
+/// `.normal` priority: FIFO with the other work posted from the same thread, behind ready input,
+/// never re-entered, counted in `LoopMetrics` like any callback. From the loop's own thread that
+/// is a lock-free append; from another thread one mutex and (if the loop sleeps) one eventfd
+/// write. Task priorities do not reorder jobs.
+///
+/// **The poll-interval rule applies to tasks too.** The loop polls for input between callbacks,
+/// at least every `Configuration.pollInterval`; a job cannot be interrupted. A task that runs
+/// for a long time without suspending holds input back exactly like a long callback. Await
+/// something (the loop's input, `send`, a timer) or call `await loop.yield()` in long loops:
+/// that lets the loop poll and run the input that is ready before the task goes on.
+///
+/// **Shutdown.** A job enqueued on a loop that is shut down (its group shut down, its thread
+/// gone) never runs, and is counted in `LoopMetrics.droppedAtShutdown`: a task that prefers a
+/// loop must be done before the loop ends. `EventLoopGroup.shutdown(gracePeriod:)` gives such
+/// tasks the grace period, then ends every wait they have on the loop (connections, listeners,
+/// readers, signals) and lets them unwind before the loop stops.
+///
+/// **`EventLoop.main` and the main actor are one serial context.** The main actor's jobs run
+/// inside `EventLoop.main` (through the Dispatch main queue, see `MainQueueSource`), on the main
+/// thread, and so does everything pinned to `EventLoop.main`. An actor pinned to
+/// `EventLoop.main` therefore uses the main actor's executor: `@MainActor` code calls it without
+/// any hop, and its jobs from other threads arrive through the main queue (drained at `.normal`
+/// priority). Tasks that prefer `EventLoop.main` still run as loop callbacks.
+extension EventLoop: SerialExecutor, TaskExecutor {
+    /// Runs `job` on this loop's thread, as a task executor: the job of a task that prefers this
+    /// loop, isolated to the loop (so the task calls actors pinned to the loop inline). Any thread.
     public func enqueue(_ job: consuming ExecutorJob) {
         let job = UnownedJob(job)
-        let executor = asUnownedSerialExecutor()
-        execute { job.runSynchronously(on: executor) }
+        execute {
+            job.runSynchronously(isolatedTo: self.asUnownedSerialExecutor(),
+                                 taskExecutor: self.asUnownedTaskExecutor())
+        }
     }
 
-    /// This loop as an executor reference (identity equality: one loop, one executor).
+    /// The executor of actors pinned to this loop (identity equality: one loop, one executor).
+    /// For `EventLoop.main`, the main actor's executor (see above).
     public func asUnownedSerialExecutor() -> UnownedSerialExecutor {
-        UnownedSerialExecutor(ordinary: self)
+        if isMainLoop { return MainActor.sharedUnownedExecutor }
+        return actorExecutor.asUnownedSerialExecutor()
+    }
+
+    /// This loop as a task executor.
+    public func asUnownedTaskExecutor() -> UnownedTaskExecutor {
+        UnownedTaskExecutor(ordinary: self)
     }
 
     /// Stops the program with a clear message unless the caller is on this loop's thread
     /// (which, for a serial executor running one job at a time on one thread, is isolation).
-    /// Backs `assumeIsolated` and `preconditionIsolated` for actors pinned to this loop.
     public func checkIsolated() {
         precondition(isCurrent, "Mainspring: expected to run on the loop's thread (an actor pinned to this loop), but this is another thread")
     }
@@ -42,5 +74,33 @@ extension EventLoop: SerialExecutor {
     /// Whether the caller is on this loop's thread: never a false positive.
     public func isIsolatingCurrentContext() -> Bool? {
         isCurrent
+    }
+}
+
+/// The serial executor of the actors pinned to one loop. It is not the loop object itself
+/// because an executor has one `enqueue` for both of its roles, and the two roles need jobs run
+/// differently: an actor's job runs isolated to the loop *without* a task executor (so that the
+/// actor calls other actors of the same loop inline whatever the task's preference), a task's
+/// job runs isolated to the loop *with* the loop as its task executor.
+final class LoopActorExecutor: SerialExecutor, @unchecked Sendable {
+    /// Set once, right after the loop is initialised; the loop owns this object.
+    unowned(unsafe) var loop: EventLoop?
+
+    func enqueue(_ job: consuming ExecutorJob) {
+        let job = UnownedJob(job)
+        guard let loop else { return }
+        loop.execute { job.runSynchronously(on: self.asUnownedSerialExecutor()) }
+    }
+
+    func asUnownedSerialExecutor() -> UnownedSerialExecutor {
+        UnownedSerialExecutor(ordinary: self)
+    }
+
+    func checkIsolated() {
+        precondition(loop?.isCurrent == true, "Mainspring: expected to run on the loop's thread (an actor pinned to this loop), but this is another thread")
+    }
+
+    func isIsolatingCurrentContext() -> Bool? {
+        loop?.isCurrent ?? false
     }
 }

@@ -1,13 +1,30 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import Synchronization
 
-/// The loop side of a `Connection`.
+/// What a connection's `Connection` handles may read from any thread.
+final class ConnectionShared: Sendable {
+    /// Set once the connection has closed (any reason).
+    let isClosed = Atomic<Bool>(false)
+}
+
+/// The loop side of a `Connection`: the socket, its buffers, the callback handlers and the
+/// suspended tasks of the async API. Loop thread only.
+///
+/// ## Memory
+/// Nothing of the input outlives a read: lines are split where libevent keeps the input (its
+/// `evbuffer` chains, freed as they are drained), and byte chunks are copied into arrays of their
+/// exact size. Only the unfinished tail of a line is kept (at most `maxLineLength`). Output is
+/// coalesced in `pendingOutput` until the loop next polls; it and the queue of split lines give
+/// back their capacity after a burst (above `retainedCapacity`), so an idle connection holds no
+/// buffer of its own.
 final class ConnectionSource: Source {
     private var socket: BufferedSocket?
     private let target = Target()
     let remoteAddress: String
     let options: Connection.Options
+    let shared = ConnectionShared()
 
     /// Text written since the loop last polled, handed to libevent in one piece just before the
     /// next poll (libevent only writes while it polls, so nothing is delayed): a line protocol
@@ -19,8 +36,7 @@ final class ConnectionSource: Source {
     private var bytesHandler: ((Connection.Input) -> Void)?
     private var closeHandler: ((Connection.CloseReason) -> Void)?
     private var splitter: LineSplitter
-    private var buffer: [UInt8] = []
-    /// Lines split but not yet delivered (delivery stops while output is paused).
+    /// Lines split but not yet delivered or taken (delivery stops while output is paused).
     private var lineEvents: [LineEvent] = []
     private var nextLineEvent = 0
 
@@ -33,15 +49,56 @@ final class ConnectionSource: Source {
     private var closeReason: Connection.CloseReason?
     private var pendingEvent: SocketEvent = []
     private var pendingErrno: Int32 = 0
+    /// Whether the socket is established (an outgoing connect may still be in progress).
+    private var isConnected: Bool
 
-    /// Bytes taken from the input buffer per turn: bounds one callback's work.
+    // MARK: Suspended tasks (the async API)
+
+    /// The task waiting in `lines` or `bytes` for input (one consumer per connection).
+    private var lineWaiter: UnsafeContinuation<Result<LineEvent?, Connection.CloseReason>, Never>?
+    private var bytesWaiter: UnsafeContinuation<Result<[UInt8]?, Connection.CloseReason>, Never>?
+    /// Tasks waiting in `send` for the output to drain, in order, each with what it sends.
+    private var senders: [Sender] = []
+    private var firstSender = 0
+    /// Tasks awaiting `closed` or an async `close()`.
+    private var closeWaiters: [UnsafeContinuation<Connection.CloseReason, Never>] = []
+    /// The task awaiting an async `connect`.
+    private var connectWaiter: ((Result<Void, EventLoopError>) -> Void)?
+
+    private struct Sender {
+        let payload: Payload
+        let continuation: UnsafeContinuation<Result<Void, Connection.CloseReason>, Never>
+    }
+
+    /// What a `send` writes.
+    enum Payload {
+        case bytes([UInt8])
+        case text(String, newline: Bool)
+    }
+
+    /// The answer to a pull of the async consumer.
+    enum Pull<Element> {
+        case element(Element)
+        case end
+        case failed(Connection.CloseReason)
+        case wait
+    }
+
+    /// Bytes taken from the input per turn: bounds one callback's work.
     private static let chunk = 65_536
+    /// Bytes split per step for the async consumer: it waits for the first lines of a chunk,
+    /// not for the whole chunk, and the queue of split lines stays small.
+    private static let asyncSlice = 4_096
+    /// Capacity that buffers keep between bursts; above it they are released once empty.
+    private static let retainedCapacity = 4_096
+    private static let retainedLineEvents = 256
 
     init(loop: EventLoop, fd: Int32, peer: String, options: Connection.Options) throws(EventLoopError) {
         _ = ignoreSIGPIPE
         self.remoteAddress = peer
         self.options = options
         self.splitter = LineSplitter(maxLineLength: options.maxLineLength)
+        self.isConnected = true
         super.init(loop: loop, priority: .input, keepsLoopBusy: true)
         target.source = self
         do {
@@ -59,6 +116,7 @@ final class ConnectionSource: Source {
         self.remoteAddress = host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
         self.options = options
         self.splitter = LineSplitter(maxLineLength: options.maxLineLength)
+        self.isConnected = false
         super.init(loop: loop, priority: .input, keepsLoopBusy: true)
         target.source = self
         do {
@@ -72,7 +130,13 @@ final class ConnectionSource: Source {
 
     var bufferedOutputBytes: Int { (socket?.outputLength ?? 0) + pendingOutput.count }
 
-    // MARK: Reading
+    /// Async operations suspended on this connection (each is one task).
+    var suspendedTasks: Int {
+        (lineWaiter == nil ? 0 : 1) + (bytesWaiter == nil ? 0 : 1) + (senders.count - firstSender)
+            + closeWaiters.count + (connectWaiter == nil ? 0 : 1)
+    }
+
+    // MARK: Reading with callbacks
 
     func startReading(lines: ((LineEvent) -> Void)?, bytes: ((Connection.Input) -> Void)?) {
         guard !isClosed, !isClosing else { return }
@@ -86,22 +150,23 @@ final class ConnectionSource: Source {
 
     private func deliverInput() {
         guard isReading, !isPausedForOutput, let socket else { return }
+        if lineHandler == nil && bytesHandler == nil {
+            wakeAsyncReader()
+            return
+        }
         if nextLineEvent < lineEvents.count {
             deliverLines()
             if isClosed || isClosing || isPausedForOutput { return }
         }
-        if buffer.isEmpty { buffer = [UInt8](repeating: 0, count: Self.chunk) }
-        let n = socket.read(into: &buffer)
-        if n > 0 {
-            if let bytesHandler {
-                bytesHandler(.bytes(Array(buffer[0..<n])))
-            } else if lineHandler != nil {
-                splitter.append(buffer[0..<n]) { lineEvents.append($0) }
-                deliverLines()
-            }
+        if let bytesHandler {
+            let data = socket.readInput(upTo: Self.chunk)
+            if !data.isEmpty { bytesHandler(.bytes(data)) }
+        } else if lineHandler != nil {
+            _ = socket.splitInput(upTo: Self.chunk, into: &splitter) { lineEvents.append($0) }
+            deliverLines()
         }
         if isClosed || isClosing || isPausedForOutput { return }
-        if socket.inputLength > 0 {
+        if self.socket?.inputLength ?? 0 > 0 {
             loop.enqueueNextTurn(source: self)  // more buffered: continue next turn, after polling
         } else if peerEnded && !deliveredEndOfFile {
             deliveredEndOfFile = true
@@ -120,9 +185,96 @@ final class ConnectionSource: Source {
             nextLineEvent += 1
             handler(event)
         }
-        if nextLineEvent == lineEvents.count {
-            lineEvents.removeAll(keepingCapacity: true)
-            nextLineEvent = 0
+        if nextLineEvent == lineEvents.count { resetLineEvents() }
+    }
+
+    private func resetLineEvents() {
+        lineEvents.removeAll(keepingCapacity: lineEvents.capacity <= Self.retainedLineEvents)
+        nextLineEvent = 0
+    }
+
+    // MARK: Reading from a task
+
+    /// The async consumer starts: reading is enabled (it stops again while the consumer does
+    /// not take what was read, once libevent's input buffer is full).
+    func startAsyncReading() {
+        guard !isClosed, !isClosing else { return }
+        isReading = true
+        if !isPausedForOutput { socket?.enable(.read) }
+    }
+
+    /// The next line event for the task iterating `lines`, if one is ready or can be split from
+    /// the input now.
+    func pullLine() -> Pull<LineEvent> {
+        if let reason = closeReason { return reason == .closed ? .end : .failed(reason) }
+        if isClosing { return .end }
+        if nextLineEvent < lineEvents.count { return .element(takeLineEvent()) }
+        if deliveredEndOfFile { return .end }
+        guard !isPausedForOutput, let socket else { return .wait }
+        var split = 0
+        while lineEvents.isEmpty && split < Self.chunk {
+            let taken = socket.splitInput(upTo: Self.asyncSlice, into: &splitter) { lineEvents.append($0) }
+            if taken == 0 { break }
+            split += taken
+        }
+        if lineEvents.isEmpty && peerEnded && socket.inputLength == 0 {
+            deliveredEndOfFile = true
+            splitter.finish { lineEvents.append($0) }
+        }
+        if nextLineEvent < lineEvents.count { return .element(takeLineEvent()) }
+        // A chunk of one long line, with more to come: go on after the next poll.
+        if split >= Self.chunk { loop.enqueueNextTurn(source: self) }
+        return .wait
+    }
+
+    private func takeLineEvent() -> LineEvent {
+        let event = lineEvents[nextLineEvent]
+        nextLineEvent += 1
+        if nextLineEvent == lineEvents.count { resetLineEvents() }
+        return event
+    }
+
+    /// The next chunk for the task iterating `bytes`.
+    func pullBytes() -> Pull<[UInt8]> {
+        if let reason = closeReason { return reason == .closed ? .end : .failed(reason) }
+        if deliveredEndOfFile || isClosing { return .end }
+        guard !isPausedForOutput, let socket else { return .wait }
+        let data = socket.readInput(upTo: Self.chunk)
+        if !data.isEmpty { return .element(data) }
+        if peerEnded {
+            deliveredEndOfFile = true
+            return .end
+        }
+        return .wait
+    }
+
+    func parkLineConsumer(_ continuation: UnsafeContinuation<Result<LineEvent?, Connection.CloseReason>, Never>) {
+        precondition(lineWaiter == nil, "Mainspring: Connection.lines has one consumer at a time")
+        lineWaiter = continuation
+    }
+
+    func parkBytesConsumer(_ continuation: UnsafeContinuation<Result<[UInt8]?, Connection.CloseReason>, Never>) {
+        precondition(bytesWaiter == nil, "Mainspring: Connection.bytes has one consumer at a time")
+        bytesWaiter = continuation
+    }
+
+    /// Input arrived (or the peer ended, or output drained): resumes the waiting consumer if
+    /// there is something for it now.
+    private func wakeAsyncReader() {
+        if let waiter = lineWaiter {
+            switch pullLine() {
+            case .wait: return
+            case .element(let event): lineWaiter = nil; waiter.resume(returning: .success(event))
+            case .end: lineWaiter = nil; waiter.resume(returning: .success(nil))
+            case .failed(let reason): lineWaiter = nil; waiter.resume(returning: .failure(reason))
+            }
+        } else if let waiter = bytesWaiter {
+            switch pullBytes() {
+            case .wait: return
+            case .element(let data): bytesWaiter = nil; waiter.resume(returning: .success(data))
+            case .end: bytesWaiter = nil; waiter.resume(returning: .success(nil))
+            case .failed(let reason): bytesWaiter = nil; waiter.resume(returning: .failure(reason))
+            }
         }
     }
 
@@ -139,6 +291,45 @@ final class ConnectionSource: Source {
         pendingOutput.append(contentsOf: text.utf8)
         if newline { pendingOutput.append(0x0A) }
         scheduleFlush()
+    }
+
+    private func write(_ payload: Payload) {
+        switch payload {
+        case .bytes(let bytes): write(bytes)
+        case .text(let text, let newline): write(text: text, newline: newline)
+        }
+    }
+
+    /// An async `send`: written at once unless the output is over its limit (or other senders
+    /// wait already, which keeps them in order).
+    func trySend(_ payload: Payload) -> Pull<Void> {
+        if let reason = closeReason { return .failed(reason) }
+        if isClosing || socket == nil { return .failed(.closed) }
+        if isPausedForOutput || firstSender < senders.count { return .wait }
+        write(payload)
+        if let reason = closeReason { return .failed(reason) }
+        return .element(())
+    }
+
+    func parkSender(_ payload: Payload,
+                    _ continuation: UnsafeContinuation<Result<Void, Connection.CloseReason>, Never>)
+    {
+        senders.append(Sender(payload: payload, continuation: continuation))
+    }
+
+    /// Output drained below half the limit: the waiting senders write, in order, until the
+    /// output is over the limit again.
+    private func resumeSenders() {
+        while firstSender < senders.count, !isPausedForOutput, closeReason == nil, !isClosing {
+            let sender = senders[firstSender]
+            firstSender += 1
+            write(sender.payload)
+            sender.continuation.resume(returning: closeReason.map { .failure($0) } ?? .success(()))
+        }
+        if firstSender == senders.count {
+            senders.removeAll(keepingCapacity: senders.capacity <= 16)
+            firstSender = 0
+        }
     }
 
     /// Output is handed to libevent before the loop next polls, or at once past 64 KiB or past
@@ -165,11 +356,9 @@ final class ConnectionSource: Source {
             finish(.error(ENOMEM))
             return
         }
-        pendingOutput.removeAll(keepingCapacity: true)
+        pendingOutput.removeAll(keepingCapacity: pendingOutput.capacity <= Self.retainedCapacity)
         didWrite(socket)
     }
-
-
 
     private func didWrite(_ socket: BufferedSocket) {
         if !isPausedForOutput && socket.outputLength > options.outputLimit {
@@ -192,6 +381,7 @@ final class ConnectionSource: Source {
         isClosing = true
         isReading = false
         socket.disable(.read)
+        endAsyncOperationsForClosing()
         if socket.outputLength == 0 {
             finish(.closed)
         } else {
@@ -200,12 +390,70 @@ final class ConnectionSource: Source {
         }
     }
 
+    /// Closing: no more input for the consumer, no more output for the senders.
+    private func endAsyncOperationsForClosing() {
+        if let waiter = lineWaiter {
+            lineWaiter = nil
+            waiter.resume(returning: .success(nil))
+        }
+        if let waiter = bytesWaiter {
+            bytesWaiter = nil
+            waiter.resume(returning: .success(nil))
+        }
+        failSenders(.closed)
+    }
+
+    private func failSenders(_ reason: Connection.CloseReason) {
+        let waiting = senders[firstSender...]
+        senders = []
+        firstSender = 0
+        for sender in waiting { sender.continuation.resume(returning: .failure(reason)) }
+    }
+
     func setCloseHandler(_ handler: @escaping (Connection.CloseReason) -> Void) {
         if let closeReason {
             loop.execute { [handler = UncheckedHandler(handler)] in handler.call(closeReason) }
         } else {
             closeHandler = handler
         }
+    }
+
+    /// The reason, if closed already; otherwise `continuation` is resumed with it on close.
+    func awaitClose(_ continuation: UnsafeContinuation<Connection.CloseReason, Never>) {
+        if let closeReason {
+            continuation.resume(returning: closeReason)
+        } else {
+            closeWaiters.append(continuation)
+        }
+    }
+
+    /// `done` runs once an outgoing connection is established or has failed (it resumes a task).
+    func awaitConnect(_ done: @escaping (Result<Void, EventLoopError>) -> Void) {
+        if let closeReason {
+            done(.failure(connectFailure(closeReason)))
+        } else if isConnected {
+            done(.success(()))
+        } else {
+            connectWaiter = done
+        }
+    }
+
+    private func connectFailure(_ reason: Connection.CloseReason) -> EventLoopError {
+        if case .error(let code) = reason { return .system(function: "connect \(remoteAddress)", errno: code) }
+        return .loopClosed
+    }
+
+    /// A task using the connection was cancelled: the connection closes at once (output that was
+    /// not sent is dropped) and every suspended operation ends with `.cancelled`.
+    func cancel() {
+        finish(.cancelled)
+    }
+
+    /// The last `Connection` handle is gone: nobody can read, write or close it any more, so it
+    /// closes (gracefully) — unless a callback handler still holds on to it.
+    func handleReleased() {
+        guard !isClosed, lineHandler == nil, bytesHandler == nil, closeHandler == nil else { return }
+        closeGracefully()
     }
 
     // MARK: Events
@@ -226,10 +474,19 @@ final class ConnectionSource: Source {
             finish(.error(code == 0 ? ECONNRESET : code))
         } else if event.contains(.timeout) {
             finish(isClosing ? .closed : .idleTimeout)
-        } else if event.contains(.endOfFile) {
-            peerEnded = true
-            if isClosing { return }
-            deliverInput()
+        } else {
+            if event.contains(.connected) {
+                isConnected = true
+                if let waiter = connectWaiter {
+                    connectWaiter = nil
+                    waiter(.success(()))
+                }
+            }
+            if event.contains(.endOfFile) {
+                peerEnded = true
+                if isClosing { return }
+                deliverInput()
+            }
         }
     }
 
@@ -243,7 +500,8 @@ final class ConnectionSource: Source {
         if isPausedForOutput && socket.outputLength <= options.outputLimit / 2 {
             isPausedForOutput = false
             socket.setWriteLowWatermark(0)
-            if isReading {
+            resumeSenders()
+            if isReading && !isPausedForOutput && !isClosed {
                 socket.enable(.read)
                 deliverInput()
             }
@@ -254,7 +512,8 @@ final class ConnectionSource: Source {
     private func finish(_ reason: Connection.CloseReason) {
         guard closeReason == nil else { return }
         closeReason = reason
-        pendingOutput.removeAll()
+        shared.isClosed.store(true, ordering: .releasing)
+        pendingOutput = []
         socket = nil  // bufferevent_free closes the fd
         let handler = closeHandler
         closeHandler = nil
@@ -276,13 +535,34 @@ final class ConnectionSource: Source {
 
     override func didClose() {
         if closeReason == nil {
-            // Closed by the loop going away: no handler runs.
-            closeReason = .closed
+            // Closed by the loop going away: no handler runs; suspended tasks see `.cancelled`.
+            closeReason = .cancelled
             socket = nil
         }
+        shared.isClosed.store(true, ordering: .releasing)
         lineHandler = nil
         bytesHandler = nil
         closeHandler = nil
+        lineEvents = []
+        nextLineEvent = 0
+        pendingOutput = []
+        let reason = closeReason ?? .cancelled
+        if let waiter = lineWaiter {
+            lineWaiter = nil
+            waiter.resume(returning: reason == .closed ? .success(nil) : .failure(reason))
+        }
+        if let waiter = bytesWaiter {
+            bytesWaiter = nil
+            waiter.resume(returning: reason == .closed ? .success(nil) : .failure(reason))
+        }
+        failSenders(reason)
+        let closing = closeWaiters
+        closeWaiters = []
+        for waiter in closing { waiter.resume(returning: reason) }
+        if let waiter = connectWaiter {
+            connectWaiter = nil
+            waiter(.failure(connectFailure(reason)))
+        }
     }
 
     /// Receives libevent's callbacks and fires the source (no user code inside the poll).

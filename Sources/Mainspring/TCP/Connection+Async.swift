@@ -1,0 +1,291 @@
+/// The async side of `Connection`: input as async sequences, writes that wait for the peer,
+/// the close as something to await.
+///
+/// Every member here works from any task. It runs on the caller's executor (`nonisolated
+/// (nonsending)`), so from a task that prefers the connection's loop — or an actor pinned to
+/// it — it touches the connection directly: no hop, no lock; elsewhere it makes one round trip
+/// to the loop per call.
+///
+/// ## Errors and cancellation
+/// Operations interrupted by the connection closing throw its `CloseReason` (typed). Input
+/// sequences end normally (`nil`) at the end of input and after a local `close()`; they throw
+/// for the other reasons (`.idleTimeout`, `.error`, `.cancelled`).
+///
+/// Cancelling a task while it iterates `lines` or `bytes`, or sends, closes the connection at
+/// once — output not yet sent is dropped, its reason is `.cancelled`, every other operation
+/// suspended on it ends with `.cancelled` — and the cancelled operation throws `.cancelled`.
+/// Nothing stays registered: the socket is closed, the suspended tasks are resumed. (A
+/// connection is one conversation; a reader that stops half-way cannot leave it in a state
+/// anyone could resume.) Awaiting `closed` or `close()` is not affected by cancellation.
+extension Connection {
+    // MARK: Input
+
+    /// The peer's input as `LineEvent`s — the `readLines` rules (LF or CRLF, `.tooLong` for
+    /// lines over `Options.maxLineLength`, `.invalidUTF8`, NUL bytes kept, a final line without
+    /// newline) — ending after `.endOfFile`. Throws the close reason if the connection closes
+    /// otherwise (see the errors above).
+    ///
+    /// One consumer: the connection's input can be iterated once, and not together with
+    /// `readLines`/`readBytes` (a precondition failure says so). Reading pauses while lines are
+    /// waiting to be taken, so a slow consumer slows the peer down through TCP; at most libevent's
+    /// input buffer (256 KiB) and the lines of one 4 KiB slice are held meanwhile.
+    public var lines: Lines { Lines(connection: self) }
+
+    /// The peer's input as byte chunks of at most 64 KiB (each an array of its exact size),
+    /// ending at end of input. The same rules as `lines` for one consumer, pausing and errors.
+    public var bytes: Bytes { Bytes(connection: self) }
+
+    /// `Connection.lines`: an `AsyncSequence` of `LineEvent`s that throws `CloseReason`.
+    public struct Lines: AsyncSequence, Sendable {
+        public typealias Element = LineEvent
+        public typealias Failure = CloseReason
+        let connection: Connection
+
+        /// Claims the connection's input (precondition: the first and only consumer).
+        public func makeAsyncIterator() -> Iterator {
+            connection.claimInput(.lines, "Connection.lines")
+            return Iterator(connection: connection)
+        }
+
+        /// The iterator: use it from one task.
+        public struct Iterator: AsyncIteratorProtocol {
+            let connection: Connection
+            var isStarted = false
+
+            public mutating func next() async throws(CloseReason) -> LineEvent? {
+                try await next(isolation: nil)
+            }
+
+            public mutating func next(isolation actor: isolated (any Actor)?) async throws(CloseReason) -> LineEvent? {
+                let start = !isStarted
+                isStarted = true
+                return try await connection.nextLine(start: start, isolation: actor)
+            }
+        }
+    }
+
+    /// `Connection.bytes`: an `AsyncSequence` of byte chunks that throws `CloseReason`.
+    public struct Bytes: AsyncSequence, Sendable {
+        public typealias Element = [UInt8]
+        public typealias Failure = CloseReason
+        let connection: Connection
+
+        /// Claims the connection's input (precondition: the first and only consumer).
+        public func makeAsyncIterator() -> Iterator {
+            connection.claimInput(.bytes, "Connection.bytes")
+            return Iterator(connection: connection)
+        }
+
+        /// The iterator: use it from one task.
+        public struct Iterator: AsyncIteratorProtocol {
+            let connection: Connection
+            var isStarted = false
+
+            public mutating func next() async throws(CloseReason) -> [UInt8]? {
+                try await next(isolation: nil)
+            }
+
+            public mutating func next(isolation actor: isolated (any Actor)?) async throws(CloseReason) -> [UInt8]? {
+                let start = !isStarted
+                isStarted = true
+                return try await connection.nextChunk(start: start, isolation: actor)
+            }
+        }
+    }
+
+    // MARK: Output
+
+    /// Sends the UTF-8 bytes of `text`. Suspends while the connection's buffered output is over
+    /// `Options.outputLimit`, until it has drained to half of it; otherwise returns at once (the
+    /// bytes are queued, as with `write`, and go out when the loop next polls). Concurrent senders
+    /// are served in order, each `send` whole.
+    /// - Throws: the `CloseReason` if the connection is closed or closes meanwhile (`.closed`
+    ///   after a local `close()`); `.cancelled` if the task is cancelled while it waits (which
+    ///   closes the connection).
+    public nonisolated(nonsending) func send(_ text: String) async throws(CloseReason) {
+        try await send(.text(text, newline: false))
+    }
+
+    /// Sends the UTF-8 bytes of `text` and a `\n`: `send(_:)` for a line protocol's replies.
+    public nonisolated(nonsending) func send(line text: String) async throws(CloseReason) {
+        try await send(.text(text, newline: true))
+    }
+
+    /// Sends `bytes`; see `send(_: String)`.
+    public nonisolated(nonsending) func send(_ bytes: [UInt8]) async throws(CloseReason) {
+        try await send(.bytes(bytes))
+    }
+
+    // MARK: Closing
+
+    /// Why the connection closed, once it has: suspends until then. Any number of tasks may
+    /// await it; cancelling one does not end its wait (as with `Task.value`).
+    public var closed: CloseReason {
+        get async {
+            let connection = self
+            return await withUnsafeContinuation { continuation in
+                if connection.loop.isCurrent {
+                    connection.source.awaitClose(continuation)
+                } else {
+                    let source = UncheckedSource(connection.source)
+                    connection.loop.execute {
+                        source.value.awaitClose(continuation)
+                    } orElse: {
+                        continuation.resume(returning: .cancelled)  // the loop is gone
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stops reading, sends what is buffered (for at most `Options.closeTimeout`), closes the
+    /// socket, and returns once it is closed. Idempotent; any task. The reason is then in
+    /// `await closed` (`.closed`, unless something else closed it first).
+    public nonisolated(nonsending) func close() async {
+        if loop.isCurrent {
+            source.closeGracefully()
+        } else {
+            let source = UncheckedSource(source)
+            loop.execute { source.value.closeGracefully() } orElse: {}
+        }
+        _ = await closed
+    }
+
+    // MARK: Connecting
+
+    /// Connects to `host:port` (an IPv4 or IPv6 literal, or "localhost") from `loop`, and
+    /// returns once the connection is established. Any task.
+    /// - Throws: `EventLoopError.system` with the `errno` of a failed connect (`ECONNREFUSED`,
+    ///   …), `.invalidAddress`, `.loopClosed` if the loop shut down meanwhile.
+    public static func connect(to host: String, port: UInt16, on loop: EventLoop, options: Options = .init()) async
+        throws(EventLoopError) -> Connection
+    {
+        let made: Result<Connection, EventLoopError> = await withUnsafeContinuation { continuation in
+            let start: @Sendable () -> Void = {
+                do throws(EventLoopError) {
+                    let source = try ConnectionSource(loop: loop, connectingTo: host, port: port, options: options)
+                    let connection = Connection(source: source)
+                    source.awaitConnect { result in continuation.resume(returning: result.map { connection }) }
+                } catch {
+                    continuation.resume(returning: .failure(error))
+                }
+            }
+            if loop.claimThread() {
+                start()
+            } else {
+                loop.execute(start, orElse: { continuation.resume(returning: .failure(.loopClosed)) })
+            }
+        }
+        return try made.get()
+    }
+}
+
+// MARK: - The loop side of the calls
+
+extension Connection {
+    /// One `next()` of `lines`.
+    func nextLine(start: Bool, isolation: isolated (any Actor)?) async throws(CloseReason) -> LineEvent? {
+        if loop.isCurrent {
+            if start { source.startAsyncReading() }
+            switch source.pullLine() {
+            case .element(let event): return event
+            case .end: return nil
+            case .failed(let reason): throw reason
+            case .wait: break
+            }
+        }
+        let result: Result<LineEvent?, CloseReason> = await suspend(isolation: isolation) { source, continuation in
+            if start { source.startAsyncReading() }
+            switch source.pullLine() {
+            case .element(let event): continuation.resume(returning: .success(event))
+            case .end: continuation.resume(returning: .success(nil))
+            case .failed(let reason): continuation.resume(returning: .failure(reason))
+            case .wait: source.parkLineConsumer(continuation)
+            }
+        }
+        return try result.get()
+    }
+
+    /// One `next()` of `bytes`.
+    func nextChunk(start: Bool, isolation: isolated (any Actor)?) async throws(CloseReason) -> [UInt8]? {
+        if loop.isCurrent {
+            if start { source.startAsyncReading() }
+            switch source.pullBytes() {
+            case .element(let data): return data
+            case .end: return nil
+            case .failed(let reason): throw reason
+            case .wait: break
+            }
+        }
+        let result: Result<[UInt8]?, CloseReason> = await suspend(isolation: isolation) { source, continuation in
+            if start { source.startAsyncReading() }
+            switch source.pullBytes() {
+            case .element(let data): continuation.resume(returning: .success(data))
+            case .end: continuation.resume(returning: .success(nil))
+            case .failed(let reason): continuation.resume(returning: .failure(reason))
+            case .wait: source.parkBytesConsumer(continuation)
+            }
+        }
+        return try result.get()
+    }
+
+    /// One `send`.
+    nonisolated(nonsending) func send(_ payload: ConnectionSource.Payload) async throws(CloseReason) {
+        if loop.isCurrent {
+            switch source.trySend(payload) {
+            case .element: return
+            case .end: return
+            case .failed(let reason): throw reason
+            case .wait: break
+            }
+        }
+        let payload = UncheckedPayload(payload)
+        let result: Result<Void, CloseReason> = await suspend(isolation: #isolation) { source, continuation in
+            switch source.trySend(payload.value) {
+            case .element, .end: continuation.resume(returning: .success(()))
+            case .failed(let reason): continuation.resume(returning: .failure(reason))
+            case .wait: source.parkSender(payload.value, continuation)
+            }
+        }
+        try result.get()
+    }
+
+    /// Suspends the task until the loop resumes it: `body` runs on the loop's thread (at once
+    /// when the caller is there already) and either resumes the continuation or hands it to the
+    /// connection. Cancelling the task meanwhile closes the connection (`.cancelled`), which
+    /// resumes it. A task that was cancelled before it got here closes the connection and does
+    /// not suspend.
+    private func suspend<T: Sendable>(
+        isolation: isolated (any Actor)?,
+        _ body: @escaping @Sendable (ConnectionSource, UnsafeContinuation<Result<T, CloseReason>, Never>) -> Void
+    ) async -> Result<T, CloseReason> {
+        let source = UncheckedSource(source)
+        let loop = self.loop
+        if Task.isCancelled {
+            if loop.isCurrent { source.value.cancel() } else { loop.execute { source.value.cancel() } }
+            return .failure(.cancelled)
+        }
+        return await withTaskCancellationHandler(operation: {
+            await withUnsafeContinuation(isolation: isolation) { (continuation: UnsafeContinuation<Result<T, CloseReason>, Never>) in
+                if loop.isCurrent {
+                    body(source.value, continuation)
+                } else {
+                    loop.execute {
+                        body(source.value, continuation)
+                    } orElse: {
+                        continuation.resume(returning: .failure(.cancelled))  // the loop is gone
+                    }
+                }
+            }
+        }, onCancel: {
+            loop.execute { source.value.cancel() }
+        }, isolation: isolation)
+    }
+}
+
+/// A payload of `send` on its way to the loop (a `String` or an array: values, but the enum is
+/// not declared `Sendable` because it lives on the loop side).
+private struct UncheckedPayload: @unchecked Sendable {
+    let value: ConnectionSource.Payload
+    init(_ value: ConnectionSource.Payload) { self.value = value }
+}
