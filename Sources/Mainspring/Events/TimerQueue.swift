@@ -66,12 +66,8 @@ final class TimerQueue: NativeEventTarget {
     private var native: NativeEvent?
     /// The deadline libevent's timer is pending for, or nil when it is not pending.
     private var nativeDeadline: UInt64?
+    /// Whether the queue asked the loop to re-arm libevent's timer before the next poll.
     private var rearmIsQueued = false
-    /// The pre-poll action that re-arms libevent's timer after it fired (made once).
-    private lazy var rearm: () -> Void = { [unowned(unsafe) self] in
-        self.rearmIsQueued = false
-        self.updateNative()
-    }
 
     /// - Parameter loop: the loop that owns the queue (and outlives it).
     init(loop: EventLoop) {
@@ -120,7 +116,7 @@ final class TimerQueue: NativeEventTarget {
         }
         if !heap.isEmpty && !rearmIsQueued {
             rearmIsQueued = true
-            loop.beforeNextPoll(rearm)
+            loop.beforeNextPoll(self)
         }
     }
 
@@ -202,5 +198,13 @@ final class TimerQueue: NativeEventTarget {
             heap[index] = entry
             entry.source.heapIndex = index
         }
+    }
+}
+
+extension TimerQueue: PollPreparing {
+    /// Re-arms libevent's timer after it fired, before the loop polls again.
+    func prepareForPoll() {
+        rearmIsQueued = false
+        updateNative()
     }
 }

@@ -48,11 +48,12 @@ extension EventLoop {
         scheduler.enqueueNextTurn(ReadyRecord(work: work, stamp: 0, priority: priority))
     }
 
-    /// Runs `action` once on this loop just before it next polls — including a poll of a nested
-    /// spin. Loop thread only. For work that must be done before libevent next looks at the
-    /// sockets, such as handing it coalesced output.
-    func beforeNextPoll(_ action: @escaping () -> Void) {
-        prePollActions.append(action)
+    /// Calls `participant.prepareForPoll()` once on this loop just before it next polls —
+    /// including a poll of a nested spin. Loop thread only. For work that must be done before
+    /// libevent next looks at the sockets, such as handing it coalesced output. An object, not a
+    /// closure: registering costs no allocation.
+    func beforeNextPoll(_ participant: some PollPreparing) {
+        prePollParticipants.append(participant)
     }
 
     /// Queues a fired source (at most once: `Source.fire` guards it).
@@ -66,4 +67,10 @@ extension EventLoop {
     func enqueueNextTurn(source: Source) {
         scheduler.enqueueNextTurn(ReadyRecord(source: source, stamp: 0, priority: source.priority))
     }
+}
+
+/// Something the loop asks to prepare just before its next poll (see `beforeNextPoll`).
+protocol PollPreparing: AnyObject {
+    /// Called once per `beforeNextPoll`, on the loop's thread, before the loop polls.
+    func prepareForPoll()
 }

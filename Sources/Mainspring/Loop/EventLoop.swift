@@ -58,7 +58,10 @@ public final class EventLoop: @unchecked Sendable {
     private let timeoutTarget = NativeEventTarget()
     /// Run (once) just before the next poll: handing buffered output to libevent, which only
     /// writes while it polls. See `beforeNextPoll`.
-    @exclusivity(unchecked) var prePollActions: [() -> Void] = []
+    @exclusivity(unchecked) var prePollParticipants: [any PollPreparing] = []
+    /// The other half of a double buffer with `prePollParticipants`: the list being run, so that
+    /// participants added meanwhile go to the next poll and neither array ever reallocates.
+    @exclusivity(unchecked) private var preparingParticipants: [any PollPreparing] = []
     /// The stamp of sources fired during the current poll (0: not read yet).
     @exclusivity(unchecked) var pollStamp: UInt64 = 0
     /// How many `run`/`spin` calls are on the stack.
@@ -268,10 +271,10 @@ public final class EventLoop: @unchecked Sendable {
     }
 
     private func runPrePollActions() {
-        guard !prePollActions.isEmpty else { return }
-        let actions = prePollActions
-        prePollActions.removeAll(keepingCapacity: true)
-        for action in actions { action() }
+        guard !prePollParticipants.isEmpty else { return }
+        swap(&prePollParticipants, &preparingParticipants)
+        for participant in preparingParticipants { participant.prepareForPoll() }
+        preparingParticipants.removeAll(keepingCapacity: true)
     }
 
     // MARK: Sources

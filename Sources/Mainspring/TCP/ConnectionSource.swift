@@ -339,10 +339,7 @@ final class ConnectionSource: Source {
             flushPendingOutput()
         } else if !flushScheduled {
             flushScheduled = true
-            loop.beforeNextPoll { [weak self] in
-                self?.flushScheduled = false
-                self?.flushPendingOutput()
-            }
+            loop.beforeNextPoll(self)
         }
     }
 
@@ -584,4 +581,13 @@ private struct UncheckedHandler: @unchecked Sendable {
     let handler: (Connection.CloseReason) -> Void
     init(_ handler: @escaping (Connection.CloseReason) -> Void) { self.handler = handler }
     func call(_ reason: Connection.CloseReason) { handler(reason) }
+}
+
+extension ConnectionSource: PollPreparing {
+    /// Hands the output written since the last poll to libevent (which writes only while it
+    /// polls), in one piece.
+    func prepareForPoll() {
+        flushScheduled = false
+        flushPendingOutput()
+    }
 }
