@@ -30,7 +30,7 @@ private final class SimulatedLoop: @unchecked Sendable {
 
     func record(_ name: String, _ priority: Priority, cost: UInt64, then: (() -> Void)? = nil) -> ReadyRecord {
         let stamp = clock.now()
-        return ReadyRecord(work: { [unowned self] in
+        return ReadyRecord(loopWork: { [unowned self] in
             log.append((name, priority, clock.now(), stamp))
             clock.advance(cost)
             then?()

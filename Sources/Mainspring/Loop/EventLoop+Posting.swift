@@ -26,7 +26,7 @@ extension EventLoop {
         let stamp = scheduler.counters.collectsQueueWait ? clock.now() : 0
         // Moved into the queue inside the lock (no retain); if the loop is closed it is released
         // here, after the lock, so no deinit runs while the lock is held.
-        var item = Optional(RemoteItem(work: work, stamp: stamp))
+        var item = Optional(RemoteItem(work: consume work, stamp: stamp))
         let mustWake = remote.withLock { queue -> Bool in
             if queue.isClosed {
                 queue.droppedWhileClosed += 1
@@ -45,7 +45,7 @@ extension EventLoop {
     /// Queues `work` for the next turn: it becomes ready only after the loop has polled again.
     /// Loop thread only. This is how fed work yields to input.
     func executeNextTurn(priority: Priority, _ work: @escaping () -> Void) {
-        scheduler.enqueueNextTurn(ReadyRecord(work: work, stamp: 0, priority: priority))
+        scheduler.enqueueNextTurn(ReadyRecord(loopWork: work, stamp: 0, priority: priority))
     }
 
     /// Calls `participant.prepareForPoll()` once on this loop just before it next polls —

@@ -9,7 +9,11 @@ extension FastClock: SchedulerClock {}
 /// One unit of ready work: a posted closure or a fired source.
 struct ReadyRecord {
     enum Job {
-        case work(() -> Void)
+        /// Posted with `execute` (any thread). Kept `@Sendable`, as posted: converting the
+        /// closure's type would copy it.
+        case work(@Sendable () -> Void)
+        /// Queued on the loop's own thread for the next turn.
+        case loopWork(() -> Void)
         case source(Source)
         /// What a record holds once it ran.
         case done
@@ -22,8 +26,15 @@ struct ReadyRecord {
     var priority: Priority
 
     @inline(__always)
-    init(work: consuming @escaping () -> Void, stamp: UInt64, priority: Priority = .normal) {
+    init(work: consuming @escaping @Sendable () -> Void, stamp: UInt64, priority: Priority = .normal) {
         job = .work(work)
+        self.stamp = stamp
+        self.priority = priority
+    }
+
+    @inline(__always)
+    init(loopWork: consuming @escaping () -> Void, stamp: UInt64, priority: Priority) {
+        job = .loopWork(loopWork)
         self.stamp = stamp
         self.priority = priority
     }
@@ -49,6 +60,7 @@ struct ReadyRecord {
         swap(&job, &self.job)
         switch job {
         case .work(let work): work()
+        case .loopWork(let work): work()
         case .source(let source): source.run()
         case .done: break
         }
@@ -105,7 +117,7 @@ final class Scheduler {
     }
 
     let policy: Policy
-    @exclusivity(unchecked) private var local = PerPriority { _ in RingBuffer<ReadyRecord>() }
+    private let local = PerPriority { _ in RingBuffer<ReadyRecord>() }
     @exclusivity(unchecked) private var remote = PerPriority(repeating: RemoteBatch())
     /// Per priority: whether the next pick goes to the remote batch (round robin with local work).
     @exclusivity(unchecked) private var preferRemote = PerPriority(repeating: false)
@@ -133,7 +145,8 @@ final class Scheduler {
     /// Makes `record` ready at `priority`.
     @inline(__always)
     func enqueue(_ record: consuming ReadyRecord, _ priority: Priority) {
-        // (A switch rather than `local.update`: a consuming value cannot move into a closure.)
+        // (A switch on the stored rings, not `local[priority]`: the subscript returns the ring
+        // as a new reference, a retain/release pair per record.)
         switch priority {
         case .input: local.input.append(record)
         case .normal: local.normal.append(record)
@@ -288,7 +301,7 @@ final class Scheduler {
 
     /// The stamp of the oldest ready background record, local or remote.
     private var oldestBackgroundStamp: UInt64? {
-        switch (local.background.firstStamp, remote.background.firstStamp) {
+        switch (local.background.peekFirst { $0.stamp }, remote.background.firstStamp) {
         case let (local?, remote?): return min(local, remote)
         case let (local?, nil): return local
         case let (nil, remote?): return remote
@@ -302,7 +315,11 @@ final class Scheduler {
         let remoteIsEmpty = remote[priority].isEmpty
         if !local[priority].isEmpty && (remoteIsEmpty || !preferRemote[priority]) {
             preferRemote.update(priority) { $0 = true }
-            return local.update(priority) { $0.popFirst() }
+            switch priority {
+            case .input: return local.input.popFirst()
+            case .normal: return local.normal.popFirst()
+            case .background: return local.background.popFirst()
+            }
         }
         if !remoteIsEmpty {
             preferRemote.update(priority) { $0 = false }
