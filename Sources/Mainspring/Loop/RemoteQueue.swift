@@ -22,7 +22,12 @@ struct RemoteQueue {
 
     @inline(__always)
     mutating func append(_ item: consuming RemoteItem, _ priority: Priority) {
-        items[priority].append(item)
+        // (A switch, not `items[priority]`: the subscript's modify accessor is a call per post.)
+        switch priority {
+        case .input: items.input.append(item)
+        case .normal: items.normal.append(item)
+        case .background: items.background.append(item)
+        }
     }
 }
 
