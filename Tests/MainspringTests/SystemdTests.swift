@@ -261,6 +261,30 @@ struct AdoptedListenerTests {
         #expect(throws: POSIXError.self) { _ = try TestClient(port: port) }
     }
 
+    @Test("the async form: an adopted socket's connections are iterated with for try await")
+    func adoptsForAsyncIteration() async throws {
+        let (fd, port) = try plainListeningSocket()
+        let group = try EventLoopGroup(loopCount: 1)
+        let listener = try await Listener(adopting: fd, on: group.loops[0], group: group)
+        #expect(listener.port == port)
+        let reply = Task.detached { () -> String? in
+            let client = try? TestClient(port: port)
+            client?.send("async hello\n")
+            return client?.readLine()
+        }
+        for try await connection in listener.connections {
+            for try await event in connection.lines {
+                if case .line(let text) = event { try await connection.send(line: "echo: \(text)") }
+                break
+            }
+            await connection.close()
+            break
+        }
+        #expect(await reply.value == "echo: async hello")
+        await listener.close()
+        _ = await group.shutdown(gracePeriod: .seconds(2))
+    }
+
     @Test("a unix stream socket is adopted too; its address is its path")
     func adoptsUnixSocket() async throws {
         let path = "/tmp/mainspring-test-adopt-\(getpid()).sock"

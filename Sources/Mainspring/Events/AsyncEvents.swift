@@ -137,7 +137,7 @@ extension EventLoop {
     nonisolated(nonsending) func onLoop<T>(_ body: @escaping @Sendable () throws(EventLoopError) -> T) async
         throws(EventLoopError) -> T
     {
-        if claimThread() { return try body() }
+        if isCurrent { return try body() }
         let result: Result<UncheckedResult<T>, EventLoopError> = await withUnsafeContinuation { continuation in
             execute {
                 do throws(EventLoopError) {

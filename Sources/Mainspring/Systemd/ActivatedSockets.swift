@@ -144,4 +144,15 @@ extension Listener {
     {
         try self.init(adopting: socket.descriptor, on: loop, group: group, options: options, accept: accept)
     }
+
+    /// Accepts on a socket passed by socket activation, queueing the accepted connections for
+    /// `connections` (the async form of ``init(activatedSocket:on:group:options:accept:)``, whose
+    /// rules apply). Any task.
+    /// - Throws: `EventLoopError.notListeningSocket`, `.system`, `.libevent`, `.loopClosed`.
+    public convenience init(activatedSocket socket: ActivatedSockets.Socket, on loop: EventLoop,
+                            group: EventLoopGroup? = nil, options: Connection.Options = .init())
+        async throws(EventLoopError)
+    {
+        try await self.init(adopting: socket.descriptor, on: loop, group: group, options: options)
+    }
 }
