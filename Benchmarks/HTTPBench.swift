@@ -125,3 +125,64 @@ func findExecutable(_ name: String) -> String? {
     }
     return nil
 }
+
+// MARK: Counted runs (`mainspring-bench --counts http`)
+
+/// The request of the counted http runs: `GET /hello`, keep-alive, one at a time.
+private let helloRequest = "GET /hello HTTP/1.1\r\nHost: bench\r\n\r\n"
+private let helloWarmup = 200
+
+private func helloRequests(_ client: BenchClient, _ count: Int) throws {
+    for _ in 0..<count {
+        client.send(helloRequest)
+        guard readHTTPResponse(client) else { throw BenchError.usage("http counts: bad or no response") }
+    }
+}
+
+/// The server of the `http` scenario (one loop, the daemon's routes plus `/hello`), one
+/// keep-alive client: warm-up requests, then `items` requests while the loop spins inside the
+/// counted region (a nested spin in a posted closure: only the loop's thread is counted).
+func countedHTTPMainspring(_ items: Int, configuration: EventLoop.Configuration) throws -> [String: Double] {
+    let group = try EventLoopGroup(loopCount: 1, configuration: configuration)
+    let exporter = LoopMetricsExporter(group: group)
+    var routes = HTTPService.routes(group: group, exporter: exporter)
+    routes.get("/hello") { _ in .text("hello\n") }
+    let server = try HTTPServer(group: group, routes: routes)
+    defer {
+        server.close()
+        group.shutdown(gracePeriod: .seconds(5))
+    }
+    guard let client = BenchClient(port: server.port) else { throw BenchError.usage("http counts: no connection") }
+    try helloRequests(client, helloWarmup)
+    let loop = group.loops[0]
+    final class Flag: @unchecked Sendable { var done = false }
+    let flag = Flag()
+    let started = DispatchSemaphore(value: 0)
+    let finished = DispatchSemaphore(value: 0)
+    let polls = Guarded((before: 0, after: 0))
+    loop.execute {
+        polls.withLock { $0.before = loop.metrics.polls }
+        countedRegion {
+            started.signal()
+            loop.spin(until: { flag.done })
+        }
+        polls.withLock { $0.after = loop.metrics.polls }
+        finished.signal()
+    }
+    started.wait()
+    try helloRequests(client, items)
+    loop.execute { flag.done = true }
+    finished.wait()
+    return ["polls": Double(polls.withLock { $0.after - $0.before })]
+}
+
+/// The C evhttp server, one keep-alive client; its thread's whole dispatch is counted.
+func countedHTTPC(_ items: Int) throws -> [String: Double] {
+    var port: UInt16 = 0
+    let handle = ms_count_http_start(&port)
+    defer { ms_baseline_http_stop(handle) }
+    guard let client = BenchClient(port: port) else { throw BenchError.usage("http counts: no connection") }
+    try helloRequests(client, helloWarmup)
+    try helloRequests(client, items)
+    return [:]
+}
