@@ -22,6 +22,10 @@ final class EvhttpConnection {
     private var outputCallback: OpaquePointer?
     private var isDetached = false
     private var isFlushing = false
+    /// The kick is active (output waits for the next poll).
+    private var isKicked = false
+    /// The client's address, formatted at its first request.
+    private var peer: String?
     private(set) var isClosed = false
     /// Closed by the slow-request sweep (see EvhttpDeadlines.swift).
     var timedOut = false
@@ -29,8 +33,9 @@ final class EvhttpConnection {
     /// The request handed over and not yet finished.
     var current: EvhttpRequest?
 
-    /// The head guard: the current request head's bytes so far.
-    private(set) var head: RequestHeadScan
+    /// The head guard: the current request head's bytes so far. Loop thread only, and no scan
+    /// re-enters another: no dynamic exclusivity check per read.
+    @exclusivity(unchecked) private(set) var head: RequestHeadScan
     /// The next request's head went over the limit while this one was in flight.
     private var rejectPending = false
     /// When the guard's own answer was queued (0: never); the connection closes once it is out.
@@ -76,6 +81,20 @@ final class EvhttpConnection {
 
     var outputIsEmpty: Bool { bufferedOutputBytes == 0 }
 
+    /// `host:port` of the client (`[v6]:port` for IPv6), read from `request`'s evhttp connection
+    /// the first time and kept: it does not change for the life of the connection.
+    func peerAddress(of request: OpaquePointer) -> String {
+        if let peer { return peer }
+        guard let evcon = evhttp_request_get_connection(request) else { return "" }
+        var address: UnsafeMutablePointer<CChar>?
+        var port: UInt16 = 0
+        evhttp_connection_get_peer(evcon, &address, &port)
+        let host = address.map { String(cString: $0) } ?? ""
+        let formatted = host.utf8.contains(UInt8(ascii: ":")) ? "[\(host)]:\(port)" : "\(host):\(port)"
+        peer = formatted
+        return formatted
+    }
+
     // MARK: Output (inside libevent)
 
     /// The filter's output step: writes straight to the socket, and keeps what the kernel did
@@ -114,14 +133,32 @@ final class EvhttpConnection {
         if let writable { event_add(writable, nil) }
     }
 
+    /// Runs `body` (which adds output and then has it flushed with `flushNow`) without the
+    /// per-addition callback that nudges the output out on the next poll: evhttp adds a response
+    /// in several pieces (status line, each header field, body), each a callback otherwise.
+    func withOutputNudgesSuspended(_ body: () -> Void) {
+        guard !isClosed, let outputCallback, let filter, let output = bufferevent_get_output(filter) else {
+            body()
+            return
+        }
+        evbuffer_cb_clear_flags(output, outputCallback, UInt32(EVBUFFER_CB_ENABLED))
+        body()
+        // `body` may have closed the connection (freeing the buffer and the callback with it).
+        if !isClosed { evbuffer_cb_set_flags(output, outputCallback, UInt32(EVBUFFER_CB_ENABLED)) }
+    }
+
     /// Writes pending output now (a loop callback, after a whole response was handed over).
     func flushNow() {
         guard !isClosed, let kick else { return }
-        event_del(kick)
+        if isKicked {
+            isKicked = false
+            event_del(kick)
+        }
         flushOutput()
     }
 
     fileprivate func flushOutput() {
+        isKicked = false
         guard !isClosed, let filter else { return }
         isFlushing = true
         bufferevent_flush(filter, Int16(EV_WRITE), BEV_NORMAL)
@@ -129,11 +166,13 @@ final class EvhttpConnection {
     }
 
     fileprivate func nudge() {
-        if let kick { event_active(kick, Int32(EV_TIMEOUT), 1) }
+        guard !isKicked, let kick else { return }
+        isKicked = true
+        event_active(kick, Int32(EV_TIMEOUT), 1)
     }
 
     fileprivate func outputAdded(_ buffer: OpaquePointer) {
-        if let kick { event_active(kick, Int32(EV_TIMEOUT), 1) }
+        nudge()
         // Output with no request handed over is one of evhttp's own answers (400 for a
         // malformed request, 413 for a body over the limit): count it by its status.
         if current == nil && answeredAt == 0 {
@@ -227,11 +266,15 @@ final class EvhttpConnection {
 }
 
 // MARK: - Trampolines (inside libevent: record, hand off)
+//
+// The connection is retained by its filter's context until the filter is freed, and libevent
+// frees a bufferevent only once no callback of it runs: no retain is needed for these calls.
 
 private let inputFilterTrampoline: bufferevent_filter_cb = { source, destination, limit, _, context in
     guard let source, let destination, let context else { return BEV_ERROR }
-    return Unmanaged<EvhttpConnection>.fromOpaque(context).takeUnretainedValue()
-        .filterInput(source: source, destination: destination, limit: Int(limit))
+    return Unmanaged<EvhttpConnection>.fromOpaque(context)._withUnsafeGuaranteedRef {
+        $0.filterInput(source: source, destination: destination, limit: Int(limit))
+    }
 }
 
 /// The filter's context is the connection, retained once at creation: released here.
@@ -246,19 +289,19 @@ private let contextFreedTrampoline: @convention(c) (UnsafeMutableRawPointer?) ->
 private let outputAddedTrampoline: @convention(c) (OpaquePointer?, UnsafePointer<evbuffer_cb_info>?, UnsafeMutableRawPointer?) -> Void = { buffer, info, context in
     guard let buffer, let info, info.pointee.n_added > 0, info.pointee.orig_size == 0, let context else {
         if let info, info.pointee.n_added > 0, let context {
-            Unmanaged<EvhttpConnection>.fromOpaque(context).takeUnretainedValue().nudge()
+            Unmanaged<EvhttpConnection>.fromOpaque(context)._withUnsafeGuaranteedRef { $0.nudge() }
         }
         return
     }
-    Unmanaged<EvhttpConnection>.fromOpaque(context).takeUnretainedValue().outputAdded(buffer)
+    Unmanaged<EvhttpConnection>.fromOpaque(context)._withUnsafeGuaranteedRef { $0.outputAdded(buffer) }
 }
 
 private let outputFilterTrampoline: bufferevent_filter_cb = { source, _, _, _, context in
     guard let source, let context else { return BEV_ERROR }
-    return Unmanaged<EvhttpConnection>.fromOpaque(context).takeUnretainedValue().filterOutput(source: source)
+    return Unmanaged<EvhttpConnection>.fromOpaque(context)._withUnsafeGuaranteedRef { $0.filterOutput(source: source) }
 }
 
 private let kickTrampoline: @convention(c) (Int32, Int16, UnsafeMutableRawPointer?) -> Void = { _, _, context in
     guard let context else { return }
-    Unmanaged<EvhttpConnection>.fromOpaque(context).takeUnretainedValue().flushOutput()
+    Unmanaged<EvhttpConnection>.fromOpaque(context)._withUnsafeGuaranteedRef { $0.flushOutput() }
 }

@@ -61,15 +61,16 @@ final class EvhttpRequest {
     }
 
     /// The path, percent-decoded ("+" stays "+"), and the decoded query items.
-    var pathAndQuery: (path: String, rawPath: String, query: [(String, String)]) {
+    var pathAndQuery: (path: String, rawPath: String, query: [(name: String, value: String)]) {
         guard let raw, let uri = evhttp_request_get_evhttp_uri(raw) else { return ("/", "/", []) }
         let rawPath = evhttp_uri_get_path(uri).map { String(cString: $0) } ?? "/"
         var path = rawPath
-        if let decoded = evhttp_uridecode(rawPath, 0, nil) {
+        // Decoding only changes `%XX` sequences: a path without `%` is its own decoding.
+        if rawPath.utf8.contains(UInt8(ascii: "%")), let decoded = evhttp_uridecode(rawPath, 0, nil) {
             path = String(cString: decoded)
             Glibc.free(decoded)
         }
-        var items: [(String, String)] = []
+        var items: [(name: String, value: String)] = []
         if let query = evhttp_uri_get_query(uri) {
             let list = UnsafeMutablePointer<evkeyvalq>.allocate(capacity: 1)
             list.pointee.tqh_first = nil
@@ -81,13 +82,14 @@ final class EvhttpRequest {
         return (path.isEmpty ? "/" : path, rawPath, items)
     }
 
-    var headers: [(String, String)] {
+    /// The request's header fields, in order.
+    var headers: [(name: String, value: String)] {
         guard let raw, let list = evhttp_request_get_input_headers(raw) else { return [] }
         return Self.pairs(list)
     }
 
-    private static func pairs(_ list: UnsafeMutablePointer<evkeyvalq>) -> [(String, String)] {
-        var result: [(String, String)] = []
+    private static func pairs(_ list: UnsafeMutablePointer<evkeyvalq>) -> [(name: String, value: String)] {
+        var result: [(name: String, value: String)] = []
         var entry = list.pointee.tqh_first
         while let pair = entry {
             result.append((String(cString: pair.pointee.key), String(cString: pair.pointee.value)))
@@ -105,37 +107,34 @@ final class EvhttpRequest {
         }
     }
 
-    /// `host:port` of the client (`[v6]:port` for IPv6).
+    /// `host:port` of the client (`[v6]:port` for IPv6): the connection's, formatted once.
     var remoteAddress: String {
-        guard let raw, let evcon = evhttp_request_get_connection(raw) else { return "" }
-        var address: UnsafeMutablePointer<CChar>?
-        var port: UInt16 = 0
-        evhttp_connection_get_peer(evcon, &address, &port)
-        let host = address.map { String(cString: $0) } ?? ""
-        return host.utf8.contains(UInt8(ascii: ":")) ? "[\(host)]:\(port)" : "\(host):\(port)"
+        guard let raw else { return "" }
+        return connection.peerAddress(of: raw)
     }
 
     // MARK: Replying
 
-    private func addHeaders(_ headers: [(String, String)], to raw: OpaquePointer) {
-        guard let list = evhttp_request_get_output_headers(raw) else { return }
-        for (name, value) in headers {
-            // evhttp refuses values with CR or LF (header injection): such a header is dropped.
-            _ = evhttp_add_header(list, name, value)
-        }
+    /// Adds a header field to the response (before `sendReply` or `startChunked`). evhttp refuses
+    /// values with CR or LF (header injection): such a field is dropped.
+    func addResponseHeader(_ name: String, _ value: String) {
+        guard let raw, !connection.isClosed, let list = evhttp_request_get_output_headers(raw) else { return }
+        _ = name.withCString { name in value.withCString { value in evhttp_add_header(list, name, value) } }
     }
 
-    /// Sends a whole response and hands the request back. `body` is not sent for HEAD.
-    func sendReply(status: Int, reason: String, headers: [(String, String)], body: [UInt8]) {
+    /// Sends a whole response (with the header fields added before) and hands the request back.
+    /// `body` is not sent for HEAD.
+    func sendReply(status: Int, reason: String, body: [UInt8]) {
         guard let raw else { return }
         self.raw = nil
-        if !connection.isClosed {
-            addHeaders(headers, to: raw)
-            if !body.isEmpty, let output = evhttp_request_get_output_buffer(raw) {
-                body.withUnsafeBytes { _ = evbuffer_add(output, $0.baseAddress, $0.count) }
-            }
+        if !connection.isClosed, !body.isEmpty, let output = evhttp_request_get_output_buffer(raw) {
+            body.withUnsafeBytes { _ = evbuffer_add(output, $0.baseAddress, $0.count) }
         }
-        evhttp_send_reply(raw, Int32(status), reason, nil)
+        // The response is handed to the socket right after, so evhttp's additions to the
+        // connection's output need no nudge each.
+        connection.withOutputNudgesSuspended {
+            reason.withCString { evhttp_send_reply(raw, Int32(status), $0, nil) }
+        }
         // evhttp has set its "written" callback: hand the response to the socket now rather
         // than on the next poll (what follows — the request's completion, the next request on
         // the connection — only records and posts, as inside libevent).
@@ -143,10 +142,9 @@ final class EvhttpRequest {
     }
 
     /// Starts a chunked response (or, for HTTP/1.0 clients, one ended by closing).
-    func startChunked(status: Int, reason: String, headers: [(String, String)]) {
+    func startChunked(status: Int, reason: String) {
         guard let raw, !isChunked else { return }
         isChunked = true
-        if !connection.isClosed { addHeaders(headers, to: raw) }
         evhttp_send_reply_start(raw, Int32(status), reason)
     }
 
@@ -186,5 +184,6 @@ final class EvhttpRequest {
 
 private let chunkDrainedTrampoline: @convention(c) (OpaquePointer?, UnsafeMutableRawPointer?) -> Void = { _, argument in
     guard let argument else { return }
+    // Retained for the call: the waiters may release the last other reference to the request.
     Unmanaged<EvhttpRequest>.fromOpaque(argument).takeUnretainedValue().chunkDrained()
 }

@@ -58,8 +58,9 @@ final class EvhttpServer: @unchecked Sendable {
     let limits: EvhttpLimits
     weak var delegate: EvhttpServerDelegate?
     private var bound: OpaquePointer?
-    /// Open connections, by their filter bufferevent.
-    private(set) var connections: [OpaquePointer: EvhttpConnection] = [:]
+    /// Open connections, by their filter bufferevent. Loop thread only; every access is a
+    /// lookup or an update over before the next begins (no dynamic exclusivity check).
+    @exclusivity(unchecked) private(set) var connections: [OpaquePointer: EvhttpConnection] = [:]
     private var acceptedThisTurn = 0
     private var isPausedForBurst = false
     private var isPausedForLimit = false
@@ -226,7 +227,8 @@ final class EvhttpServer: @unchecked Sendable {
 
 private let requestTrampoline: @convention(c) (OpaquePointer?, UnsafeMutableRawPointer?) -> Void = { raw, argument in
     guard let raw, let argument else { return }
-    Unmanaged<EvhttpServer>.fromOpaque(argument).takeUnretainedValue().received(raw)
+    // The server outlives its evhttp, so no retain is needed for the call.
+    Unmanaged<EvhttpServer>.fromOpaque(argument)._withUnsafeGuaranteedRef { $0.received(raw) }
 }
 
 private let connectionTrampoline: @convention(c) (OpaquePointer?, UnsafeMutableRawPointer?) -> OpaquePointer? = { _, argument in
@@ -236,6 +238,7 @@ private let connectionTrampoline: @convention(c) (OpaquePointer?, UnsafeMutableR
 
 private let requestCompleteTrampoline: @convention(c) (OpaquePointer?, UnsafeMutableRawPointer?) -> Void = { _, argument in
     guard let argument else { return }
+    // Retained for the call: completing it drops the connection's reference, maybe the last.
     let request = Unmanaged<EvhttpRequest>.fromOpaque(argument).takeUnretainedValue()
     request.connection.server?.completed(request)
 }

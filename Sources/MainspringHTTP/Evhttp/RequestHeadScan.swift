@@ -13,8 +13,8 @@ struct RequestHeadScan {
     let maxHeaderBytes: Int
     /// Bytes of the head seen so far.
     private(set) var bytes = 0
-    /// Bytes of the current line, without CR and LF.
-    private var lineLength = 0
+    /// The current line has a byte other than CR so far.
+    private var lineHasContent = false
     /// The blank line that ends the head was seen.
     private(set) var isComplete = false
     /// When the head's first byte arrived (monotonic ns; 0 before).
@@ -27,7 +27,7 @@ struct RequestHeadScan {
     /// Starts over for the next request.
     mutating func reset() {
         bytes = 0
-        lineLength = 0
+        lineHasContent = false
         isComplete = false
         startedAt = 0
         bodyStartedAt = 0
@@ -39,6 +39,7 @@ struct RequestHeadScan {
         withUnsafeTemporaryAllocation(of: iovec.self, capacity: 8) { vectors in
             var offset = 0
             var position = evbuffer_ptr()
+            var now: UInt64 = 0
             while offset < count && !isComplete {
                 let filled: Int
                 if offset == 0 {
@@ -52,7 +53,7 @@ struct RequestHeadScan {
                     let vector = vectors[index]
                     guard let base = vector.iov_base else { continue }
                     let length = min(vector.iov_len, count - offset)
-                    if !scanBytes(UnsafeRawBufferPointer(start: base, count: length)) { return false }
+                    if !scanBytes(UnsafeRawBufferPointer(start: base, count: length), now: &now) { return false }
                     offset += length
                     if isComplete || offset >= count { break }
                 }
@@ -61,23 +62,44 @@ struct RequestHeadScan {
         }
     }
 
-    /// Advances the scan over `chunk`; false once the head is over the limit.
-    private mutating func scanBytes(_ chunk: UnsafeRawBufferPointer) -> Bool {
-        for byte in chunk {
-            if bytes == 0 { startedAt = monotonicNow() }
-            bytes += 1
-            if byte == 0x0A {
-                if lineLength == 0 {
-                    isComplete = true
-                    bodyStartedAt = monotonicNow()
-                    return bytes <= maxHeaderBytes
-                }
-                lineLength = 0
-            } else if byte != 0x0D {
-                lineLength += 1
+    /// Advances the scan over `chunk`, a line at a time (`memchr` finds the line ends); false once
+    /// the head is over the limit. `now` is read at most once per scan, when first needed.
+    private mutating func scanBytes(_ chunk: UnsafeRawBufferPointer, now: inout UInt64) -> Bool {
+        guard let base = chunk.baseAddress, chunk.count > 0 else { return true }
+        if bytes == 0 { startedAt = Self.read(&now) }
+        var offset = 0
+        while offset < chunk.count {
+            let remaining = chunk.count - offset
+            guard let found = memchr(base + offset, 0x0A, remaining) else {
+                // No line end: the rest is part of the current line.
+                if !lineHasContent { lineHasContent = Self.hasContent(base + offset, remaining) }
+                bytes += remaining
+                return bytes <= maxHeaderBytes
+            }
+            let lineEnd = UnsafeRawPointer(found) - base
+            let segment = lineEnd - offset
+            let hasContent = lineHasContent || Self.hasContent(base + offset, segment)
+            bytes += segment + 1
+            if !hasContent {
+                // A line of nothing but CR and LF: the head is complete.
+                isComplete = true
+                bodyStartedAt = Self.read(&now)
+                return bytes <= maxHeaderBytes
             }
             if bytes > maxHeaderBytes { return false }
+            lineHasContent = false
+            offset = lineEnd + 1
         }
         return true
+    }
+
+    /// Whether any of the `count` bytes at `start` is not a CR.
+    private static func hasContent(_ start: UnsafeRawPointer, _ count: Int) -> Bool {
+        UnsafeRawBufferPointer(start: start, count: count).contains { $0 != 0x0D }
+    }
+
+    private static func read(_ now: inout UInt64) -> UInt64 {
+        if now == 0 { now = monotonicNow() }
+        return now
     }
 }
