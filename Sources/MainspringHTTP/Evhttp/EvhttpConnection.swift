@@ -11,7 +11,11 @@ import Glibc
 
 /// One accepted connection: its bufferevents, and where its current request head stands.
 final class EvhttpConnection {
-    private(set) weak var server: EvhttpServer?
+    /// The server that accepted it. Not weak (a weak reference would put every retain of the
+    /// server on its slow path): the connection reaches its server only from callbacks of its
+    /// own bufferevents and of evhttp, which exist only while the server does. The server detaches
+    /// every connection before it frees evhttp, and a detached connection does not call it.
+    unowned let server: EvhttpServer
     private(set) var filter: OpaquePointer?
     private let underlying: OpaquePointer
     private var kick: OpaquePointer?
@@ -180,7 +184,7 @@ final class EvhttpConnection {
             if evbuffer_copyout(buffer, &head, 12) == 12, head.starts(with: Array("HTTP/1.".utf8)),
                let status = Int(String(decoding: head[9..<12], as: UTF8.self)), status >= 200
             {
-                server?.guardAnswered(status: status)
+                server.guardAnswered(status: status)
             }
         }
     }
@@ -224,7 +228,7 @@ final class EvhttpConnection {
             + "Content-Length: \(body.utf8.count)\r\nConnection: close\r\n\r\n" + body
         var bytes = Array(text.utf8)
         bytes.withUnsafeMutableBytes { _ = bufferevent_write(underlying, $0.baseAddress, $0.count) }
-        server?.guardAnswered(status: 431)
+        server.guardAnswered(status: 431)
     }
 
     /// evhttp read `request` in full (inside libevent).
@@ -258,7 +262,7 @@ final class EvhttpConnection {
         writable = nil
         if let outputCallback, let filter { evbuffer_remove_cb_entry(bufferevent_get_output(filter), outputCallback) }
         outputCallback = nil
-        if !isDetached { server?.connectionClosed(self) }
+        if !isDetached { server.connectionClosed(self) }
     }
 
     /// evhttp is being freed with this connection open: its own close report is not needed.

@@ -171,8 +171,9 @@ final class EvhttpServer: @unchecked Sendable {
             isPausedForLimit = true
         } else if !isPausedForBurst {
             isPausedForBurst = true
-            loop.execute(priority: .input) { [weak self] in
-                guard let self else { return }
+            // A strong capture (a weak one would put every retain of the server on its slow
+            // path): after `free()` the listener is gone and resuming does nothing.
+            loop.execute(priority: .input) { [self] in
                 self.isPausedForBurst = false
                 self.acceptedThisTurn = 0
                 self.resumeListenerIfAllowed()
@@ -240,5 +241,5 @@ private let requestCompleteTrampoline: @convention(c) (OpaquePointer?, UnsafeMut
     guard let argument else { return }
     // Retained for the call: completing it drops the connection's reference, maybe the last.
     let request = Unmanaged<EvhttpRequest>.fromOpaque(argument).takeUnretainedValue()
-    request.connection.server?.completed(request)
+    request.connection.server.completed(request)
 }
