@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 struct http_baseline {
@@ -120,6 +121,14 @@ void *ms_baseline_http_start(uint16_t *port) {
 
 void *ms_count_http_start(uint16_t *port) {
     return http_start(port, 1);
+}
+
+uint64_t ms_baseline_http_cpu_ns(void *handle) {
+    struct http_baseline *server = handle;
+    clockid_t clock;
+    struct timespec now;
+    if (pthread_getcpuclockid(server->thread, &clock) != 0 || clock_gettime(clock, &now) != 0) return 0;
+    return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
 }
 
 void ms_baseline_http_stop(void *handle) {
