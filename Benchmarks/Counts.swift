@@ -89,6 +89,7 @@ private let countedScenarios: [(name: String, item: String)] = [
     ("post-local", "one closure posted on the loop's own thread and run (a chain: each item posts the next)"),
     ("post-remote", "one closure posted from another thread and run (the producer posts all before the loop drains; -interleaved: both at once)"),
     ("daemon", "one `ECHO` request read, parsed and answered over loopback TCP (one client, one request at a time)"),
+    ("http", "one keep-alive `GET /hello` read, routed and answered over loopback TCP (one client, one request at a time)"),
     ("feeder", "one chunk of a `Feeder.feed(chunks:)` job (the chunk adds its index to a sum; no C baseline)"),
 ]
 
@@ -132,6 +133,13 @@ private let countedVariants: [CountedVariant] = [
     },
     CountedVariant(scenario: "daemon", variant: "libevent-c", small: 1_000, large: 4_000) { items in
         try countedEchoC(items)
+    },
+    // http: the server of the `http` scenario vs the C evhttp server (HTTPBench.swift).
+    CountedVariant(scenario: "http", variant: "mainspring", small: 1_000, large: 4_000) { items in
+        try countedHTTPMainspring(items, configuration: countsConfiguration)
+    },
+    CountedVariant(scenario: "http", variant: "libevent-c", small: 1_000, large: 4_000) { items in
+        try countedHTTPC(items)
     },
     // feeder: a chunk within a turn (a budget that never runs out) and a turn per chunk.
     CountedVariant(scenario: "feeder", variant: "budget", small: 20_000, large: 70_000) { items in
@@ -342,10 +350,40 @@ private struct CallgrindCounts {
                 summary = Double(line.dropFirst(8).split(separator: " ").first ?? "")
             }
         }
-        guard let instructions = totals ?? summary, instructions > 0 else {
+        self.instructions = totals ?? summary ?? 0
+    }
+
+    /// The counts of one run written with `--separate-threads=yes` (`file-01`, `file-02`, … one
+    /// per thread), added up. Per thread, because callgrind keeps one call graph for all threads
+    /// otherwise: a call edge that a counted thread created is incremented by the same call on
+    /// an uncounted thread too (cost 0, but a call), so a client thread's allocations would show
+    /// up as the server's.
+    init(threadFilesOf file: String) throws {
+        let directory = (file as NSString).deletingLastPathComponent
+        let prefix = (file as NSString).lastPathComponent
+        let names = try FileManager.default.contentsOfDirectory(atPath: directory)
+            .filter { $0 == prefix || $0.hasPrefix(prefix + "-") }
+            .sorted()
+        for name in names {
+            let part = try CallgrindCounts(file: directory + "/" + name)
+            guard part.instructions > 0 else { continue }
+            instructions += part.instructions
+            for (function, cost) in part.ownInstructions { ownInstructions[function, default: 0] += cost }
+            for (callee, callers) in part.edges {
+                for (caller, count) in callers { edges[callee, default: [:]][caller, default: 0] += count }
+            }
+            for (callee, callers) in part.edgeInstructions {
+                for (caller, cost) in callers { edgeInstructions[callee, default: [:]][caller, default: 0] += cost }
+            }
+            for (callee, callers) in part.sites {
+                for (caller, bySite) in callers {
+                    for (site, count) in bySite { sites[callee, default: [:]][caller, default: [:]][site, default: 0] += count }
+                }
+            }
+        }
+        guard instructions > 0 else {
             throw BenchError.usage("\(file): nothing counted (no totals, or ms_counted_region never ran)")
         }
-        self.instructions = instructions
     }
 
     /// Calls to `names`, except those made by one of the `Counted` functions themselves (the
@@ -388,7 +426,7 @@ private let alwaysReported: Set<String> = ["instructions", "swift_retain", "swif
 
 /// The valgrind options of every counted run.
 private let callgrindOptions = ["--tool=callgrind", "--collect-atstart=no", "--toggle-collect=ms_counted_region",
-                                "--dump-instr=no", "--dump-line=yes", "--compress-strings=no", "--compress-pos=no"]
+                                "--separate-threads=yes", "--dump-instr=no", "--dump-line=yes", "--compress-strings=no", "--compress-pos=no"]
 
 /// Runs one child under callgrind and parses its output.
 private func callgrind(_ variant: CountedVariant, items: Int, directory: String, tag: String) throws
@@ -406,7 +444,7 @@ private func callgrind(_ variant: CountedVariant, items: Int, directory: String,
         throw BenchError.childFailed("valgrind … --child counts \(variant.scenario) \(variant.variant) \(items) (see \(logFile))",
                                      status)
     }
-    return (try CallgrindCounts(file: outFile), object.compactMapValues { $0 as? Double })
+    return (try CallgrindCounts(threadFilesOf: outFile), object.compactMapValues { $0 as? Double })
 }
 
 /// One pair of runs (N1, N2) of a variant: the per-item figures, and the two profiles.

@@ -26,7 +26,9 @@ let httpScenario = Scenario(
             var routes = HTTPService.routes(group: group, exporter: exporter)
             routes.get("/hello") { _ in .text("hello\n") }
             let server = try! HTTPServer(group: group, routes: routes)
-            let figures = measure(wrk: wrk, port: server.port, seconds: seconds, workChunks: workChunks)
+            let loop = group.loops[0]
+            let figures = measure(wrk: wrk, port: server.port, seconds: seconds, workChunks: workChunks,
+                                  serverCPU: { threadCPUNanoseconds(of: loop) })
             server.close()
             group.shutdown(gracePeriod: .seconds(2))
             return figures
@@ -34,7 +36,8 @@ let httpScenario = Scenario(
         samples.add("libevent-c", {
             var port: UInt16 = 0
             let handle = ms_baseline_http_start(&port)
-            let figures = measure(wrk: wrk, port: port, seconds: seconds, workChunks: workChunks)
+            let figures = measure(wrk: wrk, port: port, seconds: seconds, workChunks: workChunks,
+                                  serverCPU: { ms_baseline_http_cpu_ns(handle) })
             ms_baseline_http_stop(handle)
             return figures
         }())
@@ -42,8 +45,12 @@ let httpScenario = Scenario(
     return samples.records(scenario: "http")
 }
 
-private func measure(wrk: String, port: UInt16, seconds: Int, workChunks: Int) -> [(String, Double)] {
+private func measure(wrk: String, port: UInt16, seconds: Int, workChunks: Int, serverCPU: () -> UInt64)
+    -> [(String, Double)]
+{
+    let cpuBefore = serverCPU()
     let hello = runWrk(wrk, ["-t2", "-c32", "-d\(seconds)s", "--latency", "http://127.0.0.1:\(port)/hello"])
+    let cpuPerRequest = Double(serverCPU() &- cpuBefore) / 1_000 / hello.requests
     let stop = Guarded(false)
     let worker = Thread {
         while !stop.withLock({ $0 }) {
@@ -59,7 +66,22 @@ private func measure(wrk: String, port: UInt16, seconds: Int, workChunks: Int) -
     let busy = runWrk(wrk, ["-t1", "-c4", "-d\(seconds)s", "--latency", "http://127.0.0.1:\(port)/healthz"])
     stop.withLock { $0 = true }
     usleep(200_000)
-    return [("requests_per_s", hello.rate), ("p99_ms", hello.p99), ("busy_health_p99_ms", busy.p99)]
+    return [("requests_per_s", hello.rate), ("p99_ms", hello.p99), ("cpu_us_per_request", cpuPerRequest),
+            ("busy_health_p99_ms", busy.p99)]
+}
+
+/// CPU time (user and system, ns) `loop`'s thread has used so far, read on that thread.
+private func threadCPUNanoseconds(of loop: EventLoop) -> UInt64 {
+    let result = Guarded<UInt64>(0)
+    let done = DispatchSemaphore(value: 0)
+    loop.execute(priority: .input) {
+        var now = timespec()
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now)
+        result.withLock { $0 = UInt64(now.tv_sec) * 1_000_000_000 + UInt64(now.tv_nsec) }
+        done.signal()
+    }
+    done.wait()
+    return result.withLock { $0 }
 }
 
 /// Reads one response (sized or chunked) from a blocking client; false on error or EOF.
@@ -88,9 +110,11 @@ private func readHTTPResponse(_ client: BenchClient) -> Bool {
 private struct WrkResult {
     var rate = Double.nan
     var p99 = Double.nan
+    /// Requests completed in all (`N requests in …`).
+    var requests = Double.nan
 }
 
-/// Runs wrk and reads `Requests/sec` and the 99% latency (converted to ms).
+/// Runs wrk and reads `Requests/sec`, the requests completed and the 99% latency (in ms).
 private func runWrk(_ path: String, _ arguments: [String]) -> WrkResult {
     let process = Process()
     process.executableURL = URL(fileURLWithPath: path)
@@ -106,6 +130,7 @@ private func runWrk(_ path: String, _ arguments: [String]) -> WrkResult {
         let fields = line.split(separator: " ", omittingEmptySubsequences: true)
         if fields.first == "Requests/sec:", fields.count > 1 { result.rate = Double(fields[1]) ?? .nan }
         if fields.first == "99%", fields.count > 1 { result.p99 = milliseconds(String(fields[1])) }
+        if fields.count > 2, fields[1] == "requests", fields[2] == "in" { result.requests = Double(fields[0]) ?? .nan }
     }
     return result
 }
@@ -124,4 +149,65 @@ func findExecutable(_ name: String) -> String? {
         if FileManager.default.isExecutableFile(atPath: candidate) { return candidate }
     }
     return nil
+}
+
+// MARK: Counted runs (`mainspring-bench --counts http`)
+
+/// The request of the counted http runs: `GET /hello`, keep-alive, one at a time.
+private let helloRequest = "GET /hello HTTP/1.1\r\nHost: bench\r\n\r\n"
+private let helloWarmup = 200
+
+private func helloRequests(_ client: BenchClient, _ count: Int) throws {
+    for _ in 0..<count {
+        client.send(helloRequest)
+        guard readHTTPResponse(client) else { throw BenchError.usage("http counts: bad or no response") }
+    }
+}
+
+/// The server of the `http` scenario (one loop, the daemon's routes plus `/hello`), one
+/// keep-alive client: warm-up requests, then `items` requests while the loop spins inside the
+/// counted region (a nested spin in a posted closure: only the loop's thread is counted).
+func countedHTTPMainspring(_ items: Int, configuration: EventLoop.Configuration) throws -> [String: Double] {
+    let group = try EventLoopGroup(loopCount: 1, configuration: configuration)
+    let exporter = LoopMetricsExporter(group: group)
+    var routes = HTTPService.routes(group: group, exporter: exporter)
+    routes.get("/hello") { _ in .text("hello\n") }
+    let server = try HTTPServer(group: group, routes: routes)
+    defer {
+        server.close()
+        group.shutdown(gracePeriod: .seconds(5))
+    }
+    guard let client = BenchClient(port: server.port) else { throw BenchError.usage("http counts: no connection") }
+    try helloRequests(client, helloWarmup)
+    let loop = group.loops[0]
+    final class Flag: @unchecked Sendable { var done = false }
+    let flag = Flag()
+    let started = DispatchSemaphore(value: 0)
+    let finished = DispatchSemaphore(value: 0)
+    let polls = Guarded((before: 0, after: 0))
+    loop.execute {
+        polls.withLock { $0.before = loop.metrics.polls }
+        countedRegion {
+            started.signal()
+            loop.spin(until: { flag.done })
+        }
+        polls.withLock { $0.after = loop.metrics.polls }
+        finished.signal()
+    }
+    started.wait()
+    try helloRequests(client, items)
+    loop.execute { flag.done = true }
+    finished.wait()
+    return ["polls": Double(polls.withLock { $0.after - $0.before })]
+}
+
+/// The C evhttp server, one keep-alive client; its thread's whole dispatch is counted.
+func countedHTTPC(_ items: Int) throws -> [String: Double] {
+    var port: UInt16 = 0
+    let handle = ms_count_http_start(&port)
+    defer { ms_baseline_http_stop(handle) }
+    guard let client = BenchClient(port: port) else { throw BenchError.usage("http counts: no connection") }
+    try helloRequests(client, helloWarmup)
+    try helloRequests(client, items)
+    return [:]
 }

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 struct http_baseline {
@@ -82,7 +83,16 @@ static void *http_thread(void *ctx) {
     return NULL;
 }
 
-void *ms_baseline_http_start(uint16_t *port) {
+static void dispatch_http_base(void *base) {
+    event_base_dispatch(base);
+}
+
+static void *counted_http_thread(void *ctx) {
+    ms_counted_region(dispatch_http_base, ((struct http_baseline *)ctx)->base);
+    return NULL;
+}
+
+static void *http_start(uint16_t *port, int counted) {
     struct http_baseline *server = calloc(1, sizeof *server);
     struct event_config *cfg = event_config_new();
     event_config_set_flag(cfg, EVENT_BASE_FLAG_NOLOCK | EVENT_BASE_FLAG_PRECISE_TIMER);
@@ -101,8 +111,24 @@ void *ms_baseline_http_start(uint16_t *port) {
     if (pipe(server->stop_pipe) != 0) abort();
     server->stop_event = event_new(server->base, server->stop_pipe[0], EV_READ, stop_cb, server);
     event_add(server->stop_event, NULL);
-    pthread_create(&server->thread, NULL, http_thread, server);
+    pthread_create(&server->thread, NULL, counted ? counted_http_thread : http_thread, server);
     return server;
+}
+
+void *ms_baseline_http_start(uint16_t *port) {
+    return http_start(port, 0);
+}
+
+void *ms_count_http_start(uint16_t *port) {
+    return http_start(port, 1);
+}
+
+uint64_t ms_baseline_http_cpu_ns(void *handle) {
+    struct http_baseline *server = handle;
+    clockid_t clock;
+    struct timespec now;
+    if (pthread_getcpuclockid(server->thread, &clock) != 0 || clock_gettime(clock, &now) != 0) return 0;
+    return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
 }
 
 void ms_baseline_http_stop(void *handle) {

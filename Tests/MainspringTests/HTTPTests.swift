@@ -164,6 +164,47 @@ struct HTTPTests {
         #expect(later.stdout == "later from loopback\n")
     }
 
+    @Test("the head guard: a head in pieces (CR and LF apart) is served, one at the limit too; one byte over is 431, also pipelined")
+    func headGuardBoundaries() async throws {
+        let limit = 256
+        let server = try TestServer(loops: 1, configuration: .init(maxHeaderBytes: limit))
+        defer { server.stop() }
+        /// A request head of exactly `size` bytes (padded in an `X-Pad` field).
+        func head(size: Int, close: Bool = true) -> String {
+            let start = "GET /hello HTTP/1.1\r\nHost: t\r\n" + (close ? "Connection: close\r\n" : "") + "X-Pad: "
+            return start + String(repeating: "p", count: size - start.utf8.count - 4) + "\r\n\r\n"
+        }
+        #expect(head(size: limit).utf8.count == limit)
+        // In pieces, a pause between them so that the server reads each on its own: lines split
+        // in the middle, a CR and its LF apart, the blank line's CR and LF apart. At the limit
+        // that is served; one byte over, 431 (the guard carried its count across the pieces).
+        func inPieces(_ whole: String) async throws -> String {
+            let client = try TestClient(port: server.port)
+            let length = whole.utf8.count
+            var previous = whole.startIndex
+            for cut in [3, 19, 20, 34, 60, length - 3, length - 2, length - 1, length] {
+                let index = whole.utf8.index(whole.startIndex, offsetBy: cut)
+                client.send(String(whole[previous..<index]))
+                previous = index
+                try await Task.sleep(for: .milliseconds(15))
+            }
+            return client.readToEnd()
+        }
+        let piecewise = try await inPieces(head(size: limit))
+        #expect(piecewise.hasPrefix("HTTP/1.1 200"), "\(piecewise)")
+        #expect(piecewise.hasSuffix("hello\n"))
+        let piecewiseOver = try await inPieces(head(size: limit + 1))
+        #expect(piecewiseOver.hasPrefix("HTTP/1.1 431"), "\(piecewiseOver)")
+        let atLimit = try rawExchange(port: server.port, head(size: limit))
+        #expect(atLimit.hasPrefix("HTTP/1.1 200"), "\(atLimit)")
+        let over = try rawExchange(port: server.port, head(size: limit + 1))
+        #expect(over.hasPrefix("HTTP/1.1 431"), "\(over)")
+        // A second request over the limit behind one in flight: the first is answered, then 431.
+        let pipelined = try rawExchange(port: server.port, head(size: 100, close: false) + head(size: limit + 40))
+        #expect(pipelined.hasPrefix("HTTP/1.1 200"), "\(pipelined)")
+        #expect(pipelined.contains("hello\nHTTP/1.1 431"), "\(pipelined)")
+    }
+
     @Test("slow clients: a trickled head and an unfinished body are closed after their timeouts; others are served meanwhile")
     func slowClients() async throws {
         let server = try TestServer(configuration: .init(headerTimeout: .milliseconds(600), bodyTimeout: .milliseconds(600)))

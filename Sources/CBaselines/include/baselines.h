@@ -62,8 +62,17 @@ void *ms_count_echo_start(uint16_t *port);
 /// `ms_baseline_http_stop`.
 void *ms_baseline_http_start(uint16_t *port);
 
-/// Stops the server started by `ms_baseline_http_start` and waits for its thread.
+/// Stops the server started by `ms_baseline_http_start` (or `ms_count_http_start`) and waits
+/// for its thread.
 void ms_baseline_http_stop(void *handle);
+
+/// CPU time (user and system, ns) the thread of the server started by `ms_baseline_http_start`
+/// has used so far.
+uint64_t ms_baseline_http_cpu_ns(void *handle);
+
+/// The C evhttp server as `ms_baseline_http_start`, with the server thread's whole
+/// `event_base_dispatch` (accepting included) inside `ms_counted_region`.
+void *ms_count_http_start(uint16_t *port);
 
 /// One unit of /work: the same arithmetic as ExampleServices' `WorkUnit.run`.
 uint64_t ms_baseline_work_unit(uint64_t seed, uint64_t checksum);

@@ -40,6 +40,14 @@ public struct HTTPRoutes: Sendable {
     struct Route: Sendable {
         var methods: Set<HTTPMethod>
         var handler: RouteHandler
+        /// `methods` as bits (`HTTPMethod.bit`): what a lookup tests.
+        var methodBits: UInt16
+
+        init(methods: Set<HTTPMethod>, handler: RouteHandler) {
+            self.methods = methods
+            self.handler = handler
+            methodBits = methods.reduce(0) { $0 | $1.bit }
+        }
     }
 
     private var exact: [String: [Route]] = [:]
@@ -148,13 +156,30 @@ public struct HTTPRoutes: Sendable {
             return .notFound
         }
         let wanted = method == .head ? HTTPMethod.get : method
-        if method == .head, let route = candidates.first(where: { $0.methods.contains(.head) }) {
+        if method == .head, let route = candidates.first(where: { $0.methodBits & HTTPMethod.head.bit != 0 }) {
             return .handler(route.handler)
         }
-        if let route = candidates.first(where: { $0.methods.contains(wanted) }) { return .handler(route.handler) }
+        if let route = candidates.first(where: { $0.methodBits & wanted.bit != 0 }) { return .handler(route.handler) }
         var allowed = Set(candidates.flatMap(\.methods))
         if allowed.contains(.get) { allowed.insert(.head) }
         let allow = HTTPMethod.allCases.filter { allowed.contains($0) }.map(\.rawValue).joined(separator: ", ")
         return .methodNotAllowed(allow: allow)
+    }
+}
+
+extension HTTPMethod {
+    /// A bit of its own, for sets of methods tested per request.
+    var bit: UInt16 {
+        switch self {
+        case .get: 1
+        case .head: 2
+        case .post: 4
+        case .put: 8
+        case .delete: 16
+        case .patch: 32
+        case .options: 64
+        case .trace: 128
+        case .connect: 256
+        }
     }
 }

@@ -28,6 +28,9 @@ public struct HTTPHeaders: Sendable, Equatable, Sequence, ExpressibleByDictionar
     /// Headers from name–value pairs, in order.
     public init(_ fields: [(String, String)]) { self.fields = fields.map { (name: $0.0, value: $0.1) } }
 
+    /// Headers taking `fields` as they are (no copy).
+    init(fields: [(name: String, value: String)]) { self.fields = fields }
+
     public init(dictionaryLiteral elements: (String, String)...) { self.init(elements) }
 
     /// The first value of the field `name` (any case), or nil.

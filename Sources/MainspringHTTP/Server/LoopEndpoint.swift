@@ -14,6 +14,14 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
     private var sweepTimer: TimerHandle?
     private var isDraining = false
     private var inFlight = 0
+    // These three are touched on the loop's thread only, each access over before the next
+    // begins: no dynamic exclusivity check per request.
+    @exclusivity(unchecked) private var date = HTTPDateCache()
+    /// Requests read and not dispatched yet, oldest first (from `receivedHead` on). Each has one
+    /// turn posted that dispatches the oldest: the posted closure captures only `self`, which
+    /// the compiler passes as the closure's context instead of allocating one.
+    @exclusivity(unchecked) private var received: [EvhttpRequest?] = []
+    @exclusivity(unchecked) private var receivedHead = 0
 
     init(loop: EventLoop, routes: HTTPRoutes, statistics: HTTPServerStatistics, shared: ServerShared,
          limits: EvhttpLimits, socket: ListeningSocket) throws(HTTPServerError)
@@ -33,15 +41,16 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
 
     func evhttpReceived(_ raw: EvhttpRequest) {
         inFlight += 1
-        attachment?.beginWork()
+        // The loop is busy while any request is in flight: one piece of its work, not one each.
+        if inFlight == 1 { attachment?.beginWork() }
         statistics.requestStarted()
-        let box = UncheckedRequest(raw)
-        loop.execute(priority: .input) { [self] in dispatch(box.request) }
+        received.append(raw)
+        loop.execute(priority: .input) { [self] in dispatchOldest() }
     }
 
     func evhttpFinished(_ raw: EvhttpRequest, written: Bool) {
         inFlight -= 1
-        attachment?.endWork()
+        if inFlight == 0 { attachment?.endWork() }
         statistics.requestFinished()
         if isDraining && inFlight == 0 {
             loop.execute(priority: .input) { [weak self] in self?.finishDraining() }
@@ -85,17 +94,28 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
 
     // MARK: Requests
 
+    private func dispatchOldest() {
+        guard receivedHead < received.count, let raw = received[receivedHead] else { return }
+        received[receivedHead] = nil
+        receivedHead += 1
+        if receivedHead == received.count {
+            received.removeAll(keepingCapacity: true)
+            receivedHead = 0
+        }
+        dispatch(raw)
+    }
+
     private func dispatch(_ raw: EvhttpRequest) {
         guard raw.isConnectionOpen else {
             // Lost before it could run: hand it back unanswered.
-            raw.sendReply(status: 500, reason: reasonPhrase(500), headers: [], body: [])
+            raw.sendReply(status: 500, reason: reasonPhrase(500), body: [])
             return
         }
         let (path, rawPath, query) = raw.pathAndQuery
         let method = raw.method
-        let request = HTTPRequest(method: method, path: path, rawPath: rawPath, uri: raw.uri,
-                                  queryItems: query.map { (name: $0.0, value: $0.1) }, headers: HTTPHeaders(raw.headers),
-                                  body: raw.body, remoteAddress: raw.remoteAddress, loop: loop, server: statistics)
+        let request = HTTPRequest(method: method, path: path, rawPath: rawPath, uri: raw.uri, queryItems: query,
+                                  headers: HTTPHeaders(fields: raw.headers), body: raw.body,
+                                  remoteAddress: raw.remoteAddress, loop: loop, server: statistics)
         switch routes.resolve(method, path) {
         case .notFound:
             reply(.status(404), to: raw, method: method)
@@ -133,25 +153,36 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
 
     /// Sends `response` for `raw`. Loop thread.
     func reply(_ response: HTTPResponse, to raw: EvhttpRequest, method: HTTPMethod) {
-        var headers: [(String, String)] = []
-        headers.reserveCapacity(response.headers.fields.count + 2)
-        for field in response.headers.fields
-        where !field.name.caseInsensitiveEquals("Content-Length") && !(isDraining && field.name.caseInsensitiveEquals("Connection")) {
-            headers.append((field.name, field.value))
+        if raw.isConnectionOpen {
+            statistics.recordResponse(status: response.status)
+            var hasDate = false
+            for field in response.headers.fields {
+                if field.name.caseInsensitiveEquals("Content-Length") || isDraining && field.name.caseInsensitiveEquals("Connection") {
+                    continue
+                }
+                hasDate = hasDate || field.name.caseInsensitiveEquals("Date")
+                raw.addResponseHeader(field.name, field.value)
+            }
+            raw.addResponseHeader("Content-Length", String(response.body.count))
+            if isDraining { raw.addResponseHeader("Connection", "close") }
+            if !hasDate { raw.addResponseHeader("Date", date.current()) }
         }
-        headers.append(("Content-Length", String(response.body.count)))
-        if isDraining { headers.append(("Connection", "close")) }
-        if raw.isConnectionOpen { statistics.recordResponse(status: response.status) }
-        raw.sendReply(status: response.status, reason: reasonPhrase(response.status), headers: headers,
-                      body: method == .head ? [] : response.body)
+        raw.sendReply(status: response.status, reason: reasonPhrase(response.status), body: method == .head ? [] : response.body)
     }
 
     /// Starts a streamed response. Loop thread.
     func startStream(_ raw: EvhttpRequest, status: Int, headers: HTTPHeaders) {
-        var headers = headers
-        if isDraining { headers.set("Connection", "close") }
-        if raw.isConnectionOpen { statistics.recordResponse(status: status) }
-        raw.startChunked(status: status, reason: reasonPhrase(status), headers: headers.fields.map { ($0.name, $0.value) })
+        if raw.isConnectionOpen {
+            statistics.recordResponse(status: status)
+            var hasDate = false
+            for field in headers.fields where !(isDraining && field.name.caseInsensitiveEquals("Connection")) {
+                hasDate = hasDate || field.name.caseInsensitiveEquals("Date")
+                raw.addResponseHeader(field.name, field.value)
+            }
+            if isDraining { raw.addResponseHeader("Connection", "close") }
+            if !hasDate { raw.addResponseHeader("Date", date.current()) }
+        }
+        raw.startChunked(status: status, reason: reasonPhrase(status))
     }
 
     // MARK: Closing
@@ -173,6 +204,8 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
     /// The attachment closed (the server closed, or the loop shut down): free evhttp.
     private func loopClosed() {
         isDraining = true
+        received.removeAll()
+        receivedHead = 0
         sweepTimer?.cancel()
         sweepTimer = nil
         let server = evhttp

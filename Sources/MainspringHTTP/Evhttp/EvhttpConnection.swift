@@ -1,0 +1,311 @@
+// One accepted connection, as Mainspring sees it. evhttp's `bevcb` hook lets the server choose the
+// bufferevent of each connection: it gets a pass-through *filter* bufferevent over the socket's.
+// The filter is where Mainspring sees the connection: its free callback is the one exact
+// "connection closed" signal evhttp 2.1 offers (the connection count), its input step runs the
+// head guard before evhttp buffers anything (431), and its output step writes responses straight
+// to the socket. evhttp still does all the parsing.
+internal import CLibevent
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One accepted connection: its bufferevents, and where its current request head stands.
+final class EvhttpConnection {
+    /// The server that accepted it. Not weak (a weak reference would put every retain of the
+    /// server on its slow path): the connection reaches its server only from callbacks of its
+    /// own bufferevents and of evhttp, which exist only while the server does. The server detaches
+    /// every connection before it frees evhttp, and a detached connection does not call it.
+    unowned let server: EvhttpServer
+    private(set) var filter: OpaquePointer?
+    private let underlying: OpaquePointer
+    private var kick: OpaquePointer?
+    /// Watches the socket for room while output waits (see `filterOutput`).
+    private var writable: OpaquePointer?
+    private var base: OpaquePointer?
+    private var context: UnsafeMutableRawPointer?
+    private var outputCallback: OpaquePointer?
+    private var isDetached = false
+    private var isFlushing = false
+    /// The kick is active (output waits for the next poll).
+    private var isKicked = false
+    /// The client's address, formatted at its first request.
+    private var peer: String?
+    private(set) var isClosed = false
+    /// Closed by the slow-request sweep (see EvhttpDeadlines.swift).
+    var timedOut = false
+
+    /// The request handed over and not yet finished.
+    var current: EvhttpRequest?
+
+    /// The head guard: the current request head's bytes so far. Loop thread only, and no scan
+    /// re-enters another: no dynamic exclusivity check per read.
+    @exclusivity(unchecked) private(set) var head: RequestHeadScan
+    /// The next request's head went over the limit while this one was in flight.
+    private var rejectPending = false
+    /// When the guard's own answer was queued (0: never); the connection closes once it is out.
+    private(set) var answeredAt: UInt64 = 0
+
+    private init(server: EvhttpServer, underlying: OpaquePointer) {
+        self.server = server
+        self.underlying = underlying
+        self.head = RequestHeadScan(maxHeaderBytes: server.limits.maxHeaderBytes)
+    }
+
+    /// A connection for evhttp's next accepted socket: a socket bufferevent (evhttp sets its fd)
+    /// under a filter bufferevent, which is what evhttp gets. Inside libevent (`bevcb`).
+    static func make(server: EvhttpServer, base: OpaquePointer) -> (EvhttpConnection, filter: OpaquePointer)? {
+        guard let underlying = bufferevent_socket_new(base, -1, Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)) else { return nil }
+        let connection = EvhttpConnection(server: server, underlying: underlying)
+        // The filter's context is the connection, retained once; `contextFreedTrampoline` releases it.
+        let context = Unmanaged.passRetained(connection).toOpaque()
+        guard let filter = bufferevent_filter_new(underlying, inputFilterTrampoline, outputFilterTrampoline,
+                                                  Int32(BEV_OPT_CLOSE_ON_FREE.rawValue), contextFreedTrampoline, context)
+        else {
+            Unmanaged<EvhttpConnection>.fromOpaque(context).release()
+            bufferevent_free(underlying)
+            return nil
+        }
+        connection.attach(filter: filter, base: base, context: context)
+        return (connection, filter)
+    }
+
+    private func attach(filter: OpaquePointer, base: OpaquePointer, context: UnsafeMutableRawPointer) {
+        self.filter = filter
+        self.base = base
+        self.context = context
+        kick = event_new(base, -1, 0, kickTrampoline, context)
+        outputCallback = evbuffer_add_cb(bufferevent_get_output(filter), outputAddedTrampoline, context)
+    }
+
+    /// Bytes written and not yet taken by the kernel.
+    var bufferedOutputBytes: Int {
+        guard !isClosed, let filter else { return 0 }
+        return evbuffer_get_length(bufferevent_get_output(filter)) + evbuffer_get_length(bufferevent_get_output(underlying))
+    }
+
+    var outputIsEmpty: Bool { bufferedOutputBytes == 0 }
+
+    /// `host:port` of the client (`[v6]:port` for IPv6), read from `request`'s evhttp connection
+    /// the first time and kept: it does not change for the life of the connection.
+    func peerAddress(of request: OpaquePointer) -> String {
+        if let peer { return peer }
+        guard let evcon = evhttp_request_get_connection(request) else { return "" }
+        var address: UnsafeMutablePointer<CChar>?
+        var port: UInt16 = 0
+        evhttp_connection_get_peer(evcon, &address, &port)
+        let host = address.map { String(cString: $0) } ?? ""
+        let formatted = host.utf8.contains(UInt8(ascii: ":")) ? "[\(host)]:\(port)" : "\(host):\(port)"
+        peer = formatted
+        return formatted
+    }
+
+    // MARK: Output (inside libevent)
+
+    /// The filter's output step: writes straight to the socket, and keeps what the kernel did
+    /// not take. evhttp treats "output drained" as "sent" (it frees a `Connection: close`
+    /// connection at that moment); handing the bytes to the socket bufferevent would drop
+    /// whatever that one had not written yet. What waits is written when the socket has room.
+    fileprivate func filterOutput(source: OpaquePointer) -> bufferevent_filter_result {
+        // Only from the kick (the next poll), never while evhttp is still adding output: evhttp
+        // sets its "written" callback after adding, so output sent at once would report to the
+        // callback of the previous write.
+        guard isFlushing else { return BEV_NEED_MORE }
+        let pending = evbuffer_get_length(source)
+        if pending == 0 { return BEV_NEED_MORE }
+        let fd = bufferevent_getfd(underlying)
+        guard fd >= 0 else { return BEV_NEED_MORE }
+        let written = evbuffer_write(source, fd)
+        if written < 0 {
+            let code = errno
+            if code != EAGAIN && code != EWOULDBLOCK && code != EINTR {
+                // The peer is gone: drop the output; reading will report the close.
+                evbuffer_drain(source, pending)
+                return BEV_OK
+            }
+        }
+        if evbuffer_get_length(source) > 0 {
+            watchForRoom(fd: fd)
+            return written > 0 ? BEV_OK : BEV_NEED_MORE
+        }
+        return BEV_OK
+    }
+
+    private func watchForRoom(fd: Int32) {
+        if writable == nil, let base, let context {
+            writable = event_new(base, fd, Int16(EV_WRITE), kickTrampoline, context)
+        }
+        if let writable { event_add(writable, nil) }
+    }
+
+    /// Runs `body` (which adds output and then has it flushed with `flushNow`) without the
+    /// per-addition callback that nudges the output out on the next poll: evhttp adds a response
+    /// in several pieces (status line, each header field, body), each a callback otherwise.
+    func withOutputNudgesSuspended(_ body: () -> Void) {
+        guard !isClosed, let outputCallback, let filter, let output = bufferevent_get_output(filter) else {
+            body()
+            return
+        }
+        evbuffer_cb_clear_flags(output, outputCallback, UInt32(EVBUFFER_CB_ENABLED))
+        body()
+        // `body` may have closed the connection (freeing the buffer and the callback with it).
+        if !isClosed { evbuffer_cb_set_flags(output, outputCallback, UInt32(EVBUFFER_CB_ENABLED)) }
+    }
+
+    /// Writes pending output now (a loop callback, after a whole response was handed over).
+    func flushNow() {
+        guard !isClosed, let kick else { return }
+        if isKicked {
+            isKicked = false
+            event_del(kick)
+        }
+        flushOutput()
+    }
+
+    fileprivate func flushOutput() {
+        isKicked = false
+        guard !isClosed, let filter else { return }
+        isFlushing = true
+        bufferevent_flush(filter, Int16(EV_WRITE), BEV_NORMAL)
+        isFlushing = false
+    }
+
+    fileprivate func nudge() {
+        guard !isKicked, let kick else { return }
+        isKicked = true
+        event_active(kick, Int32(EV_TIMEOUT), 1)
+    }
+
+    fileprivate func outputAdded(_ buffer: OpaquePointer) {
+        nudge()
+        // Output with no request handed over is one of evhttp's own answers (400 for a
+        // malformed request, 413 for a body over the limit): count it by its status.
+        if current == nil && answeredAt == 0 {
+            var head = [UInt8](repeating: 0, count: 12)
+            if evbuffer_copyout(buffer, &head, 12) == 12, head.starts(with: Array("HTTP/1.".utf8)),
+               let status = Int(String(decoding: head[9..<12], as: UTF8.self)), status >= 200
+            {
+                server.guardAnswered(status: status)
+            }
+        }
+    }
+
+    // MARK: The head guard (inside libevent)
+
+    /// The filter's input step: scans what arrives while a head is incomplete, and hands the
+    /// bytes to evhttp; drops them once the guard has answered.
+    fileprivate func filterInput(source: OpaquePointer, destination: OpaquePointer, limit: Int) -> bufferevent_filter_result {
+        let available = evbuffer_get_length(source)
+        if available == 0 { return BEV_NEED_MORE }
+        if answeredAt != 0 || rejectPending {
+            evbuffer_drain(source, available)
+            return BEV_OK
+        }
+        let count = limit < 0 ? available : min(available, limit)
+        if count == 0 { return BEV_NEED_MORE }
+        if !head.isComplete && !head.scan(source, count: count) {
+            evbuffer_drain(source, available)
+            refuseOversizedHead()
+            return BEV_OK
+        }
+        evbuffer_remove_buffer(source, destination, count)
+        return BEV_OK
+    }
+
+    /// The head is over the limit: answer 431 now, or after the request in flight.
+    private func refuseOversizedHead() {
+        if current != nil {
+            rejectPending = true
+        } else {
+            answerOversizedHead()
+        }
+    }
+
+    private func answerOversizedHead() {
+        rejectPending = false
+        answeredAt = monotonicNow()
+        let body = "request head larger than \(head.maxHeaderBytes) bytes\n"
+        let text = "HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            + "Content-Length: \(body.utf8.count)\r\nConnection: close\r\n\r\n" + body
+        var bytes = Array(text.utf8)
+        bytes.withUnsafeMutableBytes { _ = bufferevent_write(underlying, $0.baseAddress, $0.count) }
+        server.guardAnswered(status: 431)
+    }
+
+    /// evhttp read `request` in full (inside libevent).
+    func requestReceived(_ request: EvhttpRequest) {
+        current = request
+        // What evhttp holds beyond this request is the start of the next one: scan it now.
+        head.reset()
+        guard let filter else { return }
+        let leftover = bufferevent_get_input(filter)!
+        let length = evbuffer_get_length(leftover)
+        if length > 0 && !head.scan(leftover, count: length) {
+            evbuffer_drain(leftover, length)
+            rejectPending = true
+        }
+    }
+
+    /// The current request's response went out (inside libevent).
+    func requestCompleted() {
+        if rejectPending { answerOversizedHead() }
+    }
+
+    // MARK: Closing
+
+    /// The filter was freed (inside libevent): the connection is gone.
+    fileprivate func closed() {
+        guard !isClosed else { return }
+        isClosed = true
+        if let kick { event_free(kick) }
+        kick = nil
+        if let writable { event_free(writable) }
+        writable = nil
+        if let outputCallback, let filter { evbuffer_remove_cb_entry(bufferevent_get_output(filter), outputCallback) }
+        outputCallback = nil
+        if !isDetached { server.connectionClosed(self) }
+    }
+
+    /// evhttp is being freed with this connection open: its own close report is not needed.
+    func detach() { isDetached = true }
+}
+
+// MARK: - Trampolines (inside libevent: record, hand off)
+//
+// The connection is retained by its filter's context until the filter is freed, and libevent
+// frees a bufferevent only once no callback of it runs: no retain is needed for these calls.
+
+private let inputFilterTrampoline: bufferevent_filter_cb = { source, destination, limit, _, context in
+    guard let source, let destination, let context else { return BEV_ERROR }
+    return Unmanaged<EvhttpConnection>.fromOpaque(context)._withUnsafeGuaranteedRef {
+        $0.filterInput(source: source, destination: destination, limit: Int(limit))
+    }
+}
+
+/// The filter's context is the connection, retained once at creation: released here.
+private let contextFreedTrampoline: @convention(c) (UnsafeMutableRawPointer?) -> Void = { context in
+    guard let context else { return }
+    Unmanaged<EvhttpConnection>.fromOpaque(context).takeRetainedValue().closed()
+}
+
+/// evhttp added output to the filter (a response, or one of its own error pages): libevent 2.1
+/// does not move a filter's output while writing was disabled when it was added, so nudge it on
+/// the next poll.
+private let outputAddedTrampoline: @convention(c) (OpaquePointer?, UnsafePointer<evbuffer_cb_info>?, UnsafeMutableRawPointer?) -> Void = { buffer, info, context in
+    guard let buffer, let info, info.pointee.n_added > 0, info.pointee.orig_size == 0, let context else {
+        if let info, info.pointee.n_added > 0, let context {
+            Unmanaged<EvhttpConnection>.fromOpaque(context)._withUnsafeGuaranteedRef { $0.nudge() }
+        }
+        return
+    }
+    Unmanaged<EvhttpConnection>.fromOpaque(context)._withUnsafeGuaranteedRef { $0.outputAdded(buffer) }
+}
+
+private let outputFilterTrampoline: bufferevent_filter_cb = { source, _, _, _, context in
+    guard let source, let context else { return BEV_ERROR }
+    return Unmanaged<EvhttpConnection>.fromOpaque(context)._withUnsafeGuaranteedRef { $0.filterOutput(source: source) }
+}
+
+private let kickTrampoline: @convention(c) (Int32, Int16, UnsafeMutableRawPointer?) -> Void = { _, _, context in
+    guard let context else { return }
+    Unmanaged<EvhttpConnection>.fromOpaque(context)._withUnsafeGuaranteedRef { $0.flushOutput() }
+}

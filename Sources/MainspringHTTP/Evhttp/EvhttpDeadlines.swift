@@ -1,0 +1,52 @@
+// Slow-request deadlines. evhttp 2.1 has one timeout per connection, reset by any traffic, so a
+// client trickling a head one byte at a time would never time out. The head guard stamps when a
+// request head started arriving and when it was complete (`RequestHeadScan`); a repeating loop
+// timer (`LoopEndpoint`) calls `sweep`, which closes the connections past their deadline as if
+// evhttp's own timeout had fired, and those whose guard answer (431) is out.
+internal import CLibevent
+import Dispatch
+
+extension EvhttpServer {
+    /// Closes connections whose request is arriving too slowly (head or body past its timeout)
+    /// and those the head guard answered once their answer is out. Runs as a loop callback
+    /// (a timer), not inside libevent. Returns whether a connection is still open.
+    func sweep(now: UInt64) -> Bool {
+        let header = limits.headerTimeout.nanoseconds
+        let body = limits.bodyTimeout.nanoseconds
+        var expired: [EvhttpConnection] = []
+        for connection in connections.values where connection.current == nil {
+            let head = connection.head
+            if connection.answeredAt != 0 {
+                if connection.outputIsEmpty || now &- connection.answeredAt > 2_000_000_000 { expired.append(connection) }
+            } else if head.bytes > 0 && !head.isComplete {
+                if now &- head.startedAt > header { expired.append(connection) }
+            } else if head.isComplete {
+                if now &- head.bodyStartedAt > body { expired.append(connection) }
+            }
+        }
+        for connection in expired { connection.closeForTimeout() }
+        return !connections.isEmpty
+    }
+}
+
+extension EvhttpConnection {
+    /// Makes evhttp drop the connection as if the client had timed out (a loop callback).
+    func closeForTimeout() {
+        guard !isClosed, let filter else { return }
+        timedOut = answeredAt == 0
+        bufferevent_trigger_event(filter, Int16(BEV_EVENT_TIMEOUT | BEV_EVENT_READING), 0)
+    }
+}
+
+extension Duration {
+    /// Whole nanoseconds, clamped to zero for negative durations.
+    var nanoseconds: UInt64 {
+        let (seconds, attoseconds) = components
+        if seconds < 0 { return 0 }
+        return UInt64(seconds) &* 1_000_000_000 &+ UInt64(max(0, attoseconds) / 1_000_000_000)
+    }
+}
+
+/// Monotonic nanoseconds.
+@inline(__always)
+func monotonicNow() -> UInt64 { DispatchTime.now().uptimeNanoseconds }

@@ -1,0 +1,105 @@
+// The head guard's scan: where the current request head stands as its bytes arrive, before evhttp
+// buffers them. evhttp would buffer a head up to its own limit and answer 400; the guard counts
+// the bytes of the head (request line and header fields, up to the blank line that ends it), so
+// that a head over the limit is answered 431 at once, and it stamps when the head started and
+// ended, for the slow-request deadlines (EvhttpDeadlines.swift).
+internal import CLibevent
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The scan of one request head (reset for each request of a connection). Loop thread only.
+struct RequestHeadScan {
+    let maxHeaderBytes: Int
+    /// Bytes of the head seen so far.
+    private(set) var bytes = 0
+    /// The current line has a byte other than CR so far.
+    private var lineHasContent = false
+    /// The blank line that ends the head was seen.
+    private(set) var isComplete = false
+    /// When the head's first byte arrived (monotonic ns; 0 before).
+    private(set) var startedAt: UInt64 = 0
+    /// When the head was complete, that is when the body started (monotonic ns; 0 before).
+    private(set) var bodyStartedAt: UInt64 = 0
+
+    init(maxHeaderBytes: Int) { self.maxHeaderBytes = maxHeaderBytes }
+
+    /// Starts over for the next request.
+    mutating func reset() {
+        bytes = 0
+        lineHasContent = false
+        isComplete = false
+        startedAt = 0
+        bodyStartedAt = 0
+    }
+
+    /// Scans up to `count` bytes of `buffer` (an evbuffer, left as it is) for the blank line that
+    /// ends a head. Returns false when the head is over the limit.
+    mutating func scan(_ buffer: OpaquePointer, count: Int) -> Bool {
+        withUnsafeTemporaryAllocation(of: iovec.self, capacity: 8) { vectors in
+            var offset = 0
+            var position = evbuffer_ptr()
+            var now: UInt64 = 0
+            while offset < count && !isComplete {
+                let filled: Int
+                if offset == 0 {
+                    filled = Int(evbuffer_peek(buffer, count, nil, vectors.baseAddress, 8))
+                } else {
+                    guard evbuffer_ptr_set(buffer, &position, offset, EVBUFFER_PTR_SET) == 0 else { break }
+                    filled = Int(evbuffer_peek(buffer, count - offset, &position, vectors.baseAddress, 8))
+                }
+                if filled <= 0 { break }
+                for index in 0..<min(filled, 8) {
+                    let vector = vectors[index]
+                    guard let base = vector.iov_base else { continue }
+                    let length = min(vector.iov_len, count - offset)
+                    if !scanBytes(UnsafeRawBufferPointer(start: base, count: length), now: &now) { return false }
+                    offset += length
+                    if isComplete || offset >= count { break }
+                }
+            }
+            return bytes <= maxHeaderBytes
+        }
+    }
+
+    /// Advances the scan over `chunk`, a line at a time (`memchr` finds the line ends); false once
+    /// the head is over the limit. `now` is read at most once per scan, when first needed.
+    private mutating func scanBytes(_ chunk: UnsafeRawBufferPointer, now: inout UInt64) -> Bool {
+        guard let base = chunk.baseAddress, chunk.count > 0 else { return true }
+        if bytes == 0 { startedAt = Self.read(&now) }
+        var offset = 0
+        while offset < chunk.count {
+            let remaining = chunk.count - offset
+            guard let found = memchr(base + offset, 0x0A, remaining) else {
+                // No line end: the rest is part of the current line.
+                if !lineHasContent { lineHasContent = Self.hasContent(base + offset, remaining) }
+                bytes += remaining
+                return bytes <= maxHeaderBytes
+            }
+            let lineEnd = UnsafeRawPointer(found) - base
+            let segment = lineEnd - offset
+            let hasContent = lineHasContent || Self.hasContent(base + offset, segment)
+            bytes += segment + 1
+            if !hasContent {
+                // A line of nothing but CR and LF: the head is complete.
+                isComplete = true
+                bodyStartedAt = Self.read(&now)
+                return bytes <= maxHeaderBytes
+            }
+            if bytes > maxHeaderBytes { return false }
+            lineHasContent = false
+            offset = lineEnd + 1
+        }
+        return true
+    }
+
+    /// Whether any of the `count` bytes at `start` is not a CR.
+    private static func hasContent(_ start: UnsafeRawPointer, _ count: Int) -> Bool {
+        UnsafeRawBufferPointer(start: start, count: count).contains { $0 != 0x0D }
+    }
+
+    private static func read(_ now: inout UInt64) -> UInt64 {
+        if now == 0 { now = monotonicNow() }
+        return now
+    }
+}
