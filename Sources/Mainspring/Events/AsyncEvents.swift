@@ -133,11 +133,11 @@ extension EventLoop {
     }
 
     /// Runs `body` on this loop and returns its result: directly when the caller is on the
-    /// loop's thread (or may claim it), otherwise after one hop there.
+    /// loop's thread, otherwise after one hop there.
     nonisolated(nonsending) func onLoop<T>(_ body: @escaping @Sendable () throws(EventLoopError) -> T) async
         throws(EventLoopError) -> T
     {
-        if claimThread() { return try body() }
+        if isCurrent { return try body() }
         let result: Result<UncheckedResult<T>, EventLoopError> = await withUnsafeContinuation { continuation in
             execute {
                 do throws(EventLoopError) {

@@ -170,7 +170,7 @@ extension Connection {
                     continuation.resume(returning: .failure(error))
                 }
             }
-            if loop.claimThread() {
+            if loop.isCurrent {
                 start()
             } else {
                 loop.execute(start, orElse: { continuation.resume(returning: .failure(.loopClosed)) })

@@ -71,7 +71,7 @@ public final class Listener: @unchecked Sendable {
                     continuation.resume(returning: .failure(error))
                 }
             }
-            if loop.claimThread() {
+            if loop.isCurrent {
                 start()
             } else {
                 loop.execute(start, orElse: { continuation.resume(returning: .failure(.loopClosed)) })
