@@ -2,9 +2,9 @@ import ExampleServices
 import Foundation
 import Mainspring
 
-// mainspring-daemon: a line service on loopback, its connections spread over an EventLoopGroup.
-// See LineService for the protocol. SIGINT/SIGTERM drain gracefully and exit 0; SIGHUP prints
-// the counters to stderr.
+// mainspring-daemon: a line service on loopback, written with async/await, its connections
+// spread over an EventLoopGroup (AsyncLineService; see LineService for the protocol). SIGINT and
+// SIGTERM drain gracefully and exit 0; SIGHUP prints the counters to stderr.
 
 let usage = """
     usage: mainspring-daemon [options]
@@ -65,53 +65,52 @@ while !arguments.isEmpty {
     }
 }
 
-/// Runs on the main thread's loop, where the signals arrive.
-final class Daemon {
-    let grace: Duration
-    var service: LineService?
-    private var stopping = false
-
-    init(grace: Duration) { self.grace = grace }
-
-    func shutDown(_ name: String) {
-        guard !stopping, let service else { return }
-        stopping = true
-        say("\(name): draining (up to \(grace))…", to: .standardError)
-        let report = service.shutdown(gracePeriod: grace)
-        say("stopped: \(service.currentStats); \(report)", to: .standardError)
-        EventLoop.main.stop()
-    }
-
-    func printStats() {
-        if let service { say("stats: \(service.currentStats)", to: .standardError) }
-    }
-}
-
 // Everything that needs a file descriptor of its own is set up before the service accepts its
 // first connection: once clients may have taken every descriptor (EMFILE), it would be too late.
-// - The signal watchers (their loop has an eventfd, an epoll and a timerfd).
+// - The signal handlers (their loop has an eventfd, an epoll and a timerfd).
 // - The main loop's Dispatch main-queue bridge, installed by running the loop once: libdispatch
 //   creates an eventfd for it, and aborts the process if it cannot.
-let daemon = Daemon(grace: grace)
 let main = EventLoop.main
+let signals: EventLoop.Signals
 do {
-    _ = try main.onSignal(SIGINT) { daemon.shutDown("SIGINT") }
-    _ = try main.onSignal(SIGTERM) { daemon.shutDown("SIGTERM") }
-    _ = try main.onSignal(SIGHUP) { daemon.printStats() }
+    signals = try main.signals([SIGINT, SIGTERM, SIGHUP])
 } catch {
     FileHandle.standardError.write(Data("mainspring-daemon: cannot watch signals: \(error)\n".utf8))
     exit(1)
 }
 main.runOnce(blocking: false)
 
+let group: EventLoopGroup
 do {
-    let service = try LineService(group: try EventLoopGroup(loopCount: loops), host: host, port: port, options: options)
-    daemon.service = service
+    group = try EventLoopGroup(loopCount: loops)
+} catch {
+    FileHandle.standardError.write(Data("mainspring-daemon: cannot start \(loops) loop(s): \(error)\n".utf8))
+    exit(1)
+}
+
+// The daemon itself: a task on the main loop that starts the service (each connection served by
+// a task on its own loop), then waits for signals. SIGINT/SIGTERM drain and end it.
+Task { @MainActor in
+    let service: AsyncLineService
+    do {
+        service = try await AsyncLineService(group: group, host: host, port: port, options: options)
+    } catch {
+        FileHandle.standardError.write(Data("mainspring-daemon: cannot listen on \(host):\(port): \(error)\n".utf8))
+        exit(1)
+    }
     let shown = host.contains(":") ? "[\(host)]" : host
     say("listening on \(shown):\(service.port) with \(loops) loop(s)")
-} catch {
-    FileHandle.standardError.write(Data("mainspring-daemon: cannot listen on \(host):\(port): \(error)\n".utf8))
-    exit(1)
+    for await signal in signals {
+        if signal == SIGHUP {
+            say("stats: \(service.currentStats)", to: .standardError)
+            continue
+        }
+        say("\(signal == SIGINT ? "SIGINT" : "SIGTERM"): draining (up to \(grace))…", to: .standardError)
+        let report = await service.shutdown(gracePeriod: grace)
+        say("stopped: \(service.currentStats); \(report)", to: .standardError)
+        break
+    }
+    main.stop()
 }
 
 do {

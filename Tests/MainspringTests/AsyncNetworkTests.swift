@@ -40,7 +40,7 @@ private func startAsyncServer(group: EventLoopGroup, options: Connection.Options
     } catch {
         // Closed under us: this connection's task ends, the server goes on.
     }
-    await connection.close()
+    connection.close()
 }
 
 /// Raises the soft descriptor limit to the hard one; returns the limit now in force.
@@ -114,7 +114,7 @@ struct AsyncServerTests {
         for thread in done { #expect(thread.wait(timeout: .now() + 120) == .success) }
         #expect(failures.value.isEmpty, "\(failures.value.prefix(3))")
         #expect(listener.acceptedCount == connections)
-        await listener.close()
+        listener.close()
         try await server.value  // every handler has returned
         let report = await group.shutdown(gracePeriod: .seconds(5))
         #expect(report == .init(droppedWork: 0, closedSources: 0, timedOut: false, stuckLoops: 0, cancelledTasks: 0))
@@ -142,7 +142,7 @@ struct AsyncServerTests {
                 Issue.record("send failed: \(error)")
             }
             finished.store(true, ordering: .relaxed)
-            await connection.close()
+            connection.close()
         }
         let client = try TestClient(port: listener.port)
         // The client does not read: the sender stops once the kernel buffers and the output
@@ -174,7 +174,7 @@ struct AsyncServerTests {
         #expect(client.readLine() == nil)
         let finishedAtEnd = finished.load(ordering: .relaxed)
         #expect(finishedAtEnd)
-        await listener.close()
+        listener.close()
         try await server.value
         await group.shutdown(gracePeriod: .seconds(5))
     }
@@ -195,7 +195,7 @@ struct AsyncServerTests {
             } catch {
                 Issue.record("reading failed: \(error)")
             }
-            await connection.close()
+            connection.close()
         }
         let client = try TestClient(port: listener.port)
         client.send("first\n")
@@ -212,7 +212,7 @@ struct AsyncServerTests {
         #expect(received.value.count == 1 + written / 1_024 + (partial > 0 ? 1 : 0))
         #expect(received.value.dropFirst().dropLast(partial > 0 ? 1 : 0).allSatisfy { $0.count == 1_023 })
         if partial > 0 { #expect(received.value.last?.count == partial) }
-        await listener.close()
+        listener.close()
         try await server.value
         await group.shutdown(gracePeriod: .seconds(5))
     }
@@ -228,7 +228,7 @@ struct AsyncServerTests {
             } catch {
                 Issue.record("lines threw \(error)")
             }
-            await connection.close()
+            connection.close()
         }
         let client = try TestClient(port: listener.port)
         var junk = Array("ok\r\n".utf8) + Array(String(repeating: "x", count: 40).utf8) + [0x0A]
@@ -238,7 +238,7 @@ struct AsyncServerTests {
         #expect(client.readLine() == nil)
         #expect(events.value == [.line("ok"), .tooLong(40), .line("a\u{0}b"), .invalidUTF8(2), .line("after"),
                                  .line("tail"), .endOfFile])
-        await listener.close()
+        listener.close()
         try await server.value
 
         // The same input as bytes: every byte, in order, then the end of the sequence.
@@ -249,14 +249,14 @@ struct AsyncServerTests {
             } catch {
                 Issue.record("bytes threw \(error)")
             }
-            await connection.close()
+            connection.close()
         }
         let bytesClient = try TestClient(port: bytesListener.port)
         _ = junk.withUnsafeBytes { send(bytesClient.fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
         bytesClient.shutdownWrite()
         #expect(bytesClient.readLine() == nil)
         #expect(chunks.value == junk)
-        await bytesListener.close()
+        bytesListener.close()
         try await bytesServer.value
         await group.shutdown(gracePeriod: .seconds(5))
     }
@@ -275,14 +275,14 @@ struct AsyncServerTests {
             if replies.count == 3 { break }
         }
         #expect(replies == ["echo: one", "echo: two", "echo: three"])
-        await client.close()
+        client.close()
         #expect(await client.closed == .closed)
         #expect(!client.isOpen)
         await #expect(throws: Connection.CloseReason.closed) { try await client.send(line: "late") }
 
         // Nobody listens on a closed port.
         let port = listener.port
-        await listener.close()
+        listener.close()
         try await server.value
         await #expect(throws: EventLoopError.self) {
             _ = try await Connection.connect(to: "127.0.0.1", port: port, on: group.loops[1])
@@ -305,12 +305,12 @@ struct AsyncServerTests {
             } catch {
                 Issue.record("handler failed: \(error)")
             }
-            await connection.close()
+            connection.close()
         }
         let clients = try (0..<4).map { _ in try TestClient(port: listener.port) }
         for (index, client) in clients.enumerated() { client.send("\(index)\n") }
         usleep(20_000)
-        await listener.close()
+        listener.close()
         let report = await group.shutdown(gracePeriod: .seconds(5))
         #expect(report == .init(droppedWork: 0, closedSources: 0, timedOut: false, stuckLoops: 0, cancelledTasks: 0))
         for (index, client) in clients.enumerated() { #expect(client.readLine() == "late \(index)") }
@@ -328,7 +328,7 @@ struct AsyncServerTests {
         let idle = try (0..<6).map { _ in try TestClient(port: stuckListener.port) }
         while stuckListener.acceptedCount < idle.count { usleep(1_000) }
         usleep(50_000)  // every handler is suspended in `lines`
-        await stuckListener.close()
+        stuckListener.close()
         let start = ContinuousClock.now
         let forced = await stuck.shutdown(gracePeriod: .milliseconds(200))
         #expect(ContinuousClock.now - start < .seconds(3))

@@ -182,6 +182,32 @@ struct TaskExecutorTests {
         #expect(after - before < 1_500, "\(after - before) callbacks for 1,000 calls")
     }
 
+    @Test("a task whose loop shut down while it waited elsewhere still finishes, off the dead loop")
+    func taskOutlivesItsLoop() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        let loop = group.loops[0]
+        let released = DispatchSemaphore(value: 0)
+        let task = Task(executorPreference: loop) { () -> (Bool, Bool) in
+            let before = loop.isCurrent
+            // Waits on another thread while the group shuts down.
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                DispatchQueue.global().async {
+                    released.wait()
+                    continuation.resume()
+                }
+            }
+            return (before, loop.isCurrent)
+        }
+        try await Task.sleep(for: .milliseconds(20))
+        let report = await group.shutdown(gracePeriod: .zero)
+        #expect(report.stuckLoops == 0)
+        released.signal()
+        let (before, after) = await task.value  // resumed for a dead loop: run by the fallback
+        #expect(before)
+        #expect(!after)
+        #expect(loop.metrics.droppedAtShutdown >= 1)
+    }
+
     @Test("a task that never suspends holds input back like a long callback; loop.yield() lets it in")
     func pollIntervalRuleForTasks() async throws {
         let background = try BackgroundLoop()

@@ -1,3 +1,5 @@
+import Dispatch
+
 /// Swift concurrency on loops: every `EventLoop` is a `SerialExecutor` (actors pinned to it) and
 /// a `TaskExecutor` (tasks that prefer it).
 ///
@@ -30,11 +32,15 @@
 /// something (the loop's input, `send`, a timer) or call `await loop.yield()` in long loops:
 /// that lets the loop poll and run the input that is ready before the task goes on.
 ///
-/// **Shutdown.** A job enqueued on a loop that is shut down (its group shut down, its thread
-/// gone) never runs, and is counted in `LoopMetrics.droppedAtShutdown`: a task that prefers a
-/// loop must be done before the loop ends. `EventLoopGroup.shutdown(gracePeriod:)` gives such
-/// tasks the grace period, then ends every wait they have on the loop (connections, listeners,
-/// readers, signals) and lets them unwind before the loop stops.
+/// **Shutdown.** `EventLoopGroup.shutdown(gracePeriod:)` gives the tasks on its loops the grace
+/// period, then ends every wait they have on the loops (connections, listeners, readers,
+/// signals) and lets them unwind before the loops stop. A job that reaches a loop after it
+/// has shut down (its group shut down, its thread gone) — the rest of a task that prefers it,
+/// an actor pinned to it — is not lost: it is counted in `LoopMetrics.droppedAtShutdown` and
+/// runs on a fallback thread instead, one job at a time (so actors stay isolated), so that no
+/// task waits forever. There, Mainspring's async calls on the dead loop fail (they throw, or
+/// their sequences end) and its loop-thread-only calls stop the program: a task should be done
+/// with its loop when the loop ends.
 ///
 /// **`EventLoop.main` and the main actor are one serial context.** The main actor's jobs run
 /// inside `EventLoop.main` (through the Dispatch main queue, see `MainQueueSource`), on the main
@@ -46,11 +52,8 @@ extension EventLoop: SerialExecutor, TaskExecutor {
     /// Runs `job` on this loop's thread, as a task executor: the job of a task that prefers this
     /// loop, isolated to the loop (so the task calls actors pinned to the loop inline). Any thread.
     public func enqueue(_ job: consuming ExecutorJob) {
-        let job = UnownedJob(job)
-        execute {
-            job.runSynchronously(isolatedTo: self.asUnownedSerialExecutor(),
-                                 taskExecutor: self.asUnownedTaskExecutor())
-        }
+        let post = JobPost(UnownedJob(job), loop: self, asTask: true)
+        execute { post.run() }
     }
 
     /// The executor of actors pinned to this loop (identity equality: one loop, one executor).
@@ -87,9 +90,9 @@ final class LoopActorExecutor: SerialExecutor, @unchecked Sendable {
     unowned(unsafe) var loop: EventLoop?
 
     func enqueue(_ job: consuming ExecutorJob) {
-        let job = UnownedJob(job)
         guard let loop else { return }
-        loop.execute { job.runSynchronously(on: self.asUnownedSerialExecutor()) }
+        let post = JobPost(UnownedJob(job), loop: loop, asTask: false)
+        loop.execute { post.run() }
     }
 
     func asUnownedSerialExecutor() -> UnownedSerialExecutor {
@@ -103,4 +106,43 @@ final class LoopActorExecutor: SerialExecutor, @unchecked Sendable {
     func isIsolatingCurrentContext() -> Bool? {
         loop?.isCurrent ?? false
     }
+}
+
+/// A job on its way to a loop: one allocation (the closure posted captures only this object).
+/// If the loop drops it instead of running it — it has shut down — the job runs on the orphan
+/// queue: a task never stays suspended because its loop is gone.
+final class JobPost: @unchecked Sendable {
+    // Touched by the loop that runs it, or by the thread that releases it unrun: never both.
+    private let job: UnownedJob
+    private let loop: EventLoop
+    private let asTask: Bool
+    private var didRun = false
+
+    init(_ job: UnownedJob, loop: EventLoop, asTask: Bool) {
+        self.job = job
+        self.loop = loop
+        self.asTask = asTask
+    }
+
+    func run() {
+        didRun = true
+        Self.run(job, on: loop, asTask: asTask)
+    }
+
+    private static func run(_ job: UnownedJob, on loop: EventLoop, asTask: Bool) {
+        if asTask {
+            job.runSynchronously(isolatedTo: loop.asUnownedSerialExecutor(), taskExecutor: loop.asUnownedTaskExecutor())
+        } else {
+            job.runSynchronously(on: loop.asUnownedSerialExecutor())
+        }
+    }
+
+    deinit {
+        guard !didRun else { return }
+        let (job, loop, asTask) = (job, loop, asTask)
+        Self.orphans.async { Self.run(job, on: loop, asTask: asTask) }
+    }
+
+    /// Where the jobs of shut-down loops run: one at a time, in the order they were dropped.
+    private static let orphans = DispatchQueue(label: "mainspring.orphaned-jobs")
 }
