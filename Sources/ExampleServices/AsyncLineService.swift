@@ -143,11 +143,25 @@ private actor AsyncSession {
     private var pending: Int { replies.count - first }
 
     /// Serves the connection until it closes; requests still in flight finish first.
+    ///
+    /// The common request — an immediate reply with nothing in flight ahead of it — is handled
+    /// synchronously and its reply sent right here: no other async call per request (each one
+    /// into an actor-isolated method costs the runtime an executor check).
     func run() async {
         await withDiscardingTaskGroup { tasks in
             do {
                 for try await event in connection.lines {
-                    await handle(event, tasks: &tasks)
+                    guard let text = handle(event, tasks: &tasks) else { continue }
+                    if pending == 0 && !isWriting {
+                        isWriting = true
+                        await send(text)
+                        isWriting = false
+                        if pending > 0 { await flush() }
+                    } else {
+                        place(reserve(), text)
+                        await flush()
+                    }
+                    closeIfDone()
                 }
             } catch {
                 // Closed under us (reset, idle timeout, cancelled): nothing more to read.
@@ -162,45 +176,44 @@ private actor AsyncSession {
         closeIfDone()
     }
 
-    private func handle(_ event: LineEvent, tasks: inout DiscardingTaskGroup) async {
+    /// Handles one event; returns the reply to send now (in order), if it has one already.
+    private func handle(_ event: LineEvent, tasks: inout DiscardingTaskGroup) -> String? {
         switch event {
         case .line(let text):
             stats.requests.add(1, ordering: .relaxed)
-            if isDraining || isQuitting {
-                await reply(now: "ERR shutting down")
-            } else if pending >= options.maxPendingReplies {
-                await reply(now: "ERR too many requests in flight (\(options.maxPendingReplies))")
-            } else {
-                await serve(text, tasks: &tasks)
+            if isDraining || isQuitting { return "ERR shutting down" }
+            if pending >= options.maxPendingReplies {
+                return "ERR too many requests in flight (\(options.maxPendingReplies))"
             }
+            return serve(text, tasks: &tasks)
         case .tooLong(let bytes):
-            await reply(now: "ERR line too long (\(bytes) bytes; the limit is \(options.maxLineLength))")
+            return "ERR line too long (\(bytes) bytes; the limit is \(options.maxLineLength))"
         case .invalidUTF8(let bytes):
-            await reply(now: "ERR invalid UTF-8 (\(bytes) bytes)")
+            return "ERR invalid UTF-8 (\(bytes) bytes)"
         case .endOfFile, .error:
             isQuitting = true
             closeIfDone()
+            return nil
         }
     }
 
-    private func serve(_ line: String, tasks: inout DiscardingTaskGroup) async {
+    private func serve(_ line: String, tasks: inout DiscardingTaskGroup) -> String? {
         switch DaemonCommand.parse(line) {
         case .failure(let error):
-            await reply(now: "ERR \(error)")
+            return "ERR \(error)"
         case .success(.echo(let text)):
-            await reply(now: text)
+            return text
         case .success(.time):
-            await reply(now: ISO8601DateFormatter().string(from: Date()))
+            return ISO8601DateFormatter().string(from: Date())
         case .success(.stats):
             let metrics = connection.loop.metrics
             let wait = metrics.queueWait[.input]?.percentile(0.99) ?? .zero
-            await reply(now: "STATS \(stats.snapshot) uptime_s=\(Int(Date().timeIntervalSince(startTime))) "
+            return "STATS \(stats.snapshot) uptime_s=\(Int(Date().timeIntervalSince(startTime))) "
                 + "loop_callbacks=\(metrics.totalCallbacks) loop_stalls=\(metrics.stalls) "
-                + "loop_input_wait_p99_us=\(wait.components.attoseconds / 1_000_000_000_000)")
+                + "loop_input_wait_p99_us=\(wait.components.attoseconds / 1_000_000_000_000)"
         case .success(.quit):
-            await reply(now: "BYE")
             isQuitting = true
-            closeIfDone()
+            return "BYE"
         case .success(.sleep(let milliseconds)):
             let slot = reserve()
             let loop = connection.loop
@@ -208,6 +221,7 @@ private actor AsyncSession {
                 _ = try? await loop.sleep(for: .milliseconds(milliseconds))
                 await self.fill(slot, "SLEPT \(milliseconds)")
             }
+            return nil
         case .success(.work(let chunks)):
             let slot = reserve()
             stats.workJobs.add(1, ordering: .relaxed)
@@ -222,6 +236,7 @@ private actor AsyncSession {
                 let outcome = await job.outcome
                 await self.finishWork(slot, chunks: chunks, outcome: outcome)
             }
+            return nil
         }
     }
 
@@ -230,49 +245,44 @@ private actor AsyncSession {
         await fill(slot, outcome == .completed ? "DONE \(chunks) \(checksum)" : "ERR work cancelled")
     }
 
-    /// A reply with nothing in flight ahead of it goes straight out; otherwise it waits its turn.
-    private func reply(now text: String) async {
-        if pending == 0 && !isWriting {
-            isWriting = true
-            await send(text)
-            isWriting = false
-            await flush()
-        } else {
-            await fill(reserve(), text)
-        }
-    }
-
     private func reserve() -> Int {
         replies.append(nil)
         return base + replies.count - 1
     }
 
-    private func fill(_ slot: Int, _ text: String) async {
+    /// Puts a reply in its slot (a slot of a finished connection is gone: ignored).
+    private func place(_ slot: Int, _ text: String) {
         let index = slot - base
         guard index >= first, index < replies.count else { return }
         replies[index] = text
+    }
+
+    /// A reply of a request that was in flight (`SLEEP`, `WORK`).
+    private func fill(_ slot: Int, _ text: String) async {
+        place(slot, text)
         await flush()
+        closeIfDone()
     }
 
     /// Sends the replies that are ready, in order, unless another task is sending already.
     private func flush() async {
-        if !isWriting {
-            isWriting = true
-            while first < replies.count, let ready = replies[first] {
-                first += 1
-                await send(ready)
-            }
-            if first == replies.count {
-                base += replies.count
-                replies.removeAll(keepingCapacity: replies.capacity <= 64)
-                first = 0
-            }
-            isWriting = false
+        guard !isWriting else { return }
+        isWriting = true
+        while first < replies.count, let ready = replies[first] {
+            first += 1
+            await send(ready)
         }
-        closeIfDone()
+        if first == replies.count {
+            base += replies.count
+            replies.removeAll(keepingCapacity: replies.capacity <= 64)
+            first = 0
+        }
+        isWriting = false
     }
 
-    private func send(_ text: String) async {
+    /// Sends one reply. Not isolated (it touches no state of the session), so calling it costs
+    /// no executor check: it runs where the caller runs, on this loop.
+    private nonisolated(nonsending) func send(_ text: String) async {
         if text.hasPrefix("ERR") { stats.errors.add(1, ordering: .relaxed) }
         do {
             try await connection.send(line: text)

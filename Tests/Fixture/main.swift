@@ -18,6 +18,10 @@ var scenarios: [String: @MainActor () throws -> Void] = [
     "readme-daemon": readmeDaemonScenario,
     "operations-main-wait": operationsMainWaitScenario,
     "leak-check": leakCheckScenario,
+    "async-cancel": asyncCancelScenario,
+    "async-signals": asyncSignalsScenario,
+    "async-stdin": asyncStdinScenario,
+    "async-second-consumer": asyncSecondConsumerScenario,
 ]
 #if MAINSPRING_MAIN_EXECUTOR
 scenarios["main-executor"] = mainExecutorScenario

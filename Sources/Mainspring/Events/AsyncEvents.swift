@@ -218,7 +218,7 @@ final class LoopFeed<Element: Sendable>: @unchecked Sendable {
         guard !isFinished else { return }
         if let waiter {
             self.waiter = nil
-            waiter.resume(returning: element)
+            loop.resumingInput { waiter.resume(returning: element) }
             return
         }
         buffer.append(element)

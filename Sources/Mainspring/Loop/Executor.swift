@@ -24,7 +24,10 @@ import Dispatch
 /// `.normal` priority: FIFO with the other work posted from the same thread, behind ready input,
 /// never re-entered, counted in `LoopMetrics` like any callback. From the loop's own thread that
 /// is a lock-free append; from another thread one mutex and (if the loop sleeps) one eventfd
-/// write. Task priorities do not reorder jobs.
+/// write. Task priorities do not reorder jobs. One exception keeps input first: when input
+/// arrives for a task suspended on this loop's connections, readers or signals (a line, a
+/// chunk, room to send), the job that resumes it is `.input` work, as the callback that would
+/// otherwise handle that input.
 ///
 /// **The poll-interval rule applies to tasks too.** The loop polls for input between callbacks,
 /// at least every `Configuration.pollInterval`; a job cannot be interrupted. A task that runs
@@ -52,8 +55,25 @@ extension EventLoop: SerialExecutor, TaskExecutor {
     /// Runs `job` on this loop's thread, as a task executor: the job of a task that prefers this
     /// loop, isolated to the loop (so the task calls actors pinned to the loop inline). Any thread.
     public func enqueue(_ job: consuming ExecutorJob) {
-        let post = JobPost(UnownedJob(job), loop: self, asTask: true)
-        execute { post.run() }
+        post(JobPost(UnownedJob(job), loop: self, asTask: true))
+    }
+
+    /// Posts a job: at `.normal` priority, or at `.input` when an input source of this loop is
+    /// resuming the task that waited for it (`resumingInput`).
+    @inline(__always)
+    func post(_ job: JobPost) {
+        let priority = ownerThread.load(ordering: .relaxed) == currentThreadID() ? jobPriority : .normal
+        execute(priority: priority) { job.run() }
+    }
+
+    /// Runs `resume` (which resumes a task waiting for input on this loop) so that the task's
+    /// next job runs at `.input` priority, like the callback it replaces: input handled by a task
+    /// keeps its place ahead of posted work and fed work. Loop thread only.
+    @inline(__always)
+    func resumingInput(_ resume: () -> Void) {
+        jobPriority = .input
+        resume()
+        jobPriority = .normal
     }
 
     /// The executor of actors pinned to this loop (identity equality: one loop, one executor).
@@ -91,8 +111,7 @@ final class LoopActorExecutor: SerialExecutor, @unchecked Sendable {
 
     func enqueue(_ job: consuming ExecutorJob) {
         guard let loop else { return }
-        let post = JobPost(UnownedJob(job), loop: loop, asTask: false)
-        loop.execute { post.run() }
+        loop.post(JobPost(UnownedJob(job), loop: loop, asTask: false))
     }
 
     func asUnownedSerialExecutor() -> UnownedSerialExecutor {

@@ -299,19 +299,25 @@ final class ConnectionSource: Source {
     /// there is something for it now.
     private func wakeAsyncReader() {
         if let waiter = lineWaiter {
+            let result: Result<LineEvent?, Connection.CloseReason>
             switch pullLine() {
             case .wait: return
-            case .element(let event): lineWaiter = nil; waiter.resume(returning: .success(event))
-            case .end: lineWaiter = nil; waiter.resume(returning: .success(nil))
-            case .failed(let reason): lineWaiter = nil; waiter.resume(returning: .failure(reason))
+            case .element(let event): result = .success(event)
+            case .end: result = .success(nil)
+            case .failed(let reason): result = .failure(reason)
             }
+            lineWaiter = nil
+            loop.resumingInput { waiter.resume(returning: result) }
         } else if let waiter = bytesWaiter {
+            let result: Result<[UInt8]?, Connection.CloseReason>
             switch pullBytes() {
             case .wait: return
-            case .element(let data): bytesWaiter = nil; waiter.resume(returning: .success(data))
-            case .end: bytesWaiter = nil; waiter.resume(returning: .success(nil))
-            case .failed(let reason): bytesWaiter = nil; waiter.resume(returning: .failure(reason))
+            case .element(let data): result = .success(data)
+            case .end: result = .success(nil)
+            case .failed(let reason): result = .failure(reason)
             }
+            bytesWaiter = nil
+            loop.resumingInput { waiter.resume(returning: result) }
         }
     }
 
@@ -361,7 +367,8 @@ final class ConnectionSource: Source {
             let sender = senders[firstSender]
             firstSender += 1
             write(sender.payload)
-            sender.continuation.resume(returning: closeReason.map { .failure($0) } ?? .success(()))
+            let result: Result<Void, Connection.CloseReason> = closeReason.map { .failure($0) } ?? .success(())
+            loop.resumingInput { sender.continuation.resume(returning: result) }
         }
         if firstSender == senders.count {
             senders.removeAll(keepingCapacity: senders.capacity <= 16)
