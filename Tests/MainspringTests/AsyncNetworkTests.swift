@@ -1,3 +1,4 @@
+import ExampleServices
 import Foundation
 import Synchronization
 import Testing
@@ -212,6 +213,75 @@ struct AsyncServerTests {
         #expect(received.value.count == 1 + written / 1_024 + (partial > 0 ? 1 : 0))
         #expect(received.value.dropFirst().dropLast(partial > 0 ? 1 : 0).allSatisfy { $0.count == 1_023 })
         if partial > 0 { #expect(received.value.last?.count == partial) }
+        listener.close()
+        try await server.value
+        await group.shutdown(gracePeriod: .seconds(5))
+    }
+
+    @Test("a connection's task costs its loop a few callbacks per batch of pipelined requests, not per request (nonisolated and actor handlers)")
+    func callbacksPerBatch() async throws {
+        /// Loop callbacks per request while one client sends 100 batches of 16 pipelined lines.
+        func callbacksPerRequest(loop: EventLoop, port: UInt16, request: (Int) -> String) async throws -> Double {
+            let client = try TestClient(port: port)
+            client.send(request(0) + "\n")
+            _ = client.readLine()
+            let before = try await loop.submit { loop.metrics.totalCallbacks }
+            for batch in 0..<100 {
+                client.send((0..<16).map { request(batch * 16 + $0) + "\n" }.joined())
+                for _ in 0..<16 { _ = client.readLine() }
+            }
+            let after = try await loop.submit { loop.metrics.totalCallbacks }
+            return Double(after - before - 1) / 1_600
+        }
+        let group = try EventLoopGroup(loopCount: 1)
+        let loop = group.loops[0]
+        // A nonisolated handler (the README's shape).
+        let (listener, server) = try await startAsyncServer(group: group)
+        let nonisolated = try await callbacksPerRequest(loop: loop, port: listener.port) { "line \($0)" }
+        listener.close()
+        // An actor pinned to the connection's loop (mainspring-daemon's shape).
+        let service = try await AsyncLineService(group: group, options: .init(idleTimeout: nil))
+        let actor = try await callbacksPerRequest(loop: loop, port: service.port) { "ECHO \($0)" }
+        // About three per batch of 16 (the socket's event, the resumed task, the output's
+        // event); a runtime executor switch per request would add one or more per request.
+        #expect(nonisolated < 0.5, "\(nonisolated) callbacks per request, nonisolated handler")
+        #expect(actor < 0.5, "\(actor) callbacks per request, actor handler")
+        try await server.value
+        await service.shutdown(gracePeriod: .seconds(1))
+    }
+
+    @Test("a task resumed by input runs at .input priority: before posted work that was queued first")
+    func inputResumesAtInputPriority() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        let loop = group.loops[0]
+        let log = Locked<[String]>([])
+        let waiting = Atomic<Bool>(false)
+        let (listener, server) = try await startAsyncServer(group: group) { connection in
+            do {
+                var lines = connection.lines.makeAsyncIterator()
+                waiting.store(true, ordering: .releasing)
+                if case .line(let text)? = try await lines.next() { log.withLock { $0.append(text) } }
+            } catch {
+                Issue.record("lines threw \(error)")
+            }
+            connection.close()
+        }
+        let client = try TestClient(port: listener.port)
+        while !waiting.load(ordering: .acquiring) { usleep(1_000) }
+        usleep(20_000)  // the handler is suspended in `lines`
+        // While the loop is busy, queue posted work, then let the line arrive behind it.
+        let busy = DispatchSemaphore(value: 0)
+        loop.execute { busy.wait() }
+        for i in 0..<5 { loop.execute { log.withLock { $0.append("work \(i)") } } }
+        client.send("line\n")
+        usleep(20_000)
+        busy.signal()
+        #expect(client.readLine() == nil)  // the handler has run and closed
+        try await loop.submit {}  // posted after the work: it has all run
+        // After the busy callback the loop polls: the line resumes the task at .input, ahead
+        // of the .normal work already queued.
+        #expect(log.value.first == "line", "\(log.value)")
+        #expect(log.value.count == 6, "\(log.value)")
         listener.close()
         try await server.value
         await group.shutdown(gracePeriod: .seconds(5))

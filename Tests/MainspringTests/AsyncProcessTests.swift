@@ -9,7 +9,7 @@ import Glibc
 /// disturbs, signals, stdin, a precondition failure (Tests/Fixture/AsyncScenarios.swift).
 @Suite("Async API in a process of its own (subprocess)")
 struct AsyncProcessTests {
-    @Test("cancelling a task mid-iteration or mid-send closes the connection (.cancelled): descriptors back to the baseline, closures released")
+    @Test("cancelling a task mid-iteration or mid-send closes the connection (.cancelled): sockets back to the baseline, closures released")
     func cancellation() async throws {
         let result = try await runFixture("async-cancel")
         #expect(result.status == 0, "\(result.summary)")
@@ -20,8 +20,8 @@ struct AsyncProcessTests {
         #expect(result["send-close-reason"] == "cancelled", "\(result.summary)")
         #expect((result.int("sent-before-cancel") ?? 0) > 0, "\(result.summary)")
         #expect(result["closures-released"] == "true", "the tasks' closures were released: \(result.summary)")
-        let before = try #require(result.int("descriptors-before"), "\(result.summary)")
-        #expect(result.int("descriptors-after") == before, "\(result.summary)")
+        let before = try #require(result.int("sockets-before"), "\(result.summary)")
+        #expect(result.int("sockets-after") == before, "every socket it opened is closed: \(result.summary)")
         #expect(result["shutdown"] == "dropped 0 work item(s), closed 0 source(s)", "\(result.summary)")
     }
 
