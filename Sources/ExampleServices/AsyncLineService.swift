@@ -83,14 +83,14 @@ public final class AsyncLineService: Sendable {
 }
 
 /// The live sessions, so that a shutdown can drain them; sessions that start after the drain
-/// began drain at once.
+/// began drain at once. (An `NSLock`, which ThreadSanitizer understands.)
 private final class SessionRegistry: Sendable {
     private struct State {
         var sessions: [ObjectIdentifier: AsyncSession] = [:]
         var isDraining = false
     }
 
-    private let state = Mutex(State())
+    private let state = Guarded(State())
 
     /// Registers `session`; true if the service is draining already.
     func add(_ session: AsyncSession) -> Bool {

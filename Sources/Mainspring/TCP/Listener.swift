@@ -61,12 +61,12 @@ public final class Listener: @unchecked Sendable {
     {
         let queue = ConnectionQueue()
         let shared = ListenerShared()
-        let made: Result<UncheckedListenerSource, EventLoopError> = await withUnsafeContinuation { continuation in
+        let made: Result<(UncheckedListenerSource, UInt16), EventLoopError> = await withUnsafeContinuation { continuation in
             let start: @Sendable () -> Void = {
                 do throws(EventLoopError) {
                     let source = try ListenerSource(loop: loop, host: host, port: port, group: group, options: options,
                                                     backlog: backlog, delivery: .queue(queue), shared: shared)
-                    continuation.resume(returning: .success(UncheckedListenerSource(source)))
+                    continuation.resume(returning: .success((UncheckedListenerSource(source), source.port)))
                 } catch {
                     continuation.resume(returning: .failure(error))
                 }
@@ -77,11 +77,12 @@ public final class Listener: @unchecked Sendable {
                 loop.execute(start, orElse: { continuation.resume(returning: .failure(.loopClosed)) })
             }
         }
-        source = try made.get().value
+        let (source, boundPort) = try made.get()
+        self.source = source.value
         self.shared = shared
         self.queue = queue
         self.loop = loop
-        self.port = source.port
+        self.port = boundPort  // read on the loop's thread
     }
 
     /// Accepted connections waiting to be taken from `connections` above which accepting pauses.
