@@ -109,10 +109,11 @@ asan: deps test-tools
 	MAINSPRING_SANITIZER=address ASAN_OPTIONS=quarantine_size_mb=32 LSAN_OPTIONS=suppressions=$(LSAN_SUPPRESSIONS) \
 		$(SWIFT) test --skip-build --no-parallel --sanitize=address --scratch-path .build/asan
 
-## The stress tests scaled up ×100 (minutes).
+## The stress tests scaled up ×100 (minutes), and the async server tests scaled up (5,000
+## concurrent connections × 100 lines).
 stress: deps
 	$(SWIFT) build --build-tests -c release -Xswiftc -enable-testing --scratch-path .build/release-tests
-	STRESS=1 $(SWIFT) test --skip-build -c release --scratch-path .build/release-tests --filter StressTests
+	STRESS=1 $(SWIFT) test --skip-build -c release --scratch-path .build/release-tests --filter "StressTests|AsyncServerTests"
 
 ## Each libFuzzer harness for FUZZ_RUNS executions, starting from the committed seed corpus
 ## (new finds go to .build/fuzz-corpus, not into the repository). A crash stops it and leaves

@@ -86,6 +86,12 @@ let package = Package(
             dependencies: ["Mainspring"],
             path: "Examples/QuickStart"
         ),
+        // The README's async daemon, exactly as printed there (a test compares the two and runs it).
+        .executableTarget(
+            name: "mainspring-echo",
+            dependencies: ["Mainspring"],
+            path: "Examples/Echo"
+        ),
         // A batch of asynchronous saves, with completion hooks on the main loop.
         .executableTarget(
             name: "mainspring-operations",

@@ -16,6 +16,12 @@ import Mainspring
 ///   real main thread under `RunLoop.main.run()` — the same two-thread topology as mainspring.
 /// - libevent-c (for reference): two plain-C libevent loops on two threads ping-ponging through
 ///   eventfds: the kernel's floor for any hop between two sleeping loop threads.
+/// - mainspring-same-loop: the worker actor is pinned to `EventLoop.main` itself — co-located
+///   with the main actor. `EventLoop.main` and the main actor are one serial context (one
+///   executor), so the call does not hop at all.
+/// - mainspring-task-same-loop: a task that prefers a background loop (`Task(executorPreference:)`)
+///   calls an actor pinned to that loop: no thread switch; the call runs inline and the way back
+///   to the task's nonisolated code is one post on the loop.
 ///
 /// Each variant runs in a child process of its own (they take over the main thread).
 let actorHopScenario = Scenario(
@@ -26,7 +32,9 @@ let actorHopScenario = Scenario(
     var samples = Samples()
     for _ in 0..<runs {
         for variant in actorHopVariants where variantEnabled(variant) {
-            let figures = try runChild(["actor-hop", variant, "\(count)"])
+            // The co-located variants are 10-100× faster: more round trips for a stable figure.
+            let rounds = variant.hasSuffix("same-loop") ? count * 10 : count
+            let figures = try runChild(["actor-hop", variant, "\(rounds)"])
             samples.add(variant, "roundtrips_per_s", figures["roundtrips_per_s"] ?? .nan)
         }
         samples.add("libevent-c", "roundtrips_per_s", Double(count) / ms_baseline_pingpong(Int64(count)))
@@ -37,9 +45,11 @@ let actorHopScenario = Scenario(
 #if MAINSPRING_MAIN_EXECUTOR
 /// With the experimental custom main executor compiled in, one more variant: `@MainActor` jobs
 /// posted straight to `EventLoop.main` (no Dispatch main queue).
-private let actorHopVariants = ["mainspring", "dispatch", "dispatch-runloop-main", "mainspring-main-executor"]
+private let actorHopVariants = ["mainspring", "dispatch", "dispatch-runloop-main", "mainspring-same-loop",
+                                 "mainspring-task-same-loop", "mainspring-main-executor"]
 #else
-private let actorHopVariants = ["mainspring", "dispatch", "dispatch-runloop-main"]
+private let actorHopVariants = ["mainspring", "dispatch", "dispatch-runloop-main", "mainspring-same-loop",
+                                 "mainspring-task-same-loop"]
 #endif
 
 /// The far end of the hop.
@@ -80,6 +90,17 @@ private func hop(_ worker: HopWorker, count: Int) async -> Never {
     childReport(["roundtrips_per_s": Double(count) / seconds])
 }
 
+/// The same round trips from a task that prefers the worker's loop (nonisolated code).
+private func hopFromTask(_ worker: HopWorker, count: Int) async -> Never {
+    for _ in 0..<1_000 { _ = await worker.ping() }  // warm-up
+    let start = nowNanoseconds()
+    var last = 0
+    for _ in 0..<count { last = await worker.ping() }
+    let seconds = Double(nowNanoseconds() - start) / 1e9
+    blackHole(last)
+    childReport(["roundtrips_per_s": Double(count) / seconds])
+}
+
 /// `mainspring-bench --child actor-hop <variant> <count>`: runs on the process main thread.
 let actorHopChild = ChildEntryPoint(name: "actor-hop") { arguments in
     guard arguments.count == 2, let count = Int(arguments[1]), count > 0 else {
@@ -95,6 +116,17 @@ let actorHopChild = ChildEntryPoint(name: "actor-hop") { arguments in
         thread.start()
         let worker = HopWorker(executor: background)
         Task { @MainActor in await hop(worker, count: count) }
+        try EventLoop.main.run()
+    case "mainspring-same-loop":
+        let worker = HopWorker(executor: EventLoop.main)
+        Task { @MainActor in await hop(worker, count: count) }
+        try EventLoop.main.run()
+    case "mainspring-task-same-loop":
+        let background = try EventLoop()
+        let thread = Thread { try? background.run() }
+        thread.start()
+        let worker = HopWorker(executor: background)
+        Task(executorPreference: background) { await hopFromTask(worker, count: count) }
         try EventLoop.main.run()
     case "dispatch":
         let worker = HopWorker(executor: DispatchQueueExecutor())

@@ -3,10 +3,11 @@ import ExampleServices
 import Foundation
 import Mainspring
 
-/// daemon: the daemon's line service on one loop vs a plain-C bufferevent service, under the
-/// same in-process loopback load: 32 connections, each sending windows of 16 pipelined
-/// `ECHO` requests and waiting for the 16 replies. Plus ECHO latency while another client keeps
-/// `WORK` running on the loop's feeder.
+/// daemon: the daemon's line service on one loop — with callbacks (`mainspring`, `LineService`)
+/// and with async/await (`mainspring-async`, `AsyncLineService`, the core of `mainspring-daemon`)
+/// — vs a plain-C bufferevent service, under the same in-process loopback load: 32 connections,
+/// each sending windows of 16 pipelined `ECHO` requests and waiting for the 16 replies. Plus ECHO
+/// latency while another client keeps `WORK` running on the loop's feeder.
 let daemonScenario = Scenario(
     name: "daemon",
     summary: "line service vs C bufferevent echo: 32 loopback clients, pipelined; ECHO p99 under WORK"
@@ -20,6 +21,16 @@ let daemonScenario = Scenario(
             let plain = loadTest(port: service.port, duration: duration)
             let busy = loadTest(port: service.port, duration: duration, workClient: true)
             service.shutdown(gracePeriod: .seconds(1))
+            return [("requests_per_s", plain.rate), ("p99_ms", plain.p99), ("cpu_us_per_request", plain.cpuPerRequest),
+                    ("busy_echo_p99_ms", busy.p99)]
+        }())
+        samples.add("mainspring-async", {
+            // The daemon's async core (AsyncLineService: a task per connection on its loop).
+            let group = try! EventLoopGroup(loopCount: 1)
+            let service = blockingAwait { try! await AsyncLineService(group: group, options: .init(idleTimeout: nil)) }
+            let plain = loadTest(port: service.port, duration: duration)
+            let busy = loadTest(port: service.port, duration: duration, workClient: true)
+            blockingAwait { await service.shutdown(gracePeriod: .seconds(1)) }
             return [("requests_per_s", plain.rate), ("p99_ms", plain.p99), ("cpu_us_per_request", plain.cpuPerRequest),
                     ("busy_echo_p99_ms", busy.p99)]
         }())

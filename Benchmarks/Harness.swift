@@ -209,3 +209,15 @@ func childReportJSON(_ object: [String: Any]) -> Never {
 
 /// Where scenarios that draw a plot write it (`--svg DIR`); nil: no plot.
 let plotDirectory = Mutex<String?>(nil)
+
+/// Runs `body` in a task and blocks the calling (plain) thread until it returns.
+@discardableResult
+func blockingAwait<T: Sendable>(_ body: @escaping @Sendable () async -> T) -> T {
+    let box = ResultBox<T>()
+    Task {
+        box.value = await body()
+        box.done.signal()
+    }
+    box.done.wait()
+    return box.value!
+}

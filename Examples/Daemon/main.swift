@@ -3,10 +3,12 @@ import Foundation
 import Mainspring
 import MainspringHTTP
 
-// mainspring-daemon: a line service on loopback, its connections spread over an EventLoopGroup.
-// See LineService for the protocol. SIGINT/SIGTERM drain gracefully and exit 0; SIGHUP prints
-// the counters to stderr. Under systemd (Systemd.swift): socket activation, readiness, status
-// and reload notifications, a watchdog fed by the loops' health, journal priorities.
+// mainspring-daemon: a line service on loopback, written with async/await, its connections
+// spread over an EventLoopGroup (AsyncLineService; see LineService for the protocol).
+// SIGINT/SIGTERM drain gracefully and exit 0; SIGHUP prints the counters to stderr. With
+// --http-port, an HTTP side (HTTPSide.swift: /metrics, /healthz, /echo, /work). Under systemd
+// (Systemd.swift): socket activation, readiness, status and reload notifications, a watchdog fed
+// by the loops' health, journal priorities.
 
 let usage = """
     usage: mainspring-daemon [options]
@@ -88,89 +90,81 @@ while !arguments.isEmpty {
 let activated = activatedSocket(named: socketName, log: log)
 let manager = ServiceManagerLink(log: log)
 
-/// Runs on the main thread's loop, where the signals arrive.
-final class Daemon {
-    let grace: Duration
-    var service: LineService?
-    var http: HTTPServer?
-    private var stopping = false
-
-    init(grace: Duration) { self.grace = grace }
-
-    func shutDown(_ name: String) {
-        guard !stopping, let service else { return }
-        stopping = true
-        manager.stopping(status: "\(name): draining (up to \(grace)): \(service.currentStats)")
-        log(.info, "\(name): draining (up to \(grace))…")
-        http?.close()
-        let report = service.shutdown(gracePeriod: grace)
-        log(.info, "stopped: \(service.currentStats); \(report)")
-        EventLoop.main.stop()
-    }
-
-    /// SIGHUP: the daemon has no configuration to re-read, so its reload prints the counters;
-    /// the manager hears RELOADING=1 … READY=1 around it all the same.
-    func reload() {
-        guard !stopping else { return }
-        manager.reload(status: { status() }) { printStats() }
-    }
-
-    func printStats() {
-        if let service { log(.info, "stats: \(service.currentStats)") }
-    }
-
-    /// The STATUS= line: where it serves and its counters.
-    func status() -> String {
-        guard let service else { return "starting" }
-        return "serving \(service.localAddress) on \(service.group.loops.count) loop(s): \(service.currentStats)"
-            + manager.watchdogSummary
-    }
-}
-
 // Everything that needs a file descriptor of its own is set up before the service accepts its
 // first connection: once clients may have taken every descriptor (EMFILE), it would be too late.
-// - The signal watchers (their loop has an eventfd, an epoll and a timerfd).
+// - The signal handlers (their loop has an eventfd, an epoll and a timerfd).
 // - The main loop's Dispatch main-queue bridge, installed by running the loop once: libdispatch
 //   creates an eventfd for it, and aborts the process if it cannot.
-let daemon = Daemon(grace: grace)
 let main = EventLoop.main
+let signals: EventLoop.Signals
 do {
-    _ = try main.onSignal(SIGINT) { daemon.shutDown("SIGINT") }
-    _ = try main.onSignal(SIGTERM) { daemon.shutDown("SIGTERM") }
-    _ = try main.onSignal(SIGHUP) { daemon.reload() }
+    signals = try main.signals([SIGINT, SIGTERM, SIGHUP])
 } catch {
     log(.error, "mainspring-daemon: cannot watch signals: \(error)")
     exit(1)
 }
 main.runOnce(blocking: false)
 
+let group: EventLoopGroup
 do {
-    let group = try EventLoopGroup(loopCount: loops)
-    let service: LineService
-    if let activated {
-        do {
-            service = try LineService(group: group, endpoint: .activated(activated), options: options)
-        } catch {
-            log(.error, "mainspring-daemon: cannot serve on the activated \(activated): \(error)")
-            exit(exitConfigurationError)
-        }
-    } else {
-        service = try LineService(group: group, host: host, port: port, options: options)
-    }
-    daemon.service = service
-    let how = activated.map { " (socket activation: \($0))" } ?? ""
-    say("listening on \(service.localAddress)\(how) with \(loops) loop(s)")
-    if let httpPort { daemon.http = startHTTPSide(group: service.group, host: host, port: httpPort) }
+    group = try EventLoopGroup(loopCount: loops)
 } catch {
-    log(.error, "mainspring-daemon: cannot listen on \(host):\(port): \(error)")
+    log(.error, "mainspring-daemon: cannot start \(loops) loop(s): \(error)")
     exit(1)
 }
 
-// Accepting: tell the service manager, keep it posted, and feed its watchdog while the group's
-// loops are healthy.
-manager.ready(status: daemon.status())
-manager.startWatchdog(over: daemon.service?.group.loops ?? [])
-manager.sendStatus(every: statusInterval, on: main) { daemon.status() }
+/// The STATUS= line: where the daemon serves and its counters.
+@MainActor func status(of service: AsyncLineService) -> String {
+    "serving \(service.localAddress) on \(service.group.loops.count) loop(s): \(service.currentStats)"
+        + manager.watchdogSummary
+}
+
+// The daemon itself: a task on the main loop that starts the service (each connection served by
+// a task on its own loop), tells the service manager, then waits for signals. SIGINT/SIGTERM
+// drain and end it; SIGHUP prints the counters (the manager hears RELOADING=1 … READY=1 around
+// it: the daemon has no configuration to re-read).
+Task { @MainActor in
+    let service: AsyncLineService
+    do {
+        if let activated {
+            do {
+                service = try await AsyncLineService(group: group, endpoint: .activated(activated), options: options)
+            } catch {
+                log(.error, "mainspring-daemon: cannot serve on the activated \(activated): \(error)")
+                exit(exitConfigurationError)
+            }
+        } else {
+            service = try await AsyncLineService(group: group, host: host, port: port, options: options)
+        }
+    } catch {
+        log(.error, "mainspring-daemon: cannot listen on \(host):\(port): \(error)")
+        exit(1)
+    }
+    let how = activated.map { " (socket activation: \($0))" } ?? ""
+    say("listening on \(service.localAddress)\(how) with \(loops) loop(s)")
+    let http = httpPort.map { startHTTPSide(group: group, host: host, port: $0) }
+
+    // Accepting: tell the service manager, keep it posted, and feed its watchdog while the
+    // group's loops are healthy.
+    manager.ready(status: status(of: service))
+    manager.startWatchdog(over: group.loops)
+    manager.sendStatus(every: statusInterval, on: main) { MainActor.assumeIsolated { status(of: service) } }
+
+    for await signal in signals {
+        if signal == SIGHUP {
+            manager.reload(status: { status(of: service) }) { log(.info, "stats: \(service.currentStats)") }
+            continue
+        }
+        let name = signal == SIGINT ? "SIGINT" : "SIGTERM"
+        manager.stopping(status: "\(name): draining (up to \(grace)): \(service.currentStats)")
+        log(.info, "\(name): draining (up to \(grace))…")
+        http?.close()
+        let report = await service.shutdown(gracePeriod: grace)
+        log(.info, "stopped: \(service.currentStats); \(report)")
+        break
+    }
+    main.stop()
+}
 
 do {
     try main.run()

@@ -20,6 +20,10 @@ var scenarios: [String: @MainActor () throws -> Void] = [
     "operations-main-wait": operationsMainWaitScenario,
     "leak-check": leakCheckScenario,
     "signal-default": signalDefaultScenario,
+    "async-cancel": asyncCancelScenario,
+    "async-signals": asyncSignalsScenario,
+    "async-stdin": asyncStdinScenario,
+    "async-second-consumer": asyncSecondConsumerScenario,
 ]
 #if MAINSPRING_MAIN_EXECUTOR
 scenarios["main-executor"] = mainExecutorScenario

@@ -37,22 +37,6 @@ private func port(inBanner banner: String?) throws -> UInt16 {
     return try #require(address.split(separator: ":").last.flatMap { UInt16($0) }, "no port in '\(line)'")
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago (for tools that need a port number up
-/// front; a test retries with another one if it is taken meanwhile).
-private func freePort() throws -> UInt16 {
-    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-    defer { close(fd) }
-    var address = sockaddr_in()
-    address.sin_family = sa_family_t(AF_INET)
-    address.sin_addr.s_addr = inet_addr("127.0.0.1")
-    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-    let ok = withUnsafeMutablePointer(to: &address) {
-        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0 }
-    }
-    guard ok else { throw POSIXError(.EADDRINUSE) }
-    return UInt16(bigEndian: address.sin_port)
-}
-
 /// Connects to `port`, retrying while nobody listens yet (a tool still starting).
 private func connect(to port: UInt16, within timeout: Duration = .seconds(20)) throws -> TestClient {
     let deadline = ContinuousClock.now + timeout

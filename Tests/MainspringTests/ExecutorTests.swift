@@ -166,7 +166,7 @@ struct TaskExecutorTests {
         #expect(after - before >= 100, "each slice of a task is one loop callback")
     }
 
-    @Test("a task on a loop calls an actor pinned to it on the same thread, one post per round trip")
+    @Test("a task on a loop calls an actor pinned to it on the same thread, two local posts per round trip")
     func sameLoopActor() async throws {
         let background = try BackgroundLoop()
         defer { background.stop() }
@@ -179,9 +179,35 @@ struct TaskExecutorTests {
         let after = try await loop.submit { loop.metrics.totalCallbacks }
         #expect(await counter.count == 1_000)
         #expect(await counter.offLoop == 0)
-        // The call itself is inline; only the way back to the task's nonisolated code is a post.
-        // Two executors (there and back again) would take 2,000.
-        #expect(after - before < 1_500, "\(after - before) callbacks for 1,000 calls")
+        // One post there, one back: both appends on the loop's own thread (no other thread runs
+        // any of it: `offLoop` is 0).
+        #expect(after - before >= 2_000 && after - before < 2_100, "\(after - before) callbacks for 1,000 calls")
+    }
+
+    @Test("a task whose loop shut down while it waited elsewhere still finishes, off the dead loop")
+    func taskOutlivesItsLoop() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        let loop = group.loops[0]
+        let released = DispatchSemaphore(value: 0)
+        let task = Task(executorPreference: loop) { () -> (Bool, Bool) in
+            let before = loop.isCurrent
+            // Waits on another thread while the group shuts down.
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                DispatchQueue.global().async {
+                    released.wait()
+                    continuation.resume()
+                }
+            }
+            return (before, loop.isCurrent)
+        }
+        try await Task.sleep(for: .milliseconds(20))
+        let report = await group.shutdown(gracePeriod: .zero)
+        #expect(report.stuckLoops == 0)
+        released.signal()
+        let (before, after) = await task.value  // resumed for a dead loop: run by the fallback
+        #expect(before)
+        #expect(!after)
+        #expect(loop.metrics.droppedAtShutdown >= 1)
     }
 
     @Test("a task that never suspends holds input back like a long callback; loop.yield() lets it in")

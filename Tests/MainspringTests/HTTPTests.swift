@@ -26,8 +26,11 @@ private final class TestServer: @unchecked Sendable {
         }
         routes.get("/query") { request in .text(request.queryItems.map { "\($0.name)=\($0.value)" }.joined(separator: "&") + "\n") }
         routes.get("/later") { request async throws in
+            let before = request.loop.isCurrent
             try await request.loop.sleep(for: .milliseconds(50))
-            return .text("later from \(request.remoteAddress.hasPrefix("127.0.0.1:") ? "loopback" : request.remoteAddress)\n")
+            let after = request.loop.isCurrent
+            return .text("later from \(request.remoteAddress.hasPrefix("127.0.0.1:") ? "loopback" : request.remoteAddress)"
+                + " on its loop: \(before) \(after)\n")
         }
         routes.get("/static/", match: .prefix) { request in .text("file \(request.path)\n") }
         extra(&routes)
@@ -161,7 +164,7 @@ struct HTTPTests {
         let query = try await curl(["\(server.base)/query?a=1&b=x%20y&c=%E2%9C%93"])
         #expect(query.stdout == "a=1&b=x y&c=✓\n")
         let later = try await curl(["\(server.base)/later"])
-        #expect(later.stdout == "later from loopback\n")
+        #expect(later.stdout == "later from loopback on its loop: true true\n")
     }
 
     @Test("the head guard: a head in pieces (CR and LF apart) is served, one at the limit too; one byte over is 431, also pipelined")

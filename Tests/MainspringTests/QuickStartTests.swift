@@ -1,5 +1,9 @@
 import Foundation
 import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
 @testable import Mainspring
 
 /// The README's code, compiled and run.
@@ -29,6 +33,46 @@ struct QuickStartTests {
         #expect(Set(lines) == ["got one", "skipped 1 bad bytes", "got two", "sum from another thread: 500000500000"])
         #expect(lines.firstIndex(of: "got one")! < lines.firstIndex(of: "skipped 1 bad bytes")!)
         #expect(lines.firstIndex(of: "skipped 1 bad bytes")! < lines.firstIndex(of: "got two")!)
+    }
+
+    @Test("the README's async daemon is Examples/Echo/main.swift, character for character")
+    func asyncDaemonIsTheExample() throws {
+        let readme = try String(contentsOf: Self.root.appendingPathComponent("README.md"), encoding: .utf8)
+        let example = try String(contentsOf: Self.root.appendingPathComponent("Examples/Echo/main.swift"),
+                                 encoding: .utf8)
+        let section = try #require(readme.range(of: "## A daemon with async/await"))
+        let blockStart = try #require(readme.range(of: "```swift\n", range: section.upperBound..<readme.endIndex))
+        let blockEnd = try #require(readme.range(of: "```\n", range: blockStart.upperBound..<readme.endIndex))
+        #expect(String(readme[blockStart.upperBound..<blockEnd.lowerBound]) == example)
+    }
+
+    @Test("the async daemon runs: replies per line, bad lines refused, several clients at once, SIGTERM stops it")
+    func asyncDaemonRuns() async throws {
+        let port = try freePort()
+        let daemon = try startExecutable("mainspring-echo", arguments: ["\(port)"])
+        var clients: [TestClient] = []
+        let start = ContinuousClock.now
+        while clients.count < 3 {
+            if let client = try? TestClient(port: port) {
+                clients.append(client)
+            } else {
+                #expect(ContinuousClock.now - start < .seconds(30), "the daemon never listened")
+                if ContinuousClock.now - start > .seconds(30) { break }
+                usleep(20_000)
+            }
+        }
+        for (index, client) in clients.enumerated() { client.send("hello \(index)\n") }
+        for (index, client) in clients.enumerated() { #expect(client.readLine() == "you said: hello \(index)") }
+        clients[0].send(String(repeating: "x", count: 5_000) + "\n")
+        #expect(clients[0].readLine() == "ERR bad line")
+        clients[1].shutdownWrite()
+        #expect(clients[1].readLine() == nil, "the connection closes after the client's end of input")
+        clients.removeAll()
+        daemon.send(SIGTERM)
+        let result = daemon.waitForExit(timeout: .seconds(30))
+        #expect(result.status == 0 && !result.crashedBySignal, "\(result.summary)")
+        #expect(result.stdout.contains("listening on port \(port)"), "\(result.summary)")
+        #expect(result.stdout.contains("stopped: dropped 0 work item(s)"), "\(result.summary)")
     }
 
     @Test("the README's spin example: waiting inside a handler keeps the loop running")

@@ -83,3 +83,20 @@ final class TestClient: @unchecked Sendable {
 
     func shutdownWrite() { shutdown(fd, Int32(SHUT_WR)) }
 }
+
+/// A TCP port nobody listens on right now (bound to port 0, read back, released).
+func freePort() throws -> UInt16 {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    defer { close(fd) }
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_addr.s_addr = UInt32(0x7F00_0001).bigEndian
+    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+    let bound = withUnsafeMutablePointer(to: &address) { pointer in
+        pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+            bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0
+        }
+    }
+    guard bound else { throw POSIXError(.EADDRINUSE) }
+    return UInt16(bigEndian: address.sin_port)
+}

@@ -277,11 +277,11 @@ struct AdoptedListenerTests {
                 if case .line(let text) = event { try await connection.send(line: "echo: \(text)") }
                 break
             }
-            await connection.close()
+            connection.close()
             break
         }
         #expect(await reply.value == "echo: async hello")
-        await listener.close()
+        listener.close()
         _ = await group.shutdown(gracePeriod: .seconds(2))
     }
 

@@ -133,7 +133,7 @@ extension EventLoop {
     }
 
     /// Runs `body` on this loop and returns its result: directly when the caller is on the
-    /// loop's thread (or may claim it), otherwise after one hop there.
+    /// loop's thread, otherwise after one hop there.
     nonisolated(nonsending) func onLoop<T>(_ body: @escaping @Sendable () throws(EventLoopError) -> T) async
         throws(EventLoopError) -> T
     {
@@ -218,7 +218,7 @@ final class LoopFeed<Element: Sendable>: @unchecked Sendable {
         guard !isFinished else { return }
         if let waiter {
             self.waiter = nil
-            waiter.resume(returning: element)
+            loop.resumingInput { waiter.resume(returning: element) }
             return
         }
         buffer.append(element)

@@ -78,6 +78,9 @@ public final class EventLoop: @unchecked Sendable {
     var mainQueueSource: MainQueueSource?
     /// The serial executor of the actors pinned to this loop (see Executor.swift).
     let actorExecutor = LoopActorExecutor()
+    /// The priority of jobs enqueued from this loop's thread right now: `.input` while an input
+    /// source resumes the task waiting for it (see `resumingInput`). Loop thread only.
+    var jobPriority: Priority = .normal
 
     // MARK: Creation
 

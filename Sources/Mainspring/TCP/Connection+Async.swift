@@ -16,7 +16,7 @@
 /// suspended on it ends with `.cancelled` — and the cancelled operation throws `.cancelled`.
 /// Nothing stays registered: the socket is closed, the suspended tasks are resumed. (A
 /// connection is one conversation; a reader that stops half-way cannot leave it in a state
-/// anyone could resume.) Awaiting `closed` or `close()` is not affected by cancellation.
+/// anyone could resume.) Awaiting `closed` is not affected by cancellation.
 extension Connection {
     // MARK: Input
 
@@ -118,7 +118,8 @@ extension Connection {
 
     // MARK: Closing
 
-    /// Why the connection closed, once it has: suspends until then. Any number of tasks may
+    /// Why the connection closed, once it has: suspends until then (`connection.close()` then
+    /// `await connection.closed` waits for a graceful close to finish). Any number of tasks may
     /// await it; cancelling one does not end its wait (as with `Task.value`).
     public var closed: CloseReason {
         get async {
@@ -136,19 +137,6 @@ extension Connection {
                 }
             }
         }
-    }
-
-    /// Stops reading, sends what is buffered (for at most `Options.closeTimeout`), closes the
-    /// socket, and returns once it is closed. Idempotent; any task. The reason is then in
-    /// `await closed` (`.closed`, unless something else closed it first).
-    public nonisolated(nonsending) func close() async {
-        if loop.isCurrent {
-            source.closeGracefully()
-        } else {
-            let source = UncheckedSource(source)
-            loop.execute { source.value.closeGracefully() } orElse: {}
-        }
-        _ = await closed
     }
 
     // MARK: Connecting
@@ -170,7 +158,7 @@ extension Connection {
                     continuation.resume(returning: .failure(error))
                 }
             }
-            if loop.claimThread() {
+            if loop.isCurrent {
                 start()
             } else {
                 loop.execute(start, orElse: { continuation.resume(returning: .failure(.loopClosed)) })

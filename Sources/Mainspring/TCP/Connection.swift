@@ -6,9 +6,9 @@ import Synchronization
 ///
 /// ## Two ways to use it
 /// - **Callbacks** (the lower, fastest layer): `readLines`, `readBytes`, `write`, `writeLine`,
-///   `close()`, `onClose`. Loop thread only (a precondition names the call otherwise).
+///   `onClose`. Loop thread only (a precondition names the call otherwise).
 /// - **Async**: `for try await event in connection.lines`, `bytes`, `try await send(…)`,
-///   `await closed`, `await close()`, `Connection.connect(…) async`. Any task, any thread;
+///   `await closed`, `Connection.connect(…) async`. Any task, any thread;
 ///   fastest from a task that prefers the connection's loop
 ///   (`group.addTask(executorPreference: connection.loop) { … }`): then a line that is already
 ///   buffered, or a `send` below the output limit, costs no hop, no lock and no suspension, and
@@ -29,7 +29,7 @@ import Synchronization
 /// ## Lifecycle
 /// Reading starts when you call `readLines` or `readBytes`, or iterate `lines` or `bytes` (one
 /// consumer per connection). The peer's end of input arrives as `.endOfFile`; the connection
-/// stays open so you can still reply. `close()` sends what is buffered, then closes; `onClose`
+/// stays open so you can still reply. `close()` (any thread) sends what is buffered, then closes; `onClose`
 /// runs exactly once with the reason, after which nothing else is delivered. When the last
 /// handle on a connection goes away and no callback handler holds it, it is closed the same
 /// way (what was written is still sent).
@@ -209,10 +209,16 @@ public final class Connection: @unchecked Sendable {
     }
 
     /// Stops reading, sends what is buffered (for at most `Options.closeTimeout`), then closes
-    /// the socket and runs `onClose(.closed)`. Idempotent.
+    /// the socket and runs `onClose(.closed)`. Idempotent. Any thread: on the loop's thread the
+    /// close starts at once, from elsewhere it is posted to the loop; it never waits — `await
+    /// closed` does.
     public func close() {
-        source.loop.preconditionOnLoop("Connection.close()")
-        source.closeGracefully()
+        if loop.isCurrent {
+            source.closeGracefully()
+        } else {
+            let source = UncheckedSource(source)
+            loop.execute { source.value.closeGracefully() }
+        }
     }
 
     /// Runs `handler` once when the connection closes, with the reason. If it is already closed,

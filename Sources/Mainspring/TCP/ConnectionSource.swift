@@ -42,6 +42,12 @@ final class ConnectionSource: Source {
 
     private(set) var isPausedForOutput = false
     private var isReading = false
+    /// libevent's input buffer is full (`inputLimit`): the socket is not read until the reader
+    /// (callbacks or the async consumer) has taken some. libevent itself would stop reading, but
+    /// would also call back again and again, inside one poll, for as long as nobody drains it.
+    private var isInputFull = false
+    /// Whether reading is enabled on the bufferevent (see `updateReading`).
+    private var isReadEnabled = false
     private var peerEnded = false
     private var deliveredEndOfFile = false
     private var isClosing = false
@@ -143,7 +149,7 @@ final class ConnectionSource: Source {
         lineHandler = lines
         bytesHandler = bytes
         isReading = true
-        if !isPausedForOutput { socket?.enable(.read) }
+        updateReading()
         // Input may already be buffered (or the peer already gone): look at it next turn.
         loop.enqueueNextTurn(source: self)
     }
@@ -160,9 +166,11 @@ final class ConnectionSource: Source {
         }
         if let bytesHandler {
             let data = socket.readInput(upTo: Self.chunk)
+            releaseInputHold(socket)
             if !data.isEmpty { bytesHandler(.bytes(data)) }
         } else if lineHandler != nil {
             _ = socket.splitInput(upTo: Self.chunk, into: &splitter) { lineEvents.append($0) }
+            releaseInputHold(socket)
             deliverLines()
         }
         if isClosed || isClosing || isPausedForOutput { return }
@@ -200,7 +208,32 @@ final class ConnectionSource: Source {
     func startAsyncReading() {
         guard !isClosed, !isClosing else { return }
         isReading = true
-        if !isPausedForOutput { socket?.enable(.read) }
+        updateReading()
+    }
+
+    /// Enables or disables reading the socket: on while someone reads, and neither the output
+    /// (over its limit) nor the async consumer (not taking a full input buffer) holds it back.
+    private func updateReading() {
+        guard let socket else { return }
+        let wanted = isReading && !isClosing && !isPausedForOutput && !isInputFull
+        guard wanted != isReadEnabled else { return }
+        isReadEnabled = wanted
+        if wanted { socket.enable(.read) } else { socket.disable(.read) }
+    }
+
+    /// Inside the poll (libevent's read callback): stop reading a full input buffer at once.
+    func inputArrived() {
+        guard !isInputFull, let socket, socket.inputLength >= Self.inputLimit else { return }
+        isInputFull = true
+        updateReading()
+    }
+
+    /// After the reader took input: a full input buffer that held reading back has room.
+    private func releaseInputHold(_ socket: BufferedSocket) {
+        if isInputFull && socket.inputLength < Self.inputLimit {
+            isInputFull = false
+            updateReading()
+        }
     }
 
     /// The next line event for the task iterating `lines`, if one is ready or can be split from
@@ -217,6 +250,7 @@ final class ConnectionSource: Source {
             if taken == 0 { break }
             split += taken
         }
+        if split > 0 { releaseInputHold(socket) }
         if lineEvents.isEmpty && peerEnded && socket.inputLength == 0 {
             deliveredEndOfFile = true
             splitter.finish { lineEvents.append($0) }
@@ -240,7 +274,10 @@ final class ConnectionSource: Source {
         if deliveredEndOfFile || isClosing { return .end }
         guard !isPausedForOutput, let socket else { return .wait }
         let data = socket.readInput(upTo: Self.chunk)
-        if !data.isEmpty { return .element(data) }
+        if !data.isEmpty {
+            releaseInputHold(socket)
+            return .element(data)
+        }
         if peerEnded {
             deliveredEndOfFile = true
             return .end
@@ -262,19 +299,25 @@ final class ConnectionSource: Source {
     /// there is something for it now.
     private func wakeAsyncReader() {
         if let waiter = lineWaiter {
+            let result: Result<LineEvent?, Connection.CloseReason>
             switch pullLine() {
             case .wait: return
-            case .element(let event): lineWaiter = nil; waiter.resume(returning: .success(event))
-            case .end: lineWaiter = nil; waiter.resume(returning: .success(nil))
-            case .failed(let reason): lineWaiter = nil; waiter.resume(returning: .failure(reason))
+            case .element(let event): result = .success(event)
+            case .end: result = .success(nil)
+            case .failed(let reason): result = .failure(reason)
             }
+            lineWaiter = nil
+            loop.resumingInput { waiter.resume(returning: result) }
         } else if let waiter = bytesWaiter {
+            let result: Result<[UInt8]?, Connection.CloseReason>
             switch pullBytes() {
             case .wait: return
-            case .element(let data): bytesWaiter = nil; waiter.resume(returning: .success(data))
-            case .end: bytesWaiter = nil; waiter.resume(returning: .success(nil))
-            case .failed(let reason): bytesWaiter = nil; waiter.resume(returning: .failure(reason))
+            case .element(let data): result = .success(data)
+            case .end: result = .success(nil)
+            case .failed(let reason): result = .failure(reason)
             }
+            bytesWaiter = nil
+            loop.resumingInput { waiter.resume(returning: result) }
         }
     }
 
@@ -324,7 +367,8 @@ final class ConnectionSource: Source {
             let sender = senders[firstSender]
             firstSender += 1
             write(sender.payload)
-            sender.continuation.resume(returning: closeReason.map { .failure($0) } ?? .success(()))
+            let result: Result<Void, Connection.CloseReason> = closeReason.map { .failure($0) } ?? .success(())
+            loop.resumingInput { sender.continuation.resume(returning: result) }
         }
         if firstSender == senders.count {
             senders.removeAll(keepingCapacity: senders.capacity <= 16)
@@ -360,7 +404,7 @@ final class ConnectionSource: Source {
     private func didWrite(_ socket: BufferedSocket) {
         if !isPausedForOutput && socket.outputLength > options.outputLimit {
             isPausedForOutput = true
-            socket.disable(.read)
+            updateReading()
             socket.setWriteLowWatermark(options.outputLimit / 2)
         }
     }
@@ -377,7 +421,7 @@ final class ConnectionSource: Source {
         guard !isClosed, !isClosing, let socket else { return }
         isClosing = true
         isReading = false
-        socket.disable(.read)
+        updateReading()
         endAsyncOperationsForClosing()
         if socket.outputLength == 0 {
             finish(.closed)
@@ -499,7 +543,7 @@ final class ConnectionSource: Source {
             socket.setWriteLowWatermark(0)
             resumeSenders()
             if isReading && !isPausedForOutput && !isClosed {
-                socket.enable(.read)
+                updateReading()
                 deliverInput()
             }
         }
@@ -565,7 +609,11 @@ final class ConnectionSource: Source {
     /// Receives libevent's callbacks and fires the source (no user code inside the poll).
     private final class Target: BufferedSocketTarget {
         weak var source: ConnectionSource?
-        override func socketReadable() { source?.fire(.read) }
+        override func socketReadable() {
+            guard let source else { return }
+            source.inputArrived()
+            source.fire(.read)
+        }
         override func socketDrained() { source?.fire(.write) }
         override func socketEvent(_ event: SocketEvent, errno: Int32) {
             guard let source else { return }

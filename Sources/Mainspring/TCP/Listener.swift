@@ -15,8 +15,8 @@ import Synchronization
 /// When `accept(2)` runs out of file descriptors (`EMFILE`, `ENFILE`), the listener pauses for
 /// 100 ms instead of spinning on the still-readable listening socket, then resumes.
 ///
-/// The handle is `Sendable`. `close()` and the async members work from any thread; the callback
-/// initialiser and the synchronous `close()` are loop-thread only.
+/// The handle is `Sendable`: `close()`, its properties and the async members work from any
+/// thread; the callback initialiser is loop-thread only.
 public final class Listener: @unchecked Sendable {
     /// Loop thread only.
     private let source: ListenerSource
@@ -110,12 +110,14 @@ public final class Listener: @unchecked Sendable {
     {
         let queue = ConnectionQueue()
         let shared = ListenerShared()
-        let made: Result<UncheckedListenerSource, EventLoopError> = await withUnsafeContinuation { continuation in
+        let made: Result<(UncheckedListenerSource, UInt16, String), EventLoopError> = await withUnsafeContinuation {
+            continuation in
             let start: @Sendable () -> Void = {
                 do throws(EventLoopError) {
                     let source = try ListenerSource(loop: loop, socket: socket, group: group, options: options,
                                                     delivery: .queue(queue), shared: shared)
-                    continuation.resume(returning: .success(UncheckedListenerSource(source)))
+                    continuation.resume(returning: .success((UncheckedListenerSource(source), source.port,
+                                                             source.localAddress)))
                 } catch {
                     continuation.resume(returning: .failure(error))
                 }
@@ -126,12 +128,13 @@ public final class Listener: @unchecked Sendable {
                 loop.execute(start, orElse: { continuation.resume(returning: .failure(.loopClosed)) })
             }
         }
-        source = try made.get().value
+        let (source, boundPort, boundAddress) = try made.get()
+        self.source = source.value
         self.shared = shared
         self.queue = queue
         self.loop = loop
-        self.port = source.port
-        self.localAddress = source.localAddress
+        self.port = boundPort  // read on the loop's thread
+        self.localAddress = boundAddress
     }
 
     /// The address the socket is bound to, for messages: `127.0.0.1:7000`, `[::1]:7000`, or a
@@ -148,29 +151,15 @@ public final class Listener: @unchecked Sendable {
     public var isListening: Bool { !shared.isClosed.load(ordering: .acquiring) }
 
     /// Stops accepting and closes the listening socket. Connections already accepted are not
-    /// affected (those still waiting in `connections` are delivered). Idempotent. Loop thread
-    /// only.
+    /// affected (those still waiting in `connections` are delivered, then the iteration ends).
+    /// Idempotent. Any thread: on the loop's thread the socket closes at once, from elsewhere
+    /// the close is posted to the loop.
     public func close() {
-        source.loop.preconditionOnLoop("Listener.close()")
-        source.close()
-    }
-
-    /// Stops accepting and closes the listening socket, from any task; returns once it is
-    /// closed. The iteration of `connections` then ends after the connections already
-    /// accepted.
-    public nonisolated(nonsending) func close() async {
         if loop.isCurrent {
             source.close()
-            return
-        }
-        let source = UncheckedListenerSource(self.source)
-        await withUnsafeContinuation { (continuation: UnsafeContinuation<Void, Never>) in
-            loop.execute {
-                source.value.close()
-                continuation.resume()
-            } orElse: {
-                continuation.resume()  // the loop is gone, and the listener with it
-            }
+        } else {
+            let source = UncheckedListenerSource(self.source)
+            loop.execute { source.value.close() }
         }
     }
 
@@ -258,10 +247,7 @@ public final class Listener: @unchecked Sendable {
         loop.execute { source.value.resumeAfterConsumer() }
     }
 
-    private func cancelFromTask() {
-        let source = UncheckedListenerSource(self.source)
-        loop.execute { source.value.close() }
-    }
+    private func cancelFromTask() { close() }
 }
 
 /// What a `Listener` handle reads from any thread.

@@ -9,8 +9,8 @@ public enum PathMatch: Sendable, Hashable {
     case prefix
 }
 
-/// What handles a route. Every kind runs on the loop that read the request, except the body of
-/// an `async` handler, which runs in a task (see `HTTPRoutes`).
+/// What handles a route. Every kind runs on the loop that read the request (the body of an
+/// `async` handler in a task that prefers that loop; see `HTTPRoutes`).
 enum RouteHandler: Sendable {
     case sync(@Sendable (HTTPRequest) throws -> HTTPResponse)
     case async(@Sendable (HTTPRequest) async throws -> HTTPResponse)
@@ -97,9 +97,10 @@ public struct HTTPRoutes: Sendable {
 
     // MARK: Async handlers
 
-    /// An `async` handler: it runs in a task, and its response is sent on the request's loop.
-    /// (The task runs on the global concurrent executor; hop to the loop with `loop.submit` for
-    /// loop-bound work.)
+    /// An `async` handler: it runs in a task that prefers the request's loop as its executor, so
+    /// its code runs on that loop's thread (loop-bound work needs no hop), and its response is
+    /// sent there. Like any loop work it should suspend (or `await request.loop.yield()`) rather
+    /// than compute for long.
     public mutating func on(_ methods: Set<HTTPMethod>, _ path: String, match: PathMatch = .exact,
                             _ handler: @escaping @Sendable (HTTPRequest) async throws -> HTTPResponse)
     {

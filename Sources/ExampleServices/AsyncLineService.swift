@@ -1,0 +1,313 @@
+import Foundation
+import Mainspring
+import Synchronization
+
+/// `LineService`'s protocol, limits and replies, written with async/await: the listener's
+/// connections are iterated in a task on the acceptor loop, and each connection is served by an
+/// actor pinned to its own loop, run by a child task that prefers that loop — so reading a
+/// line, handling it and sending the reply never leave the connection's thread.
+///
+/// Requests are pipelined as in `LineService`: a `SLEEP` (a child task awaiting the loop's
+/// timer) or a `WORK` (fed through the loop's `Feeder`) does not hold back the requests behind
+/// it from being processed, only their replies from being sent before its own. One task sends
+/// at a time, in request order; while the peer does not read, `send` suspends, reading stops,
+/// and the peer's sends block in TCP.
+public final class AsyncLineService: Sendable {
+    public let group: EventLoopGroup
+    public let options: LineService.Options
+    /// The port the service listens on (0 on a unix socket).
+    public let port: UInt16
+    /// The address the service listens on ("127.0.0.1:7000", a unix socket's path).
+    public var localAddress: String { listener.localAddress }
+    private let listener: Listener
+    private let registry: SessionRegistry
+    private let stats: StatsCounters
+    private let serving: Task<Void, Never>
+
+    /// Starts listening on `host:port` (0: any free port, see `port`) and serving; connections
+    /// are spread over the group's loops. Any task.
+    public convenience init(group: EventLoopGroup, host: String = "127.0.0.1", port: UInt16 = 0,
+                            options: LineService.Options = .init()) async throws
+    {
+        try await self.init(group: group, endpoint: .address(host: host, port: port), options: options)
+    }
+
+    /// Starts serving on `endpoint` — a new socket, or one passed by socket activation.
+    /// Connections are spread over the group's loops. Any task.
+    public init(group: EventLoopGroup, endpoint: LineService.Endpoint, options: LineService.Options = .init())
+        async throws
+    {
+        self.group = group
+        self.options = options
+        let stats = StatsCounters()
+        let registry = SessionRegistry()
+        let connectionOptions = Connection.Options(maxLineLength: options.maxLineLength,
+                                                   outputLimit: options.outputLimit, idleTimeout: options.idleTimeout)
+        let listener = switch endpoint {
+        case .address(let host, let port):
+            try await Listener(host: host, port: port, on: group.loops[0], group: group, options: connectionOptions)
+        case .activated(let socket):
+            try await Listener(activatedSocket: socket, on: group.loops[0], group: group, options: connectionOptions)
+        }
+        let feeders = group.loops.map { Feeder(loop: $0, priority: .background, pacing: options.workPacing) }
+        let loops = group.loops
+        let startTime = Date()
+        self.serving = Task(executorPreference: group.loops[0]) {
+            await withDiscardingTaskGroup { tasks in
+                do {
+                    for try await connection in listener.connections {
+                        stats.accepted.add(1, ordering: .relaxed)
+                        stats.open.add(1, ordering: .relaxed)
+                        let feeder = feeders[loops.firstIndex { $0 === connection.loop } ?? 0]
+                        tasks.addTask(executorPreference: connection.loop) {
+                            let session = AsyncSession(connection: connection, feeder: feeder, options: options,
+                                                       stats: stats, startTime: startTime)
+                            if registry.add(session) { await session.drain() }
+                            await session.run()
+                            registry.remove(session)
+                            stats.open.subtract(1, ordering: .relaxed)
+                        }
+                    }
+                } catch {
+                    // Cancelled: the listener is closed; the sessions finish on their own.
+                }
+            }
+        }
+        self.listener = listener
+        self.registry = registry
+        self.stats = stats
+        self.port = listener.port
+    }
+
+    /// A snapshot of the counters. Any thread.
+    public var currentStats: LineService.Stats { stats.snapshot }
+
+    /// Stops accepting, lets every connection finish the requests it has in flight (their
+    /// replies are sent; new requests get `ERR shutting down`), closes the connections, then
+    /// shuts the group down within `gracePeriod` (one deadline for all loops). Any task outside
+    /// the group's loops.
+    @discardableResult
+    public func shutdown(gracePeriod: Duration = .seconds(5)) async -> EventLoopGroup.ShutdownReport {
+        listener.close()
+        for session in registry.startDraining() { await session.drain() }
+        let report = await group.shutdown(gracePeriod: gracePeriod)
+        await serving.value
+        return report
+    }
+}
+
+/// The live sessions, so that a shutdown can drain them; sessions that start after the drain
+/// began drain at once. (An `NSLock`, which ThreadSanitizer understands.)
+private final class SessionRegistry: Sendable {
+    private struct State {
+        var sessions: [ObjectIdentifier: AsyncSession] = [:]
+        var isDraining = false
+    }
+
+    private let state = Guarded(State())
+
+    /// Registers `session`; true if the service is draining already.
+    func add(_ session: AsyncSession) -> Bool {
+        state.withLock { state in
+            state.sessions[ObjectIdentifier(session)] = session
+            return state.isDraining
+        }
+    }
+
+    func remove(_ session: AsyncSession) {
+        _ = state.withLock { $0.sessions.removeValue(forKey: ObjectIdentifier(session)) }
+    }
+
+    /// From now on sessions drain; returns the ones already running.
+    func startDraining() -> [AsyncSession] {
+        state.withLock { state in
+            state.isDraining = true
+            return Array(state.sessions.values)
+        }
+    }
+}
+
+/// One connection, on its loop: requests in, replies out in request order.
+private actor AsyncSession {
+    let connection: Connection
+    nonisolated var unownedExecutor: UnownedSerialExecutor { connection.loop.asUnownedSerialExecutor() }
+    private let feeder: Feeder
+    private let options: LineService.Options
+    private let stats: StatsCounters
+    private let startTime: Date
+    /// Replies in request order (`nil` while the request is in flight); `first` is the next to
+    /// send. A slot is `base + index`.
+    private var replies: [String?] = []
+    private var first = 0
+    private var base = 0
+    /// Whether a task is sending replies (only one does, so that they go out in order).
+    private var isWriting = false
+    private var isDraining = false
+    private var isQuitting = false
+    private var checksums: [Int: UInt64] = [:]
+
+    init(connection: Connection, feeder: Feeder, options: LineService.Options, stats: StatsCounters, startTime: Date) {
+        self.connection = connection
+        self.feeder = feeder
+        self.options = options
+        self.stats = stats
+        self.startTime = startTime
+    }
+
+    private var pending: Int { replies.count - first }
+
+    /// Serves the connection until it closes; requests still in flight finish first.
+    ///
+    /// The common request — an immediate reply with nothing in flight ahead of it — is handled
+    /// synchronously and its reply sent right here: no other async call per request (each one
+    /// into an actor-isolated method costs the runtime an executor check).
+    func run() async {
+        await withDiscardingTaskGroup { tasks in
+            do {
+                for try await event in connection.lines {
+                    guard let text = handle(event, tasks: &tasks) else { continue }
+                    if pending == 0 && !isWriting {
+                        isWriting = true
+                        await send(text)
+                        isWriting = false
+                        if pending > 0 { await flush() }
+                    } else {
+                        place(reserve(), text)
+                        await flush()
+                    }
+                    closeIfDone()
+                }
+            } catch {
+                // Closed under us (reset, idle timeout, cancelled): nothing more to read.
+            }
+        }
+        connection.close()
+    }
+
+    /// Finish what is in flight, refuse new requests, close when the last reply is out.
+    func drain() {
+        isDraining = true
+        closeIfDone()
+    }
+
+    /// Handles one event; returns the reply to send now (in order), if it has one already.
+    private func handle(_ event: LineEvent, tasks: inout DiscardingTaskGroup) -> String? {
+        switch event {
+        case .line(let text):
+            stats.requests.add(1, ordering: .relaxed)
+            if isDraining || isQuitting { return "ERR shutting down" }
+            if pending >= options.maxPendingReplies {
+                return "ERR too many requests in flight (\(options.maxPendingReplies))"
+            }
+            return serve(text, tasks: &tasks)
+        case .tooLong(let bytes):
+            return "ERR line too long (\(bytes) bytes; the limit is \(options.maxLineLength))"
+        case .invalidUTF8(let bytes):
+            return "ERR invalid UTF-8 (\(bytes) bytes)"
+        case .endOfFile, .error:
+            isQuitting = true
+            closeIfDone()
+            return nil
+        }
+    }
+
+    private func serve(_ line: String, tasks: inout DiscardingTaskGroup) -> String? {
+        switch DaemonCommand.parse(line) {
+        case .failure(let error):
+            return "ERR \(error)"
+        case .success(.echo(let text)):
+            return text
+        case .success(.time):
+            return ISO8601DateFormatter().string(from: Date())
+        case .success(.stats):
+            let metrics = connection.loop.metrics
+            let wait = metrics.queueWait[.input]?.percentile(0.99) ?? .zero
+            return "STATS \(stats.snapshot) uptime_s=\(Int(Date().timeIntervalSince(startTime))) "
+                + "loop_callbacks=\(metrics.totalCallbacks) loop_stalls=\(metrics.stalls) "
+                + "loop_input_wait_p99_us=\(wait.components.attoseconds / 1_000_000_000_000)"
+        case .success(.quit):
+            isQuitting = true
+            return "BYE"
+        case .success(.sleep(let milliseconds)):
+            let slot = reserve()
+            let loop = connection.loop
+            tasks.addTask {
+                _ = try? await loop.sleep(for: .milliseconds(milliseconds))
+                await self.fill(slot, "SLEPT \(milliseconds)")
+            }
+            return nil
+        case .success(.work(let chunks)):
+            let slot = reserve()
+            stats.workJobs.add(1, ordering: .relaxed)
+            checksums[slot] = 0
+            // The chunks run on this loop, between its callbacks: the session's own thread.
+            let job = feeder.feed(chunks: chunks) { index in
+                self.assumeIsolated { session in
+                    session.checksums[slot] = WorkUnit.run(seed: UInt64(index), into: session.checksums[slot] ?? 0)
+                }
+            }
+            tasks.addTask {
+                let outcome = await job.outcome
+                await self.finishWork(slot, chunks: chunks, outcome: outcome)
+            }
+            return nil
+        }
+    }
+
+    private func finishWork(_ slot: Int, chunks: Int, outcome: FeedOutcome) async {
+        let checksum = checksums.removeValue(forKey: slot) ?? 0
+        await fill(slot, outcome == .completed ? "DONE \(chunks) \(checksum)" : "ERR work cancelled")
+    }
+
+    private func reserve() -> Int {
+        replies.append(nil)
+        return base + replies.count - 1
+    }
+
+    /// Puts a reply in its slot (a slot of a finished connection is gone: ignored).
+    private func place(_ slot: Int, _ text: String) {
+        let index = slot - base
+        guard index >= first, index < replies.count else { return }
+        replies[index] = text
+    }
+
+    /// A reply of a request that was in flight (`SLEEP`, `WORK`).
+    private func fill(_ slot: Int, _ text: String) async {
+        place(slot, text)
+        await flush()
+        closeIfDone()
+    }
+
+    /// Sends the replies that are ready, in order, unless another task is sending already.
+    private func flush() async {
+        guard !isWriting else { return }
+        isWriting = true
+        while first < replies.count, let ready = replies[first] {
+            first += 1
+            await send(ready)
+        }
+        if first == replies.count {
+            base += replies.count
+            replies.removeAll(keepingCapacity: replies.capacity <= 64)
+            first = 0
+        }
+        isWriting = false
+    }
+
+    /// Sends one reply. Not isolated (it touches no state of the session), so calling it costs
+    /// no executor check: it runs where the caller runs, on this loop.
+    private nonisolated(nonsending) func send(_ text: String) async {
+        if text.hasPrefix("ERR") { stats.errors.add(1, ordering: .relaxed) }
+        do {
+            try await connection.send(line: text)
+        } catch {
+            // Closed: the rest of the replies have nowhere to go.
+        }
+    }
+
+    private func closeIfDone() {
+        if (isQuitting || isDraining) && pending == 0 && !isWriting && connection.isOpen {
+            connection.close()
+        }
+    }
+}

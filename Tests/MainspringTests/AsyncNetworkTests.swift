@@ -1,0 +1,438 @@
+import ExampleServices
+import Foundation
+import Synchronization
+import Testing
+@testable import Mainspring
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The documented async pattern: the listener's connections iterated in a discarding task
+/// group, each served in a child task on its own loop.
+private func startAsyncServer(group: EventLoopGroup, options: Connection.Options = .init(),
+                              serve: @escaping @Sendable (Connection) async -> Void = echo) async throws
+    -> (Listener, Task<Void, any Error>)
+{
+    let listener = try await Listener(on: group.loops[0], group: group, options: options)
+    // The accepting task runs on the acceptor loop too: it needs no thread of the cooperative
+    // pool (which the test itself blocks with its plain socket calls).
+    let server = Task(executorPreference: group.loops[0]) {
+        try await withThrowingDiscardingTaskGroup { tasks in
+            for try await connection in listener.connections {
+                tasks.addTask(executorPreference: connection.loop) { await serve(connection) }
+            }
+        }
+    }
+    return (listener, server)
+}
+
+/// Each line back as "echo: <line>", bad input reported; closes when the client is done.
+@Sendable private func echo(_ connection: Connection) async {
+    do {
+        for try await event in connection.lines {
+            switch event {
+            case .line(let text): try await connection.send(line: "echo: \(text)")
+            case .tooLong(let n): try await connection.send(line: "error: line of \(n) bytes is too long")
+            case .invalidUTF8(let n): try await connection.send(line: "error: invalid UTF-8 (\(n) bytes)")
+            case .endOfFile, .error: break
+            }
+        }
+    } catch {
+        // Closed under us: this connection's task ends, the server goes on.
+    }
+    connection.close()
+}
+
+/// Raises the soft descriptor limit to the hard one; returns the limit now in force.
+func raiseDescriptorLimit() -> Int {
+    var limit = rlimit()
+    getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
+    if limit.rlim_cur < limit.rlim_max {
+        limit.rlim_cur = limit.rlim_max
+        setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
+        getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
+    }
+    return Int(clamping: limit.rlim_cur)
+}
+
+/// Writes 1 KiB lines to a socket, without blocking, until it stays full for 100 ms (or
+/// `limit`); returns how many bytes (the last line may be partial).
+private func writeUntilFull(_ fd: Int32, limit: Int) -> Int {
+    _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+    let line = Array((String(repeating: "z", count: 1_023) + "\n").utf8)
+    var sent = 0
+    var offset = 0  // into the line being written
+    var idle = 0
+    while sent < limit && idle < 50 {
+        let n = line.withUnsafeBytes { send(fd, $0.baseAddress! + offset, $0.count - offset, Int32(MSG_NOSIGNAL)) }
+        if n > 0 {
+            sent += n
+            offset = (offset + n) % line.count
+            idle = 0
+        } else {
+            idle += 1
+            usleep(2_000)  // let the other side read what it will
+        }
+    }
+    _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK)
+    return sent
+}
+
+@Suite("Async TCP: connections, lines and sends as Swift concurrency", .serialized)
+struct AsyncServerTests {
+    @Test("1,000 concurrent connections served by async handlers on a 2-loop group: every reply correct, in order")
+    func manyConnections() async throws {
+        let limit = raiseDescriptorLimit()
+        let connections = min(1_000 * (stressScale > 1 ? 5 : 1), (limit - 256) / 2)
+        let lines = 10 * (stressScale > 1 ? 10 : 1)
+        let group = try EventLoopGroup(loopCount: 2)
+        let (listener, server) = try await startAsyncServer(group: group)
+        // All connected at once, then driven by 4 threads: every line pipelined, then every reply.
+        let clients = try (0..<connections).map { _ in try TestClient(port: listener.port) }
+        let failures = Locked<[String]>([])
+        let done = (0..<4).map { part in
+            startThread {
+                let mine = stride(from: part, to: clients.count, by: 4).map { ($0, clients[$0]) }
+                for (index, client) in mine {
+                    var request = ""
+                    for line in 0..<lines { request += "c\(index) #\(line)\n" }
+                    client.send(request)
+                }
+                for (index, client) in mine {
+                    for line in 0..<lines {
+                        let reply = client.readLine()
+                        if reply != "echo: c\(index) #\(line)" {
+                            failures.withLock { $0.append("client \(index) #\(line): \(reply ?? "nil")") }
+                            return
+                        }
+                    }
+                    client.shutdownWrite()
+                    if let extra = client.readLine() { failures.withLock { $0.append("client \(index): extra \(extra)") } }
+                }
+            }
+        }
+        for thread in done { #expect(thread.wait(timeout: .now() + 120) == .success) }
+        #expect(failures.value.isEmpty, "\(failures.value.prefix(3))")
+        #expect(listener.acceptedCount == connections)
+        listener.close()
+        try await server.value  // every handler has returned
+        let report = await group.shutdown(gracePeriod: .seconds(5))
+        #expect(report == .init(droppedWork: 0, closedSources: 0, timedOut: false, stuckLoops: 0, cancelledTasks: 0))
+        #expect(group.loops.allSatisfy { $0.metrics.callbacks[.input]! > 0 }, "connections were spread over both loops")
+    }
+
+    @Test("a peer that never reads: send suspends, output stays bounded; the peer reads and everything arrives in order")
+    func sendWaitsForThePeer() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        let outputLimit = 64 << 10
+        let sent = Atomic<Int>(0)
+        let total = 4_000  // lines of 4 KiB: 16 MB
+        let finished = Atomic<Bool>(false)
+        let (listener, server) = try await startAsyncServer(group: group, options: .init(outputLimit: outputLimit)) {
+            connection in
+            let payload = String(repeating: "p", count: 4_090)
+            do {
+                for i in 0..<total {
+                    try await connection.send(line: String(format: "%05d", i) + payload)
+                    sent.add(1, ordering: .relaxed)
+                    let buffered = try await connection.loop.submit { connection.bufferedOutputBytes }
+                    if buffered > outputLimit + 8_192 { Issue.record("buffered output \(buffered) over the limit") }
+                }
+            } catch {
+                Issue.record("send failed: \(error)")
+            }
+            finished.store(true, ordering: .relaxed)
+            connection.close()
+        }
+        let client = try TestClient(port: listener.port)
+        // The client does not read: the sender stops once the kernel buffers and the output
+        // limit are full.
+        var stalled = 0
+        var previous = -1
+        for _ in 0..<200 where stalled < 5 {
+            usleep(20_000)
+            let now = sent.load(ordering: .relaxed)
+            stalled = now == previous ? stalled + 1 : 0
+            previous = now
+        }
+        let whileBlocked = sent.load(ordering: .relaxed)
+        #expect(stalled >= 5, "the sender never stopped")
+        #expect(whileBlocked < total / 2, "\(whileBlocked) lines of 4 KiB went out to a peer that reads nothing")
+        let finishedEarly = finished.load(ordering: .relaxed)
+        #expect(!finishedEarly)
+        // Now the peer reads: the sender resumes, and every line arrives in order.
+        for i in 0..<total {
+            guard let line = client.readLine() else {
+                Issue.record("the connection ended at line \(i)")
+                break
+            }
+            if !line.hasPrefix(String(format: "%05d", i)) || line.count != 4_095 {
+                Issue.record("line \(i) is \(line.prefix(10))… (\(line.count) bytes)")
+                break
+            }
+        }
+        #expect(client.readLine() == nil)
+        let finishedAtEnd = finished.load(ordering: .relaxed)
+        #expect(finishedAtEnd)
+        listener.close()
+        try await server.value
+        await group.shutdown(gracePeriod: .seconds(5))
+    }
+
+    @Test("a consumer that does not pull: reading pauses, the sender's kernel buffer fills; then every line arrives")
+    func readingWaitsForTheConsumer() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        let gate = Gate()
+        let received = Locked<[String]>([])
+        let (listener, server) = try await startAsyncServer(group: group) { connection in
+            do {
+                var iterator = connection.lines.makeAsyncIterator()
+                if case .line(let first)? = try await iterator.next() { received.withLock { $0.append(first) } }
+                await gate.wait()  // the consumer stops pulling
+                while let event = try await iterator.next() {
+                    if case .line(let text) = event { received.withLock { $0.append(text) } }
+                }
+            } catch {
+                Issue.record("reading failed: \(error)")
+            }
+            connection.close()
+        }
+        let client = try TestClient(port: listener.port)
+        client.send("first\n")
+        while received.value.isEmpty { usleep(1_000) }
+        // Far more than the kernel's buffers and the connection's input buffer hold.
+        let written = writeUntilFull(client.fd, limit: 256 << 20)
+        #expect(written < 64 << 20, "\(written) bytes went to a consumer that takes nothing")
+        #expect(received.value.count == 1)
+        gate.open()
+        client.shutdownWrite()
+        #expect(client.readLine() == nil)  // the server closes once it has read everything
+        // Every whole line, then the partial last one (delivered at the end of input).
+        let partial = written % 1_024
+        #expect(received.value.count == 1 + written / 1_024 + (partial > 0 ? 1 : 0))
+        #expect(received.value.dropFirst().dropLast(partial > 0 ? 1 : 0).allSatisfy { $0.count == 1_023 })
+        if partial > 0 { #expect(received.value.last?.count == partial) }
+        listener.close()
+        try await server.value
+        await group.shutdown(gracePeriod: .seconds(5))
+    }
+
+    @Test("a connection's task costs its loop a few callbacks per batch of pipelined requests, not per request (nonisolated and actor handlers)")
+    func callbacksPerBatch() async throws {
+        /// Loop callbacks per request while one client sends 100 batches of 16 pipelined lines.
+        func callbacksPerRequest(loop: EventLoop, port: UInt16, request: (Int) -> String) async throws -> Double {
+            let client = try TestClient(port: port)
+            client.send(request(0) + "\n")
+            _ = client.readLine()
+            let before = try await loop.submit { loop.metrics.totalCallbacks }
+            for batch in 0..<100 {
+                client.send((0..<16).map { request(batch * 16 + $0) + "\n" }.joined())
+                for _ in 0..<16 { _ = client.readLine() }
+            }
+            let after = try await loop.submit { loop.metrics.totalCallbacks }
+            return Double(after - before - 1) / 1_600
+        }
+        let group = try EventLoopGroup(loopCount: 1)
+        let loop = group.loops[0]
+        // A nonisolated handler (the README's shape).
+        let (listener, server) = try await startAsyncServer(group: group)
+        let nonisolated = try await callbacksPerRequest(loop: loop, port: listener.port) { "line \($0)" }
+        listener.close()
+        // An actor pinned to the connection's loop (mainspring-daemon's shape).
+        let service = try await AsyncLineService(group: group, options: .init(idleTimeout: nil))
+        let actor = try await callbacksPerRequest(loop: loop, port: service.port) { "ECHO \($0)" }
+        // About three per batch of 16 (the socket's event, the resumed task, the output's
+        // event); a runtime executor switch per request would add one or more per request.
+        #expect(nonisolated < 0.5, "\(nonisolated) callbacks per request, nonisolated handler")
+        #expect(actor < 0.5, "\(actor) callbacks per request, actor handler")
+        try await server.value
+        await service.shutdown(gracePeriod: .seconds(1))
+    }
+
+    @Test("a task resumed by input runs at .input priority: before posted work that was queued first")
+    func inputResumesAtInputPriority() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        let loop = group.loops[0]
+        let log = Locked<[String]>([])
+        let waiting = Atomic<Bool>(false)
+        let (listener, server) = try await startAsyncServer(group: group) { connection in
+            do {
+                var lines = connection.lines.makeAsyncIterator()
+                waiting.store(true, ordering: .releasing)
+                if case .line(let text)? = try await lines.next() { log.withLock { $0.append(text) } }
+            } catch {
+                Issue.record("lines threw \(error)")
+            }
+            connection.close()
+        }
+        let client = try TestClient(port: listener.port)
+        while !waiting.load(ordering: .acquiring) { usleep(1_000) }
+        usleep(20_000)  // the handler is suspended in `lines`
+        // While the loop is busy, queue posted work, then let the line arrive behind it.
+        let busy = DispatchSemaphore(value: 0)
+        loop.execute { busy.wait() }
+        for i in 0..<5 { loop.execute { log.withLock { $0.append("work \(i)") } } }
+        client.send("line\n")
+        usleep(20_000)
+        busy.signal()
+        #expect(client.readLine() == nil)  // the handler has run and closed
+        try await loop.submit {}  // posted after the work: it has all run
+        // After the busy callback the loop polls: the line resumes the task at .input, ahead
+        // of the .normal work already queued.
+        #expect(log.value.first == "line", "\(log.value)")
+        #expect(log.value.count == 6, "\(log.value)")
+        listener.close()
+        try await server.value
+        await group.shutdown(gracePeriod: .seconds(5))
+    }
+
+    @Test("lines: EOF mid-line, overlong lines, invalid UTF-8 and NUL bytes, in order; bytes: chunks then the end")
+    func junkThroughLines() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        let events = Locked<[LineEvent]>([])
+        let (listener, server) = try await startAsyncServer(group: group, options: .init(maxLineLength: 16)) {
+            connection in
+            do {
+                for try await event in connection.lines { events.withLock { $0.append(event) } }
+            } catch {
+                Issue.record("lines threw \(error)")
+            }
+            connection.close()
+        }
+        let client = try TestClient(port: listener.port)
+        var junk = Array("ok\r\n".utf8) + Array(String(repeating: "x", count: 40).utf8) + [0x0A]
+        junk += [0x61, 0x00, 0x62, 0x0A] + [0xFF, 0xFE, 0x0A] + Array("after\n".utf8) + Array("tail".utf8)
+        _ = junk.withUnsafeBytes { send(client.fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+        client.shutdownWrite()
+        #expect(client.readLine() == nil)
+        #expect(events.value == [.line("ok"), .tooLong(40), .line("a\u{0}b"), .invalidUTF8(2), .line("after"),
+                                 .line("tail"), .endOfFile])
+        listener.close()
+        try await server.value
+
+        // The same input as bytes: every byte, in order, then the end of the sequence.
+        let chunks = Locked<[UInt8]>([])
+        let (bytesListener, bytesServer) = try await startAsyncServer(group: group) { connection in
+            do {
+                for try await chunk in connection.bytes { chunks.withLock { $0 += chunk } }
+            } catch {
+                Issue.record("bytes threw \(error)")
+            }
+            connection.close()
+        }
+        let bytesClient = try TestClient(port: bytesListener.port)
+        _ = junk.withUnsafeBytes { send(bytesClient.fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+        bytesClient.shutdownWrite()
+        #expect(bytesClient.readLine() == nil)
+        #expect(chunks.value == junk)
+        bytesListener.close()
+        try await bytesServer.value
+        await group.shutdown(gracePeriod: .seconds(5))
+    }
+
+    @Test("async connect, send and lines between two Mainspring loops; a refused connect throws")
+    func connectAndTalk() async throws {
+        let group = try EventLoopGroup(loopCount: 2)
+        let (listener, server) = try await startAsyncServer(group: group)
+        let client = try await Connection.connect(to: "127.0.0.1", port: listener.port, on: group.loops[1])
+        try await client.send(line: "one")
+        try await client.send("two\n")
+        try await client.send(Array("three\n".utf8))
+        var replies: [String] = []
+        for try await event in client.lines {
+            if case .line(let text) = event { replies.append(text) }
+            if replies.count == 3 { break }
+        }
+        #expect(replies == ["echo: one", "echo: two", "echo: three"])
+        client.close()
+        #expect(await client.closed == .closed)
+        #expect(!client.isOpen)
+        await #expect(throws: Connection.CloseReason.closed) { try await client.send(line: "late") }
+
+        // Nobody listens on a closed port.
+        let port = listener.port
+        listener.close()
+        try await server.value
+        await #expect(throws: EventLoopError.self) {
+            _ = try await Connection.connect(to: "127.0.0.1", port: port, on: group.loops[1])
+        }
+        await group.shutdown(gracePeriod: .seconds(5))
+    }
+
+    @Test("group shutdown with async handlers in flight: they finish within the grace period; after it they are cancelled and counted")
+    func shutdownWithHandlersInFlight() async throws {
+        // In flight, finishing in time: each handler waits 100 ms on its loop's timer, replies, closes.
+        let group = try EventLoopGroup(loopCount: 2)
+        let (listener, _) = try await startAsyncServer(group: group) { connection in
+            do {
+                for try await event in connection.lines {
+                    guard case .line(let text) = event else { continue }
+                    try await connection.loop.sleep(for: .milliseconds(100))
+                    try await connection.send(line: "late \(text)")
+                    break
+                }
+            } catch {
+                Issue.record("handler failed: \(error)")
+            }
+            connection.close()
+        }
+        let clients = try (0..<4).map { _ in try TestClient(port: listener.port) }
+        for (index, client) in clients.enumerated() { client.send("\(index)\n") }
+        usleep(20_000)
+        listener.close()
+        let report = await group.shutdown(gracePeriod: .seconds(5))
+        #expect(report == .init(droppedWork: 0, closedSources: 0, timedOut: false, stuckLoops: 0, cancelledTasks: 0))
+        for (index, client) in clients.enumerated() { #expect(client.readLine() == "late \(index)") }
+
+        // In flight past the grace period: handlers waiting for input that never comes.
+        let stuck = try EventLoopGroup(loopCount: 2)
+        let outcomes = Locked<[Connection.CloseReason]>([])
+        let (stuckListener, stuckServer) = try await startAsyncServer(group: stuck) { connection in
+            do throws(Connection.CloseReason) {
+                for try await _ in connection.lines {}
+            } catch {
+                outcomes.withLock { $0.append(error) }
+            }
+        }
+        let idle = try (0..<6).map { _ in try TestClient(port: stuckListener.port) }
+        while stuckListener.acceptedCount < idle.count { usleep(1_000) }
+        usleep(50_000)  // every handler is suspended in `lines`
+        stuckListener.close()
+        let start = ContinuousClock.now
+        let forced = await stuck.shutdown(gracePeriod: .milliseconds(200))
+        #expect(ContinuousClock.now - start < .seconds(3))
+        #expect(forced.timedOut)
+        #expect(forced.cancelledTasks == idle.count, "\(forced)")
+        #expect(forced.closedSources == idle.count)
+        #expect(forced.stuckLoops == 0)
+        try await stuckServer.value  // every handler has returned
+        #expect(outcomes.value == Array(repeating: .cancelled, count: idle.count))
+        for client in idle { #expect(client.readLine() == nil) }
+    }
+}
+
+/// Holds tasks until opened. Not an actor: a waiting task is resumed straight onto its own
+/// executor (its loop), needing no thread of the cooperative pool.
+private final class Gate: Sendable {
+    private let state = Locked<(isOpen: Bool, waiters: [UnsafeContinuation<Void, Never>])>((false, []))
+
+    func wait() async {
+        await withUnsafeContinuation { continuation in
+            let open = state.withLock { state -> Bool in
+                if !state.isOpen { state.waiters.append(continuation) }
+                return state.isOpen
+            }
+            if open { continuation.resume() }
+        }
+    }
+
+    func open() {
+        let waiters = state.withLock { state -> [UnsafeContinuation<Void, Never>] in
+            state.isOpen = true
+            defer { state.waiters = [] }
+            return state.waiters
+        }
+        for waiter in waiters { waiter.resume() }
+    }
+}
