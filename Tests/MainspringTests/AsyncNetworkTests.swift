@@ -250,6 +250,47 @@ struct AsyncServerTests {
         await service.shutdown(gracePeriod: .seconds(1))
     }
 
+    @Test("cancellation: the task iterating connections closes the listener; a cancelled task's next call closes its connection")
+    func cancellationOfListenerAndIdleCalls() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        let listener = try await Listener(on: group.loops[0], group: group)
+        let accepting = Task(executorPreference: group.loops[0]) { () -> String in
+            do {
+                for try await _ in listener.connections {}
+                return "ended"
+            } catch {
+                return "threw \(type(of: error))"
+            }
+        }
+        try await Task.sleep(for: .milliseconds(30))  // suspended in `connections`
+        accepting.cancel()
+        #expect(await accepting.value == "threw CancellationError")
+        while listener.isListening { try await Task.sleep(for: .milliseconds(5)) }
+        #expect(throws: (any Error).self) { _ = try TestClient(port: listener.port) }  // nobody listens
+
+        // A task cancelled before it asks for a line or sends: that call closes the connection.
+        let second = try await Listener(on: group.loops[0], group: group)
+        let client = try TestClient(port: second.port)
+        client.send("buffered\n")
+        var accepted = second.connections.makeAsyncIterator()
+        let connection = try #require(try await accepted.next())
+        let outcome = await Task(executorPreference: connection.loop) { () -> String in
+            withUnsafeCurrentTask { $0?.cancel() }
+            do {
+                var lines = connection.lines.makeAsyncIterator()
+                _ = try await lines.next()
+                return "read a line"
+            } catch {
+                return "threw \(error)"
+            }
+        }.value
+        #expect(outcome == "threw cancelled")
+        #expect(await connection.closed == .cancelled)
+        #expect(client.readLine() == nil)
+        second.close()
+        await group.shutdown(gracePeriod: .seconds(2))
+    }
+
     @Test("a task resumed by input runs at .input priority: before posted work that was queued first")
     func inputResumesAtInputPriority() async throws {
         let group = try EventLoopGroup(loopCount: 1)

@@ -14,6 +14,8 @@
 /// Cancelling a task while it iterates `lines` or `bytes`, or sends, closes the connection at
 /// once — output not yet sent is dropped, its reason is `.cancelled`, every other operation
 /// suspended on it ends with `.cancelled` — and the cancelled operation throws `.cancelled`.
+/// A task that was cancelled before it calls `next()` or `send` closes the connection the same
+/// way at that call (lines already buffered are not delivered to a cancelled task).
 /// Nothing stays registered: the socket is closed, the suspended tasks are resumed. (A
 /// connection is one conversation; a reader that stops half-way cannot leave it in a state
 /// anyone could resume.) Awaiting `closed` is not affected by cancellation.
@@ -173,7 +175,7 @@ extension Connection {
 extension Connection {
     /// One `next()` of `lines`.
     func nextLine(start: Bool, isolation: isolated (any Actor)?) async throws(CloseReason) -> LineEvent? {
-        if loop.isCurrent {
+        if loop.isCurrent && !Task.isCancelled {
             if start { source.startAsyncReading() }
             switch source.pullLine() {
             case .element(let event): return event
@@ -196,7 +198,7 @@ extension Connection {
 
     /// One `next()` of `bytes`.
     func nextChunk(start: Bool, isolation: isolated (any Actor)?) async throws(CloseReason) -> [UInt8]? {
-        if loop.isCurrent {
+        if loop.isCurrent && !Task.isCancelled {
             if start { source.startAsyncReading() }
             switch source.pullBytes() {
             case .element(let data): return data
@@ -219,7 +221,7 @@ extension Connection {
 
     /// One `send`.
     nonisolated(nonsending) func send(_ payload: ConnectionSource.Payload) async throws(CloseReason) {
-        if loop.isCurrent {
+        if loop.isCurrent && !Task.isCancelled {
             switch source.trySend(payload) {
             case .element: return
             case .end: return

@@ -358,12 +358,14 @@ final class ConnectionQueue: Sendable {
 
     /// `take`, or parks `continuation` until a connection arrives or the listener closes.
     func takeOrPark(_ continuation: UnsafeContinuation<Outcome, Never>) -> (outcome: Outcome, resumeAccepting: Bool) {
-        let taken = state.withLock { state -> (outcome: Outcome, resumeAccepting: Bool) in
+        let (taken, parked) = state.withLock { state -> ((outcome: Outcome, resumeAccepting: Bool), Bool) in
             let taken = Self.take(&state)
-            if case .wait = taken.outcome, !state.isCancelled { state.waiter = continuation }
-            return taken
+            guard case .wait = taken.outcome, !state.isCancelled else { return (taken, false) }
+            state.waiter = continuation
+            return (taken, true)
         }
-        if case .wait = taken.outcome {} else { continuation.resume(returning: taken.outcome) }
+        // Not parked: a connection, the end, or a cancelled consumer (`.wait`: its `next` throws).
+        if !parked { continuation.resume(returning: taken.outcome) }
         return taken
     }
 
