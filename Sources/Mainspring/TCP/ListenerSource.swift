@@ -1,0 +1,162 @@
+/// An accepted socket on its way to another loop: closed if it never gets there.
+private final class AcceptedSocket: @unchecked Sendable {
+    private var fd: Int32
+    let peer: String
+    init(fd: Int32, peer: String) {
+        self.fd = fd
+        self.peer = peer
+    }
+    func take() -> Int32 {
+        defer { fd = -1 }
+        return fd
+    }
+    deinit { if fd >= 0 { closeDescriptor(fd) } }
+}
+
+/// Where a listener's socket comes from.
+enum ListeningSocket {
+    /// A new socket bound to `host:port` and listening with `backlog`.
+    case binding(host: String, port: UInt16, backlog: Int32)
+    /// A descriptor that already listens (socket activation): checked, then owned.
+    case adopting(Int32)
+}
+
+final class ListenerSource: Source {
+    /// Where accepted connections go.
+    enum Delivery {
+        case handler(@Sendable (Connection) -> Void)
+        case queue(ConnectionQueue)
+    }
+
+    private var listener: SocketListener?
+    private let target = Target()
+    /// Weak: the group's loops hold this source, so a strong reference would be a cycle.
+    private weak var group: EventLoopGroup?
+    private let options: Connection.Options
+    private var delivery: Delivery?
+    private let shared: ListenerShared
+    private var accepted: [AcceptedSocket] = []
+    private var pauseTimer: TimerHandle?
+    private(set) var port: UInt16 = 0
+    private(set) var localAddress = ""
+
+    /// The one initialiser every kind of listener goes through, whether it binds a new socket or
+    /// adopts a descriptor that already listens, and hands connections to a handler or a queue.
+    init(loop: EventLoop, socket: ListeningSocket, group: EventLoopGroup?, options: Connection.Options,
+         delivery: Delivery, shared: ListenerShared) throws(EventLoopError)
+    {
+        _ = ignoreSIGPIPE
+        self.group = group
+        self.options = options
+        self.delivery = delivery
+        self.shared = shared
+        super.init(loop: loop, priority: .input)
+        target.source = self
+        do {
+            let made = switch socket {
+            case .binding(let host, let port, let backlog):
+                try SocketListener(base: loop.base, host: host, port: port, backlog: backlog, target: target)
+            case .adopting(let fd):
+                try SocketListener(base: loop.base, adopting: fd, target: target)
+            }
+            self.port = made.port
+            self.localAddress = made.localAddress
+            listener = made
+        } catch {
+            close()
+            throw error
+        }
+    }
+
+    override func perform(_ readiness: Readiness) {
+        if readiness.contains(.signal) { pauseAfterAcceptFailure() }
+        let batch = accepted
+        accepted.removeAll()
+        for socket in batch where !isClosed {
+            shared.accepted.add(1, ordering: .relaxed)
+            hand(socket)
+        }
+    }
+
+    private func hand(_ socket: AcceptedSocket) {
+        guard let delivery else { return }
+        let options = self.options
+        let destination = group?.next() ?? loop
+        let deliver: @Sendable () -> Void
+        var release: @Sendable () -> Void = {}
+        switch delivery {
+        case .handler(let accept):
+            deliver = {
+                do {
+                    let source = try ConnectionSource(loop: destination, fd: socket.take(), peer: socket.peer,
+                                                      options: options)
+                    accept(Connection(source: source))
+                } catch {
+                    // The fd was closed by ConnectionSource; nothing to hand over.
+                }
+            }
+        case .queue(let queue):
+            if queue.reserve() { listener?.disable() }
+            deliver = {
+                do {
+                    let source = try ConnectionSource(loop: destination, fd: socket.take(), peer: socket.peer,
+                                                      options: options)
+                    queue.push(Connection(source: source))
+                } catch {
+                    queue.release()
+                }
+            }
+            release = { queue.release() }
+        }
+        if destination === loop { deliver() } else { destination.execute(priority: .input, deliver, orElse: release) }
+    }
+
+    /// The task suspended in `connections`, if any.
+    var suspendedTasks: Int {
+        if case .queue(let queue) = delivery, queue.hasWaiter { return 1 }
+        return 0
+    }
+
+    /// The consumer of `connections` caught up: accept again (unless out of descriptors).
+    func resumeAfterConsumer() {
+        guard !isClosed, pauseTimer == nil else { return }
+        listener?.enable()
+    }
+
+    /// EMFILE/ENFILE: the listening socket stays readable, so stop polling it for a while.
+    private func pauseAfterAcceptFailure() {
+        guard pauseTimer == nil, let listener else { return }
+        listener.disable()
+        pauseTimer = loop.schedule(after: .milliseconds(100)) { [weak self] in
+            guard let self, !self.isClosed else { return }
+            self.pauseTimer = nil
+            if case .queue(let queue) = self.delivery, queue.isAcceptPaused { return }
+            self.listener?.enable()
+        }
+    }
+
+    override func didClose() {
+        shared.isClosed.store(true, ordering: .releasing)
+        listener = nil
+        if case .queue(let queue) = delivery { queue.finish() }
+        delivery = nil
+        accepted.removeAll()  // closes the fds
+        pauseTimer?.cancel()
+        pauseTimer = nil
+    }
+
+    private final class Target: SocketListenerTarget {
+        weak var source: ListenerSource?
+        override func accepted(fd: Int32, peer: String) {
+            guard let source else {
+                closeDescriptor(fd)
+                return
+            }
+            source.accepted.append(AcceptedSocket(fd: fd, peer: peer))
+            source.fire(.read)
+        }
+        override func acceptFailed(errno: Int32) {
+            source?.fire(.signal)
+        }
+    }
+}
