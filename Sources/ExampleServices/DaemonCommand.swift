@@ -38,40 +38,62 @@ public enum DaemonCommand: Equatable, Sendable {
     /// Parses one request line. The command word is case-insensitive; `ECHO` keeps everything
     /// after the first space verbatim. Never traps, whatever the input.
     public static func parse(_ line: Substring) -> Result<DaemonCommand, ParseError> {
-        let wordEnd = line.firstIndex(of: " ") ?? line.endIndex
-        let word = line[line.startIndex..<wordEnd]
-        let rest = wordEnd == line.endIndex ? Substring() : line[line.index(after: wordEnd)...]
-        // Compared without allocating (no uppercased() per request: this is the hot path).
-        if word.isEmpty { return .failure(.empty) }
-        if word.equalsIgnoringASCIICase("ECHO") { return .success(.echo(String(rest))) }
-        if word.equalsIgnoringASCIICase("TIME") { return .success(.time) }
-        if word.equalsIgnoringASCIICase("STATS") { return .success(.stats) }
-        if word.equalsIgnoringASCIICase("QUIT") { return .success(.quit) }
-        let isSleep = word.equalsIgnoringASCIICase("SLEEP")
-        guard isSleep || word.equalsIgnoringASCIICase("WORK") else { return .failure(.unknown(word.uppercased())) }
-        let name = isSleep ? "SLEEP" : "WORK"
-        let text = rest.trimmingSpaces
-        guard !text.isEmpty else { return .failure(.missingArgument(name)) }
-        let low = isSleep ? 0 : 1
-        let high = isSleep ? maxSleepMilliseconds : maxWorkChunks
-        guard let value = Int(text), value >= low, value <= high else {
-            return .failure(.invalidArgument(name, String(text)))
+        // The command word is read once, byte by byte, into an integer key (its first 8 bytes,
+        // uppercased), and compared with the commands' keys: no allocation, no per-command scan
+        // (this is the hot path of every request).
+        let bytes = line.utf8
+        var key: UInt64 = 0
+        var length = 0
+        var wordEnd = bytes.endIndex
+        var index = bytes.startIndex
+        while index != bytes.endIndex {
+            let byte = bytes[index]
+            if byte == 0x20 {
+                wordEnd = index
+                break
+            }
+            if length < 8 { key = key << 8 | UInt64(byte >= 0x61 && byte <= 0x7A ? byte - 0x20 : byte) }
+            length += 1
+            bytes.formIndex(after: &index)
         }
-        return .success(isSleep ? .sleep(milliseconds: value) : .work(chunks: value))
+        if length == 0 { return .failure(.empty) }
+        let rest = wordEnd == bytes.endIndex ? Substring() : line[bytes.index(after: wordEnd)...]
+        let command: Keyword? = length <= 8 ? Keyword(rawValue: key) : nil
+        switch command {
+        case .echo: return .success(.echo(String(rest)))
+        case .time: return .success(.time)
+        case .stats: return .success(.stats)
+        case .quit: return .success(.quit)
+        case .sleep, .work:
+            let isSleep = command == .sleep
+            let name = isSleep ? "SLEEP" : "WORK"
+            let text = rest.trimmingSpaces
+            guard !text.isEmpty else { return .failure(.missingArgument(name)) }
+            let low = isSleep ? 0 : 1
+            let high = isSleep ? maxSleepMilliseconds : maxWorkChunks
+            guard let value = Int(text), value >= low, value <= high else {
+                return .failure(.invalidArgument(name, String(text)))
+            }
+            return .success(isSleep ? .sleep(milliseconds: value) : .work(chunks: value))
+        case nil:
+            return .failure(.unknown(line[line.startIndex..<wordEnd].uppercased()))
+        }
+    }
+
+    /// The command words, as the key `parse` computes: their ASCII bytes, big-endian.
+    private enum Keyword: UInt64 {
+        case echo = 0x4543_484F  // "ECHO"
+        case time = 0x5449_4D45  // "TIME"
+        case stats = 0x53_5441_5453  // "STATS"
+        case quit = 0x5155_4954  // "QUIT"
+        case sleep = 0x53_4C45_4550  // "SLEEP"
+        case work = 0x574F_524B  // "WORK"
     }
 
     public static func parse(_ line: String) -> Result<DaemonCommand, ParseError> { parse(line[...]) }
 }
 
 extension Substring {
-    /// Whether this is `word` (uppercase ASCII) in any case.
-    func equalsIgnoringASCIICase(_ word: String) -> Bool {
-        guard utf8.count == word.utf8.count else { return false }
-        return zip(utf8, word.utf8).allSatisfy { byte, expected in
-            (byte >= 0x61 && byte <= 0x7A ? byte - 0x20 : byte) == expected
-        }
-    }
-
     var trimmingSpaces: Substring {
         var result = self
         while result.first == " " || result.first == "\t" { result = result.dropFirst() }
