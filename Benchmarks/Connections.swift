@@ -1,9 +1,14 @@
 import CBaselines
+import ExampleServices
 import Foundation
+import Mainspring
 
 /// connections: what an idle connection costs a server in resident memory. The server runs in a
-/// process of its own — `mainspring-daemon` (the release build next to this executable, one
-/// loop) or the plain-C bufferevent line service (this executable as a child, `echo-c`) — and
+/// process of its own — the callback `LineService` (`mainspring`: this executable as a child,
+/// `line-service`, one loop), `mainspring-daemon` (`mainspring-async`: the async service, the
+/// release build next to this executable, one loop: each connection also holds its suspended
+/// task), or the plain-C bufferevent line service (`libevent-c`: this executable as a child,
+/// `echo-c`) — and
 /// this process opens `CONNECTIONS` (10,000) loopback connections to it, each sending one `ECHO`
 /// and reading the reply, then leaves them open. The metric is the server's RSS growth
 /// (`/proc/<pid>/status`, VmRSS) from one warm connection to all of them, per connection.
@@ -21,11 +26,20 @@ let connectionsScenario = Scenario(
         if variantEnabled("mainspring") {
             let bytes = try bytesPerConnection(count: count) {
                 let process = Process()
+                process.executableURL = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
+                process.arguments = ["--child", "line-service", "\(count + 1_000)"]
+                return process
+            }
+            samples.add("mainspring", "bytes_per_connection", bytes)
+        }
+        if variantEnabled("mainspring-async") {
+            let bytes = try bytesPerConnection(count: count) {
+                let process = Process()
                 process.executableURL = siblingExecutable("mainspring-daemon")
                 process.arguments = ["--port", "0", "--loops", "1", "--fd-limit", "\(count + 1_000)"]
                 return process
             }
-            samples.add("mainspring", "bytes_per_connection", bytes)
+            samples.add("mainspring-async", "bytes_per_connection", bytes)
         }
         if variantEnabled("libevent-c") {
             let bytes = try bytesPerConnection(count: count) {
@@ -50,6 +64,23 @@ let echoCChild = ChildEntryPoint(name: "echo-c") { arguments in
     _ = FileHandle.standardInput.readDataToEndOfFile()
     ms_baseline_echo_stop(handle)
     exit(0)
+}
+
+/// The callback line service (`LineService`, one loop) in a process of its own: prints
+/// `listening on 127.0.0.1:<port>`, serves until its stdin is closed.
+let lineServiceChild = ChildEntryPoint(name: "line-service") { arguments in
+    raiseDescriptorLimit(to: arguments.first.flatMap(Int.init) ?? 1_024)
+    do {
+        let group = try EventLoopGroup(loopCount: 1)
+        let service = try LineService(group: group, options: .init(idleTimeout: nil))
+        FileHandle.standardOutput.write(Data("listening on 127.0.0.1:\(service.port) (LineService)\n".utf8))
+        _ = FileHandle.standardInput.readDataToEndOfFile()
+        service.shutdown(gracePeriod: .zero)
+        exit(0)
+    } catch {
+        FileHandle.standardError.write(Data("line-service: \(error)\n".utf8))
+        exit(1)
+    }
 }
 
 /// The executable `name` next to this one (same build).

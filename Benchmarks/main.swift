@@ -36,6 +36,7 @@ let childEntryPoints: [ChildEntryPoint] = [
     dispatchFeederChild,
     countsChild,
     echoCChild,
+    lineServiceChild,
 ]
 
 func main() throws {
