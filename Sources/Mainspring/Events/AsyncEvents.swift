@@ -207,7 +207,7 @@ final class LoopFeed<Element: Sendable>: @unchecked Sendable {
 
     func claim(_ function: StaticString) {
         let (claimed, _) = isClaimed.compareExchange(expected: false, desired: true, ordering: .relaxed)
-        precondition(claimed, "Mainspring: \(function): the sequence already has a consumer; iterate it once, from one task")
+        requireUsage(claimed, "Mainspring: \(function): the sequence already has a consumer; iterate it once, from one task")
     }
 
     var buffered: Int { buffer.count - first }

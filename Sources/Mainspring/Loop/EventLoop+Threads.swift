@@ -98,7 +98,7 @@ extension EventLoop {
     }
 
     func preconditionOnLoop(_ function: StaticString, file: StaticString = #fileID, line: UInt = #line) {
-        precondition(
+        requireUsage(
             claimThread(),
             "Mainspring: \(function) must be called on the loop's own thread; use execute(_:) to get there",
             file: file, line: line)

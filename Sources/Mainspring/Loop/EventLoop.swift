@@ -328,7 +328,7 @@ public final class EventLoop: @unchecked Sendable {
     /// histograms (about 60 KB with metrics on). Read it on the loop's thread, or once no thread
     /// runs the loop any more (precondition).
     public var metrics: LoopMetrics {
-        precondition(
+        requireUsage(
             isCurrent || !isBoundToLiveThread,
             "Mainspring: EventLoop.metrics must be read on the loop's own thread; use submit { loop.metrics } to get there")
         var snapshot = scheduler.counters.snapshot()

@@ -113,7 +113,7 @@ public final class EventLoopGroup: Sendable {
     /// is reported in `stuckLoops`.
     @discardableResult
     public func shutdown(gracePeriod: Duration = .seconds(5)) async -> ShutdownReport {
-        precondition(!loops.contains { $0.isCurrent },
+        requireUsage(!loops.contains { $0.isCurrent },
                      "Mainspring: EventLoopGroup.shutdown must not be awaited on one of the group's own loops")
         guard let deadline = begin(gracePeriod: gracePeriod) else { return await result.value() }
         let ended = await threads.waitAsync(untilMonotonic: deadline &+ Self.stuckAfter)
@@ -124,7 +124,7 @@ public final class EventLoopGroup: Sendable {
     /// from a thread outside the group (precondition).
     @discardableResult
     public func shutdown(gracePeriod: Duration = .seconds(5)) -> ShutdownReport {
-        precondition(!loops.contains { $0.isCurrent },
+        requireUsage(!loops.contains { $0.isCurrent },
                      "Mainspring: EventLoopGroup.shutdown must not be called from one of its own loops")
         guard let deadline = begin(gracePeriod: gracePeriod) else { return result.waitValue() }
         let ended = threads.wait(untilMonotonic: deadline &+ Self.stuckAfter)

@@ -95,7 +95,7 @@ extension EventLoop: SerialExecutor, TaskExecutor {
     /// Stops the program with a clear message unless the caller is on this loop's thread
     /// (which, for a serial executor running one job at a time on one thread, is isolation).
     public func checkIsolated() {
-        precondition(isCurrent, "Mainspring: expected to run on the loop's thread (an actor pinned to this loop), but this is another thread")
+        requireUsage(isCurrent, "Mainspring: expected to run on the loop's thread (an actor pinned to this loop), but this is another thread")
     }
 
     /// Whether the caller is on this loop's thread: never a false positive.
@@ -134,7 +134,7 @@ final class LoopActorExecutor: SerialExecutor, @unchecked Sendable {
     }
 
     func checkIsolated() {
-        precondition(loop?.isCurrent == true, "Mainspring: expected to run on the loop's thread (an actor pinned to this loop), but this is another thread")
+        requireUsage(loop?.isCurrent == true, "Mainspring: expected to run on the loop's thread (an actor pinned to this loop), but this is another thread")
     }
 
     func isIsolatingCurrentContext() -> Bool? {

@@ -45,7 +45,7 @@ final class MainLoopExecutor: MainExecutor, @unchecked Sendable {
     var isMainExecutor: Bool { true }
 
     func checkIsolated() {
-        precondition(EventLoop.main.isCurrent, "Mainspring: expected to run on the main actor (the main thread)")
+        requireUsage(EventLoop.main.isCurrent, "Mainspring: expected to run on the main actor (the main thread)")
     }
 
     func isIsolatingCurrentContext() -> Bool? { EventLoop.main.isCurrent }

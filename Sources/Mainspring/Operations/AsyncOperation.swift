@@ -75,7 +75,7 @@ open class AsyncOperation: Operation, @unchecked Sendable {
         let (claimed, original) = phase.compareExchange(
             expected: Phase.executing.rawValue, desired: Phase.finishing.rawValue, ordering: .acquiringAndReleasing)
         guard claimed else {
-            precondition(
+            requireUsage(
                 original != Phase.ready.rawValue,
                 "Mainspring: finish() was called on \(type(of: self)) before it started; call it only when the work that execute() began has completed")
             return  // Already finishing or finished: finish() is idempotent.
@@ -94,25 +94,25 @@ open class AsyncOperation: Operation, @unchecked Sendable {
     public final override func start() {
         let current = phase.load(ordering: .acquiring)
         if current == Phase.finished.rawValue { return }
-        precondition(
+        requireUsage(
             current == Phase.ready.rawValue,
             "Mainspring: start() was called on \(type(of: self)), which already started; an operation runs once")
         if isCancelled {
             let (began, _) = phase.compareExchange(
                 expected: Phase.ready.rawValue, desired: Phase.finishing.rawValue, ordering: .acquiringAndReleasing)
-            precondition(began, "Mainspring: \(type(of: self)) was started from two threads at once")
+            requireUsage(began, "Mainspring: \(type(of: self)) was started from two threads at once")
             announceFinished(wasExecuting: false)
             return
         }
         // A queue starts an operation only once its dependencies finished (it keeps its own
         // count, not `isReady`); check by-hand starts, as Foundation's `start()` does.
         if OperationQueue.current == nil {
-            precondition(isReady, "Mainspring: start() was called on \(type(of: self)) before its dependencies finished")
+            requireUsage(isReady, "Mainspring: start() was called on \(type(of: self)) before its dependencies finished")
         }
         willChangeValue(forKey: "isExecuting")
         let (began, _) = phase.compareExchange(
             expected: Phase.ready.rawValue, desired: Phase.executing.rawValue, ordering: .acquiringAndReleasing)
-        precondition(began, "Mainspring: \(type(of: self)) was started from two threads at once")
+        requireUsage(began, "Mainspring: \(type(of: self)) was started from two threads at once")
         didChangeValue(forKey: "isExecuting")
         performExecution()
     }

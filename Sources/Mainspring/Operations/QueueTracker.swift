@@ -104,11 +104,11 @@ final class QueueTracker: Sendable {
         let (hooks, toNotify) = state.withLock { state -> ([Hook], [(EventLoop, @Sendable () -> Void)]) in
             if let operation {
                 let wasCounted = state.unfinished.remove(operation) != nil
-                precondition(wasCounted, "Mainspring: a tracked operation finished twice")
+                requireUsage(wasCounted, "Mainspring: a tracked operation finished twice")
             }
             state.counts.pending -= 1
             state.counts.finished += 1
-            precondition(state.counts.pending >= 0, "Mainspring: a tracked operation finished twice")
+            requireUsage(state.counts.pending >= 0, "Mainspring: a tracked operation finished twice")
             var hooks: [Hook] = []
             if state.counts.pending == 0 {
                 state.counts.drains += 1

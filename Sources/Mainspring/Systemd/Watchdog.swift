@@ -93,9 +93,9 @@ public final class Watchdog: Sendable {
     public init(watching loops: [EventLoop], notifier: ServiceNotifier, interval: Duration,
                 stallThreshold: Duration? = nil, onHealthChange: (@Sendable (Health) -> Void)? = nil)
     {
-        precondition(interval > .zero, "Mainspring: Watchdog interval must be positive, not \(interval)")
+        requireUsage(interval > .zero, "Mainspring: Watchdog interval must be positive, not \(interval)")
         let threshold = min(stallThreshold ?? interval / 2, interval)
-        precondition(threshold > .zero, "Mainspring: Watchdog stall threshold must be positive, not \(threshold)")
+        requireUsage(threshold > .zero, "Mainspring: Watchdog stall threshold must be positive, not \(threshold)")
         self.loops = loops
         self.interval = interval
         self.pingInterval = max(interval / 2, .microseconds(500))

@@ -178,7 +178,7 @@ public final class Connection: @unchecked Sendable {
         case .bytes: "an iteration of `bytes`"
         default: "readLines/readBytes callbacks"
         }
-        preconditionFailure("Mainspring: \(function): this connection's input already has a consumer (\(holder)); "
+        usageFailure("Mainspring: \(function): this connection's input already has a consumer (\(holder)); "
             + "a connection's input is read once, by one iteration of `lines` or `bytes`, or by callbacks")
     }
 

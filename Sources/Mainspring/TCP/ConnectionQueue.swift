@@ -27,7 +27,7 @@ final class ConnectionQueue: Sendable {
             defer { state.isClaimed = true }
             return !state.isClaimed
         }
-        precondition(claimed, "Mainspring: Listener.connections: the connections already have a consumer; iterate them once, from one task")
+        requireUsage(claimed, "Mainspring: Listener.connections: the connections already have a consumer; iterate them once, from one task")
     }
 
     /// Acceptor thread: one more connection accepted. Returns whether accepting must pause.

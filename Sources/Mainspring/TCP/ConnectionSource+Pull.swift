@@ -89,12 +89,12 @@ extension ConnectionSource {
     }
 
     func parkLineConsumer(_ continuation: UnsafeContinuation<Result<LineEvent?, Connection.CloseReason>, Never>) {
-        precondition(lineWaiter == nil, "Mainspring: Connection.lines has one consumer at a time")
+        requireUsage(lineWaiter == nil, "Mainspring: Connection.lines has one consumer at a time")
         lineWaiter = continuation
     }
 
     func parkBytesConsumer(_ continuation: UnsafeContinuation<Result<[UInt8]?, Connection.CloseReason>, Never>) {
-        precondition(bytesWaiter == nil, "Mainspring: Connection.bytes has one consumer at a time")
+        requireUsage(bytesWaiter == nil, "Mainspring: Connection.bytes has one consumer at a time")
         bytesWaiter = continuation
     }
 

@@ -180,7 +180,7 @@ public final class Listener: @unchecked Sendable {
     /// ```
     public var connections: Connections {
         guard let queue else {
-            preconditionFailure("Mainspring: Listener.connections: this listener hands its connections to its accept handler; make it with the async initialiser (no handler) to iterate them")
+            usageFailure("Mainspring: Listener.connections: this listener hands its connections to its accept handler; make it with the async initialiser (no handler) to iterate them")
         }
         return Connections(listener: self, queue: queue)
     }

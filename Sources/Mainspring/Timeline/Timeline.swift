@@ -95,7 +95,7 @@ public final class Timeline {
     public func step(duration: Duration, delay: Duration = .zero, curve: Curve = .easeInOut,
                      _ update: @escaping (Double) -> Void)
     {
-        precondition(state == .idle || state == .cancelledBeforeStart,
+        requireUsage(state == .idle || state == .cancelledBeforeStart,
                      "Mainspring: Timeline.step(...) after the timeline started; add every step first")
         steps.append(Step(duration: duration.clampedNanoseconds, delay: delay.clampedNanoseconds,
                           curve: curve, update: update))
@@ -121,7 +121,7 @@ public final class Timeline {
             completion(false)
             return
         case .running, .finished:
-            preconditionFailure("Mainspring: a Timeline runs once; start(completion:) or run() was already called")
+            usageFailure("Mainspring: a Timeline runs once; start(completion:) or run() was already called")
         }
         self.completion = completion
         state = .running

@@ -213,6 +213,6 @@ extension HTTPResponseWriter: Sendable {}
 
 extension EventLoop {
     func preconditionOnLoopForHTTP(_ function: StaticString) {
-        precondition(isCurrent, "MainspringHTTP: \(function) must be called on the request's loop")
+        requireUsage(isCurrent, "MainspringHTTP: \(function) must be called on the request's loop")
     }
 }
