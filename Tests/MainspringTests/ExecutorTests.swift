@@ -166,7 +166,7 @@ struct TaskExecutorTests {
         #expect(after - before >= 100, "each slice of a task is one loop callback")
     }
 
-    @Test("a task on a loop calls an actor pinned to it on the same thread, two local posts per round trip")
+    @Test("a task on a loop calls an actor pinned to it on the same thread, at most two local posts per round trip")
     func sameLoopActor() async throws {
         let background = try BackgroundLoop()
         defer { background.stop() }
@@ -179,9 +179,11 @@ struct TaskExecutorTests {
         let after = try await loop.submit { loop.metrics.totalCallbacks }
         #expect(await counter.count == 1_000)
         #expect(await counter.offLoop == 0)
-        // One post there, one back: both appends on the loop's own thread (no other thread runs
-        // any of it: `offLoop` is 0).
-        #expect(after - before >= 2_000 && after - before < 2_100, "\(after - before) callbacks for 1,000 calls")
+        // At most one post there and one back per call, both appends on the loop's own thread (no
+        // other thread runs any of it: `offLoop` is 0). A debug build makes both hops every time
+        // (2,000 callbacks); the optimiser drops the hop back when the task's own code between two
+        // calls needs no executor, and the loop then stays on the actor (a few callbacks in all).
+        #expect(after - before >= 1 && after - before < 2_100, "\(after - before) callbacks for 1,000 calls")
     }
 
     @Test("a task whose loop shut down while it waited elsewhere still finishes, off the dead loop")
