@@ -2,6 +2,7 @@
 # systemd's tools for the tests that use them).
 SWIFT ?= swift
 LSAN_SUPPRESSIONS := $(CURDIR)/.ci/lsan.supp
+TSAN_SUPPRESSIONS := $(CURDIR)/.ci/tsan.supp
 
 DOCC ?= docc
 DOCS_OUTPUT ?= .build/docs
@@ -101,7 +102,7 @@ sanitize: tsan asan
 
 tsan: deps test-tools
 	$(SWIFT) build --build-tests --sanitize=thread --scratch-path .build/tsan
-	MAINSPRING_SANITIZER=thread TSAN_OPTIONS=halt_on_error=0:exitcode=66 \
+	MAINSPRING_SANITIZER=thread TSAN_OPTIONS=halt_on_error=0:exitcode=66:suppressions=$(TSAN_SUPPRESSIONS) \
 		$(SWIFT) test --skip-build --no-parallel --sanitize=thread --scratch-path .build/tsan
 
 asan: deps test-tools
