@@ -88,8 +88,9 @@ public final class Watchdog: Sendable {
     ///     service restarted, while a callback that runs for a second under a 30-second
     ///     watchdog is tolerated.
     ///   - onHealthChange: called on the watchdog's thread when the loops become unhealthy (with
-    ///     the stuck loop) and when they are healthy again — not on every check. Keep it short: the
-    ///     next ping waits for it. It may call ``stop()``.
+    ///     the stuck loop) and when they are healthy again — not on every check — before the ping
+    ///     of the check that found the change. Keep it short: the ping waits for it. It may call
+    ///     ``stop()`` (then no further ping is sent).
     public init(watching loops: [EventLoop], notifier: ServiceNotifier, interval: Duration,
                 stallThreshold: Duration? = nil, onHealthChange: (@Sendable (Health) -> Void)? = nil)
     {
@@ -204,6 +205,13 @@ private final class WatchdogState: Sendable {
             let starting = monotonicNanoseconds() &- start < startGraceNanoseconds
             let found = check(seenRunning: &seenRunning, starting: starting)
             health.withLock { $0 = found }
+            // The change is reported before the ping it allows (or the first one withheld), so
+            // whoever sees a ping after a recovery has seen the change too.
+            if found.isHealthy != wasHealthy {
+                wasHealthy = found.isHealthy
+                onHealthChange?(found)
+                if stopRequested.load(ordering: .acquiring) { break }
+            }
             if found.isHealthy {
                 do throws(EventLoopError) {
                     try notifier.notify(.watchdog)
@@ -216,10 +224,6 @@ private final class WatchdogState: Sendable {
                 }
             } else {
                 counters.withLock { $0.pingsWithheld += 1 }
-            }
-            if found.isHealthy != wasHealthy {
-                wasHealthy = found.isHealthy
-                onHealthChange?(found)
             }
             // The next check on a fixed grid; ticks missed (a descheduled thread) are skipped.
             let now = monotonicNanoseconds()
