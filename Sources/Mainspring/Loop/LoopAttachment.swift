@@ -50,11 +50,13 @@ private final class AttachmentSource: Source {
     }
 
     func adjustWork(by delta: Int) {
-        loop.preconditionOnLoop("LoopAttachment.beginWork()/endWork()")
-        guard !isClosed else { return }
-        let before = work
-        work = max(0, work + delta)
-        loop.busySources += work - before
+        withLoop { loop in
+            loop.preconditionOnLoop("LoopAttachment.beginWork()/endWork()")
+            guard !isClosed else { return }
+            let before = work
+            work = max(0, work + delta)
+            loop.busySources += work - before
+        }
     }
 
     override func didClose() {

@@ -12,7 +12,20 @@
 /// common case.
 class Source: NativeEventTarget {
     /// Valid while the source is open: the loop closes every source it holds before it goes.
-    unowned(unsafe) let loop: EventLoop
+    /// Held unmanaged: the loop-thread hot paths reach it through `withLoop` without a retain
+    /// (an `EventLoop` has a side table, for the weak references of its thread's binding, so each
+    /// of its retains and releases takes the slow path).
+    private let unmanagedLoop: Unmanaged<EventLoop>
+
+    /// The source's loop, as a strong reference (one retain and release for the caller).
+    final var loop: EventLoop { unmanagedLoop.takeUnretainedValue() }
+
+    /// Calls `body` with the source's loop, without retaining it: valid while the source is
+    /// open, which it is on every loop-thread path that has the source.
+    @inline(__always)
+    final func withLoop<R>(_ body: (EventLoop) throws -> R) rethrows -> R {
+        try unmanagedLoop._withUnsafeGuaranteedRef(body)
+    }
     let priority: Priority
     /// The libevent event behind the source, if it has one.
     var native: NativeEvent?
@@ -28,7 +41,7 @@ class Source: NativeEventTarget {
     let keepsLoopBusy: Bool
 
     init(loop: EventLoop, priority: Priority, keepsLoopBusy: Bool = false) {
-        self.loop = loop
+        self.unmanagedLoop = Unmanaged.passUnretained(loop)
         self.priority = priority
         self.keepsLoopBusy = keepsLoopBusy
         super.init()
@@ -51,7 +64,7 @@ class Source: NativeEventTarget {
         }
         if !isQueued {
             isQueued = true
-            loop.enqueue(source: self)
+            withLoop { $0.enqueue(source: self) }
         }
     }
 
@@ -73,7 +86,7 @@ class Source: NativeEventTarget {
         }
         if !pending.isEmpty && !isQueued {
             isQueued = true
-            loop.enqueue(source: self)
+            withLoop { $0.enqueue(source: self) }
         }
         didRun()
     }

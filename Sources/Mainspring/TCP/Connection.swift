@@ -154,7 +154,7 @@ public final class Connection: @unchecked Sendable {
     /// previous reader. Loop thread only; not with an async iteration of `lines` or `bytes`
     /// (precondition).
     public func readLines(_ handler: @escaping (LineEvent) -> Void) {
-        source.loop.preconditionOnLoop("Connection.readLines(_:)")
+        source.withLoop { $0.preconditionOnLoop("Connection.readLines(_:)") }
         claimInput(.callbacks, "Connection.readLines(_:)")
         source.startReading(lines: handler, bytes: nil)
     }
@@ -162,7 +162,7 @@ public final class Connection: @unchecked Sendable {
     /// Delivers the peer's input as it arrives, in chunks of at most 64 KiB, then `.endOfFile`.
     /// Loop thread only; not with an async iteration of `lines` or `bytes` (precondition).
     public func readBytes(_ handler: @escaping (Input) -> Void) {
-        source.loop.preconditionOnLoop("Connection.readBytes(_:)")
+        source.withLoop { $0.preconditionOnLoop("Connection.readBytes(_:)") }
         claimInput(.callbacks, "Connection.readBytes(_:)")
         source.startReading(lines: nil, bytes: handler)
     }
@@ -184,27 +184,27 @@ public final class Connection: @unchecked Sendable {
 
     /// Queues bytes for the peer. Never blocks; see Backpressure. Ignored once closing.
     public func write(_ bytes: some Sequence<UInt8>) {
-        source.loop.preconditionOnLoop("Connection.write(_:)")
+        source.withLoop { $0.preconditionOnLoop("Connection.write(_:)") }
         source.write(Array(bytes))
     }
 
     /// Queues the UTF-8 bytes of `text`.
     public func write(_ text: String) {
-        source.loop.preconditionOnLoop("Connection.write(_:)")
+        source.withLoop { $0.preconditionOnLoop("Connection.write(_:)") }
         source.write(text: text, newline: false)
     }
 
     /// Queues the UTF-8 bytes of `text` and a `\n`, without building a new string (the usual
     /// reply of a line protocol).
     public func writeLine(_ text: String) {
-        source.loop.preconditionOnLoop("Connection.writeLine(_:)")
+        source.withLoop { $0.preconditionOnLoop("Connection.writeLine(_:)") }
         source.write(text: text, newline: true)
     }
 
     /// Sends what is buffered, then half-closes: the peer reads end of file, and this side can
     /// still read.
     public func shutdownOutput() {
-        source.loop.preconditionOnLoop("Connection.shutdownOutput()")
+        source.withLoop { $0.preconditionOnLoop("Connection.shutdownOutput()") }
         source.shutdownOutput()
     }
 
@@ -224,7 +224,7 @@ public final class Connection: @unchecked Sendable {
     /// Runs `handler` once when the connection closes, with the reason. If it is already closed,
     /// `handler` runs on the next loop turn.
     public func onClose(_ handler: @escaping (CloseReason) -> Void) {
-        source.loop.preconditionOnLoop("Connection.onClose(_:)")
+        source.withLoop { $0.preconditionOnLoop("Connection.onClose(_:)") }
         source.setCloseHandler(handler)
     }
 }

@@ -60,7 +60,7 @@ extension ConnectionSource {
         }
         if nextLineEvent < lineEvents.count { return .element(takeLineEvent()) }
         // A chunk of one long line, with more to come: go on after the next poll.
-        if split >= Self.chunk { loop.enqueueNextTurn(source: self) }
+        if split >= Self.chunk { withLoop { $0.enqueueNextTurn(source: self) } }
         return .wait
     }
 

@@ -66,7 +66,7 @@ extension ConnectionSource {
             flushPendingOutput()
         } else if !flushScheduled {
             flushScheduled = true
-            loop.beforeNextPoll(self)
+            withLoop { $0.beforeNextPoll(self) }
         }
     }
 

@@ -155,7 +155,7 @@ final class ConnectionSource: Source {
         isReading = true
         updateReading()
         // Input may already be buffered (or the peer already gone): look at it next turn.
-        loop.enqueueNextTurn(source: self)
+        withLoop { $0.enqueueNextTurn(source: self) }
     }
 
     func deliverInput() {
@@ -179,7 +179,7 @@ final class ConnectionSource: Source {
         }
         if isClosed || isClosing || isPausedForOutput { return }
         if self.socket?.inputLength ?? 0 > 0 {
-            loop.enqueueNextTurn(source: self)  // more buffered: continue next turn, after polling
+            withLoop { $0.enqueueNextTurn(source: self) }  // more buffered: continue next turn, after polling
         } else if peerEnded && !deliveredEndOfFile {
             deliveredEndOfFile = true
             if let bytesHandler {
