@@ -107,7 +107,7 @@ tsan: deps test-tools
 
 asan: deps test-tools
 	$(SWIFT) build --build-tests --sanitize=address --scratch-path .build/asan
-	MAINSPRING_SANITIZER=address ASAN_OPTIONS=quarantine_size_mb=32 LSAN_OPTIONS=suppressions=$(LSAN_SUPPRESSIONS) \
+	MAINSPRING_SANITIZER=address ASAN_OPTIONS=quarantine_size_mb=32 LSAN_OPTIONS=suppressions=$(LSAN_SUPPRESSIONS):print_suppressions=0 \
 		$(SWIFT) test --skip-build --no-parallel --sanitize=address --scratch-path .build/asan
 
 ## The stress tests scaled up ×100 (minutes), and the async server tests scaled up (5,000

@@ -131,6 +131,9 @@ private let countedVariants: [CountedVariant] = [
     CountedVariant(scenario: "daemon", variant: "mainspring", small: 1_000, large: 4_000) { items in
         try countedEchoMainspring(items)
     },
+    CountedVariant(scenario: "daemon", variant: "mainspring-async", small: 1_000, large: 4_000) { items in
+        try countedEchoMainspringAsync(items)
+    },
     CountedVariant(scenario: "daemon", variant: "libevent-c", small: 1_000, large: 4_000) { items in
         try countedEchoC(items)
     },
@@ -215,9 +218,23 @@ private func countedEchoMainspring(_ items: Int) throws -> [String: Double] {
     let group = try EventLoopGroup(loopCount: 1)
     let service = try LineService(group: group, options: .init(idleTimeout: nil))
     defer { service.shutdown(gracePeriod: .seconds(5)) }
-    guard let client = BenchClient(port: service.port) else { throw BenchError.usage("daemon counts: no connection") }
+    return try countedEcho(items, port: service.port, loop: group.loops[0])
+}
+
+/// The same with the daemon's async core (`AsyncLineService`: the connection's task and actor
+/// run as jobs on the loop, inside the counted spin).
+private func countedEchoMainspringAsync(_ items: Int) throws -> [String: Double] {
+    let group = try EventLoopGroup(loopCount: 1)
+    let service = blockingAwait { try! await AsyncLineService(group: group, options: .init(idleTimeout: nil)) }
+    defer { _ = blockingAwait { await service.shutdown(gracePeriod: .seconds(5)) } }
+    return try countedEcho(items, port: service.port, loop: group.loops[0])
+}
+
+/// One client of a Mainspring line service on `loop`: warm-up requests, then `items` requests
+/// while the loop spins inside the counted region.
+private func countedEcho(_ items: Int, port: UInt16, loop: EventLoop) throws -> [String: Double] {
+    guard let client = BenchClient(port: port) else { throw BenchError.usage("daemon counts: no connection") }
     try echoRequests(client, echoWarmup)
-    let loop = group.loops[0]
     final class Flag: @unchecked Sendable { var done = false }
     let flag = Flag()
     let started = DispatchSemaphore(value: 0)

@@ -27,6 +27,12 @@ private func systemdTool(_ name: String) -> String? {
 private let socketActivate = systemdTool("systemd-socket-activate")
 private let analyze = systemdTool("systemd-analyze")
 
+/// `-E NAME=value` for each sanitizer setting of this process: systemd-socket-activate gives the
+/// program it starts a fresh environment, and a sanitized build needs its suppressions there too.
+private let sanitizerSettings: [String] = ["ASAN_OPTIONS", "LSAN_OPTIONS", "TSAN_OPTIONS"].flatMap { name in
+    ProcessInfo.processInfo.environment[name].map { ["-E", "\(name)=\($0)"] } ?? []
+}
+
 /// The built daemon's path.
 private func daemonPath() throws -> String { try executableURL("mainspring-daemon").path }
 
@@ -209,8 +215,8 @@ struct DaemonSystemdTests {
         let fake = try FakeNotifySocket()
         for attempt in 1...3 {
             let port = try freePort()
-            let activator = try startProgram(tool, arguments: ["-l", "127.0.0.1:\(port)", "-E", "NOTIFY_SOCKET=\(fake.address)",
-                                                               try daemonPath(), "--loops", "1"])
+            let activator = try startProgram(tool, arguments: ["-l", "127.0.0.1:\(port)", "-E", "NOTIFY_SOCKET=\(fake.address)"]
+                                                  + sanitizerSettings + [try daemonPath(), "--loops", "1"])
             // systemd-socket-activate listens, and execs the daemon (same pid) at the first connection.
             guard let client = try? connect(to: port) else {
                 let result = activator.waitForExit(timeout: .seconds(5))
@@ -240,8 +246,8 @@ struct DaemonSystemdTests {
         for socketName in ["line", "nope"] {
             let (first, second) = (try freePort(), try freePort())
             let activator = try startProgram(tool, arguments: ["-l", "127.0.0.1:\(first)", "-l", "127.0.0.1:\(second)",
-                                                               "--fdname=other:line", try daemonPath(), "--loops", "1",
-                                                               "--socket-name", socketName])
+                                                               "--fdname=other:line"] + sanitizerSettings
+                                                  + [try daemonPath(), "--loops", "1", "--socket-name", socketName])
             let client = try connect(to: second)
             if socketName == "nope" {
                 let result = activator.waitForExit(timeout: .seconds(60))
@@ -269,8 +275,7 @@ struct DaemonSystemdTests {
         let port = try freePort()
         let example = try startProgram(tool, arguments: [
             "-l", "127.0.0.1:\(port)", "--fdname=line", "-E", "NOTIFY_SOCKET=\(fake.address)", "-E", "WATCHDOG_USEC=200000",
-            try executableURL("mainspring-fixture").path, "readme-systemd",
-        ])
+        ] + sanitizerSettings + [try executableURL("mainspring-fixture").path, "readme-systemd"])
         let client = try connect(to: port)
         client.send("ECHO from the README\n")
         #expect(client.readLine() == "ECHO from the README")
