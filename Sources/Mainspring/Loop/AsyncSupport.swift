@@ -155,6 +155,19 @@ extension EventLoop {
     }
 }
 
+extension EventLoop {
+    /// Runs `work` at once when the caller is on the loop's thread; otherwise posts it like
+    /// `execute(_:orElse:)`, so `fallback` runs instead if the loop drops it. For the first step of
+    /// an async call that must happen on the loop and resume its caller either way.
+    func executeNowOrPost(_ work: @escaping @Sendable () -> Void, orElse fallback: @escaping @Sendable () -> Void) {
+        if isCurrent {
+            work()
+        } else {
+            execute(work, orElse: fallback)
+        }
+    }
+}
+
 /// One of two closures, run once: `work` when the loop runs the post, `fallback` when the post
 /// is released without having run.
 private final class RunOrElse: @unchecked Sendable {

@@ -160,11 +160,7 @@ extension Connection {
                     continuation.resume(returning: .failure(error))
                 }
             }
-            if loop.isCurrent {
-                start()
-            } else {
-                loop.execute(start, orElse: { continuation.resume(returning: .failure(.loopClosed)) })
-            }
+            loop.executeNowOrPost(start, orElse: { continuation.resume(returning: .failure(.loopClosed)) })
         }
         return try made.get()
     }

@@ -122,11 +122,7 @@ public final class Listener: @unchecked Sendable {
                     continuation.resume(returning: .failure(error))
                 }
             }
-            if loop.isCurrent {
-                start()
-            } else {
-                loop.execute(start, orElse: { continuation.resume(returning: .failure(.loopClosed)) })
-            }
+            loop.executeNowOrPost(start, orElse: { continuation.resume(returning: .failure(.loopClosed)) })
         }
         let (source, boundPort, boundAddress) = try made.get()
         self.source = source.value
