@@ -125,16 +125,9 @@ struct DaemonTests {
         // Memory figures of sanitizer builds measure the sanitizer (shadow memory, quarantine).
         guard ProcessInfo.processInfo.environment["MAINSPRING_SANITIZER"] == nil else { return }
         let count = 2_000
-        var limit = rlimit()
-        getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
-        try #require(limit.rlim_max >= rlim_t(count + 500), "the descriptor hard limit is too low for this test")
-        let savedSoftLimit = limit.rlim_cur
-        limit.rlim_cur = max(limit.rlim_cur, rlim_t(count + 500))
-        setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
-        defer {
-            limit.rlim_cur = savedSoftLimit
-            setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
-        }
+        // Raised for the rest of the test process, never lowered again: tests running in parallel
+        // hold descriptors too, and restoring a lower limit under them would fail their next open.
+        try #require(raiseDescriptorLimit() >= count + 500, "the descriptor hard limit is too low for this test")
         let (daemon, port) = try startDaemon(["--loops", "1", "--fd-limit", "\(count + 500)"])
         let warm = try TestClient(port: port)
         warm.send("ECHO warm\n")

@@ -258,18 +258,21 @@ final class ChildProcess: @unchecked Sendable {
     func readLine(timeout: Duration = .seconds(30)) -> String? {
         let deadline = DispatchTime.now() + .nanoseconds(Int(timeout.components.seconds) * 1_000_000_000
             + Int(timeout.components.attoseconds / 1_000_000_000))
-        while true {
-            let line = stdoutBuffer.withLock { buffer -> String? in
+        func takeLine() -> String? {
+            stdoutBuffer.withLock { buffer -> String? in
                 guard let newline = buffer[consumed...].firstIndex(of: 0x0A) else { return nil }
                 defer { consumed = newline + 1 }
                 return String(decoding: buffer[consumed..<newline], as: UTF8.self)
             }
-            if let line { return line }
+        }
+        while true {
+            if let line = takeLine() { return line }
             if stdoutClosed.wait(timeout: .now()) == .success {
                 stdoutClosed.signal()
-                return nil
+                // The last output can arrive just before the end, after the look above.
+                return takeLine()
             }
-            if lineArrived.wait(timeout: deadline) == .timedOut { return nil }
+            if lineArrived.wait(timeout: deadline) == .timedOut { return takeLine() }
         }
     }
 

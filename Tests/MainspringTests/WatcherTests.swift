@@ -142,10 +142,11 @@ struct WatcherTests {
     }
 }
 
-/// A number at the process's fd limit: never open. (A just-closed fd is not safe for tests of bad
-/// descriptors: tests running in parallel may be handed the same number at any moment.)
+/// A number at the process's hard fd limit: never open, even after a test raises the soft limit.
+/// (A just-closed fd is not safe for tests of bad descriptors: tests running in parallel may be
+/// handed the same number at any moment.)
 func neverOpenDescriptor() -> Int32 {
     var limit = rlimit()
     getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit)
-    return Int32(clamping: min(UInt(limit.rlim_cur), UInt(Int32.max - 1)))
+    return Int32(clamping: min(UInt(limit.rlim_max), UInt(Int32.max - 1)))
 }
