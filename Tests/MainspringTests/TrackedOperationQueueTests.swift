@@ -270,4 +270,24 @@ struct TrackedOperationQueueTests {
         #expect(sightings.map(\.completed) == [steps], "one drain, after the last step: \(sightings)")
         #expect(sightings.allSatisfy { $0.onLoopThread && !$0.onQueueThread })
     }
+
+    @Test("a queue and its drain hook's handle, both dropped, free the tracker (the hook does not keep it alive)")
+    func hookDoesNotKeepTrackerAlive() {
+        weak var tracker: QueueTracker?
+        weak var handle: DrainHook?
+        do {
+            let queue = TrackedOperationQueue()
+            let hook = queue.onDrained(on: .main) {}
+            queue.addOperation {}
+            queue.waitUntilAllOperationsAreFinished()
+            tracker = queue.tracker
+            handle = hook
+            #expect(tracker != nil && handle != nil)
+        }
+        // A finished operation's hidden finish hook may still hold the tracker for a moment.
+        let deadline = ContinuousClock.now + .seconds(10)
+        while tracker != nil && ContinuousClock.now < deadline { usleep(5_000) }
+        #expect(tracker == nil, "the tracker outlived its queue and its hook's handle")
+        #expect(handle == nil)
+    }
 }

@@ -36,7 +36,9 @@ final class QueueTracker: Sendable {
     private struct Hook {
         let id: UInt64
         let loop: EventLoop
-        let handle: DrainHook
+        /// The handle's flag, not the handle: the handle holds the tracker, so holding the handle
+        /// here would make a cycle that keeps both alive once the queue and the handle are gone.
+        let cancelled: CancelFlag
         let body: @Sendable () -> Void
     }
 
@@ -117,10 +119,10 @@ final class QueueTracker: Sendable {
             return (hooks, state.listenersToNotify())
         }
         for hook in hooks {
-            let handle = hook.handle
+            let cancelled = hook.cancelled
             let body = hook.body
             hook.loop.execute {
-                if !handle.isCancelled { body() }
+                if !cancelled.isSet { body() }
             }
         }
         for (loop, refresh) in toNotify { loop.execute(refresh) }
@@ -134,7 +136,7 @@ final class QueueTracker: Sendable {
         state.withLock { state in
             let id = state.makeID()
             let handle = DrainHook(tracker: self, id: id)
-            state.hooks.append(Hook(id: id, loop: loop, handle: handle, body: body))
+            state.hooks.append(Hook(id: id, loop: loop, cancelled: handle.cancelled, body: body))
             return handle
         }
     }
@@ -219,7 +221,7 @@ extension QueueTracker {
 public final class DrainHook: Cancellable, Sendable {
     private let tracker: QueueTracker
     private let id: UInt64
-    private let cancelled = Atomic<Bool>(false)
+    let cancelled = CancelFlag()
 
     init(tracker: QueueTracker, id: UInt64) {
         self.tracker = tracker
@@ -230,11 +232,22 @@ public final class DrainHook: Cancellable, Sendable {
     /// (a run already posted to the loop checks this first); a run already in progress on the
     /// loop's thread finishes.
     public func cancel() {
-        if !cancelled.exchange(true, ordering: .acquiringAndReleasing) {
+        if cancelled.set() {
             tracker.removeHook(id)
         }
     }
 
     /// Whether `cancel()` was called.
-    public var isCancelled: Bool { cancelled.load(ordering: .acquiring) }
+    public var isCancelled: Bool { cancelled.isSet }
+}
+
+/// A drain hook's cancelled flag, shared by its handle and the tracker's record of it.
+final class CancelFlag: Sendable {
+    private let value = Atomic<Bool>(false)
+
+    /// Whether the flag is set.
+    var isSet: Bool { value.load(ordering: .acquiring) }
+
+    /// Sets the flag; returns whether this call set it (false when it was set already).
+    func set() -> Bool { !value.exchange(true, ordering: .acquiringAndReleasing) }
 }
