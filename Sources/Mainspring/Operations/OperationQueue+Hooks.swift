@@ -1,5 +1,4 @@
 import Foundation
-import Synchronization
 
 extension OperationQueue {
     /// The tracker behind this queue's hooks: the queue's own when it is a
@@ -38,7 +37,7 @@ extension OperationQueue {
     public func waitUntilAllOperationsAreFinished(spinning loop: EventLoop, timeout: Duration? = nil) -> Bool {
         loop.preconditionOnLoop("OperationQueue.waitUntilAllOperationsAreFinished(spinning:)")
         if operationCount == 0 { return true }
-        let drained = DrainedFlag()
+        let drained = SharedFlag()
         let waiter = Thread { [self] in
             waitUntilAllOperationsAreFinished()
             // Two hops: this one runs after everything other threads posted before the queue
@@ -51,13 +50,6 @@ extension OperationQueue {
         waiter.start()
         return loop.spin(until: { drained.isSet }, timeout: timeout)
     }
-}
-
-/// A flag set on a loop's thread and read by its spin condition.
-private final class DrainedFlag: Sendable {
-    private let value = Atomic<Bool>(false)
-    func set() { value.store(true, ordering: .releasing) }
-    var isSet: Bool { value.load(ordering: .acquiring) }
 }
 
 /// The drain-hook methods of a plain `OperationQueue`, kept for existing code and deprecated:

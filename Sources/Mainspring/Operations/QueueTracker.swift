@@ -38,7 +38,7 @@ final class QueueTracker: Sendable {
         let loop: EventLoop
         /// The handle's flag, not the handle: the handle holds the tracker, so holding the handle
         /// here would make a cycle that keeps both alive once the queue and the handle are gone.
-        let cancelled: CancelFlag
+        let cancelled: SharedFlag
         let body: @Sendable () -> Void
     }
 
@@ -221,7 +221,7 @@ extension QueueTracker {
 public final class DrainHook: Cancellable, Sendable {
     private let tracker: QueueTracker
     private let id: UInt64
-    let cancelled = CancelFlag()
+    let cancelled = SharedFlag()
 
     init(tracker: QueueTracker, id: UInt64) {
         self.tracker = tracker
@@ -241,13 +241,15 @@ public final class DrainHook: Cancellable, Sendable {
     public var isCancelled: Bool { cancelled.isSet }
 }
 
-/// A drain hook's cancelled flag, shared by its handle and the tracker's record of it.
-final class CancelFlag: Sendable {
+/// A flag one thread sets and others read (a drain hook's cancelled flag, shared by its handle
+/// and the tracker's record of it; a spin's condition).
+final class SharedFlag: Sendable {
     private let value = Atomic<Bool>(false)
 
     /// Whether the flag is set.
     var isSet: Bool { value.load(ordering: .acquiring) }
 
     /// Sets the flag; returns whether this call set it (false when it was set already).
+    @discardableResult
     func set() -> Bool { !value.exchange(true, ordering: .acquiringAndReleasing) }
 }
