@@ -173,20 +173,14 @@ extension Connection {
     func nextLine(start: Bool, isolation: isolated (any Actor)?) async throws(CloseReason) -> LineEvent? {
         if loop.isCurrent && !Task.isCancelled {
             if start { source.startAsyncReading() }
-            switch source.pullLine() {
-            case .element(let event): return event
-            case .end: return nil
-            case .failed(let reason): throw reason
-            case .wait: break
-            }
+            if let outcome = source.pullLine().outcome { return try outcome.get() }
         }
         let result: Result<LineEvent?, CloseReason> = await suspend(isolation: isolation) { source, continuation in
             if start { source.startAsyncReading() }
-            switch source.pullLine() {
-            case .element(let event): continuation.resume(returning: .success(event))
-            case .end: continuation.resume(returning: .success(nil))
-            case .failed(let reason): continuation.resume(returning: .failure(reason))
-            case .wait: source.parkLineConsumer(continuation)
+            if let outcome = source.pullLine().outcome {
+                continuation.resume(returning: outcome)
+            } else {
+                source.parkLineConsumer(continuation)
             }
         }
         return try result.get()
@@ -196,20 +190,14 @@ extension Connection {
     func nextChunk(start: Bool, isolation: isolated (any Actor)?) async throws(CloseReason) -> [UInt8]? {
         if loop.isCurrent && !Task.isCancelled {
             if start { source.startAsyncReading() }
-            switch source.pullBytes() {
-            case .element(let data): return data
-            case .end: return nil
-            case .failed(let reason): throw reason
-            case .wait: break
-            }
+            if let outcome = source.pullBytes().outcome { return try outcome.get() }
         }
         let result: Result<[UInt8]?, CloseReason> = await suspend(isolation: isolation) { source, continuation in
             if start { source.startAsyncReading() }
-            switch source.pullBytes() {
-            case .element(let data): continuation.resume(returning: .success(data))
-            case .end: continuation.resume(returning: .success(nil))
-            case .failed(let reason): continuation.resume(returning: .failure(reason))
-            case .wait: source.parkBytesConsumer(continuation)
+            if let outcome = source.pullBytes().outcome {
+                continuation.resume(returning: outcome)
+            } else {
+                source.parkBytesConsumer(continuation)
             }
         }
         return try result.get()

@@ -102,25 +102,13 @@ extension ConnectionSource {
     /// there is something for it now.
     func wakeAsyncReader() {
         if let waiter = lineWaiter {
-            let result: Result<LineEvent?, Connection.CloseReason>
-            switch pullLine() {
-            case .wait: return
-            case .element(let event): result = .success(event)
-            case .end: result = .success(nil)
-            case .failed(let reason): result = .failure(reason)
-            }
+            guard let outcome = pullLine().outcome else { return }
             lineWaiter = nil
-            loop.resumingInput { waiter.resume(returning: result) }
+            loop.resumingInput { waiter.resume(returning: outcome) }
         } else if let waiter = bytesWaiter {
-            let result: Result<[UInt8]?, Connection.CloseReason>
-            switch pullBytes() {
-            case .wait: return
-            case .element(let data): result = .success(data)
-            case .end: result = .success(nil)
-            case .failed(let reason): result = .failure(reason)
-            }
+            guard let outcome = pullBytes().outcome else { return }
             bytesWaiter = nil
-            loop.resumingInput { waiter.resume(returning: result) }
+            loop.resumingInput { waiter.resume(returning: outcome) }
         }
     }
 }

@@ -92,6 +92,17 @@ final class ConnectionSource: Source {
         case end
         case failed(Connection.CloseReason)
         case wait
+
+        /// What a reading consumer gets now — the element, nil at the end, or the close reason —
+        /// or nil when it must wait.
+        var outcome: Result<Element?, Connection.CloseReason>? {
+            switch self {
+            case .element(let element): .success(element)
+            case .end: .success(nil)
+            case .failed(let reason): .failure(reason)
+            case .wait: nil
+            }
+        }
     }
 
     /// Bytes taken from the input per turn: bounds one callback's work.
