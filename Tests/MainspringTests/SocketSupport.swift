@@ -48,6 +48,7 @@ final class TestClient: @unchecked Sendable {
         var offset = 0
         while offset < bytes.count {
             let n = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress! + offset, $0.count - offset, Int32(MSG_NOSIGNAL)) }
+            if n < 0 && errno == EINTR { continue }
             if n <= 0 { return }
             offset += n
         }
@@ -63,6 +64,9 @@ final class TestClient: @unchecked Sendable {
             }
             var chunk = [UInt8](repeating: 0, count: 4_096)
             let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            // A socket with a receive timeout is not restarted after a signal handler, even with
+            // SA_RESTART, and tests in this process raise signals: retry the interrupted call.
+            if n < 0 && errno == EINTR { continue }
             if n <= 0 { return nil }
             pending += chunk[0..<n]
         }
