@@ -95,6 +95,7 @@ final class ConnectionSource: Source {
 
         /// What a reading consumer gets now — the element, nil at the end, or the close reason —
         /// or nil when it must wait.
+        @inline(__always)
         var outcome: Result<Element?, Connection.CloseReason>? {
             switch self {
             case .element(let element): .success(element)
