@@ -79,19 +79,9 @@ private final class DispatchQueueExecutor: SerialExecutor {
     func asUnownedSerialExecutor() -> UnownedSerialExecutor { UnownedSerialExecutor(ordinary: self) }
 }
 
-@MainActor
-private func hop(_ worker: HopWorker, count: Int) async -> Never {
-    for _ in 0..<1_000 { _ = await worker.ping() }  // warm-up
-    let start = nowNanoseconds()
-    var last = 0
-    for _ in 0..<count { last = await worker.ping() }
-    let seconds = Double(nowNanoseconds() - start) / 1e9
-    blackHole(last)
-    childReport(["roundtrips_per_s": Double(count) / seconds])
-}
-
-/// The same round trips from a task that prefers the worker's loop (nonisolated code).
-private func hopFromTask(_ worker: HopWorker, count: Int) async -> Never {
+/// `count` round trips to `worker`, after a warm-up, from the caller's isolation: the main actor
+/// (`Task { @MainActor in … }`), or none, in a task that prefers the worker's loop.
+private func hop(_ worker: HopWorker, count: Int, isolation: isolated (any Actor)? = #isolation) async -> Never {
     for _ in 0..<1_000 { _ = await worker.ping() }  // warm-up
     let start = nowNanoseconds()
     var last = 0
@@ -126,7 +116,7 @@ let actorHopChild = ChildEntryPoint(name: "actor-hop") { arguments in
         let thread = Thread { try? background.run() }
         thread.start()
         let worker = HopWorker(executor: background)
-        Task(executorPreference: background) { await hopFromTask(worker, count: count) }
+        Task(executorPreference: background) { await hop(worker, count: count) }
         try EventLoop.main.run()
     case "dispatch":
         let worker = HopWorker(executor: DispatchQueueExecutor())

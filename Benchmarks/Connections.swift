@@ -22,33 +22,22 @@ let connectionsScenario = Scenario(
     let count = Int(ProcessInfo.processInfo.environment["CONNECTIONS"] ?? "") ?? 10_000
     raiseDescriptorLimit(to: count + 1_000)
     var samples = Samples()
+    let selfURL = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
+    let servers: [(variant: String, executable: URL, arguments: [String])] = [
+        ("mainspring", selfURL, ["--child", "line-service", "\(count + 1_000)"]),
+        ("mainspring-async", siblingExecutable("mainspring-daemon"),
+         ["--port", "0", "--loops", "1", "--fd-limit", "\(count + 1_000)"]),
+        ("libevent-c", selfURL, ["--child", "echo-c", "\(count + 1_000)"]),
+    ]
     for _ in 0..<runs {
-        if variantEnabled("mainspring") {
+        for server in servers where variantEnabled(server.variant) {
             let bytes = try bytesPerConnection(count: count) {
                 let process = Process()
-                process.executableURL = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
-                process.arguments = ["--child", "line-service", "\(count + 1_000)"]
+                process.executableURL = server.executable
+                process.arguments = server.arguments
                 return process
             }
-            samples.add("mainspring", "bytes_per_connection", bytes)
-        }
-        if variantEnabled("mainspring-async") {
-            let bytes = try bytesPerConnection(count: count) {
-                let process = Process()
-                process.executableURL = siblingExecutable("mainspring-daemon")
-                process.arguments = ["--port", "0", "--loops", "1", "--fd-limit", "\(count + 1_000)"]
-                return process
-            }
-            samples.add("mainspring-async", "bytes_per_connection", bytes)
-        }
-        if variantEnabled("libevent-c") {
-            let bytes = try bytesPerConnection(count: count) {
-                let process = Process()
-                process.executableURL = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
-                process.arguments = ["--child", "echo-c", "\(count + 1_000)"]
-                return process
-            }
-            samples.add("libevent-c", "bytes_per_connection", bytes)
+            samples.add(server.variant, "bytes_per_connection", bytes)
         }
     }
     return samples.records(scenario: "connections")
