@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Testing
 @testable import Mainspring
 
@@ -80,6 +81,36 @@ struct MetricsTests {
         }
         #expect(first.queueWait[.normal] == again.queueWait[.normal])
         #expect((later.queueWait[.normal]?.count ?? 0) == (first.queueWait[.normal]?.count ?? 0) + 1)
+    }
+
+    @Test("a post from another thread waits from when it was posted, not from when the loop took it")
+    func remoteQueueWait() async throws {
+        let waits = try await onLoopThread { loop -> LatencyHistogram? in
+            let holding = DispatchSemaphore(value: 0)
+            let posted = DispatchSemaphore(value: 0)
+            let ran = Atomic<Int>(0)
+            // The loop is held in an `.input` callback while another thread posts 100 `.normal`
+            // closures, then for 30 ms more: each of them waits at least that long, although the
+            // loop only takes them after the callback.
+            loop.execute(priority: .input) {
+                holding.signal()
+                posted.wait()
+                spin(for: .milliseconds(30))
+            }
+            startThread {
+                holding.wait()
+                for _ in 0..<100 { loop.execute { ran.add(1, ordering: .relaxed) } }
+                posted.signal()
+            }
+            loop.spin(until: { ran.load(ordering: .relaxed) == 100 }, timeout: .seconds(10))
+            return loop.metrics.queueWait[.normal]
+        }
+        let normal = try #require(waits)
+        #expect(normal.count == 100)
+        // Posts between two clock readings (see RemoteQueue) take the earlier one: a wait may be
+        // over-reported a little, never under-reported.
+        #expect(normal.min >= .milliseconds(29), "shortest wait \(normal.min)")
+        #expect(normal.max < .seconds(10))
     }
 
     @Test("with collectsMetrics off, callbacks are still counted but no queue wait is kept")

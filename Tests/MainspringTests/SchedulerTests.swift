@@ -95,7 +95,7 @@ struct SchedulerTests {
             queue.append(RemoteItem(work: { [unowned loop] in
                 var record = loop.record(name, .normal, cost: microsecond)
                 record.run()
-            }, stamp: loop.clock.now()), .normal)
+            }, stamp: 0), .normal, clock: loop.clock)
         }
         #expect(loop.scheduler.takeRemote(from: &queue, now: loop.clock.now()) == 3)
         #expect(queue.isEmpty)

@@ -23,16 +23,20 @@ extension EventLoop {
     }
 
     private func executeFromOtherThread(priority: Priority, _ work: consuming @escaping @Sendable () -> Void) {
-        let stamp = scheduler.counters.collectsQueueWait ? clock.now() : 0
         // Moved into the queue inside the lock (no retain); if the loop is closed it is released
         // here, after the lock, so no deinit runs while the lock is held.
-        var item = Optional(RemoteItem(work: consume work, stamp: stamp))
+        // (An item, not `Optional(work)`: a closure in a generic `Optional` is reabstracted,
+        // which costs a thunk and an allocation each way.)
+        var item = Optional(RemoteItem(work: consume work, stamp: 0))
+        // (`configuration`, which nobody writes, not the scheduler's counters: the loop writes
+        // their cache lines after every callback, so reading them here costs both threads a miss.)
+        let clock = configuration.collectsMetrics ? self.clock : nil
         let mustWake = remote.withLock { queue -> Bool in
             if queue.isClosed {
                 queue.droppedWhileClosed += 1
                 return false
             }
-            if let moved = item.take() { queue.append(moved, priority) }
+            if let moved = item.take() { queue.append(moved, priority, clock: clock) }
             if queue.isSleeping {
                 queue.isSleeping = false
                 return true

@@ -232,12 +232,14 @@ public final class EventLoop: @unchecked Sendable {
         var tookRemote = false
         pollStamp = 0
         if mayBlock {
+            // The clock is read before the lock: a poster waits for as short a time as possible.
+            let now = clock.now()
             mayBlock = remote.withLock { queue -> Bool in
                 if queue.isEmpty {
                     queue.isSleeping = true
                     return true
                 }
-                scheduler.counters.remoteItems &+= scheduler.takeRemote(from: &queue, now: clock.now())
+                scheduler.counters.remoteItems &+= scheduler.takeRemote(from: &queue, now: now)
                 return false
             }
             tookRemote = !mayBlock
@@ -263,9 +265,10 @@ public final class EventLoop: @unchecked Sendable {
             scheduler.counters.wakeups += 1
         }
         if !tookRemote {
+            let now = pollStamp == 0 ? clock.now() : pollStamp
             let taken = remote.withLock { queue -> Int in
                 queue.isSleeping = false
-                return scheduler.takeRemote(from: &queue, now: pollStamp == 0 ? clock.now() : pollStamp)
+                return scheduler.takeRemote(from: &queue, now: now)
             }
             scheduler.counters.remoteItems &+= taken
         }
