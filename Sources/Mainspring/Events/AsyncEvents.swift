@@ -101,10 +101,11 @@ extension EventLoop {
         public struct Iterator: AsyncIteratorProtocol {
             let feed: LoopFeed<LineEvent>
 
-            public mutating func next() async -> LineEvent? { await next(isolation: nil) }
+            public nonisolated(nonsending) mutating func next() async -> LineEvent? { await feed.next() }
 
-            public mutating func next(isolation actor: isolated (any Actor)?) async -> LineEvent? {
-                await feed.next(isolation: actor)
+            /// `next()`, on the caller's executor (see `Connection.Lines.Iterator`).
+            public nonisolated(nonsending) mutating func next(isolation actor: (any Actor)?) async -> LineEvent? {
+                await feed.next()
             }
         }
     }
@@ -124,10 +125,11 @@ extension EventLoop {
         public struct Iterator: AsyncIteratorProtocol {
             let feed: LoopFeed<Int32>
 
-            public mutating func next() async -> Int32? { await next(isolation: nil) }
+            public nonisolated(nonsending) mutating func next() async -> Int32? { await feed.next() }
 
-            public mutating func next(isolation actor: isolated (any Actor)?) async -> Int32? {
-                await feed.next(isolation: actor)
+            /// `next()`, on the caller's executor (see `Connection.Lines.Iterator`).
+            public nonisolated(nonsending) mutating func next(isolation actor: (any Actor)?) async -> Int32? {
+                await feed.next()
             }
         }
     }
@@ -277,7 +279,8 @@ final class LoopFeed<Element: Sendable>: @unchecked Sendable {
         }
     }
 
-    func next(isolation: isolated (any Actor)?) async -> Element? {
+    nonisolated(nonsending) func next() async -> Element? {
+        let isolation = #isolation
         if Task.isCancelled {
             if loop.isCurrent { cancel() } else { loop.execute { self.cancel() } }
             return nil

@@ -54,14 +54,17 @@ extension Connection {
             let connection: Connection
             var isStarted = false
 
-            public mutating func next() async throws(CloseReason) -> LineEvent? {
-                try await next(isolation: nil)
-            }
-
-            public mutating func next(isolation actor: isolated (any Actor)?) async throws(CloseReason) -> LineEvent? {
+            public nonisolated(nonsending) mutating func next() async throws(CloseReason) -> LineEvent? {
                 let start = !isStarted
                 isStarted = true
-                return try await connection.nextLine(start: start, isolation: actor)
+                return try await connection.nextLine(start: start)
+            }
+
+            /// `next()`, on the caller's executor. (Not isolated to `actor`: a function isolated
+            /// to a parameter switches to it on entry and back after each call it awaits, two
+            /// runtime calls per element that `nonisolated(nonsending)` does not need.)
+            public nonisolated(nonsending) mutating func next(isolation actor: (any Actor)?) async throws(CloseReason) -> LineEvent? {
+                try await next()
             }
         }
     }
@@ -83,14 +86,17 @@ extension Connection {
             let connection: Connection
             var isStarted = false
 
-            public mutating func next() async throws(CloseReason) -> [UInt8]? {
-                try await next(isolation: nil)
-            }
-
-            public mutating func next(isolation actor: isolated (any Actor)?) async throws(CloseReason) -> [UInt8]? {
+            public nonisolated(nonsending) mutating func next() async throws(CloseReason) -> [UInt8]? {
                 let start = !isStarted
                 isStarted = true
-                return try await connection.nextChunk(start: start, isolation: actor)
+                return try await connection.nextChunk(start: start)
+            }
+
+            /// `next()`, on the caller's executor. (Not isolated to `actor`: a function isolated
+            /// to a parameter switches to it on entry and back after each call it awaits, two
+            /// runtime calls per element that `nonisolated(nonsending)` does not need.)
+            public nonisolated(nonsending) mutating func next(isolation actor: (any Actor)?) async throws(CloseReason) -> [UInt8]? {
+                try await next()
             }
         }
     }
@@ -169,13 +175,13 @@ extension Connection {
 // MARK: - The loop side of the calls
 
 extension Connection {
-    /// One `next()` of `lines`.
-    func nextLine(start: Bool, isolation: isolated (any Actor)?) async throws(CloseReason) -> LineEvent? {
+    /// One `next()` of `lines`, on the caller's executor.
+    nonisolated(nonsending) func nextLine(start: Bool) async throws(CloseReason) -> LineEvent? {
         if loop.isCurrent && !Task.isCancelled {
             if start { source.startAsyncReading() }
             if let outcome = source.pullLine().outcome { return try outcome.get() }
         }
-        let result: Result<LineEvent?, CloseReason> = await suspend(isolation: isolation) { source, continuation in
+        let result: Result<LineEvent?, CloseReason> = await suspend(isolation: #isolation) { source, continuation in
             if start { source.startAsyncReading() }
             if let outcome = source.pullLine().outcome {
                 continuation.resume(returning: outcome)
@@ -186,13 +192,13 @@ extension Connection {
         return try result.get()
     }
 
-    /// One `next()` of `bytes`.
-    func nextChunk(start: Bool, isolation: isolated (any Actor)?) async throws(CloseReason) -> [UInt8]? {
+    /// One `next()` of `bytes`, on the caller's executor.
+    nonisolated(nonsending) func nextChunk(start: Bool) async throws(CloseReason) -> [UInt8]? {
         if loop.isCurrent && !Task.isCancelled {
             if start { source.startAsyncReading() }
             if let outcome = source.pullBytes().outcome { return try outcome.get() }
         }
-        let result: Result<[UInt8]?, CloseReason> = await suspend(isolation: isolation) { source, continuation in
+        let result: Result<[UInt8]?, CloseReason> = await suspend(isolation: #isolation) { source, continuation in
             if start { source.startAsyncReading() }
             if let outcome = source.pullBytes().outcome {
                 continuation.resume(returning: outcome)

@@ -199,17 +199,19 @@ public final class Listener: @unchecked Sendable {
             let listener: Listener
             let queue: ConnectionQueue
 
-            public mutating func next() async throws(CancellationError) -> Connection? {
-                try await next(isolation: nil)
+            public nonisolated(nonsending) mutating func next() async throws(CancellationError) -> Connection? {
+                try await listener.nextConnection()
             }
 
-            public mutating func next(isolation actor: isolated (any Actor)?) async throws(CancellationError) -> Connection? {
-                try await listener.nextConnection(isolation: actor)
+            /// `next()`, on the caller's executor (see `Connection.Lines.Iterator`).
+            public nonisolated(nonsending) mutating func next(isolation actor: (any Actor)?) async throws(CancellationError) -> Connection? {
+                try await listener.nextConnection()
             }
         }
     }
 
-    private func nextConnection(isolation: isolated (any Actor)?) async throws(CancellationError) -> Connection? {
+    private nonisolated(nonsending) func nextConnection() async throws(CancellationError) -> Connection? {
+        let isolation = #isolation
         guard let queue else { return nil }
         if Task.isCancelled {
             cancelFromTask()
