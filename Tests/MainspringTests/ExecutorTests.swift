@@ -212,6 +212,29 @@ struct TaskExecutorTests {
         #expect(loop.metrics.droppedAtShutdown >= 1)
     }
 
+    @Test("a task's job queued on its loop's own thread when the loop shuts down still runs, off the dead loop",
+          .timeLimit(.minutes(1)))
+    func queuedJobOutlivesItsLoop() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        let loop = group.loops[0]
+        let made = Protected<Task<Bool, Never>?>(nil)
+        let started = DispatchSemaphore(value: 0)
+        loop.execute {
+            // The task's first job is queued here, on the loop's thread (a ready record, not a
+            // closure); the loop then shuts down with it still queued.
+            let task = Task(executorPreference: loop) { loop.isCurrent }
+            made.withLock { $0 = task }
+            _ = loop.shutdownNow()
+            started.signal()
+        }
+        started.wait()
+        let task = try #require(made.withLock { $0 })
+        let ranOnLoop = await task.value  // not lost: run by the fallback
+        #expect(!ranOnLoop)
+        await group.shutdown(gracePeriod: .zero)
+        #expect(loop.metrics.droppedAtShutdown >= 1)
+    }
+
     @Test("a task that never suspends holds input back like a long callback; loop.yield() lets it in")
     func pollIntervalRuleForTasks() async throws {
         let background = try BackgroundLoop()

@@ -2,6 +2,9 @@
 // libevent (the base, events, sockets, listeners). Everything here is internal; the rest of
 // Mainspring sees typed Swift wrappers. (System/ holds the operating system's own calls.)
 internal import CLibevent
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// Owns one libevent `event_base`: the demultiplexer (epoll, the timer min-heap) of one loop.
 ///
@@ -32,7 +35,9 @@ final class EventBase {
     /// handler spin the loop again (libevent refuses a nested `event_base_loop` on one base).
     func poll(blocking: Bool) throws(EventLoopError) {
         let flags = EVLOOP_ONCE | (blocking ? 0 : EVLOOP_NONBLOCK)
-        try check(event_base_loop(raw, flags), "event_base_loop")
+        // libevent fails a loop when the kernel's poll does (epoll_wait or epoll_ctl: EBADF when
+        // a descriptor of the loop's was closed behind its back); the errno says which.
+        if event_base_loop(raw, flags) < 0 { throw .system(function: "event_base_loop", errno: errno) }
     }
 }
 

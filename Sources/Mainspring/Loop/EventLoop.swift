@@ -74,6 +74,8 @@ public final class EventLoop: @unchecked Sendable {
     private(set) lazy var timerQueue = TimerQueue(loop: self)
     /// Set by `shutdownNow()`: posts are counted as dropped instead of queued.
     var isShutDown = false
+    /// Set in `deinit`: nothing may take a reference to the loop any more.
+    var isBeingFreed = false
     /// `EventLoop.main` only: the Dispatch main-queue bridge, installed when the loop first runs.
     var mainQueueSource: MainQueueSource?
     /// The serial executor of the actors pinned to this loop (see Executor.swift).
@@ -111,6 +113,7 @@ public final class EventLoop: @unchecked Sendable {
     deinit {
         // Nobody can run this loop any more: close its sources (their handlers are dropped, not
         // called) and count the work that will never run.
+        isBeingFreed = true
         _ = shutdownNow()
         wakeupTarget?.native = nil
     }
@@ -124,7 +127,8 @@ public final class EventLoop: @unchecked Sendable {
     /// queued when `run()` returns stays queued and runs the next time the loop runs.
     ///
     /// - Throws: `EventLoopError.wrongThread` when the loop belongs to another thread (or, for
-    ///   `EventLoop.main`, the caller is not the main thread); `.libevent` if polling fails.
+    ///   `EventLoop.main`, the caller is not the main thread); `.system` (`event_base_loop`, with
+    ///   the errno) if polling fails.
     public func run() throws(EventLoopError) {
         guard claimThread() else {
             throw .wrongThread(function: isMainLoop ? "EventLoop.main.run() (main thread only)" : "EventLoop.run()")
@@ -225,37 +229,23 @@ public final class EventLoop: @unchecked Sendable {
     }
 
     /// Polls once, then dispatches. `deadline` (monotonic ns) bounds a blocking poll.
+    ///
+    /// (Kept small, with the rare and the per-pass parts in functions of their own, so that the
+    /// optimiser inlines the dispatch pass, `Scheduler.runPass`, here: otherwise the closure
+    /// below retains and releases the loop once per callback.)
     private func iterate(blocking: Bool, deadline: UInt64?, condition: () -> Bool) throws(EventLoopError) -> Int {
         // One lock per pass: either take the cross-thread posts, or (nothing to do at all)
         // declare the loop asleep so that the next producer writes the eventfd.
-        var mayBlock = blocking && !scheduler.hasReadyWork
-        var tookRemote = false
-        pollStamp = 0
-        if mayBlock {
-            // The clock is read before the lock: a poster waits for as short a time as possible.
-            let now = clock.now()
-            mayBlock = remote.withLock { queue -> Bool in
-                if queue.isEmpty {
-                    queue.isSleeping = true
-                    return true
-                }
-                scheduler.counters.remoteItems &+= scheduler.takeRemote(from: &queue, now: now)
-                return false
-            }
-            tookRemote = !mayBlock
-        }
-        var timeoutEvent: NativeEvent?
-        if mayBlock, let deadline {
-            let now = monotonicNanoseconds()
-            let event = try NativeEvent(timerOn: base, target: timeoutTarget)
-            try event.add(timeoutNanoseconds: deadline > now ? deadline - now : 0)
-            timeoutEvent = event
-        }
+        let mightSleep = blocking && !scheduler.hasReadyWork
+        let tookRemote = mightSleep && takeRemoteWork(orSleep: true)
+        let mayBlock = mightSleep && !tookRemote
+        let timeoutEvent = mayBlock && deadline != nil ? try armPollTimeout(deadline: deadline!) : nil
         defer { timeoutEvent?.delete() }
         runPrePollActions()
         let pollStart = mayBlock ? clock.now() : 0
         scheduler.counters.polls += 1
         if mayBlock { activityStamp.set(0) }
+        pollStamp = 0
         try base.poll(blocking: mayBlock)
         let polled = clock.now()
         activityStamp.set(polled)
@@ -264,16 +254,38 @@ public final class EventLoop: @unchecked Sendable {
             target.didFire = false
             scheduler.counters.wakeups += 1
         }
-        if !tookRemote {
-            let now = pollStamp == 0 ? clock.now() : pollStamp
-            let taken = remote.withLock { queue -> Int in
-                queue.isSleeping = false
-                return scheduler.takeRemote(from: &queue, now: now)
-            }
-            scheduler.counters.remoteItems &+= taken
-        }
+        if !tookRemote { _ = takeRemoteWork(orSleep: false) }
         scheduler.promoteNextTurn(clock: clock)
         return scheduler.runPass(clock: clock) { stopRequested.load(ordering: .relaxed) || condition() }
+    }
+
+    /// Takes the cross-thread posts into the scheduler (one lock). With `orSleep`, an empty queue
+    /// instead marks the loop asleep, so that the next poster writes the eventfd; without it, the
+    /// loop is awake. Returns whether it took any.
+    @inline(never)
+    private func takeRemoteWork(orSleep: Bool) -> Bool {
+        // After a poll the clock is read before the lock, so that a poster waits as briefly as
+        // possible; before one, only if there is something to take (usually there is not).
+        let polled = orSleep ? 0 : pollStamp == 0 ? clock.now() : pollStamp
+        let taken = remote.withLock { queue -> Int in
+            if queue.isEmpty {
+                queue.isSleeping = orSleep
+                return 0
+            }
+            queue.isSleeping = false
+            return scheduler.takeRemote(from: &queue, now: orSleep ? clock.now() : polled)
+        }
+        scheduler.counters.remoteItems &+= taken
+        return taken > 0
+    }
+
+    /// A timer that ends a blocking poll at `deadline` (monotonic ns), for `spin(until:timeout:)`.
+    @inline(never)
+    private func armPollTimeout(deadline: UInt64) throws(EventLoopError) -> NativeEvent {
+        let now = monotonicNanoseconds()
+        let event = try NativeEvent(timerOn: base, target: timeoutTarget)
+        try event.add(timeoutNanoseconds: deadline > now ? deadline - now : 0)
+        return event
     }
 
     private func runPrePollActions() {

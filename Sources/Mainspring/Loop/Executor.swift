@@ -56,17 +56,26 @@ extension EventLoop: SerialExecutor, TaskExecutor {
     /// Runs `job` on this loop's thread, as a task executor: the job of a task that prefers this
     /// loop. Any thread.
     public func enqueue(_ job: consuming ExecutorJob) {
-        post(JobPost(UnownedJob(job), loop: self, asTask: true))
+        post(UnownedJob(job), asTask: true)
     }
 
     /// Posts a job: at `.normal` priority, or at `.input` when an input source of this loop is
     /// resuming the task that waited for it (`resumingInput`), or when a job running at `.input`
     /// posts it (the task hopping on, into an actor of this loop, say: still handling its input).
+    ///
+    /// From the loop's own thread the job goes into a ready record as it is (no allocation);
+    /// from another thread, or once the loop has shut down, it travels in a `JobPost`.
     @inline(__always)
-    func post(_ job: JobPost) {
-        let priority = ownerThread.load(ordering: .relaxed) == currentThreadID() ? jobPriority : .normal
-        job.priority = priority
-        execute(priority: priority) { job.run() }
+    func post(_ job: UnownedJob, asTask: Bool) {
+        if ownerThread.load(ordering: .relaxed) == currentThreadID() && !isShutDown {
+            let priority = jobPriority
+            let record = ReadyRecord(job: job, asTask: asTask, on: Unmanaged.passUnretained(self),
+                                     stamp: scheduler.cachedNow, priority: priority)
+            scheduler.enqueue(record, priority)
+        } else {
+            let post = JobPost(job, loop: self, asTask: asTask)
+            execute(priority: .normal) { post.run() }
+        }
     }
 
     /// Runs `resume` (which resumes a task waiting for input on this loop) so that the task's
@@ -126,7 +135,7 @@ final class LoopActorExecutor: SerialExecutor, @unchecked Sendable {
 
     func enqueue(_ job: consuming ExecutorJob) {
         guard let loop else { return }
-        loop.post(JobPost(UnownedJob(job), loop: loop, asTask: false))
+        loop.post(UnownedJob(job), asTask: false)
     }
 
     func asUnownedSerialExecutor() -> UnownedSerialExecutor {
@@ -142,33 +151,31 @@ final class LoopActorExecutor: SerialExecutor, @unchecked Sendable {
     }
 }
 
-/// A job on its way to a loop: one allocation (the closure posted captures only this object).
-/// If the loop drops it instead of running it — it has shut down — the job runs on the orphan
-/// queue: a task never stays suspended because its loop is gone.
-final class JobPost: @unchecked Sendable {
-    // Touched by the loop that runs it, or by the thread that releases it unrun: never both.
-    private let job: UnownedJob
-    private let loop: EventLoop
-    private let asTask: Bool
-    private var didRun = false
-    /// The priority it was posted at: jobs it posts while it runs get the same.
-    var priority: Priority = .normal
-
-    init(_ job: UnownedJob, loop: EventLoop, asTask: Bool) {
-        self.job = job
-        self.loop = loop
-        self.asTask = asTask
+/// The loop runs the jobs its ready records carry.
+extension EventLoop {
+    /// Runs `job` as posted at `priority`: jobs it posts meanwhile get the same priority.
+    /// Loop thread only.
+    @inline(__always)
+    func run(_ job: UnownedJob, asTask: Bool, priority: Priority) {
+        let outer = jobPriority
+        jobPriority = priority
+        Self.run(job, on: self, asTask: asTask)
+        jobPriority = outer
     }
 
-    func run() {
-        didRun = true
-        let outer = loop.jobPriority
-        loop.jobPriority = priority
-        Self.run(job, on: loop, asTask: asTask)
-        loop.jobPriority = outer
+    /// A job this loop dropped (it shut down): it runs on the orphan queue instead, with this
+    /// loop (shut down: what the job posts to it is orphaned in turn) as its executor. While the
+    /// loop is being freed it cannot be that — a task that prefers a loop keeps it alive, so only
+    /// an actor that did not hold its loop gets here — and the job runs on `OrphanExecutor`.
+    func orphan(_ job: UnownedJob, asTask: Bool) {
+        if isBeingFreed {
+            OrphanExecutor.shared.run(job, asTask: asTask)
+        } else {
+            Self.orphans.async { Self.run(job, on: self, asTask: asTask) }
+        }
     }
 
-    private static func run(_ job: UnownedJob, on loop: EventLoop, asTask: Bool) {
+    fileprivate static func run(_ job: UnownedJob, on loop: EventLoop, asTask: Bool) {
         if asTask {
             job.runSynchronously(on: loop.asUnownedTaskExecutor())
         } else {
@@ -176,12 +183,55 @@ final class JobPost: @unchecked Sendable {
         }
     }
 
-    deinit {
-        guard !didRun else { return }
-        let (job, loop, asTask) = (job, loop, asTask)
-        Self.orphans.async { Self.run(job, on: loop, asTask: asTask) }
+    /// Where the jobs of shut-down loops run: one at a time, in the order they were dropped, so
+    /// that a task never stays suspended because its loop is gone.
+    static let orphans = DispatchQueue(label: "mainspring.orphaned-jobs")
+}
+
+/// Where the jobs of a loop freed with jobs still queued run: one at a time on the orphan queue,
+/// as their own executor, so that no task stays suspended forever.
+final class OrphanExecutor: TaskExecutor, SerialExecutor, @unchecked Sendable {
+    static let shared = OrphanExecutor()
+
+    func enqueue(_ job: consuming ExecutorJob) {
+        run(UnownedJob(job), asTask: true)
     }
 
-    /// Where the jobs of shut-down loops run: one at a time, in the order they were dropped.
-    private static let orphans = DispatchQueue(label: "mainspring.orphaned-jobs")
+    func run(_ job: UnownedJob, asTask: Bool) {
+        EventLoop.orphans.async {
+            if asTask {
+                job.runSynchronously(on: self.asUnownedTaskExecutor())
+            } else {
+                job.runSynchronously(isolatedTo: self.asUnownedSerialExecutor(), taskExecutor: self.asUnownedTaskExecutor())
+            }
+        }
+    }
+}
+
+/// A job on its way to a loop from another thread: one allocation (the closure posted captures
+/// only this object). If the loop drops it instead of running it — it has shut down — the job
+/// runs on the orphan queue.
+final class JobPost: @unchecked Sendable {
+    // Touched by the loop that runs it, or by the thread that releases it unrun: never both.
+    private let job: UnownedJob
+    private let loop: EventLoop
+    private let asTask: Bool
+    private var didRun = false
+
+    init(_ job: UnownedJob, loop: EventLoop, asTask: Bool) {
+        self.job = job
+        self.loop = loop
+        self.asTask = asTask
+    }
+
+    /// Runs the job at `.normal` (how it was posted).
+    func run() {
+        didRun = true
+        loop.run(job, asTask: asTask, priority: .normal)
+    }
+
+    deinit {
+        guard !didRun else { return }
+        loop.orphan(job, asTask: asTask)
+    }
 }

@@ -15,6 +15,12 @@ struct ReadyRecord {
         /// Queued on the loop's own thread for the next turn.
         case loopWork(() -> Void)
         case source(Source)
+        /// A Swift concurrency job posted on the loop's own thread — a slice of a task that
+        /// prefers the loop, or of an actor pinned to it — with the loop it runs on: carried as
+        /// is, so that posting it allocates nothing. (The loop is not retained: it owns the
+        /// scheduler that holds the record.)
+        case taskJob(UnownedJob, Unmanaged<EventLoop>)
+        case actorJob(UnownedJob, Unmanaged<EventLoop>)
         /// What a record holds once it ran.
         case done
     }
@@ -35,6 +41,13 @@ struct ReadyRecord {
     @inline(__always)
     init(loopWork: consuming @escaping () -> Void, stamp: UInt64, priority: Priority) {
         job = .loopWork(loopWork)
+        self.stamp = stamp
+        self.priority = priority
+    }
+
+    @inline(__always)
+    init(job: UnownedJob, asTask: Bool, on loop: Unmanaged<EventLoop>, stamp: UInt64, priority: Priority) {
+        self.job = asTask ? .taskJob(job, loop) : .actorJob(job, loop)
         self.stamp = stamp
         self.priority = priority
     }
@@ -62,7 +75,21 @@ struct ReadyRecord {
         case .work(let work): work()
         case .loopWork(let work): work()
         case .source(let source): source.run()
+        case .taskJob(let job, let loop):
+            loop._withUnsafeGuaranteedRef { $0.run(job, asTask: true, priority: priority) }
+        case .actorJob(let job, let loop):
+            loop._withUnsafeGuaranteedRef { $0.run(job, asTask: false, priority: priority) }
         case .done: break
+        }
+    }
+
+    /// Hands a concurrency job that will never run here (its loop shut down with it queued) to
+    /// the loop's fallback; other records are just dropped.
+    consuming func drop() {
+        switch job {
+        case .taskJob(let job, let loop): loop._withUnsafeGuaranteedRef { $0.orphan(job, asTask: true) }
+        case .actorJob(let job, let loop): loop._withUnsafeGuaranteedRef { $0.orphan(job, asTask: false) }
+        default: break
         }
     }
 }
@@ -200,7 +227,12 @@ final class Scheduler {
     func removeAll() -> Int {
         var dropped = nextTurn.count
         for priority in Priority.allCases {
-            dropped += local[priority].removeAll() + remote[priority].remaining
+            // A concurrency job is a suspended task: it is handed on, never just dropped.
+            while case let record? = local[priority].popFirst() {
+                record.drop()
+                dropped += 1
+            }
+            dropped += remote[priority].remaining
             remote[priority] = RemoteBatch()
         }
         nextTurn.removeAll()
