@@ -48,27 +48,41 @@ final class ConnectionQueue: Sendable {
     /// Whether accepting is paused for the consumer.
     var isAcceptPaused: Bool { state.withLock { $0.acceptIsPaused } }
 
-    /// A reserved connection could not be made (its fd was closed).
-    func release() {
-        let (waiter, outcome) = state.withLock { state -> (UnsafeContinuation<Outcome, Never>?, Outcome) in
+    /// A reserved connection could not be made (its fd was closed). Returns whether accepting,
+    /// paused for the consumer, may resume now.
+    func release() -> Bool {
+        let (waiter, outcome, resume) = state.withLock { state in
             state.pending -= 1
-            return Self.wakeIfDone(&state)
+            let resume = Self.mayResumeAccepting(&state)
+            let (waiter, outcome) = Self.wakeIfDone(&state)
+            return (waiter, outcome, resume)
         }
         waiter?.resume(returning: outcome)
+        return resume
     }
 
-    /// A reserved connection is ready, on its loop.
-    func push(_ connection: Connection) {
-        let waiter = state.withLock { state -> UnsafeContinuation<Outcome, Never>? in
+    /// A reserved connection is ready, on its loop. Returns whether accepting, paused for the
+    /// consumer, may resume now: handed straight to a waiting consumer, the connection is taken
+    /// at once, and no `take` will see the count go down.
+    func push(_ connection: Connection) -> Bool {
+        let (waiter, resume) = state.withLock { state -> (UnsafeContinuation<Outcome, Never>?, Bool) in
             guard let waiter = state.waiter else {
                 state.ready.append(connection)
-                return nil
+                return (nil, false)
             }
             state.waiter = nil
             state.pending -= 1
-            return waiter
+            return (waiter, Self.mayResumeAccepting(&state))
         }
         waiter?.resume(returning: .connection(connection))
+        return resume
+    }
+
+    /// Unpauses accepting once fewer than `maxWaitingConnections` are pending; true if it did.
+    private static func mayResumeAccepting(_ state: inout State) -> Bool {
+        guard state.acceptIsPaused && state.pending < Listener.maxWaitingConnections else { return false }
+        state.acceptIsPaused = false
+        return true
     }
 
     /// The listener closed: the consumer ends once the pending connections are delivered.
@@ -114,12 +128,7 @@ final class ConnectionQueue: Sendable {
                 state.first = 0
             }
             state.pending -= 1
-            var resume = false
-            if state.acceptIsPaused && state.pending < Listener.maxWaitingConnections {
-                state.acceptIsPaused = false
-                resume = true
-            }
-            return (.connection(connection), resume)
+            return (.connection(connection), mayResumeAccepting(&state))
         }
         if state.isFinished && state.pending == 0 { return (.end, false) }
         return (.wait, false)

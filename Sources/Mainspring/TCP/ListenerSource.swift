@@ -97,16 +97,22 @@ final class ListenerSource: Source {
             }
         case .queue(let queue):
             if queue.reserve() { listener?.disable() }
+            // Runs on the connection's loop; accepting resumes on this one.
+            let acceptor = UncheckedListenerSource(self)
+            let acceptorLoop = loop
+            let resumeAccepting: @Sendable (Bool) -> Void = { resume in
+                if resume { acceptorLoop.execute { acceptor.value.resumeAfterConsumer() } }
+            }
             deliver = {
                 do {
                     let source = try ConnectionSource(loop: destination, fd: socket.take(), peer: socket.peer,
                                                       options: options)
-                    queue.push(Connection(source: source))
+                    resumeAccepting(queue.push(Connection(source: source)))
                 } catch {
-                    queue.release()
+                    resumeAccepting(queue.release())
                 }
             }
-            release = { queue.release() }
+            release = { resumeAccepting(queue.release()) }
         }
         if destination === loop { deliver() } else { destination.execute(priority: .input, deliver, orElse: release) }
     }
