@@ -450,7 +450,7 @@ struct AsyncServerTests {
     func shutdownWithHandlersInFlight() async throws {
         // In flight, finishing in time: each handler waits 100 ms on its loop's timer, replies, closes.
         let group = try EventLoopGroup(loopCount: 2)
-        let (listener, _) = try await startAsyncServer(group: group) { connection in
+        let (listener, server) = try await startAsyncServer(group: group) { connection in
             do {
                 for try await event in connection.lines {
                     guard case .line(let text) = event else { continue }
@@ -468,7 +468,14 @@ struct AsyncServerTests {
         usleep(20_000)
         listener.close()
         let report = await group.shutdown(gracePeriod: .seconds(5))
-        #expect(report == .init(droppedWork: 0, closedSources: 0, timedOut: false, stuckLoops: 0, cancelledTasks: 0))
+        #expect(!report.timedOut && report.closedSources == 0 && report.stuckLoops == 0 && report.cancelledTasks == 0,
+                "\(report)")
+        // Each loop ends once it is quiet. The accepting task (on loop 0) waits for its handlers,
+        // which may end on loop 1 after loop 0 went quiet: its last resumption then reaches a
+        // loop that has ended, and is counted as dropped work and run on the fallback queue —
+        // the one item of work that may be counted here. Nothing is lost: the task finishes.
+        #expect(report.droppedWork <= 1, "\(report)")
+        try await server.value
         for (index, client) in clients.enumerated() { #expect(client.readLine() == "late \(index)") }
 
         // In flight past the grace period: handlers waiting for input that never comes.
