@@ -107,6 +107,11 @@ public final class EventLoopGroup: Sendable {
     /// Stop accepting first (close your `Listener`s), and close idle connections, or the full
     /// grace period is spent waiting for them.
     ///
+    /// Quiet is judged loop by loop: a task suspended on one loop while it waits for work on
+    /// another (a task group whose children run on the other loops, say) does not keep its own
+    /// loop running. If its resumption arrives after that loop has ended, the task still
+    /// finishes — on a fallback queue — and the job counts in `droppedWork`.
+    ///
     /// Any task, but not one that runs on one of the group's loops (it could never be resumed:
     /// precondition). Concurrent and later calls return the first shutdown's report. A loop
     /// whose thread does not end within 5 s after the deadline (a handler that never returns)
