@@ -241,8 +241,7 @@ public final class Listener: @unchecked Sendable {
     }
 
     private func resumeAccepting() {
-        let source = UncheckedListenerSource(self.source)
-        loop.execute { source.value.resumeAfterConsumer() }
+        source.postResumeAfterConsumer()
     }
 
     private func cancelFromTask() { close() }

@@ -99,9 +99,8 @@ final class ListenerSource: Source {
             if queue.reserve() { listener?.disable() }
             // Runs on the connection's loop; accepting resumes on this one.
             let acceptor = UncheckedListenerSource(self)
-            let acceptorLoop = loop
             let resumeAccepting: @Sendable (Bool) -> Void = { resume in
-                if resume { acceptorLoop.execute { acceptor.value.resumeAfterConsumer() } }
+                if resume { acceptor.value.postResumeAfterConsumer() }
             }
             deliver = {
                 do {
@@ -127,6 +126,13 @@ final class ListenerSource: Source {
     func resumeAfterConsumer() {
         guard !isClosed, pauseTimer == nil else { return }
         listener?.enable()
+    }
+
+    /// `resumeAfterConsumer`, asked from any thread (the consumer's task, a connection's loop):
+    /// posted to the listener's loop.
+    func postResumeAfterConsumer() {
+        let source = UncheckedListenerSource(self)
+        loop.execute { source.value.resumeAfterConsumer() }
     }
 
     /// EMFILE/ENFILE: the listening socket stays readable, so stop polling it for a while.
