@@ -176,11 +176,7 @@ extension EventLoop {
     }
 
     fileprivate static func run(_ job: UnownedJob, on loop: EventLoop, asTask: Bool) {
-        if asTask {
-            job.runSynchronously(on: loop.asUnownedTaskExecutor())
-        } else {
-            job.runSynchronously(isolatedTo: loop.asUnownedSerialExecutor(), taskExecutor: loop.asUnownedTaskExecutor())
-        }
+        job.run(asTask: asTask, serialExecutor: loop.asUnownedSerialExecutor(), taskExecutor: loop.asUnownedTaskExecutor())
     }
 
     /// Where the jobs of shut-down loops run: one at a time, in the order they were dropped, so
@@ -199,11 +195,20 @@ final class OrphanExecutor: TaskExecutor, SerialExecutor, @unchecked Sendable {
 
     func run(_ job: UnownedJob, asTask: Bool) {
         EventLoop.orphans.async {
-            if asTask {
-                job.runSynchronously(on: self.asUnownedTaskExecutor())
-            } else {
-                job.runSynchronously(isolatedTo: self.asUnownedSerialExecutor(), taskExecutor: self.asUnownedTaskExecutor())
-            }
+            job.run(asTask: asTask, serialExecutor: self.asUnownedSerialExecutor(), taskExecutor: self.asUnownedTaskExecutor())
+        }
+    }
+}
+
+extension UnownedJob {
+    /// Runs the job: a task's job with `taskExecutor` as its task executor, or an actor's job
+    /// isolated to `serialExecutor` and with `taskExecutor` as well (see `LoopActorExecutor`).
+    @inline(__always)
+    fileprivate func run(asTask: Bool, serialExecutor: UnownedSerialExecutor, taskExecutor: UnownedTaskExecutor) {
+        if asTask {
+            runSynchronously(on: taskExecutor)
+        } else {
+            runSynchronously(isolatedTo: serialExecutor, taskExecutor: taskExecutor)
         }
     }
 }
