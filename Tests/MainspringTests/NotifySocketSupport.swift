@@ -42,7 +42,6 @@ final class FakeNotifySocket: @unchecked Sendable {
         let name = "mainspring-test-notify-\(getpid())-\(Self.counter.wrappingAdd(1, ordering: .relaxed).oldValue)"
         let socketFD = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard socketFD >= 0 else { throw POSIXError(.EMFILE) }
-        fd = socketFD
         var bytes: [UInt8]
         if abstract {
             address = "@" + name
@@ -66,6 +65,9 @@ final class FakeNotifySocket: @unchecked Sendable {
             Glibc.close(socketFD)
             throw POSIXError(POSIXErrorCode(rawValue: code) ?? .EINVAL)
         }
+        // Stored only now: an init that throws after every property is set runs `deinit`, which
+        // would close the descriptor again and wait for a reader thread that never started.
+        fd = socketFD
         var timeout = timeval(tv_sec: 0, tv_usec: 50_000)
         setsockopt(socketFD, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
         let shared = self.shared

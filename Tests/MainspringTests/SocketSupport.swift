@@ -12,7 +12,10 @@ final class TestClient: @unchecked Sendable {
 
     init(port: UInt16, host: String = "127.0.0.1") throws {
         let family = host.contains(":") ? AF_INET6 : AF_INET
-        fd = socket(family, Int32(SOCK_STREAM.rawValue), 0)
+        // The descriptor is stored only once connected: a class whose init throws after its
+        // properties are set runs `deinit`, which would close the descriptor a second time (by
+        // then perhaps another thread's: a new loop's epoll instance, say).
+        let fd = socket(family, Int32(SOCK_STREAM.rawValue), 0)
         guard fd >= 0 else { throw POSIXError(.EMFILE) }
         var rc: Int32
         if family == AF_INET {
@@ -39,6 +42,7 @@ final class TestClient: @unchecked Sendable {
         }
         var timeout = timeval(tv_sec: 10, tv_usec: 0)
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        self.fd = fd
     }
 
     deinit { close(fd) }
