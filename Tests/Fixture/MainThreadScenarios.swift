@@ -298,3 +298,23 @@ func echoScenario() throws {
     try loop.run()
     reader.cancel()
 }
+
+/// `group-takeover direct|execute`: makes a 2-loop group and at once calls a loop-only API on
+/// its first loop from the main thread — directly (which must trap: the loop is already its
+/// thread's when `EventLoopGroup.init` returns) or through `execute` (which must work).
+func groupTakeoverScenario() throws {
+    let mode = CommandLine.arguments.dropFirst(2).first ?? "direct"
+    let group = try EventLoopGroup(loopCount: 2)
+    let loop = group.loops[0]
+    let fired = Semaphore()
+    if mode == "direct" {
+        report("calling", "schedule(after:)")
+        loop.schedule(after: .milliseconds(1)) { fired.signal() }
+        report("accepted", "true")  // not reached when the precondition holds
+    } else {
+        loop.execute { loop.schedule(after: .milliseconds(1)) { fired.signal() } }
+    }
+    check(fired.wait(timeout: .seconds(10)), "the timer never fired")
+    report("fired", 1)
+    group.shutdown(gracePeriod: .seconds(1))
+}

@@ -36,9 +36,8 @@ actor Storage {
 
 @MainActor
 func readmeDaemonScenario() throws {
-    let storageLoop = try EventLoop()
-    Thread.detachNewThread { try? storageLoop.run() }
-    let storage = Storage(loop: storageLoop)
+    let storageLoops = try EventLoopGroup(loopCount: 1)   // a loop on a thread of its own
+    let storage = Storage(loop: storageLoops.loops[0])
     let service = Service()
 
     let reader = try EventLoop.main.readLines(from: 0) { event in

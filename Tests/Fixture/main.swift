@@ -24,6 +24,7 @@ var scenarios: [String: @MainActor () throws -> Void] = [
     "async-signals": asyncSignalsScenario,
     "async-stdin": asyncStdinScenario,
     "async-second-consumer": asyncSecondConsumerScenario,
+    "group-takeover": groupTakeoverScenario,
 ]
 #if MAINSPRING_MAIN_EXECUTOR
 scenarios["main-executor"] = mainExecutorScenario

@@ -67,9 +67,10 @@ enum FixtureLaunchError: Error, CustomStringConvertible {
 
 /// Runs `mainspring-fixture <scenario> [arguments…]`. See `FixtureResult`.
 func runFixture(_ scenario: String, arguments: [String] = [], stdin: String? = nil,
-                timeout: Duration = .seconds(60)) async throws -> FixtureResult
+                environment: [String: String]? = nil, timeout: Duration = .seconds(60)) async throws -> FixtureResult
 {
-    try await runExecutable("mainspring-fixture", arguments: [scenario] + arguments, stdin: stdin, timeout: timeout)
+    try await runExecutable("mainspring-fixture", arguments: [scenario] + arguments, stdin: stdin,
+                            environment: environment, timeout: timeout)
 }
 
 /// Runs the package executable `name` with `arguments`, feeding it `stdin` (or `/dev/null`), and

@@ -60,7 +60,11 @@ public final class EventLoopGroup: Sendable {
         }
     }
 
-    /// Starts `loopCount` loops (default: the number of active cores), each on its own thread.
+    /// Starts `loopCount` loops (default: the number of active cores), each on its own thread,
+    /// and returns once every loop is bound to its thread and polling: from then on a
+    /// loop-thread-only call made elsewhere fails loudly (`wrongThread`, or a precondition),
+    /// whatever the timing. Blocks the caller while the threads start (well under a
+    /// millisecond each).
     /// - Throws: `EventLoopError` when a loop cannot be created (out of file descriptors).
     public init(loopCount: Int = ProcessInfo.processInfo.activeProcessorCount,
                 configuration: EventLoop.Configuration = .init()) throws(EventLoopError)
@@ -73,8 +77,17 @@ public final class EventLoopGroup: Sendable {
         self.loops = loops
         let threads = ThreadsEnded(count: count)
         self.threads = threads
+        // Each thread binds its loop before anything else, then the loop's first callback says
+        // it polls; `init` returns only after every loop did both. Until a loop is bound, a
+        // loop-only call from another thread would bind the loop to *that* thread, and the
+        // group's thread would then fail to run it: so no caller can ever see a group loop
+        // that is not yet its thread's.
+        let started = DispatchSemaphore(value: 0)
         for (index, loop) in loops.enumerated() {
+            loop.execute { started.signal() }
             let thread = Thread {
+                let bound = loop.claimThread()
+                precondition(bound, "Mainspring: group loop \(index) was bound to another thread before its own")
                 do {
                     try loop.run()
                 } catch {
@@ -86,6 +99,7 @@ public final class EventLoopGroup: Sendable {
             thread.name = "mainspring.group.\(index)"
             thread.start()
         }
+        for _ in loops { started.wait() }
     }
 
     /// The next loop, round robin. Any thread.
