@@ -318,3 +318,22 @@ func groupTakeoverScenario() throws {
     report("fired", 1)
     group.shutdown(gracePeriod: .seconds(1))
 }
+
+/// `duration-misuse <case>`: a period that is zero or negative, which must stop the program
+/// with a message naming the parameter (each case traps before printing `accepted`).
+func durationMisuseScenario() throws {
+    let which = CommandLine.arguments.dropFirst(2).first ?? ""
+    let loop = EventLoop.main
+    report("case", which)
+    switch which {
+    case "every-zero": loop.schedule(every: .zero) { _ in }
+    case "every-negative": loop.schedule(every: .milliseconds(-5)) { _ in }
+    case "poll-interval-zero": _ = try EventLoop(configuration: .init(pollInterval: .zero))
+    case "idle-timeout-negative":
+        _ = try Listener(on: loop, options: .init(idleTimeout: .milliseconds(-1))) { _ in }
+    case "idle-timeout-zero": _ = try Connection.connect(to: "127.0.0.1", port: 9, on: loop, options: .init(idleTimeout: .zero))
+    case "input-pattern-zero": _ = try InputSimulator(loop: loop, pattern: .steady(every: .zero))
+    default: fail("unknown case \(which)")
+    }
+    report("accepted", "true")
+}

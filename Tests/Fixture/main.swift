@@ -25,6 +25,7 @@ var scenarios: [String: @MainActor () throws -> Void] = [
     "async-stdin": asyncStdinScenario,
     "async-second-consumer": asyncSecondConsumerScenario,
     "group-takeover": groupTakeoverScenario,
+    "duration-misuse": durationMisuseScenario,
 ]
 #if MAINSPRING_MAIN_EXECUTOR
 scenarios["main-executor"] = mainExecutorScenario

@@ -80,7 +80,8 @@ final class TimerSource: DeadlineSource {
 
 extension EventLoop {
     /// Runs `work` once on this loop after `delay` — never earlier (measured on the monotonic
-    /// clock), as soon after as the loop's other work allows. A negative delay counts as zero.
+    /// clock), as soon after as the loop's other work allows. `delay` is a wait: negative counts
+    /// as zero.
     ///
     /// Timers run in deadline order, and timers due at the same instant run in the order they
     /// were created: timers scheduled one after another with one delay run in that order, however
@@ -111,16 +112,24 @@ extension EventLoop {
     ///
     /// Deadlines stay on the grid `start + k × interval`: a late run does not shift the next one,
     /// and ticks missed while the loop was busy are skipped rather than run in a burst. The
-    /// handler is never re-entered. An interval of zero or less fires once per loop iteration.
-    /// Ticks due at the same instant as other timers run in creation order, like one-shot timers.
-    /// Loop thread only (precondition).
+    /// handler is never re-entered. Ticks due at the same instant as other timers run in creation
+    /// order, like one-shot timers. Loop thread only (precondition).
+    ///
+    /// `interval` is a period: it must be positive (zero or negative stops the program with a
+    /// message), and one shorter than ``minimumRepeatInterval`` is raised to it, so that no
+    /// repeating timer can keep its loop from sleeping.
     @discardableResult
     public func schedule(every interval: Duration, _ work: @escaping (TimerHandle) -> Void) -> TimerHandle {
         preconditionOnLoop("EventLoop.schedule(every:_:)")
-        let nanoseconds = interval.clampedNanoseconds
+        let nanoseconds = max(requirePositive(interval, "EventLoop.schedule(every:_:)'s interval"),
+                              Self.minimumRepeatInterval.clampedNanoseconds)
         return makeTimer(deadline: monotonicNanoseconds() &+ nanoseconds, interval: nanoseconds, oneShot: nil,
                          repeating: work)
     }
+
+    /// The shortest interval of a repeating timer (100 µs): `schedule(every:)` raises shorter
+    /// ones to it. At most 10,000 ticks a second, with the loop polling between them.
+    public static let minimumRepeatInterval: Duration = .microseconds(100)
 
     private func makeTimer(deadline: UInt64, interval: UInt64?, oneShot: (() -> Void)?,
                            repeating: ((TimerHandle) -> Void)?) -> TimerHandle

@@ -3,8 +3,9 @@ extension EventLoop {
     ///
     /// The defaults suit interactive programs and daemons: input waits at most about one poll
     /// interval behind other work, and `.background` work keeps a quarter of a saturated loop
-    /// (`Scheduler` explains the rules these settings tune). All durations are clamped to zero
-    /// when negative.
+    /// (`Scheduler` explains the rules these settings tune). Its three durations are periods:
+    /// a loop made with one that is zero or negative stops the program with a message naming it
+    /// (see <doc:Durations>). `backgroundShare` is clamped to `0...0.9`.
     public struct Configuration: Sendable, Equatable {
         /// The longest the loop dispatches ready work before it polls for new I/O again. An input
         /// event therefore waits at most this long plus the one callback in progress.

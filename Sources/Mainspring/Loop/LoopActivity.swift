@@ -16,6 +16,8 @@ public enum LoopActivity: Sendable, Equatable, CustomStringConvertible {
     case notRunning
 
     /// Whether the loop is running and has polled within `threshold` (or is waiting for events).
+    /// A query, not a wait or a period: with a threshold of zero (or less) only a loop waiting
+    /// for events counts as responsive.
     public func isResponsive(within threshold: Duration) -> Bool {
         switch self {
         case .waiting: return true

@@ -128,9 +128,9 @@ final class Scheduler {
         var backgroundCreditRate: Double
 
         init(_ configuration: EventLoop.Configuration) {
-            pollInterval = configuration.pollInterval.clampedNanoseconds
-            maxStarvation = configuration.maxStarvation.clampedNanoseconds
-            stallThreshold = configuration.stallThreshold.clampedNanoseconds
+            pollInterval = requirePositive(configuration.pollInterval, "EventLoop.Configuration.pollInterval")
+            maxStarvation = requirePositive(configuration.maxStarvation, "EventLoop.Configuration.maxStarvation")
+            stallThreshold = requirePositive(configuration.stallThreshold, "EventLoop.Configuration.stallThreshold")
             let share = configuration.backgroundShare.isFinite ? min(max(configuration.backgroundShare, 0), 0.9) : 0
             backgroundCreditRate = share / (1 - share)
         }

@@ -27,6 +27,8 @@ import Synchronization
 /// between the two does add that delay to its record's latency).
 public final class InputSimulator {
     /// When records are written.
+    /// The durations are periods: zero or negative stops the program when the simulator is made
+    /// (see <doc:Durations>).
     public enum Pattern: Sendable, Hashable {
         /// One record every `every`, on a fixed grid (a late write does not shift the next one).
         case steady(every: Duration)
@@ -72,6 +74,12 @@ public final class InputSimulator {
     public init(loop: EventLoop, pattern: Pattern, count: Int? = nil, handlingCost: Duration = .zero,
                 onEvent: ((Event) -> Void)? = nil) throws(EventLoopError)
     {
+        switch pattern {
+        case .steady(let every): _ = requirePositive(every, "InputSimulator.Pattern.steady(every:)")
+        case .burst(_, let every): _ = requirePositive(every, "InputSimulator.Pattern.burst(count:every:)'s every")
+        case .poisson(let rate):
+            requireUsage(rate.isFinite && rate > 0, "Mainspring: InputSimulator.Pattern.poisson(ratePerSecond:) must be positive and finite, not \(rate)")
+        }
         self.loop = loop
         self.pattern = pattern
         self.count = count.map { max(0, $0) }

@@ -35,6 +35,11 @@ import Synchronization
 /// way (what was written is still sent).
 public final class Connection: @unchecked Sendable {
     /// Limits and timeouts of a connection.
+    ///
+    /// Checked when a listener or an outgoing connection is made with them: a `maxLineLength` or
+    /// `outputLimit` below 1, or an `idleTimeout` that is zero or negative (a period, see
+    /// <doc:Durations>), stops the program with a message naming it. `closeTimeout` is a wait:
+    /// negative counts as zero (close without waiting for the output).
     public struct Options: Sendable, Equatable {
         /// The longest line `readLines` delivers; longer ones are reported as `.tooLong`.
         public var maxLineLength: Int
@@ -44,6 +49,13 @@ public final class Connection: @unchecked Sendable {
         public var idleTimeout: Duration?
         /// How long `close()` waits for buffered output to drain before closing anyway.
         public var closeTimeout: Duration
+
+        /// Stops the program when an option breaks the rules above; `function` is the call.
+        func check(_ function: StaticString) {
+            requireUsage(maxLineLength > 0, "Mainspring: \(function): Connection.Options.maxLineLength must be at least 1, not \(maxLineLength)")
+            requireUsage(outputLimit > 0, "Mainspring: \(function): Connection.Options.outputLimit must be at least 1, not \(outputLimit)")
+            if let idleTimeout { _ = requirePositive(idleTimeout, "\(function): Connection.Options.idleTimeout") }
+        }
 
         /// Options with the documented defaults: 64 KiB lines, 1 MiB output, no idle timeout,
         /// 10 s to flush on close.

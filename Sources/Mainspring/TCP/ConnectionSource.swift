@@ -135,6 +135,7 @@ final class ConnectionSource: Source {
 
     init(loop: EventLoop, connectingTo host: String, port: UInt16, options: Connection.Options) throws(EventLoopError) {
         _ = ignoreSIGPIPE
+        options.check("Connection.connect")
         self.remoteAddress = host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
         self.options = options
         self.splitter = LineSplitter(maxLineLength: options.maxLineLength)

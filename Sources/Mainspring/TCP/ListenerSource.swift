@@ -46,6 +46,7 @@ final class ListenerSource: Source {
          delivery: Delivery, shared: ListenerShared) throws(EventLoopError)
     {
         _ = ignoreSIGPIPE
+        options.check("Listener")
         self.group = group
         self.options = options
         self.delivery = delivery

@@ -22,7 +22,9 @@ extension HTTPRoutes {
     /// with one line naming the first loop that is not (stuck in one callback, or not running).
     /// Answered at once by the loop that serves the request, from each loop's `activity` (an
     /// atomic read): a stuck loop takes no new connections, so a healthy one answers.
+    /// `threshold` is a period: zero or negative stops the program (Mainspring's "Durations").
     public mutating func serveHealth(at path: String = "/healthz", of loops: [EventLoop], threshold: Duration = .seconds(1)) {
+        _ = requirePositive(threshold, "HTTPRoutes.serveHealth(at:of:threshold:)'s threshold")
         get(path) { _ in
             for (index, loop) in loops.enumerated() {
                 switch loop.activity {

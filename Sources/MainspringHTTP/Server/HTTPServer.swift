@@ -36,7 +36,9 @@ import Mainspring
 /// their loop: `EventLoopGroup.shutdown(gracePeriod:)` waits for them, and closes the server's
 /// connections when the grace period ends.
 public final class HTTPServer: Sendable {
-    /// Addresses, limits and timeouts. Every duration is clamped to at least one millisecond.
+    /// Addresses, limits and timeouts. Its three timeouts are periods (see Mainspring's
+    /// "Durations"): zero or negative stops the program with a message naming it when a server
+    /// is made; positive ones shorter than a millisecond count as one.
     public struct Configuration: Sendable {
         /// The address to listen on (`127.0.0.1`, `::1`, `0.0.0.0`, `::`). Default `127.0.0.1`.
         public var host: String
@@ -104,6 +106,9 @@ public final class HTTPServer: Sendable {
 
     private init(loops: [EventLoop], configuration: Configuration, routes: HTTPRoutes) throws(HTTPServerError) {
         let floor = Duration.milliseconds(1)
+        _ = requirePositive(configuration.idleTimeout, "HTTPServer.Configuration.idleTimeout")
+        _ = requirePositive(configuration.headerTimeout, "HTTPServer.Configuration.headerTimeout")
+        _ = requirePositive(configuration.bodyTimeout, "HTTPServer.Configuration.bodyTimeout")
         let limits = EvhttpLimits(
             maxHeaderBytes: max(256, configuration.maxHeaderBytes), maxBodyBytes: max(0, configuration.maxBodyBytes),
             idleTimeout: max(floor, configuration.idleTimeout), headerTimeout: max(floor, configuration.headerTimeout),
