@@ -232,6 +232,8 @@ private actor AsyncSession {
             let slot = reserve()
             let loop = connection.loop
             tasks.addTask {
+                // `try?`: sleep throws only when the task is cancelled, which closes the
+                // connection; the reply then goes nowhere either way.
                 _ = try? await loop.sleep(for: .milliseconds(milliseconds))
                 await self.fill(slot, "SLEPT \(milliseconds)")
             }

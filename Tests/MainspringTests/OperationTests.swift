@@ -243,11 +243,17 @@ struct OperationTests {
     func spinningWaitTimeout() async throws {
         let (first, elapsed, second, empty) = try await onLoopThread { loop -> (Bool, Duration, Bool, Bool) in
             let queue = OperationQueue()
-            let stuck = TestOperation { _ in }
+            // Its execute() posts to the loop, so the waits below see that it started (on a
+            // loaded machine the queue may start it after the first wait has timed out).
+            let started = Counter()
+            let stuck = TestOperation { _ in loop.execute { started.increment() } }
             queue.addOperation(stuck)
             let start = ContinuousClock.now
             let first = queue.waitUntilAllOperationsAreFinished(spinning: loop, timeout: .milliseconds(100))
             let elapsed = ContinuousClock.now - start
+            // finish() only once the queue has started it (finishing an operation that was not
+            // started is a precondition failure, which would end the whole test run).
+            loop.spin(until: { started.count == 1 }, timeout: .seconds(30))
             loop.schedule(after: .milliseconds(20)) { stuck.finish() }
             let second = queue.waitUntilAllOperationsAreFinished(spinning: loop, timeout: .seconds(20))
             let empty = OperationQueue().waitUntilAllOperationsAreFinished(spinning: loop, timeout: .zero)

@@ -39,7 +39,14 @@ final class LineReaderSource: DescriptorSource {
     func resume() {
         guard isPaused, !isClosed else { return }
         isPaused = false
-        if isAlwaysReady { loop.enqueueNextTurn(source: self) } else { try? native?.add() }
+        if isAlwaysReady { loop.enqueueNextTurn(source: self) } else { resumeNative() }
+    }
+
+    /// The loop refused to poll the fd again: the reader reports `.error(errno)` and ends.
+    override func failed(_ error: EventLoopError) {
+        events.append(.error(error.errnoCode))
+        deliver()
+        close()
     }
 
     override func didRun() {

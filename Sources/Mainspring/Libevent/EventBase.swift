@@ -14,14 +14,27 @@ import Glibc
 final class EventBase {
     let raw: OpaquePointer
 
+    /// Fault injection for tests: this many of the next registrations (`event_add`,
+    /// `bufferevent_enable`) fail with `EBADF`, as they do when a descriptor was closed behind
+    /// the loop's back. Loop thread only; 0 in normal operation.
+    var injectedRegistrationFailures = 0
+
+    /// Consumes one injected failure, if any is left (see `injectedRegistrationFailures`).
+    @inline(__always)
+    func takeInjectedFailure(_ function: StaticString) throws(EventLoopError) {
+        guard injectedRegistrationFailures > 0 else { return }
+        injectedRegistrationFailures -= 1
+        throw .libevent(function: "\(function)", errno: EBADF)
+    }
+
     init() throws(EventLoopError) {
         _ = silenceLibeventLog
-        guard let config = event_config_new() else { throw .libevent(function: "event_config_new") }
+        guard let config = event_config_new() else { throw .libevent(function: "event_config_new", errno: errno) }
         defer { event_config_free(config) }
         let flags = EVENT_BASE_FLAG_NOLOCK.rawValue | EVENT_BASE_FLAG_PRECISE_TIMER.rawValue
         try check(event_config_set_flag(config, Int32(flags)), "event_config_set_flag")
         guard let base = event_base_new_with_config(config) else {
-            throw .libevent(function: "event_base_new_with_config")
+            throw .libevent(function: "event_base_new_with_config", errno: errno)
         }
         raw = base
     }
@@ -45,10 +58,11 @@ final class EventBase {
 /// `EventLoopError` instead, so it installs a log callback that drops them (once per process).
 private let silenceLibeventLog: Void = event_set_log_callback { _, _ in }
 
-/// Maps a libevent return code (negative on failure) to `EventLoopError.libevent`.
+/// Maps a libevent return code (negative on failure) to `EventLoopError.libevent`, with the
+/// `errno` the failed call left (read at once, before anything else can change it).
 @inline(__always)
 func check(_ rc: Int32, _ function: StaticString) throws(EventLoopError) {
-    if rc < 0 { throw .libevent(function: "\(function)") }
+    if rc < 0 { throw .libevent(function: "\(function)", errno: errno) }
 }
 
 // MARK: Callback arguments

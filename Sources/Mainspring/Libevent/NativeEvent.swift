@@ -1,4 +1,7 @@
 internal import CLibevent
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// What libevent reported for an event: the `EV_*` bits that Mainspring uses, as a typed set.
 struct Readiness: OptionSet, Sendable {
@@ -57,7 +60,7 @@ final class NativeEvent {
         var flags = readiness.libeventFlags
         if persistent { flags |= Int16(EV_PERSIST) }
         guard let event = event_new(base.raw, fd, flags, nativeEventTrampoline, callbackArgument(for: target)) else {
-            throw .libevent(function: "event_new")
+            throw .libevent(function: "event_new", errno: errno)
         }
         self.raw = event
         self.base = base
@@ -78,6 +81,7 @@ final class NativeEvent {
     /// Makes the event pending; with a timeout it fires after `nanoseconds` at the latest
     /// (I/O events) or exactly then (timers). Re-adding a pending event reschedules it.
     func add(timeoutNanoseconds: UInt64? = nil) throws(EventLoopError) {
+        try base.takeInjectedFailure("event_add")
         if let ns = timeoutNanoseconds {
             var tv = timeval(tv_sec: Int(ns / 1_000_000_000), tv_usec: Int((ns % 1_000_000_000) / 1_000))
             // libevent rounds down to microseconds; round up so a timer never fires early.

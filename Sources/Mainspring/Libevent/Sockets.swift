@@ -59,7 +59,7 @@ final class SocketListener {
         let flags = UInt32(LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC)
         // A backlog of 0: the socket already listens, so libevent does not call listen(2).
         guard let listener = evconnlistener_new(base.raw, listenerAcceptTrampoline, arg, flags, 0, fd) else {
-            throw .libevent(function: "evconnlistener_new")
+            throw .libevent(function: "evconnlistener_new", errno: errno)
         }
         (self.port, self.localAddress) = boundAddress(of: fd)
         self.raw = listener
@@ -69,7 +69,13 @@ final class SocketListener {
 
     deinit { evconnlistener_free(raw) }
 
-    func enable() { evconnlistener_enable(raw) }
+    /// Accepts again. - Throws: `.libevent` with the errno when the loop refuses the socket.
+    func enable() throws(EventLoopError) {
+        try base.takeInjectedFailure("evconnlistener_enable")
+        try check(evconnlistener_enable(raw), "evconnlistener_enable")
+    }
+
+    /// Stops accepting (`evconnlistener_disable` only deletes its event: it cannot fail).
     func disable() { evconnlistener_disable(raw) }
 }
 
@@ -127,7 +133,7 @@ final class BufferedSocket {
     /// Wraps a connected, non-blocking socket.
     init(base: EventBase, fd: Int32, target: BufferedSocketTarget) throws(EventLoopError) {
         guard let bev = bufferevent_socket_new(base.raw, fd, Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)) else {
-            throw .libevent(function: "bufferevent_socket_new")
+            throw .libevent(function: "bufferevent_socket_new", errno: errno)
         }
         self.raw = bev
         self.base = base
@@ -143,7 +149,7 @@ final class BufferedSocket {
         let length = try parseAddress(host: host, port: port, into: &storage)
         let options = Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)
         guard let bev = bufferevent_socket_new(base.raw, -1, options) else {
-            throw .libevent(function: "bufferevent_socket_new")
+            throw .libevent(function: "bufferevent_socket_new", errno: errno)
         }
         self.raw = bev
         self.base = base
@@ -159,7 +165,15 @@ final class BufferedSocket {
 
     var fd: Int32 { bufferevent_getfd(raw) }
 
-    func enable(_ events: IOEvents) { bufferevent_enable(raw, events.readiness.libeventFlags) }
+    /// Starts polling for `events` (`bufferevent_enable`, an `event_add` underneath).
+    /// - Throws: `.libevent` with the errno when the loop refuses the descriptor.
+    func enable(_ events: IOEvents) throws(EventLoopError) {
+        try base.takeInjectedFailure("bufferevent_enable")
+        try check(bufferevent_enable(raw, events.readiness.libeventFlags), "bufferevent_enable")
+    }
+
+    /// Stops polling for `events`. (`bufferevent_disable` only deletes events, which cannot
+    /// fail for a valid bufferevent: its result is 0 by construction.)
     func disable(_ events: IOEvents) { bufferevent_disable(raw, events.readiness.libeventFlags) }
 
     var inputLength: Int { evbuffer_get_length(bufferevent_get_input(raw)) }

@@ -4,8 +4,9 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
     case wrongThread(function: String)
     /// The file descriptor is not open (or not valid for this use).
     case badDescriptor(Int32)
-    /// A libevent function failed; `function` is its C name.
-    case libevent(function: String)
+    /// A libevent function failed; `function` is its C name, `errno` what the operating system
+    /// reported for it (`EBADF` from `epoll_ctl`, `ENOMEM`, …), or 0 when libevent set none.
+    case libevent(function: String, errno: Int32 = 0)
     /// A system call failed with `errno`.
     case system(function: String, errno: Int32)
     /// The signal is already watched on another loop; only one loop may own a signal.
@@ -24,8 +25,9 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
             return "\(function) must be called on the loop's own thread; use execute(_:) to get there"
         case .badDescriptor(let fd):
             return "file descriptor \(fd) is not open"
-        case .libevent(let function):
-            return "libevent call \(function) failed"
+        case .libevent(let function, let code):
+            return code == 0 ? "libevent call \(function) failed"
+                : "libevent call \(function) failed: \(String(cString: strerror(code))) (errno \(code))"
         case .system(let function, let code):
             return "\(function) failed: \(String(cString: strerror(code))) (errno \(code))"
         case .signalInUse(let signal):

@@ -1,3 +1,7 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// Something registered on a loop that becomes ready and is then dispatched by the loop's
 /// scheduler: a timer, an fd watcher, a line reader, a signal watcher.
 ///
@@ -119,6 +123,41 @@ class Source: NativeEventTarget {
     /// Called once by `close()`: drop handler closures here (they may capture the loop).
     func didClose() {}
 
-    /// Re-adds a held-back native event.
-    func resumeNative() { try? native?.add() }
+    /// Re-adds a held-back native event; if the loop refuses it, the source fails.
+    func resumeNative() {
+        guard let native else { return }
+        do {
+            try native.add()
+        } catch {
+            registrationFailed(error)
+        }
+    }
+
+    /// The loop could not register the source's event again (`event_add` or
+    /// `bufferevent_enable` failed: a descriptor closed behind the loop's back, out of memory).
+    /// A source that cannot be polled would never fire again, silently; so it is counted in
+    /// `LoopMetrics.sourceFailures` and ended with the error (`failed(_:)`).
+    final func registrationFailed(_ error: EventLoopError) {
+        guard !isClosed else { return }
+        withLoop { $0.scheduler.counters.sourceFailures += 1 }
+        failed(error)
+    }
+
+    /// How the source ends after a registration failure: tell its user if it has a way (a line
+    /// reader delivers `.error(errno)`, a connection closes with `.error(errno)`), then close.
+    /// The default closes (a plain watcher is then cancelled: `isCancelled` reads true).
+    func failed(_ error: EventLoopError) { close() }
+}
+
+extension EventLoopError {
+    /// The errno behind the error, if any (`ENOMEM` when none was recorded: the one failure
+    /// libevent reports without an errno is an allocation).
+    var errnoCode: Int32 {
+        switch self {
+        case .system(_, let code): return code
+        case .libevent(_, let code): return code == 0 ? ENOMEM : code
+        case .badDescriptor: return EBADF
+        default: return EINVAL
+        }
+    }
 }

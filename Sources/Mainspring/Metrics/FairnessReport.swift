@@ -135,6 +135,8 @@ public struct FairnessReport: Sendable {
             if let number = value as? Double, !number.isFinite { return 0.0 }
             return value
         }
+        // `try?` is safe here: the object holds only strings and finite numbers, which
+        // JSONSerialization always writes; "{}" is unreachable.
         guard let data = try? JSONSerialization.data(withJSONObject: finite, options: [.sortedKeys]) else {
             return "{}"
         }

@@ -24,6 +24,11 @@ public struct LoopMetrics: Sendable {
     public var longestCallback: Duration
     /// Work that was queued but never ran because the loop was shut down or freed.
     public var droppedAtShutdown: Int
+    /// Sources ended because the loop could not register their event again (`event_add`
+    /// failed: a descriptor closed behind the loop's back, out of memory). Each was told: a
+    /// connection closes with `.error(errno)`, a line reader delivers `.error(errno)`, a plain
+    /// watcher is cancelled. Normally 0.
+    public var sourceFailures: Int = 0
 
     /// All callbacks, whatever their priority.
     public var totalCallbacks: Int { callbacks.values.reduce(0, +) }
@@ -42,6 +47,7 @@ struct LoopCounters {
     var wakeups = 0
     var remoteItems = 0
     var droppedAtShutdown = 0
+    var sourceFailures = 0
     var stalls = 0
     var longestStall: UInt64 = 0
     var longestCallback: UInt64 = 0
@@ -79,6 +85,7 @@ struct LoopCounters {
             callbacks: callbacks.dictionary { $0 },
             busyTime: busy.dictionary { Duration(nanoseconds: $0) },
             queueWait: waitByPriority ?? [:], stalls: stalls, longestStall: Duration(nanoseconds: longestStall),
-            longestCallback: Duration(nanoseconds: longestCallback), droppedAtShutdown: droppedAtShutdown)
+            longestCallback: Duration(nanoseconds: longestCallback), droppedAtShutdown: droppedAtShutdown,
+            sourceFailures: sourceFailures)
     }
 }

@@ -65,6 +65,8 @@ struct FastClock: Sendable {
     private static func cycleCounterIsTrusted() -> Bool {
         #if arch(x86_64)
         let path = "/sys/devices/system/clocksource/clocksource0/current_clocksource"
+        // `try?`: no readable clocksource file (a container without /sys, say) just means the
+        // cycle counter is not trusted and the monotonic clock is used instead.
         guard let source = try? String(contentsOfFile: path, encoding: .utf8) else { return false }
         return source.trimmingCharacters(in: .whitespacesAndNewlines) == "tsc" && ms_cycle_counter() != 0
         #elseif arch(arm64)

@@ -21,7 +21,15 @@ extension ConnectionSource {
         let wanted = isReading && !isClosing && !isPausedForOutput && !isInputFull
         guard wanted != isReadEnabled else { return }
         isReadEnabled = wanted
-        if wanted { socket.enable(.read) } else { socket.disable(.read) }
+        if wanted {
+            do {
+                try socket.enable(.read)
+            } catch {
+                registrationFailed(error)
+            }
+        } else {
+            socket.disable(.read)
+        }
     }
 
     /// Inside the poll (libevent's read callback): stop reading a full input buffer at once.

@@ -285,6 +285,11 @@ final class ConnectionSource: Source {
         handler?(reason)
     }
 
+    /// The loop refused to poll the socket again: the connection closes with `.error(errno)`.
+    override func failed(_ error: EventLoopError) {
+        finish(.error(error.errnoCode))
+    }
+
     /// Input buffered beyond this stops libevent reading the socket until we consume it.
     static let inputLimit = 4 * chunk
 

@@ -126,7 +126,18 @@ final class ListenerSource: Source {
     /// The consumer of `connections` caught up: accept again (unless out of descriptors).
     func resumeAfterConsumer() {
         guard !isClosed, pauseTimer == nil else { return }
-        listener?.enable()
+        enableAccepting()
+    }
+
+    /// Accepts again; if the loop refuses the listening socket, the listener fails (it would
+    /// never accept again): counted in `LoopMetrics.sourceFailures`, and closed — `isListening`
+    /// turns false and `connections` ends.
+    private func enableAccepting() {
+        do {
+            try listener?.enable()
+        } catch {
+            registrationFailed(error)
+        }
     }
 
     /// `resumeAfterConsumer`, asked from any thread (the consumer's task, a connection's loop):
@@ -144,7 +155,7 @@ final class ListenerSource: Source {
             guard let self, !self.isClosed else { return }
             self.pauseTimer = nil
             if case .queue(let queue) = self.delivery, queue.isAcceptPaused { return }
-            self.listener?.enable()
+            self.enableAccepting()
         }
     }
 

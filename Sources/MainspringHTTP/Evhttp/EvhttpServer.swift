@@ -70,7 +70,7 @@ final class EvhttpServer: @unchecked Sendable {
         self.loop = loop
         self.base = loop.eventBasePointer
         self.limits = limits
-        guard let http = evhttp_new(base) else { throw .libevent(function: "evhttp_new") }
+        guard let http = evhttp_new(base) else { throw .libevent(function: "evhttp_new", errno: errno) }
         raw = http
         // evhttp's own limits sit just above the guard's, which answers first (431).
         evhttp_set_max_headers_size(http, limits.maxHeaderBytes + 1)
@@ -98,8 +98,9 @@ final class EvhttpServer: @unchecked Sendable {
         guard let raw else { throw .closed }
         let fd = try socket.duplicate()
         guard let handle = evhttp_accept_socket_with_handle(raw, fd) else {
+            let code = errno
             close(fd)
-            throw .libevent(function: "evhttp_accept_socket_with_handle")
+            throw .libevent(function: "evhttp_accept_socket_with_handle", errno: code)
         }
         bound = handle
     }

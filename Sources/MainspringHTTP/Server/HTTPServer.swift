@@ -123,7 +123,7 @@ public final class HTTPServer: Sendable {
                                  socket: socket)
             }
             do {
-                endpoints.append(try onLoop(loop, make))
+                endpoints.append(try onLoop(loop, index: endpoints.count, make))
             } catch {
                 for endpoint in endpoints { endpoint.loop.execute(priority: .input) { endpoint.close() } }
                 throw error
@@ -155,7 +155,7 @@ public final class HTTPServer: Sendable {
 
 /// Runs `body` on `loop`'s thread and returns its result: in place on that thread, else posted
 /// and waited for (up to 10 s: a loop that does not run cannot host a server).
-private func onLoop<T>(_ loop: EventLoop, _ body: @escaping () throws(HTTPServerError) -> T) throws(HTTPServerError) -> T {
+private func onLoop<T>(_ loop: EventLoop, index: Int, _ body: @escaping () throws(HTTPServerError) -> T) throws(HTTPServerError) -> T {
     if loop.isCurrent { return try body() }
     let box = OnLoopBox(body)
     let done = DispatchSemaphore(value: 0)
@@ -164,7 +164,7 @@ private func onLoop<T>(_ loop: EventLoop, _ body: @escaping () throws(HTTPServer
         done.signal()
     }
     guard done.wait(timeout: .now() + 10) == .success, let result = box.result else {
-        throw .closed
+        throw .loopNotRunning(index: index, waited: .seconds(10))
     }
     return try result.get()
 }

@@ -82,17 +82,26 @@ public enum HTTPServerError: Error, Sendable, Equatable, CustomStringConvertible
     case invalidAddress(String)
     /// A system call failed (`bind` when the port is in use, say).
     case system(function: String, errno: Int32)
-    /// libevent could not create what was asked.
-    case libevent(function: String)
+    /// libevent could not create what was asked; `errno` is what the operating system reported
+    /// (0 when libevent set none).
+    case libevent(function: String, errno: Int32 = 0)
     /// The server (or its loop) is closed.
     case closed
+    /// A loop of the server did not run the setup posted to it within the blocking
+    /// initialiser's wait (it is not running, or stuck in a callback); `index` is its place in
+    /// the server's loops. The async initialiser waits as long as it takes instead.
+    case loopNotRunning(index: Int, waited: Duration)
 
     public var description: String {
         switch self {
         case .invalidAddress(let text): return "invalid address \(text)"
-        case .system(let function, let code): return "\(function) failed: \(String(cString: strerror(code)))"
-        case .libevent(let function): return "libevent: \(function) failed"
+        case .system(let function, let code): return "\(function) failed: \(String(cString: strerror(code))) (errno \(code))"
+        case .libevent(let function, let code):
+            return code == 0 ? "libevent: \(function) failed"
+                : "libevent: \(function) failed: \(String(cString: strerror(code))) (errno \(code))"
         case .closed: return "the server is closed"
+        case .loopNotRunning(let index, let waited):
+            return "loop \(index) of the server did not set up its share within \(waited) (not running, or stuck in a callback)"
         }
     }
 }
