@@ -180,9 +180,13 @@ func asyncSecondConsumerScenario() throws {
                 report("first", event)
                 break
             }
-            report("second-iteration", "starting")
-            for try await _ in connection.lines {}
-            fail("a second iteration was allowed")
+            // Taking turns is fine; two readers at once are not: two tasks read while nothing
+            // more arrives, so both suspend, and whichever parks second is refused.
+            let waiting = Task(executorPreference: connection.loop) { try await connection.readLine() }
+            report("second-reader", "starting")
+            _ = try await Task(executorPreference: connection.loop) { try await connection.readLine() }.value
+            _ = try await waiting.value
+            fail("a second reader was allowed while another was suspended")
         } catch {
             fail("async-second-consumer threw \(error)")
         }

@@ -102,7 +102,7 @@ struct ConnectionQueueTests {
         while !queue.hasWaiter { try await Task.sleep(for: .milliseconds(1)) }
         #expect(queue.push(connection))
         #expect(!queue.isAcceptPaused)
-        guard case .connection = await consumer.value else {
+        guard case .element = await consumer.value else {
             Issue.record("the waiting consumer did not get the connection")
             return
         }

@@ -47,8 +47,11 @@ final class TestClient: @unchecked Sendable {
 
     deinit { close(fd) }
 
-    func send(_ text: String) {
-        let bytes = Array(text.utf8)
+    func send(_ text: String) { send(Array(text.utf8)) }
+
+    /// Sends all of `bytes` (blocking).
+    func send(_ bytes: some Collection<UInt8>) {
+        let bytes = Array(bytes)
         var offset = 0
         while offset < bytes.count {
             let n = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress! + offset, $0.count - offset, Int32(MSG_NOSIGNAL)) }

@@ -203,7 +203,7 @@ final class BufferedSocket {
 
     /// Extents looked at per `splitInput` (libevent chains are 4 KiB and more, so a 64 KiB read
     /// rarely spans more than a few).
-    private static let maxExtents = 16
+    fileprivate static let maxExtents = 16
 
     /// Removes up to `limit` input bytes and returns them in an array of their exact size
     /// (empty when there is no input).
@@ -214,6 +214,53 @@ final class BufferedSocket {
         return [UInt8](unsafeUninitializedCapacity: count) { buffer, initialized in
             initialized = max(0, Int(evbuffer_remove(input, buffer.baseAddress, count)))
         }
+    }
+
+    /// Removes up to `limit` input bytes and appends them to `array` (the pieces of a long
+    /// `read(exactly:)`); returns how many.
+    func readInput(appendingTo array: inout [UInt8], upTo limit: Int) -> Int {
+        let input = bufferevent_get_input(raw)
+        let count = min(limit, evbuffer_get_length(input))
+        guard count > 0 else { return 0 }
+        let start = array.count
+        array.append(contentsOf: repeatElement(0, count: count))
+        let removed = array.withUnsafeMutableBufferPointer { buffer in
+            max(0, Int(evbuffer_remove(input, buffer.baseAddress! + start, count)))
+        }
+        if removed < count { array.removeLast(count - removed) }
+        return removed
+    }
+
+    /// Puts `bytes` back at the front of the input (what a `read(exactly:)` had gathered when
+    /// the input ended, for the next reader).
+    func unreadInput(_ bytes: [UInt8]) throws(EventLoopError) {
+        let rc = bytes.withUnsafeBytes { evbuffer_prepend(bufferevent_get_input(raw), $0.baseAddress, $0.count) }
+        try check(rc, "evbuffer_prepend")
+    }
+
+    /// The offset of the first occurrence of `pattern` in the input at or after `start`, ending
+    /// before `end` (the pattern's last byte included), or nil.
+    /// - Complexity: O(`end - start`), plus O(chains) to reach `start`.
+    func firstInputOffset(of pattern: [UInt8], from start: Int, before end: Int) -> Int? {
+        let input = bufferevent_get_input(raw)
+        let length = evbuffer_get_length(input)
+        let end = min(end, length)
+        guard !pattern.isEmpty, start + pattern.count <= end else { return nil }
+        var from = evbuffer_ptr()
+        var to = evbuffer_ptr()
+        guard evbuffer_ptr_set(input, &from, start, EVBUFFER_PTR_SET) == 0 else { return nil }
+        if end < length {
+            guard evbuffer_ptr_set(input, &to, end, EVBUFFER_PTR_SET) == 0 else { return nil }
+        }
+        let bounded = end < length
+        let found = pattern.withUnsafeBufferPointer { bytes in
+            bytes.withMemoryRebound(to: CChar.self) { chars in
+                withUnsafeMutablePointer(to: &to) { stop in
+                    evbuffer_search_range(input, chars.baseAddress, chars.count, &from, bounded ? stop : nil)
+                }
+            }
+        }
+        return found.pos < 0 ? nil : found.pos
     }
 
     /// Appends bytes to the output buffer (libevent writes them as the socket allows).
@@ -242,6 +289,56 @@ final class BufferedSocket {
 
     /// Half-closes the socket: the peer reads end of file once our output is sent.
     func shutdownWrite() { shutdown(fd, Int32(SHUT_WR)) }
+}
+
+/// The input buffer, read in place by the line splitter (`InPlaceLineSplitter`).
+extension BufferedSocket: SplittableInput {
+    var count: Int { inputLength }
+
+    func forEachExtent(upTo limit: Int, _ body: (UnsafeBufferPointer<UInt8>) -> Bool) {
+        let input = bufferevent_get_input(raw)
+        let wanted = min(limit, evbuffer_get_length(input))
+        guard wanted > 0 else { return }
+        withUnsafeTemporaryAllocation(of: iovec.self, capacity: Self.maxExtents) { extents in
+            var done = 0
+            var from = evbuffer_ptr()
+            var usePosition = false
+            while done < wanted {
+                // Up to `maxExtents` pieces per peek; a longer span (rare) is peeked again from
+                // where the last one stopped.
+                let positioned = usePosition
+                let found = withUnsafeMutablePointer(to: &from) { start in
+                    Int(evbuffer_peek(input, wanted - done, positioned ? start : nil, extents.baseAddress,
+                                      Int32(Self.maxExtents)))
+                }
+                let count = min(found, Self.maxExtents)
+                guard count > 0 else { return }
+                for extent in extents.prefix(count) where done < wanted {
+                    let length = min(extent.iov_len, wanted - done)
+                    guard let base = extent.iov_base, length > 0 else { continue }
+                    done += length
+                    if !body(UnsafeBufferPointer(start: base.assumingMemoryBound(to: UInt8.self), count: length)) {
+                        return
+                    }
+                }
+                guard done < wanted, evbuffer_ptr_set(input, &from, done, EVBUFFER_PTR_SET) == 0 else { return }
+                usePosition = true
+            }
+        }
+    }
+
+    func copyBytes(from offset: Int, count: Int) -> [UInt8] {
+        let input = bufferevent_get_input(raw)
+        var position = evbuffer_ptr()
+        guard count > 0, evbuffer_ptr_set(input, &position, offset, EVBUFFER_PTR_SET) == 0 else { return [] }
+        return [UInt8](unsafeUninitializedCapacity: count) { buffer, initialized in
+            initialized = max(0, Int(evbuffer_copyout_from(input, &position, buffer.baseAddress, count)))
+        }
+    }
+
+    func drain(_ count: Int) {
+        evbuffer_drain(bufferevent_get_input(raw), count)
+    }
 }
 
 private let socketReadTrampoline: bufferevent_data_cb = { _, arg in

@@ -11,11 +11,12 @@
 /// sequences end normally (`nil`) at the end of input and after a local `close()`; they throw
 /// for the other reasons (`.idleTimeout`, `.error`, `.cancelled`).
 ///
-/// Cancelling a task while it iterates `lines` or `bytes`, or sends, closes the connection at
-/// once — output not yet sent is dropped, its reason is `.cancelled`, every other operation
-/// suspended on it ends with `.cancelled` — and the cancelled operation throws `.cancelled`.
-/// A task that was cancelled before it calls `next()` or `send` closes the connection the same
-/// way at that call (lines already buffered are not delivered to a cancelled task).
+/// Cancelling a task while it reads (`lines`, `bytes`, `readLine()`, `read(…)`), sends, or
+/// waits for writability closes the connection at once — output not yet sent is dropped, its
+/// reason is `.cancelled`, every other operation suspended on it ends with `.cancelled` — and
+/// the cancelled operation throws `.cancelled`. A task that was cancelled before it calls one of
+/// them closes the connection the same way at that call (lines already buffered are not
+/// delivered to a cancelled task).
 /// Nothing stays registered: the socket is closed, the suspended tasks are resumed. (A
 /// connection is one conversation; a reader that stops half-way cannot leave it in a state
 /// anyone could resume.) Awaiting `closed` is not affected by cancellation.
@@ -27,14 +28,16 @@ extension Connection {
     /// newline) — ending after `.endOfFile`. Throws the close reason if the connection closes
     /// otherwise (see the errors above).
     ///
-    /// One consumer: the connection's input can be iterated once, and not together with
-    /// `readLines`/`readBytes` (a precondition failure says so). Reading pauses while lines are
-    /// waiting to be taken, so a slow consumer slows the peer down through TCP; at most libevent's
-    /// input buffer (256 KiB) and the lines of one 4 KiB slice are held meanwhile.
+    /// Each `next()` is one read of the connection's input: iterate it from one task at a time,
+    /// as often as you like — `break` out, read a body with `read(exactly:)`, iterate again —
+    /// nothing is lost in between. Not together with a callback reader (a precondition failure
+    /// says so). Reading pauses while nobody takes the input, so a slow consumer slows the
+    /// peer down through TCP; at most libevent's input buffer (256 KiB) and the lines of one
+    /// 4 KiB slice are held meanwhile.
     public var lines: Lines { Lines(connection: self) }
 
     /// The peer's input as byte chunks of at most 64 KiB (each an array of its exact size),
-    /// ending at end of input. The same rules as `lines` for one consumer, pausing and errors.
+    /// ending at end of input. The same rules as `lines` for readers, pausing and errors.
     public var bytes: Bytes { Bytes(connection: self) }
 
     /// `Connection.lines`: an `AsyncSequence` of `LineEvent`s that throws `CloseReason`.
@@ -43,28 +46,21 @@ extension Connection {
         public typealias Failure = CloseReason
         let connection: Connection
 
-        /// Claims the connection's input (precondition: the first and only consumer).
-        public func makeAsyncIterator() -> Iterator {
-            connection.claimInput(.lines, "Connection.lines")
-            return Iterator(connection: connection)
-        }
+        public func makeAsyncIterator() -> Iterator { Iterator(connection: connection) }
 
         /// The iterator: use it from one task.
         public struct Iterator: AsyncIteratorProtocol {
             let connection: Connection
-            var isStarted = false
 
             public nonisolated(nonsending) mutating func next() async throws(CloseReason) -> LineEvent? {
-                let start = !isStarted
-                isStarted = true
-                return try await connection.nextLine(start: start)
+                try await connection.readLine()
             }
 
             /// `next()`, on the caller's executor. (Not isolated to `actor`: a function isolated
             /// to a parameter switches to it on entry and back after each call it awaits, two
             /// runtime calls per element that `nonisolated(nonsending)` does not need.)
             public nonisolated(nonsending) mutating func next(isolation actor: (any Actor)?) async throws(CloseReason) -> LineEvent? {
-                try await next()
+                try await connection.readLine()
             }
         }
     }
@@ -75,30 +71,110 @@ extension Connection {
         public typealias Failure = CloseReason
         let connection: Connection
 
-        /// Claims the connection's input (precondition: the first and only consumer).
-        public func makeAsyncIterator() -> Iterator {
-            connection.claimInput(.bytes, "Connection.bytes")
-            return Iterator(connection: connection)
-        }
+        public func makeAsyncIterator() -> Iterator { Iterator(connection: connection) }
 
         /// The iterator: use it from one task.
         public struct Iterator: AsyncIteratorProtocol {
             let connection: Connection
-            var isStarted = false
 
             public nonisolated(nonsending) mutating func next() async throws(CloseReason) -> [UInt8]? {
-                let start = !isStarted
-                isStarted = true
-                return try await connection.nextChunk(start: start)
+                try await connection.read(upTo: ConnectionSource.chunk)
             }
 
             /// `next()`, on the caller's executor. (Not isolated to `actor`: a function isolated
             /// to a parameter switches to it on entry and back after each call it awaits, two
             /// runtime calls per element that `nonisolated(nonsending)` does not need.)
             public nonisolated(nonsending) mutating func next(isolation actor: (any Actor)?) async throws(CloseReason) -> [UInt8]? {
-                try await next()
+                try await connection.read(upTo: ConnectionSource.chunk)
             }
         }
+    }
+
+    /// What `read(until:limit:)` found.
+    public enum Delimited: Sendable, Equatable {
+        /// The bytes before the delimiter (the delimiter itself is consumed, not included).
+        case found([UInt8])
+        /// `limit` bytes arrived without the delimiter. Nothing was consumed: skip them with
+        /// `read(upTo:)`, or close the connection.
+        case tooLong
+    }
+
+    /// The next line event: what one step of `lines` gives — `.line`, `.tooLong`,
+    /// `.invalidUTF8`, then `.endOfFile` once — and nil after that, or once the connection was
+    /// closed locally. Suspends until a line is there; returns at once (no suspension, no hop)
+    /// when one is buffered and the caller is on the connection's loop.
+    /// - Throws: the `CloseReason` when the connection closes otherwise (`.idleTimeout`,
+    ///   `.error`, `.cancelled`; see the errors above).
+    public nonisolated(nonsending) func readLine() async throws(CloseReason) -> LineEvent? {
+        if loop.isCurrent && !Task.isCancelled, let outcome = source.pullLine().outcome { return try outcome.get() }
+        let result: Result<LineEvent?, CloseReason> = await suspend(isolation: #isolation) { source, continuation in
+            if let outcome = source.pullLine().outcome {
+                continuation.resume(returning: outcome)
+            } else {
+                source.parkRead(.line(continuation))
+            }
+        }
+        return try result.get()
+    }
+
+    /// Up to `maxCount` bytes of input (at least 1): what is buffered now, or, when nothing is,
+    /// the next bytes to arrive. nil at the end of input. The rules of `readLine()` for
+    /// suspending and errors.
+    public nonisolated(nonsending) func read(upTo maxCount: Int) async throws(CloseReason) -> [UInt8]? {
+        requireUsage(maxCount > 0, "Mainspring: Connection.read(upTo:) needs a count of at least 1, not \(maxCount)")
+        if loop.isCurrent && !Task.isCancelled, let outcome = source.pullBytes(max: maxCount).outcome {
+            return try outcome.get()
+        }
+        let result: Result<[UInt8]?, CloseReason> = await suspend(isolation: #isolation) { source, continuation in
+            if let outcome = source.pullBytes(max: maxCount).outcome {
+                continuation.resume(returning: outcome)
+            } else {
+                source.parkRead(.bytes(max: maxCount, continuation))
+            }
+        }
+        return try result.get()
+    }
+
+    /// Exactly `count` bytes of input (an N-byte body after a header, say). nil when the input
+    /// ends first: the bytes that did arrive are then left at the front of the input, for
+    /// `read(upTo:)`. The rules of `readLine()` for suspending and errors.
+    ///
+    /// Up to the input limit (256 KiB), the bytes wait in libevent's buffer until all have
+    /// arrived; a longer read gathers them into its result as they arrive, so a body of any
+    /// size costs its own size once — check a declared length against your protocol's limit
+    /// before asking for it.
+    public nonisolated(nonsending) func read(exactly count: Int) async throws(CloseReason) -> [UInt8]? {
+        requireUsage(count >= 0, "Mainspring: Connection.read(exactly:) needs a count of at least 0, not \(count)")
+        if loop.isCurrent && !Task.isCancelled, let outcome = source.pullExactly(count).outcome { return try outcome.get() }
+        let result: Result<[UInt8]?, CloseReason> = await suspend(isolation: #isolation) { source, continuation in
+            if let outcome = source.pullExactly(count).outcome {
+                continuation.resume(returning: outcome)
+            } else {
+                source.parkRead(.exactly(count, continuation))
+            }
+        }
+        return try result.get()
+    }
+
+    /// The bytes up to the next `delimiter` (`[0x0D, 0x0A]` for CRLF-framed protocols):
+    /// `.found(bytes)` without the delimiter, which is consumed; `.tooLong` when `limit` bytes
+    /// arrived without it (nothing consumed); nil when the input ends without one (what is left
+    /// stays for `read(upTo:)`). The rules of `readLine()` for suspending and errors.
+    /// - Complexity: each byte is searched once, however the input arrives.
+    public nonisolated(nonsending) func read(until delimiter: [UInt8], limit: Int) async throws(CloseReason) -> Delimited? {
+        requireUsage(!delimiter.isEmpty, "Mainspring: Connection.read(until:limit:) needs a delimiter of at least one byte")
+        requireUsage(limit >= 0, "Mainspring: Connection.read(until:limit:) needs a limit of at least 0, not \(limit)")
+        if loop.isCurrent && !Task.isCancelled, let outcome = source.pullDelimited(delimiter, limit: limit).outcome {
+            return try outcome.get()
+        }
+        let result: Result<Delimited?, CloseReason> = await suspend(isolation: #isolation) { source, continuation in
+            if let outcome = source.pullDelimited(delimiter, limit: limit).outcome {
+                continuation.resume(returning: outcome)
+            } else {
+                source.parkRead(.delimited(delimiter, limit: limit, continuation))
+            }
+        }
+        return try result.get()
     }
 
     // MARK: Output
@@ -122,6 +198,24 @@ extension Connection {
     /// Sends `bytes`; see `send(_: String)`.
     public nonisolated(nonsending) func send(_ bytes: [UInt8]) async throws(CloseReason) {
         try await send(.bytes(bytes))
+    }
+
+    /// Suspends until the connection is writable — its output under `outputLimit` (and no
+    /// earlier `send` still waiting) — and returns true; or returns false once `timeout`
+    /// passes first (nil: no limit), or when the connection closed locally. For fan-out that
+    /// gives a slow client a grace period before dropping or closing it.
+    /// - Throws: the `CloseReason` when the connection closes otherwise. Cancelling the task
+    ///   while it waits closes the connection (`.cancelled`), as for `send`.
+    public nonisolated(nonsending) func waitUntilWritable(timeout: Duration? = nil) async throws(CloseReason) -> Bool {
+        if loop.isCurrent && !Task.isCancelled && source.state.isOpen && !source.state.isOutputPaused
+            && source.firstSender == source.senders.count
+        {
+            return true
+        }
+        let result: Result<Bool, CloseReason> = await suspend(isolation: #isolation) { source, continuation in
+            source.awaitWritable(timeout: timeout, continuation)
+        }
+        return try result.get()
     }
 
     // MARK: Closing
@@ -175,40 +269,6 @@ extension Connection {
 // MARK: - The loop side of the calls
 
 extension Connection {
-    /// One `next()` of `lines`, on the caller's executor.
-    nonisolated(nonsending) func nextLine(start: Bool) async throws(CloseReason) -> LineEvent? {
-        if loop.isCurrent && !Task.isCancelled {
-            if start { source.startAsyncReading() }
-            if let outcome = source.pullLine().outcome { return try outcome.get() }
-        }
-        let result: Result<LineEvent?, CloseReason> = await suspend(isolation: #isolation) { source, continuation in
-            if start { source.startAsyncReading() }
-            if let outcome = source.pullLine().outcome {
-                continuation.resume(returning: outcome)
-            } else {
-                source.parkLineConsumer(continuation)
-            }
-        }
-        return try result.get()
-    }
-
-    /// One `next()` of `bytes`, on the caller's executor.
-    nonisolated(nonsending) func nextChunk(start: Bool) async throws(CloseReason) -> [UInt8]? {
-        if loop.isCurrent && !Task.isCancelled {
-            if start { source.startAsyncReading() }
-            if let outcome = source.pullBytes().outcome { return try outcome.get() }
-        }
-        let result: Result<[UInt8]?, CloseReason> = await suspend(isolation: #isolation) { source, continuation in
-            if start { source.startAsyncReading() }
-            if let outcome = source.pullBytes().outcome {
-                continuation.resume(returning: outcome)
-            } else {
-                source.parkBytesConsumer(continuation)
-            }
-        }
-        return try result.get()
-    }
-
     /// One `send`.
     nonisolated(nonsending) func send(_ payload: ConnectionSource.Payload) async throws(CloseReason) {
         if loop.isCurrent && !Task.isCancelled {
@@ -265,7 +325,7 @@ extension Connection {
 
 /// A payload of `send` on its way to the loop (a `String` or an array: values, but the enum is
 /// not declared `Sendable` because it lives on the loop side).
-private struct UncheckedPayload: @unchecked Sendable {
+struct UncheckedPayload: @unchecked Sendable {
     let value: ConnectionSource.Payload
     init(_ value: ConnectionSource.Payload) { self.value = value }
 }

@@ -26,10 +26,19 @@ import Synchronization
 /// memory, and cannot starve other connections. Input is read only as fast as it is consumed:
 /// a handler or task that does not take it leaves it in the kernel, and the peer's sends block.
 ///
+/// ## One input, readers in turn
+/// Reading starts with the first reader: `readLines` or `readBytes` (callbacks), or an async
+/// read (`lines`, `bytes`, `readLine()`, `read(exactly:)`, `read(upTo:)`,
+/// `read(until:limit:)`). The input has one reader at a time, and readers take turns: when one
+/// ends — a callback reader replaced or stopped (`stopReading()`), a task that breaks out of
+/// `lines` — what it did not take stays buffered, byte for byte, for the next. So a protocol
+/// can read a header line, then a body of N bytes, then lines again. Two readers at once (a
+/// callback reader while a task is suspended reading, or two suspended tasks) are a
+/// precondition failure with a message.
+///
 /// ## Lifecycle
-/// Reading starts when you call `readLines` or `readBytes`, or iterate `lines` or `bytes` (one
-/// consumer per connection). The peer's end of input arrives as `.endOfFile`; the connection
-/// stays open so you can still reply. `close()` (any thread) sends what is buffered, then closes; `onClose`
+/// The peer's end of input arrives as `.endOfFile`; the connection stays open so you can still
+/// reply. `close()` (any thread) sends what is buffered, then closes; `onClose`
 /// runs exactly once with the reason, after which nothing else is delivered. When the last
 /// handle on a connection goes away and no callback handler holds it, it is closed the same
 /// way (what was written is still sent).
@@ -104,17 +113,12 @@ public final class Connection: @unchecked Sendable {
 
     /// Loop thread only: every member that touches it checks the thread, or hops to the loop.
     let source: ConnectionSource
-    /// Which consumer reads the input: none yet, callbacks, or one async iteration.
-    let inputConsumer = Atomic<UInt8>(InputConsumer.none.rawValue)
-
-    enum InputConsumer: UInt8 {
-        case none, callbacks, lines, bytes
-    }
 
     init(source: ConnectionSource) {
         self.source = source
         self.loop = source.loop
         self.remoteAddress = source.remoteAddress
+        self.outputLimit = source.options.outputLimit
     }
 
     deinit {
@@ -148,50 +152,64 @@ public final class Connection: @unchecked Sendable {
     /// a moment old).
     public var isOpen: Bool { !source.shared.isClosed.load(ordering: .acquiring) }
 
-    /// Bytes written but not yet sent to the peer. Loop thread only.
+    /// Bytes written but not yet sent to the peer: what the connection holds for a peer that
+    /// reads slowly. Loop thread only.
     public var bufferedOutputBytes: Int {
         loop.preconditionOnLoop("Connection.bufferedOutputBytes")
         return source.bufferedOutputBytes
     }
 
+    /// Buffered output above which the connection stops reading and `send` suspends, until half
+    /// of it has drained (`Options.outputLimit`). Any thread.
+    public let outputLimit: Int
+
     /// Whether reading is paused because the peer is not taking our output (see Backpressure).
     /// Loop thread only.
     public var isReadingPaused: Bool {
         loop.preconditionOnLoop("Connection.isReadingPaused")
-        return source.isPausedForOutput
+        return source.state.isOutputPaused
     }
 
     /// Delivers the peer's input as lines, following the `LineEvent` rules (`maxLineLength`
-    /// from the options), then `.endOfFile` once when the peer closes its side. Replaces any
-    /// previous reader. Loop thread only; not with an async iteration of `lines` or `bytes`
-    /// (precondition).
+    /// from the options), then `.endOfFile` once when the peer closes its side. Loop thread
+    /// only.
+    ///
+    /// Replaces the current callback reader: the input the previous reader did not take is
+    /// delivered to this one (call it from inside a handler to switch framing mid-stream, say
+    /// after a header line). Not while a task is suspended reading the connection (a
+    /// precondition failure: one reader at a time).
     public func readLines(_ handler: @escaping (LineEvent) -> Void) {
         source.withLoop { $0.preconditionOnLoop("Connection.readLines(_:)") }
-        claimInput(.callbacks, "Connection.readLines(_:)")
-        source.startReading(lines: handler, bytes: nil)
+        source.startReading(.lines(handler))
     }
 
     /// Delivers the peer's input as it arrives, in chunks of at most 64 KiB, then `.endOfFile`.
-    /// Loop thread only; not with an async iteration of `lines` or `bytes` (precondition).
+    /// Replaces the current callback reader, as `readLines` does (nothing is lost in the
+    /// switch). Loop thread only.
     public func readBytes(_ handler: @escaping (Input) -> Void) {
         source.withLoop { $0.preconditionOnLoop("Connection.readBytes(_:)") }
-        claimInput(.callbacks, "Connection.readBytes(_:)")
-        source.startReading(lines: nil, bytes: handler)
+        source.startReading(.bytes(handler))
     }
 
-    /// Makes `consumer` the reader of the input, or stops the program: one async iteration per
-    /// connection, and no mixing of callbacks and iteration.
-    func claimInput(_ consumer: InputConsumer, _ function: StaticString) {
-        let (claimed, current) = inputConsumer.compareExchange(
-            expected: InputConsumer.none.rawValue, desired: consumer.rawValue, ordering: .relaxed)
-        if claimed || (consumer == .callbacks && current == InputConsumer.callbacks.rawValue) { return }
-        let holder = switch InputConsumer(rawValue: current) {
-        case .lines: "an iteration of `lines`"
-        case .bytes: "an iteration of `bytes`"
-        default: "readLines/readBytes callbacks"
-        }
-        usageFailure("Mainspring: \(function): this connection's input already has a consumer (\(holder)); "
-            + "a connection's input is read once, by one iteration of `lines` or `bytes`, or by callbacks")
+    /// Delivers exactly `count` bytes once, as one `.bytes` (an N-byte body after a header line,
+    /// say), or `.endOfFile` if the input ends first (the bytes that did arrive then stay
+    /// buffered for the next reader); then this reader is done — install the next one from
+    /// `handler` (`readLines` again, say). Replaces the current callback reader, as `readLines`
+    /// does. Bytes beyond libevent's input buffer (256 KiB) are gathered as they arrive, so a
+    /// body costs its own size once. Loop thread only.
+    public func readBytes(exactly count: Int, _ handler: @escaping (Input) -> Void) {
+        source.withLoop { $0.preconditionOnLoop("Connection.readBytes(exactly:_:)") }
+        requireUsage(count >= 0, "Mainspring: Connection.readBytes(exactly:_:) needs a count of at least 0, not \(count)")
+        source.startReading(.exactly(count, handler))
+    }
+
+    /// Ends the callback reader (`readLines` or `readBytes`): nothing more is delivered to it,
+    /// and what it did not take stays buffered — byte for byte — for the next reader, callbacks
+    /// or async. The socket is still read meanwhile, up to the input limit (256 KiB), then left
+    /// in the kernel. Idempotent. Loop thread only.
+    public func stopReading() {
+        source.withLoop { $0.preconditionOnLoop("Connection.stopReading()") }
+        source.stopReading()
     }
 
     /// Queues bytes for the peer. Never blocks; see Backpressure. Ignored once closing.
@@ -238,6 +256,66 @@ public final class Connection: @unchecked Sendable {
     public func onClose(_ handler: @escaping (CloseReason) -> Void) {
         source.withLoop { $0.preconditionOnLoop("Connection.onClose(_:)") }
         source.setCloseHandler(handler)
+    }
+
+    // MARK: Bounded fan-out
+
+    /// Whether a write now would be taken: the connection is open and its buffered output is
+    /// not over `outputLimit`. Any thread (elsewhere than the loop the answer may be a moment
+    /// old).
+    public var isWritable: Bool {
+        !source.shared.isClosed.load(ordering: .acquiring) && !source.shared.isOutputPaused.load(ordering: .relaxed)
+    }
+
+    /// Queues `bytes` unless the output is over `outputLimit` (or the connection is closing or
+    /// closed): never suspends, never buffers without bound. Returns whether they were taken.
+    /// Any thread.
+    ///
+    /// The form for fan-out — one message to many connections, each with its own slow-consumer
+    /// policy: drop the message for a connection that is full, or close it, or wait for it
+    /// with `waitUntilWritable(timeout:)`. On the connection's loop the answer is exact. From
+    /// another thread the bytes are posted to the loop and counted against the limit while on
+    /// their way, so a connection never holds more than about twice `outputLimit` plus one
+    /// message, however fast the caller offers.
+    @discardableResult
+    public func trySend(_ bytes: [UInt8]) -> Bool { offer(.bytes(bytes)) }
+
+    /// `trySend(_:)` for the UTF-8 bytes of `text`.
+    @discardableResult
+    public func trySend(_ text: String) -> Bool { offer(.text(text, newline: false)) }
+
+    /// `trySend(_:)` for the UTF-8 bytes of `text` and a `\n`.
+    @discardableResult
+    public func trySend(line text: String) -> Bool { offer(.text(text, newline: true)) }
+
+    private func offer(_ payload: ConnectionSource.Payload) -> Bool {
+        if loop.isCurrent { return source.offer(payload) }
+        let shared = source.shared
+        guard !shared.isClosed.load(ordering: .acquiring), !shared.isOutputPaused.load(ordering: .relaxed) else {
+            return false
+        }
+        let size = payload.count
+        let inFlight = shared.inFlightBytes.add(size, ordering: .relaxed).newValue
+        if inFlight > outputLimit && inFlight > size {
+            shared.inFlightBytes.subtract(size, ordering: .relaxed)
+            return false
+        }
+        let source = UncheckedSource(source)
+        let posted = UncheckedPayload(payload)
+        loop.execute(priority: .input) {
+            source.value.deliverOffered(posted.value, accounted: size)
+        } orElse: {
+            shared.inFlightBytes.subtract(size, ordering: .relaxed)
+        }
+        return true
+    }
+
+    /// Runs `handler` once the connection is writable: on the next turn if it is now,
+    /// otherwise when its output has drained to half of `outputLimit`. Dropped if the
+    /// connection closes first. Loop thread only.
+    public func onWritable(_ handler: @escaping () -> Void) {
+        source.withLoop { $0.preconditionOnLoop("Connection.onWritable(_:)") }
+        source.whenWritable(handler)
     }
 }
 

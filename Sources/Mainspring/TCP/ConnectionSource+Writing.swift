@@ -2,18 +2,18 @@
 import Glibc
 #endif
 
-/// Writing: coalesced output, backpressure, half-close and close.
+/// Writing: coalesced output, backpressure, writability, half-close and close.
 extension ConnectionSource {
     // MARK: Writing
 
     func write(_ bytes: [UInt8]) {
-        guard !isClosed, !isClosing, socket != nil, !bytes.isEmpty else { return }
+        guard state.isOpen, socket != nil, !bytes.isEmpty else { return }
         pendingOutput.append(contentsOf: bytes)
         scheduleFlush()
     }
 
     func write(text: String, newline: Bool) {
-        guard !isClosed, !isClosing, socket != nil else { return }
+        guard state.isOpen, socket != nil else { return }
         pendingOutput.append(contentsOf: text.utf8)
         if newline { pendingOutput.append(0x0A) }
         scheduleFlush()
@@ -29,12 +29,27 @@ extension ConnectionSource {
     /// An async `send`: written at once unless the output is over its limit (or other senders
     /// wait already, which keeps them in order).
     func trySend(_ payload: Payload) -> Pull<Void> {
-        if let reason = closeReason { return .failed(reason) }
-        if isClosing || socket == nil { return .failed(.closed) }
-        if isPausedForOutput || firstSender < senders.count { return .wait }
+        if let reason = state.closeReason { return .failed(reason) }
+        if !state.isOpen || socket == nil { return .failed(.closed) }
+        if state.isOutputPaused || firstSender < senders.count { return .wait }
         write(payload)
-        if let reason = closeReason { return .failed(reason) }
+        if let reason = state.closeReason { return .failed(reason) }
         return .element(())
+    }
+
+    /// `Connection.trySend` on the loop's thread: written unless the output is over its limit,
+    /// senders are waiting, or the connection is not open.
+    func offer(_ payload: Payload) -> Bool {
+        guard state.isOpen, socket != nil, !state.isOutputPaused, firstSender == senders.count else { return false }
+        write(payload)
+        return state.isOpen
+    }
+
+    /// A `trySend` accepted on another thread arrives: written (its bytes leave the in-flight
+    /// count), unless the connection closed meanwhile.
+    func deliverOffered(_ payload: Payload, accounted: Int) {
+        shared.inFlightBytes.subtract(accounted, ordering: .relaxed)
+        write(payload)
     }
 
     func parkSender(_ payload: Payload,
@@ -46,11 +61,11 @@ extension ConnectionSource {
     /// Output drained below half the limit: the waiting senders write, in order, until the
     /// output is over the limit again.
     func resumeSenders() {
-        while firstSender < senders.count, !isPausedForOutput, closeReason == nil, !isClosing {
+        while firstSender < senders.count, !state.isOutputPaused, state.isOpen {
             let sender = senders[firstSender]
             firstSender += 1
             write(sender.payload)
-            let result: Result<Void, Connection.CloseReason> = closeReason.map { .failure($0) } ?? .success(())
+            let result: Result<Void, Connection.CloseReason> = state.closeReason.map { .failure($0) } ?? .success(())
             loop.resumingInput { sender.continuation.resume(returning: result) }
         }
         if firstSender == senders.count {
@@ -77,54 +92,133 @@ extension ConnectionSource {
             try socket.write(pendingOutput)
         } catch {
             pendingOutput.removeAll()
-            finish(.error(ENOMEM))
+            finish(.error(error.errnoCode))
             return
         }
         pendingOutput.removeAll(keepingCapacity: pendingOutput.capacity <= Self.retainedCapacity)
-        didWrite(socket)
-    }
-
-    func didWrite(_ socket: BufferedSocket) {
-        if !isPausedForOutput && socket.outputLength > options.outputLimit {
-            isPausedForOutput = true
-            updateReading()
+        if state.outputGrew(to: socket.outputLength, limit: options.outputLimit) {
+            shared.isOutputPaused.store(true, ordering: .relaxed)
+            applyReadChange()
             socket.setWriteLowWatermark(options.outputLimit / 2)
         }
     }
 
+    /// The output drained to the low watermark (libevent's write callback).
+    func drained() {
+        guard let socket else { return }
+        let actions = state.outputDrained(to: socket.outputLength, limit: options.outputLimit)
+        if actions.contains(.finishClosing) {
+            finish(.closed)
+            return
+        }
+        if actions.contains(.shutdownWrite) { socket.shutdownWrite() }
+        if actions.contains(.resumeFlow) {
+            socket.setWriteLowWatermark(0)
+            shared.isOutputPaused.store(false, ordering: .relaxed)
+            resumeSenders()
+            resumeWritable()
+            guard !state.isOutputPaused, state.isOpen else { return }
+            applyReadChange()
+            deliverInput()
+        }
+    }
+
+    // MARK: Writability
+
+    /// Runs `handler` once the output is under its limit: next turn if it is now, else when it
+    /// has drained to half the limit. Dropped if the connection closes first.
+    func whenWritable(_ handler: @escaping () -> Void) {
+        guard state.isOpen else { return }
+        writableHandlers.append(handler)
+        if !state.isOutputPaused { withLoop { $0.execute(priority: .input, UncheckedWork(resumeWritableWork(self)).run) } }
+    }
+
+    /// Parks a task until the output is writable (true), or `timeout` passes (false).
+    func awaitWritable(timeout: Duration?, _ continuation: UnsafeContinuation<Result<Bool, Connection.CloseReason>, Never>) {
+        if let reason = state.closeReason {
+            continuation.resume(returning: reason == .closed ? .success(false) : .failure(reason))
+            return
+        }
+        if !state.isOpen {
+            continuation.resume(returning: .success(false))
+            return
+        }
+        if !state.isOutputPaused && firstSender == senders.count {
+            continuation.resume(returning: .success(true))
+            return
+        }
+        let ticket = nextWritableTicket
+        nextWritableTicket &+= 1
+        writableWaiters[ticket] = continuation
+        if let timeout {
+            withLoop { loop in
+                _ = loop.schedule(after: timeout) { [weak self] in
+                    guard let self, let waiter = self.writableWaiters.removeValue(forKey: ticket) else { return }
+                    waiter.resume(returning: .success(false))
+                }
+            }
+        }
+    }
+
+    /// The output is under its limit again: writability waiters and handlers run.
+    func resumeWritable() {
+        guard state.isOpen, !state.isOutputPaused else { return }  // over the limit again: the next drain
+        if !writableWaiters.isEmpty {
+            let waiting = writableWaiters
+            writableWaiters = [:]
+            for (_, waiter) in waiting.sorted(by: { $0.key < $1.key }) {
+                loop.resumingInput { waiter.resume(returning: .success(true)) }
+            }
+        }
+        guard !writableHandlers.isEmpty else { return }
+        let handlers = writableHandlers
+        writableHandlers = []
+        for handler in handlers {
+            guard state.isOpen, !state.isOutputPaused else {
+                writableHandlers.append(handler)  // over the limit again: it waits for the next drain
+                continue
+            }
+            handler()
+        }
+    }
+
+    func failWritableWaiters(_ reason: Connection.CloseReason) {
+        let waiting = writableWaiters
+        writableWaiters = [:]
+        for (_, waiter) in waiting {
+            waiter.resume(returning: reason == .closed ? .success(false) : .failure(reason))
+        }
+    }
+
+    // MARK: Half-close and close
+
     func shutdownOutput() {
         flushPendingOutput()
-        guard !isClosed, let socket else { return }
-        wantsOutputShutdown = true
-        if socket.outputLength == 0 { socket.shutdownWrite() }
+        guard let socket else { return }
+        if state.shutdownOutputRequested(outputLength: socket.outputLength) { socket.shutdownWrite() }
     }
 
     func closeGracefully() {
         flushPendingOutput()
-        guard !isClosed, !isClosing, let socket else { return }
-        isClosing = true
-        isReading = false
-        updateReading()
+        guard let socket, let step = state.closeRequested(outputLength: socket.outputLength) else { return }
+        shared.isOutputPaused.store(true, ordering: .relaxed)
+        applyReadChange()
         endAsyncOperationsForClosing()
-        if socket.outputLength == 0 {
+        switch step {
+        case .finish:
             finish(.closed)
-        } else {
+        case .flush:
             socket.setWriteLowWatermark(0)
             socket.setTimeouts(readNanoseconds: nil, writeNanoseconds: max(1, options.closeTimeout.clampedNanoseconds))
         }
     }
 
-    /// Closing: no more input for the consumer, no more output for the senders.
+    /// Closing: no more input for the reader, no more output for the senders.
     func endAsyncOperationsForClosing() {
-        if let waiter = lineWaiter {
-            lineWaiter = nil
-            waiter.resume(returning: .success(nil))
-        }
-        if let waiter = bytesWaiter {
-            bytesWaiter = nil
-            waiter.resume(returning: .success(nil))
-        }
+        endAsyncRead(with: .closed)
         failSenders(.closed)
+        failWritableWaiters(.closed)
+        writableHandlers = []
     }
 
     func failSenders(_ reason: Connection.CloseReason) {
@@ -135,7 +229,7 @@ extension ConnectionSource {
     }
 
     func setCloseHandler(_ handler: @escaping (Connection.CloseReason) -> Void) {
-        if let closeReason {
+        if let closeReason = state.closeReason {
             loop.execute { [handler = UncheckedHandler(handler)] in handler.call(closeReason) }
         } else {
             closeHandler = handler
@@ -144,7 +238,7 @@ extension ConnectionSource {
 
     /// The reason, if closed already; otherwise `continuation` is resumed with it on close.
     func awaitClose(_ continuation: UnsafeContinuation<Connection.CloseReason, Never>) {
-        if let closeReason {
+        if let closeReason = state.closeReason {
             continuation.resume(returning: closeReason)
         } else {
             closeWaiters.append(continuation)
@@ -153,9 +247,9 @@ extension ConnectionSource {
 
     /// `done` runs once an outgoing connection is established or has failed (it resumes a task).
     func awaitConnect(_ done: @escaping (Result<Void, EventLoopError>) -> Void) {
-        if let closeReason {
+        if let closeReason = state.closeReason {
             done(.failure(connectFailure(closeReason)))
-        } else if isConnected {
+        } else if state.isConnected {
             done(.success(()))
         } else {
             connectWaiter = done
@@ -176,7 +270,22 @@ extension ConnectionSource {
     /// The last `Connection` handle is gone: nobody can read, write or close it any more, so it
     /// closes (gracefully) — unless a callback handler still holds on to it.
     func handleReleased() {
-        guard !isClosed, lineHandler == nil, bytesHandler == nil, closeHandler == nil else { return }
+        guard !isClosed, callbackReader == nil, closeHandler == nil, writableHandlers.isEmpty else { return }
         closeGracefully()
     }
+}
+
+/// Runs the writability handlers of a source (posted when it is writable already).
+private func resumeWritableWork(_ source: ConnectionSource) -> () -> Void {
+    { [weak source] in
+        guard let source, source.state.isOpen, !source.state.isOutputPaused else { return }
+        source.resumeWritable()
+    }
+}
+
+/// A loop-bound closure posted to the same loop.
+struct UncheckedWork: @unchecked Sendable {
+    let work: () -> Void
+    init(_ work: @escaping () -> Void) { self.work = work }
+    func run() { work() }
 }

@@ -7,18 +7,34 @@ import Synchronization
 final class ConnectionShared: Sendable {
     /// Set once the connection has closed (any reason).
     let isClosed = Atomic<Bool>(false)
+    /// Whether the output is over its limit (or the connection is closing): mirrors the loop's
+    /// state at each change, for `isWritable` and `trySend` from other threads.
+    let isOutputPaused = Atomic<Bool>(false)
+    /// Bytes that `trySend` from other threads accepted and posted, not yet written on the loop:
+    /// counted against the limit so that a fast poster cannot queue without bound.
+    let inFlightBytes = Atomic<Int>(0)
 }
 
-/// The loop side of a `Connection`: the socket, its buffers, the callback handlers and the
-/// suspended tasks of the async API. Loop thread only.
+/// The loop side of a `Connection`: the socket, its buffers, the readers (callbacks, or the
+/// task suspended in an async read), the senders waiting for the output to drain. Loop thread
+/// only.
+///
+/// Its lifecycle is a `ConnectionState` (a value whose transitions say what to do); this class
+/// applies them to the socket and runs the handlers and continuations.
+///
+/// ## Input
+/// The input stays in libevent's buffer until a reader takes it: lines are split where they
+/// lie (`InPlaceLineSplitter`) and drained only as they are delivered, byte chunks are removed
+/// as they are read. So when a reader ends — a callback reader replaced or stopped, a task that
+/// breaks out of `lines` — whatever it did not take is still there, whole, for the next
+/// reader, of any kind. One reader at a time: callbacks, or one task's read.
 ///
 /// ## Memory
-/// Nothing of the input outlives a read: lines are split where libevent keeps the input (its
-/// `evbuffer` chains, freed as they are drained), and byte chunks are copied into arrays of their
-/// exact size. Only the unfinished tail of a line is kept (at most `maxLineLength`). Output is
-/// coalesced in `pendingOutput` until the loop next polls; it and the queue of split lines give
-/// back their capacity after a burst (above `retainedCapacity`), so an idle connection holds no
-/// buffer of its own.
+/// Nothing of the input outlives a read: lines become the strings of their events, chunks are
+/// copied into arrays of their exact size. An unfinished line waits in the input buffer (at
+/// most `maxLineLength` + 1 bytes; a longer one is skipped as it arrives). Output is coalesced
+/// in `pendingOutput` until the loop next polls; buffers give back their capacity after a burst
+/// (above `retainedCapacity`), so an idle connection holds no buffer of its own.
 ///
 /// Its mutable state is touched only on the loop's thread, by one handler at a time: it is
 /// declared `@exclusivity(unchecked)`, which saves a runtime access check (some 80
@@ -29,6 +45,7 @@ final class ConnectionSource: Source {
     let remoteAddress: String
     let options: Connection.Options
     let shared = ConnectionShared()
+    @exclusivity(unchecked) var state: ConnectionState
 
     /// Text written since the loop last polled, handed to libevent in one piece just before the
     /// next poll (libevent only writes while it polls, so nothing is delayed): a line protocol
@@ -36,37 +53,40 @@ final class ConnectionSource: Source {
     /// append instead of one per reply.
     @exclusivity(unchecked) var pendingOutput: [UInt8] = []
     @exclusivity(unchecked) var flushScheduled = false
-    @exclusivity(unchecked) var lineHandler: ((LineEvent) -> Void)?
-    @exclusivity(unchecked) var bytesHandler: ((Connection.Input) -> Void)?
     @exclusivity(unchecked) var closeHandler: ((Connection.CloseReason) -> Void)?
-    @exclusivity(unchecked) var splitter: LineSplitter
-    /// Lines split but not yet delivered or taken (delivery stops while output is paused).
-    @exclusivity(unchecked) var lineEvents: [LineEvent] = []
-    @exclusivity(unchecked) var nextLineEvent = 0
+    /// Handlers waiting for the output to drain below half its limit (`onWritable`), once each.
+    @exclusivity(unchecked) var writableHandlers: [() -> Void] = []
 
-    @exclusivity(unchecked) var isPausedForOutput = false
-    @exclusivity(unchecked) var isReading = false
-    /// libevent's input buffer is full (`inputLimit`): the socket is not read until the reader
-    /// (callbacks or the async consumer) has taken some. libevent itself would stop reading, but
-    /// would also call back again and again, inside one poll, for as long as nobody drains it.
-    @exclusivity(unchecked) var isInputFull = false
-    /// Whether reading is enabled on the bufferevent (see `updateReading`).
-    @exclusivity(unchecked) var isReadEnabled = false
-    @exclusivity(unchecked) var peerEnded = false
-    @exclusivity(unchecked) var deliveredEndOfFile = false
-    @exclusivity(unchecked) var isClosing = false
-    @exclusivity(unchecked) var wantsOutputShutdown = false
-    @exclusivity(unchecked) var closeReason: Connection.CloseReason?
-    @exclusivity(unchecked) var pendingEvent: SocketEvent = []
-    @exclusivity(unchecked) var pendingErrno: Int32 = 0
-    /// Whether the socket is established (an outgoing connect may still be in progress).
-    @exclusivity(unchecked) var isConnected: Bool
+    // MARK: Readers
+
+    /// The callback reader, if one is installed.
+    enum CallbackReader {
+        case lines((LineEvent) -> Void)
+        case bytes((Connection.Input) -> Void)
+        /// One delivery of exactly this many bytes (or the end), then the reader is gone.
+        case exactly(Int, (Connection.Input) -> Void)
+    }
+
+    @exclusivity(unchecked) var callbackReader: CallbackReader?
+    /// Changes whenever the reader changes: a delivery loop stops when its reader is gone.
+    @exclusivity(unchecked) var readerGeneration: UInt32 = 0
+    /// The callback reader that was given `.endOfFile` (each reader is told once).
+    @exclusivity(unchecked) var endReportedToGeneration: UInt32?
+    @exclusivity(unchecked) var splitter: InPlaceLineSplitter
+    /// Lines split (in place) and not yet delivered; the bytes of those delivered, to drain.
+    @exclusivity(unchecked) var lines = LineQueue()
+    /// Input bytes known to hold no delimiter for the pending `read(until:)`.
+    @exclusivity(unchecked) var delimiterScanned = 0
+    /// What a `read(exactly:)` longer than the input limit has gathered so far.
+    @exclusivity(unchecked) var gathered: [UInt8] = []
+    /// libevent stops reading the socket at this much buffered input (the input limit, or more
+    /// while a read needs to see more at once).
+    @exclusivity(unchecked) var readLimit: Int
 
     // MARK: Suspended tasks (the async API)
 
-    /// The task waiting in `lines` or `bytes` for input (one consumer per connection).
-    @exclusivity(unchecked) var lineWaiter: UnsafeContinuation<Result<LineEvent?, Connection.CloseReason>, Never>?
-    @exclusivity(unchecked) var bytesWaiter: UnsafeContinuation<Result<[UInt8]?, Connection.CloseReason>, Never>?
+    /// The task suspended in a read (one at a time), with what it waits for.
+    @exclusivity(unchecked) var asyncRead: PendingRead?
     /// Tasks waiting in `send` for the output to drain, in order, each with what it sends.
     @exclusivity(unchecked) var senders: [Sender] = []
     @exclusivity(unchecked) var firstSender = 0
@@ -74,6 +94,20 @@ final class ConnectionSource: Source {
     @exclusivity(unchecked) var closeWaiters: [UnsafeContinuation<Connection.CloseReason, Never>] = []
     /// The task awaiting an async `connect`.
     @exclusivity(unchecked) var connectWaiter: ((Result<Void, EventLoopError>) -> Void)?
+    /// Tasks in `waitUntilWritable`, by ticket (a timeout removes its own).
+    @exclusivity(unchecked) var writableWaiters: [Int: UnsafeContinuation<Result<Bool, Connection.CloseReason>, Never>] = [:]
+    @exclusivity(unchecked) var nextWritableTicket = 0
+
+    @exclusivity(unchecked) var pendingEvent: SocketEvent = []
+    @exclusivity(unchecked) var pendingErrno: Int32 = 0
+
+    /// A read a task is suspended in.
+    enum PendingRead {
+        case line(UnsafeContinuation<Result<LineEvent?, Connection.CloseReason>, Never>)
+        case bytes(max: Int, UnsafeContinuation<Result<[UInt8]?, Connection.CloseReason>, Never>)
+        case exactly(Int, UnsafeContinuation<Result<[UInt8]?, Connection.CloseReason>, Never>)
+        case delimited([UInt8], limit: Int, UnsafeContinuation<Result<Connection.Delimited?, Connection.CloseReason>, Never>)
+    }
 
     struct Sender {
         let payload: Payload
@@ -84,6 +118,13 @@ final class ConnectionSource: Source {
     enum Payload {
         case bytes([UInt8])
         case text(String, newline: Bool)
+
+        var count: Int {
+            switch self {
+            case .bytes(let bytes): bytes.count
+            case .text(let text, let newline): text.utf8.count + (newline ? 1 : 0)
+            }
+        }
     }
 
     /// The answer to a pull of the async consumer.
@@ -113,14 +154,19 @@ final class ConnectionSource: Source {
     static let asyncSlice = 4_096
     /// Capacity that buffers keep between bursts; above it they are released once empty.
     static let retainedCapacity = 4_096
-    static let retainedLineEvents = 256
+    /// Input buffered beyond this stops libevent reading the socket until a reader takes some
+    /// (at least 256 KiB, and room for a whole line of `maxLineLength`).
+    static func inputLimit(for options: Connection.Options) -> Int {
+        max(4 * chunk, options.maxLineLength + 2 + chunk)
+    }
 
     init(loop: EventLoop, fd: Int32, peer: String, options: Connection.Options) throws(EventLoopError) {
         _ = ignoreSIGPIPE
         self.remoteAddress = peer
         self.options = options
-        self.splitter = LineSplitter(maxLineLength: options.maxLineLength)
-        self.isConnected = true
+        self.splitter = InPlaceLineSplitter(maxLineLength: options.maxLineLength)
+        self.state = ConnectionState(connected: true)
+        self.readLimit = Self.inputLimit(for: options)
         super.init(loop: loop, priority: .input, keepsLoopBusy: true)
         target.source = self
         do {
@@ -138,8 +184,9 @@ final class ConnectionSource: Source {
         options.check("Connection.connect")
         self.remoteAddress = host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
         self.options = options
-        self.splitter = LineSplitter(maxLineLength: options.maxLineLength)
-        self.isConnected = false
+        self.splitter = InPlaceLineSplitter(maxLineLength: options.maxLineLength)
+        self.state = ConnectionState(connected: false)
+        self.readLimit = Self.inputLimit(for: options)
         super.init(loop: loop, priority: .input, keepsLoopBusy: true)
         target.source = self
         do {
@@ -155,67 +202,15 @@ final class ConnectionSource: Source {
 
     /// Async operations suspended on this connection (each is one task).
     var suspendedTasks: Int {
-        (lineWaiter == nil ? 0 : 1) + (bytesWaiter == nil ? 0 : 1) + (senders.count - firstSender)
-            + closeWaiters.count + (connectWaiter == nil ? 0 : 1)
+        (asyncRead == nil ? 0 : 1) + (senders.count - firstSender) + closeWaiters.count
+            + (connectWaiter == nil ? 0 : 1) + writableWaiters.count
     }
 
-    // MARK: Reading with callbacks
-
-    func startReading(lines: ((LineEvent) -> Void)?, bytes: ((Connection.Input) -> Void)?) {
-        guard !isClosed, !isClosing else { return }
-        lineHandler = lines
-        bytesHandler = bytes
-        isReading = true
-        updateReading()
-        // Input may already be buffered (or the peer already gone): look at it next turn.
-        withLoop { $0.enqueueNextTurn(source: self) }
-    }
-
-    func deliverInput() {
-        guard isReading, !isPausedForOutput, let socket else { return }
-        if lineHandler == nil && bytesHandler == nil {
-            wakeAsyncReader()
-            return
+    func configureSocket() {
+        socket?.setReadHighWatermark(readLimit)
+        if let idle = options.idleTimeout {
+            socket?.setTimeouts(readNanoseconds: max(1, idle.clampedNanoseconds), writeNanoseconds: nil)
         }
-        if nextLineEvent < lineEvents.count {
-            deliverLines()
-            if isClosed || isClosing || isPausedForOutput { return }
-        }
-        if let bytesHandler {
-            let data = socket.readInput(upTo: Self.chunk)
-            releaseInputHold(socket)
-            if !data.isEmpty { bytesHandler(.bytes(data)) }
-        } else if lineHandler != nil {
-            _ = socket.splitInput(upTo: Self.chunk, into: &splitter) { lineEvents.append($0) }
-            releaseInputHold(socket)
-            deliverLines()
-        }
-        if isClosed || isClosing || isPausedForOutput { return }
-        if self.socket?.inputLength ?? 0 > 0 {
-            withLoop { $0.enqueueNextTurn(source: self) }  // more buffered: continue next turn, after polling
-        } else if peerEnded && !deliveredEndOfFile {
-            deliveredEndOfFile = true
-            if let bytesHandler {
-                bytesHandler(.endOfFile)
-            } else if lineHandler != nil {
-                splitter.finish { lineEvents.append($0) }
-                deliverLines()
-            }
-        }
-    }
-
-    func deliverLines() {
-        while nextLineEvent < lineEvents.count, !isClosed, !isPausedForOutput, let handler = lineHandler {
-            let event = lineEvents[nextLineEvent]
-            nextLineEvent += 1
-            handler(event)
-        }
-        if nextLineEvent == lineEvents.count { resetLineEvents() }
-    }
-
-    func resetLineEvents() {
-        lineEvents.removeAll(keepingCapacity: lineEvents.capacity <= Self.retainedLineEvents)
-        nextLineEvent = 0
     }
 
     // MARK: Events
@@ -235,52 +230,49 @@ final class ConnectionSource: Source {
         if event.contains(.error) {
             finish(.error(code == 0 ? ECONNRESET : code))
         } else if event.contains(.timeout) {
-            finish(isClosing ? .closed : .idleTimeout)
+            finish(state.timeoutReason)
         } else {
-            if event.contains(.connected) {
-                isConnected = true
+            if event.contains(.connected), state.connected() {
+                applyReadChange()
                 if let waiter = connectWaiter {
                     connectWaiter = nil
                     waiter(.success(()))
                 }
             }
-            if event.contains(.endOfFile) {
-                peerEnded = true
-                if isClosing { return }
+            if event.contains(.endOfFile), state.peerDidEnd() {
                 deliverInput()
             }
         }
     }
 
-    func drained() {
-        guard let socket else { return }
-        if isClosing {
-            if socket.outputLength == 0 { finish(.closed) }
-            return
-        }
-        if wantsOutputShutdown && socket.outputLength == 0 { socket.shutdownWrite() }
-        if isPausedForOutput && socket.outputLength <= options.outputLimit / 2 {
-            isPausedForOutput = false
-            socket.setWriteLowWatermark(0)
-            resumeSenders()
-            if isReading && !isPausedForOutput && !isClosed {
-                updateReading()
-                deliverInput()
+    /// Makes the socket's read side what the state wants.
+    func applyReadChange() {
+        guard let change = state.readChange(), let socket else { return }
+        switch change {
+        case .enable:
+            do {
+                try socket.enable(.read)
+            } catch {
+                registrationFailed(error)
             }
+        case .disable:
+            socket.disable(.read)
         }
     }
 
     /// Closes the socket and reports `reason`, once.
     func finish(_ reason: Connection.CloseReason) {
-        guard closeReason == nil else { return }
-        closeReason = reason
+        guard state.finish(reason) else { return }
         shared.isClosed.store(true, ordering: .releasing)
+        shared.isOutputPaused.store(true, ordering: .relaxed)
         pendingOutput = []
+        lines.clear()
+        gathered = []
         socket = nil  // bufferevent_free closes the fd
         let handler = closeHandler
         closeHandler = nil
-        lineHandler = nil
-        bytesHandler = nil
+        callbackReader = nil
+        writableHandlers = []
         close()
         handler?(reason)
     }
@@ -290,39 +282,23 @@ final class ConnectionSource: Source {
         finish(.error(error.errnoCode))
     }
 
-    /// Input buffered beyond this stops libevent reading the socket until we consume it.
-    static let inputLimit = 4 * chunk
-
-    func configureSocket() {
-        socket?.setReadHighWatermark(Self.inputLimit)
-        if let idle = options.idleTimeout {
-            socket?.setTimeouts(readNanoseconds: max(1, idle.clampedNanoseconds), writeNanoseconds: nil)
-        }
-    }
-
     override func didClose() {
-        if closeReason == nil {
+        if state.finish(.cancelled) {
             // Closed by the loop going away: no handler runs; suspended tasks see `.cancelled`.
-            closeReason = .cancelled
             socket = nil
         }
         shared.isClosed.store(true, ordering: .releasing)
-        lineHandler = nil
-        bytesHandler = nil
+        shared.isOutputPaused.store(true, ordering: .relaxed)
+        callbackReader = nil
         closeHandler = nil
-        lineEvents = []
-        nextLineEvent = 0
+        writableHandlers = []
+        lines.clear()
+        gathered = []
         pendingOutput = []
-        let reason = closeReason ?? .cancelled
-        if let waiter = lineWaiter {
-            lineWaiter = nil
-            waiter.resume(returning: reason == .closed ? .success(nil) : .failure(reason))
-        }
-        if let waiter = bytesWaiter {
-            bytesWaiter = nil
-            waiter.resume(returning: reason == .closed ? .success(nil) : .failure(reason))
-        }
+        let reason = state.closeReason ?? .cancelled
+        endAsyncRead(with: reason)
         failSenders(reason)
+        failWritableWaiters(reason)
         let closing = closeWaiters
         closeWaiters = []
         for waiter in closing { waiter.resume(returning: reason) }

@@ -220,7 +220,7 @@ public final class Listener: @unchecked Sendable {
         let taken = queue.take()
         if taken.resumeAccepting { resumeAccepting() }
         switch taken.outcome {
-        case .connection(let connection): return connection
+        case .element(let connection): return connection
         case .end: return nil
         case .wait: break
         }
@@ -234,7 +234,7 @@ public final class Listener: @unchecked Sendable {
             self.cancelFromTask()
         }, isolation: isolation)
         switch outcome {
-        case .connection(let connection): return connection
+        case .element(let connection): return connection
         case .end: return nil
         case .wait: throw CancellationError()  // resumed by the cancellation
         }
