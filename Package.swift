@@ -15,6 +15,7 @@ let package = Package(
         .executable(name: "mainspring-daemon", targets: ["mainspring-daemon"]),
         .executable(name: "mainspring-bench", targets: ["mainspring-bench"]),
         .executable(name: "mainspring-operations", targets: ["mainspring-operations"]),
+        .executable(name: "mainspring-chat", targets: ["mainspring-chat"]),
     ],
     targets: [
         // libevent 2.1 through pkg-config; `make` installs libevent-dev when it is missing.
@@ -91,6 +92,12 @@ let package = Package(
             name: "mainspring-echo",
             dependencies: ["Mainspring"],
             path: "Examples/Echo"
+        ),
+        // A chat room: bounded fan-out with a slow-consumer policy.
+        .executableTarget(
+            name: "mainspring-chat",
+            dependencies: ["Mainspring", "ExampleServices"],
+            path: "Examples/Chat"
         ),
         // A batch of asynchronous saves, with completion hooks on the main loop.
         .executableTarget(

@@ -17,7 +17,7 @@ private func startDaemon(_ arguments: [String] = []) throws -> (ChildProcess, UI
 }
 
 /// Resident memory of a process, in bytes (VmRSS).
-private func residentBytes(of pid: pid_t) -> Int {
+func residentBytes(of pid: pid_t) -> Int {
     guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
           let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }),
           let kilobytes = Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "")

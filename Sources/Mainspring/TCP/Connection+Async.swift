@@ -202,19 +202,36 @@ extension Connection {
 
     /// Suspends until the connection is writable — its output under `outputLimit` (and no
     /// earlier `send` still waiting) — and returns true; or returns false once `timeout`
-    /// passes first (nil: no limit), or when the connection closed locally. For fan-out that
-    /// gives a slow client a grace period before dropping or closing it.
-    /// - Throws: the `CloseReason` when the connection closes otherwise. Cancelling the task
-    ///   while it waits closes the connection (`.cancelled`), as for `send`.
+    /// passes first (nil: no limit), when the connection closed locally, or when the task is
+    /// cancelled. For fan-out that gives a slow member a grace period before dropping or
+    /// closing it. Unlike the reads and `send`, cancelling the waiting task does not close the
+    /// connection: the waiter is usually another connection's task (a broadcaster), whose end
+    /// must not close its recipients.
+    /// - Throws: the `CloseReason` when the connection closes otherwise (`.error`, …).
     public nonisolated(nonsending) func waitUntilWritable(timeout: Duration? = nil) async throws(CloseReason) -> Bool {
-        if loop.isCurrent && !Task.isCancelled && source.state.isOpen && !source.state.isOutputPaused
-            && source.firstSender == source.senders.count
-        {
+        let source = self.source
+        if loop.isCurrent && source.state.isOpen && !source.state.isOutputPaused && source.firstSender == source.senders.count {
             return true
         }
-        let result: Result<Bool, CloseReason> = await suspend(isolation: #isolation) { source, continuation in
-            source.awaitWritable(timeout: timeout, continuation)
-        }
+        if Task.isCancelled { return false }
+        let ticket = source.shared.nextWaitTicket.wrappingAdd(1, ordering: .relaxed).oldValue
+        let unchecked = UncheckedSource(source)
+        let loop = self.loop
+        let result: Result<Bool, CloseReason> = await withTaskCancellationHandler(operation: {
+            await withUnsafeContinuation(isolation: #isolation) { (continuation: UnsafeContinuation<Result<Bool, CloseReason>, Never>) in
+                if loop.isCurrent {
+                    unchecked.value.awaitWritable(ticket: ticket, timeout: timeout, continuation)
+                } else {
+                    loop.execute {
+                        unchecked.value.awaitWritable(ticket: ticket, timeout: timeout, continuation)
+                    } orElse: {
+                        continuation.resume(returning: .failure(.cancelled))  // the loop is gone
+                    }
+                }
+            }
+        }, onCancel: {
+            loop.execute { unchecked.value.cancelWritableWait(ticket: ticket) }
+        }, isolation: #isolation)
         return try result.get()
     }
 

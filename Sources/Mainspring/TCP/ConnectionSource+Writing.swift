@@ -134,7 +134,13 @@ extension ConnectionSource {
     }
 
     /// Parks a task until the output is writable (true), or `timeout` passes (false).
-    func awaitWritable(timeout: Duration?, _ continuation: UnsafeContinuation<Result<Bool, Connection.CloseReason>, Never>) {
+    func awaitWritable(ticket: Int, timeout: Duration?,
+                       _ continuation: UnsafeContinuation<Result<Bool, Connection.CloseReason>, Never>)
+    {
+        if cancelledWaitTickets.remove(ticket) != nil {
+            continuation.resume(returning: .success(false))
+            return
+        }
         if let reason = state.closeReason {
             continuation.resume(returning: reason == .closed ? .success(false) : .failure(reason))
             return
@@ -147,8 +153,6 @@ extension ConnectionSource {
             continuation.resume(returning: .success(true))
             return
         }
-        let ticket = nextWritableTicket
-        nextWritableTicket &+= 1
         writableWaiters[ticket] = continuation
         if let timeout {
             withLoop { loop in
@@ -157,6 +161,18 @@ extension ConnectionSource {
                     waiter.resume(returning: .success(false))
                 }
             }
+        }
+    }
+
+    /// The task of `ticket` was cancelled: its wait ends (false), the connection stays open.
+    func cancelWritableWait(ticket: Int) {
+        if let waiter = writableWaiters.removeValue(forKey: ticket) {
+            waiter.resume(returning: .success(false))
+        } else if !isClosed {
+            // Its wait has not arrived yet (or has ended already: then the entry is never used;
+            // the set is kept small, and a wait that misses its entry only waits longer).
+            if cancelledWaitTickets.count >= 64 { cancelledWaitTickets.removeAll() }
+            cancelledWaitTickets.insert(ticket)
         }
     }
 

@@ -13,6 +13,8 @@ final class ConnectionShared: Sendable {
     /// Bytes that `trySend` from other threads accepted and posted, not yet written on the loop:
     /// counted against the limit so that a fast poster cannot queue without bound.
     let inFlightBytes = Atomic<Int>(0)
+    /// Tickets of `waitUntilWritable` calls (so that a cancellation finds its own waiter).
+    let nextWaitTicket = Atomic<Int>(0)
 }
 
 /// The loop side of a `Connection`: the socket, its buffers, the readers (callbacks, or the
@@ -96,7 +98,8 @@ final class ConnectionSource: Source {
     @exclusivity(unchecked) var connectWaiter: ((Result<Void, EventLoopError>) -> Void)?
     /// Tasks in `waitUntilWritable`, by ticket (a timeout removes its own).
     @exclusivity(unchecked) var writableWaiters: [Int: UnsafeContinuation<Result<Bool, Connection.CloseReason>, Never>] = [:]
-    @exclusivity(unchecked) var nextWritableTicket = 0
+    /// Tickets whose task was cancelled before its wait reached the loop.
+    @exclusivity(unchecked) var cancelledWaitTickets: Set<Int> = []
 
     @exclusivity(unchecked) var pendingEvent: SocketEvent = []
     @exclusivity(unchecked) var pendingErrno: Int32 = 0
