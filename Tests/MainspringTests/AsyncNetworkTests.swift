@@ -86,7 +86,7 @@ struct ConnectionQueueTests {
         let group = try EventLoopGroup(loopCount: 1)
         let loop = group.loops[0]
         var fds: [Int32] = [0, 0]
-        try #require(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &fds) == 0)
+        try #require(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &fds) == 0)
         let (mine, peer) = (fds[0], fds[1])
         let connection = try await loop.submit {
             Connection(source: try ConnectionSource(loop: loop, fd: mine, peer: "test", options: .init()))
@@ -436,13 +436,22 @@ struct AsyncServerTests {
         #expect(!client.isOpen)
         await #expect(throws: Connection.CloseReason.closed) { try await client.send(line: "late") }
 
-        // Nobody listens on a closed port.
-        let port = listener.port
         listener.close()
         try await server.value
-        await #expect(throws: EventLoopError.self) {
-            _ = try await Connection.connect(to: "127.0.0.1", port: port, on: group.loops[1])
+        // A port bound for the whole test and never listened on: the connect is refused.
+        let refusing = try RefusingPort()
+        do {
+            let stranger = try await Connection.connect(to: "127.0.0.1", port: refusing.port, on: group.loops[1])
+            Issue.record("a connect to a port nobody listens on succeeded")
+            stranger.close()
+        } catch {
+            guard case .system(_, let code) = error else {
+                Issue.record("a refused connect threw \(error), not .system(errno: ECONNREFUSED)")
+                throw error
+            }
+            #expect(code == ECONNREFUSED, "errno \(code)")
         }
+        withExtendedLifetime(refusing) {}
         await group.shutdown(gracePeriod: .seconds(5))
     }
 

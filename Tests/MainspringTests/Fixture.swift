@@ -1,3 +1,4 @@
+import CMainspringSystem
 import Foundation
 
 #if canImport(Glibc)
@@ -157,7 +158,10 @@ final class ChildProcess: @unchecked Sendable {
                      environment: [String: String]?) throws
     {
         // posix_spawn rather than Foundation.Process: no global SIGCHLD machinery in the test
-        // process, and nothing left behind for LeakSanitizer.
+        // process, and nothing left behind for LeakSanitizer. The child gets only its three
+        // standard descriptors: a closefrom(3) action after the dup2s below (see
+        // `addCloseFrom`); where that is missing, at least every descriptor open now is marked
+        // close-on-exec (one another thread opens in between would still leak).
         markDescriptorsCloseOnExec()
         let output = try makePipe()
         let errors = try makePipe()
@@ -172,6 +176,17 @@ final class ChildProcess: @unchecked Sendable {
         }
         posix_spawn_file_actions_adddup2(&actions, output.write, 1)
         posix_spawn_file_actions_adddup2(&actions, errors.write, 2)
+        // After the dup2s (file actions run in order): everything from 3 on is closed in the child,
+        // whatever other tests running in parallel opened meanwhile, with or without close-on-exec.
+        // A descriptor leaked into a child keeps its file open after the test closed it: a pipe's
+        // reader never sees end of file, a test of the descriptor limit frees nothing.
+        if let addCloseFrom {
+            let rc = addCloseFrom(&actions, 3)
+            guard rc == 0 else {
+                for fd in [output.read, output.write, errors.read, errors.write, input.read, input.write] { close(fd) }
+                throw FixtureLaunchError.spawnFailed("posix_spawn_file_actions_addclosefrom_np", errno: rc)
+            }
+        }
         // The child starts with no blocked signals and default handlers, whatever the test thread
         // (a Dispatch worker blocks most signals) had.
         var attributes = posix_spawnattr_t()
@@ -333,9 +348,19 @@ private func runBlocking(_ url: URL, _ arguments: [String], _ stdin: [UInt8]?, _
         .waitForExit(timeout: timeout)
 }
 
+/// glibc's `posix_spawn_file_actions_addclosefrom_np` (2.34 on), looked up at run time: Swift's
+/// Glibc module does not declare it (glibc does only under `_GNU_SOURCE`). Nil where missing.
+private let addCloseFrom: (@convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32)? = {
+    // nil is glibc's RTLD_DEFAULT: the global symbol, from libc.
+    guard let symbol = dlsym(nil, "posix_spawn_file_actions_addclosefrom_np") else { return nil }
+    return unsafeBitCast(symbol, to: (@convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32).self)
+}()
+
 /// Sets close-on-exec on every descriptor of the test process, so a child gets only its three
 /// standard ones: descriptors that other tests (running in parallel) opened without the flag
-/// would otherwise leak into it — and count against a child's descriptor limit.
+/// would otherwise leak into it — and count against a child's descriptor limit. The fallback
+/// where the closefrom spawn action is missing: a descriptor opened by another thread after
+/// the scan still leaks (which is why the tests' own helpers open theirs close-on-exec).
 private func markDescriptorsCloseOnExec() {
     guard let names = try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd") else { return }
     for name in names {
@@ -347,9 +372,9 @@ private func markDescriptorsCloseOnExec() {
 
 private func makePipe() throws -> (read: Int32, write: Int32) {
     var fds: [Int32] = [0, 0]
-    guard pipe(&fds) == 0 else { throw FixtureLaunchError.spawnFailed("pipe", errno: errno) }
-    // Close-on-exec, so other children never hold these ends (ours get only their dup2 copies).
-    for fd in fds { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
+    // Close-on-exec from the start, so other children never hold these ends (ours get only
+    // their dup2 copies).
+    guard ms_pipe2(&fds, O_CLOEXEC) == 0 else { throw FixtureLaunchError.spawnFailed("pipe2", errno: errno) }
     return (fds[0], fds[1])
 }
 

@@ -185,10 +185,10 @@ struct NetworkTests {
     @Test("connect to a closed port reports .error(ECONNREFUSED) once; bad addresses throw")
     func connectErrors() async throws {
         let (reasons, writesIgnored) = try await onLoopThread { loop -> ([Connection.CloseReason], Bool) in
-            // Find a port nobody listens on: bind one, then close it.
-            let probe = try Listener(on: loop) { _ in }
-            let port = probe.port
-            probe.close()
+            // A port bound for the whole test and never listened on: refused, and nobody else's.
+            let refusing = try RefusingPort()
+            let port = refusing.port
+            defer { withExtendedLifetime(refusing) {} }
             nonisolated(unsafe) var reasons: [Connection.CloseReason] = []
             let connection = try Connection.connect(to: "127.0.0.1", port: port, on: loop)
             connection.write("hello\n")

@@ -15,7 +15,7 @@ final class TestClient: @unchecked Sendable {
         // The descriptor is stored only once connected: a class whose init throws after its
         // properties are set runs `deinit`, which would close the descriptor a second time (by
         // then perhaps another thread's: a new loop's epoll instance, say).
-        let fd = socket(family, Int32(SOCK_STREAM.rawValue), 0)
+        let fd = socket(family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw POSIXError(.EMFILE) }
         var rc: Int32
         if family == AF_INET {
@@ -94,7 +94,8 @@ final class TestClient: @unchecked Sendable {
 
 /// A TCP port nobody listens on right now (bound to port 0, read back, released).
 func freePort() throws -> UInt16 {
-    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+    guard fd >= 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EMFILE) }
     defer { close(fd) }
     var address = sockaddr_in()
     address.sin_family = sa_family_t(AF_INET)
@@ -107,4 +108,39 @@ func freePort() throws -> UInt16 {
     }
     guard bound else { throw POSIXError(.EADDRINUSE) }
     return UInt16(bigEndian: address.sin_port)
+}
+
+/// A loopback TCP port where a connect is refused (`ECONNREFUSED`) for as long as this value
+/// lives: a socket bound to 127.0.0.1:0 that never listens. A connect to a bound, non-listening
+/// TCP socket is answered with a reset; and as the port stays bound, no other test (nor anyone
+/// else) can be given it for a listener meanwhile — unlike a port that was bound and released,
+/// which anybody may have taken by the time the connect happens.
+final class RefusingPort: @unchecked Sendable {
+    let port: UInt16
+    private let fd: Int32
+
+    init() throws {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EMFILE) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = UInt32(0x7F00_0001).bigEndian
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0
+            }
+        }
+        guard bound else {
+            let code = errno
+            close(fd)
+            throw POSIXError(POSIXErrorCode(rawValue: code) ?? .EADDRINUSE)
+        }
+        // Stored only once bound: a class whose init throws after its properties are set runs
+        // `deinit`, which would close the descriptor a second time.
+        self.fd = fd
+        self.port = UInt16(bigEndian: address.sin_port)
+    }
+
+    deinit { close(fd) }
 }

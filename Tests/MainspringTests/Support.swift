@@ -1,3 +1,4 @@
+import CMainspringSystem
 import Foundation
 import Testing
 @testable import Mainspring
@@ -36,7 +37,8 @@ func startThread(_ body: @escaping @Sendable () -> Void) -> DispatchSemaphore {
     return done
 }
 
-/// A pipe whose ends close when the value is released (each end at most once).
+/// A pipe whose ends close when the value is released (each end at most once). Both ends are
+/// close-on-exec from the start: a child another test spawns meanwhile must not hold them open.
 final class Pipe: @unchecked Sendable {
     let readEnd: Int32
     let writeEnd: Int32
@@ -44,7 +46,7 @@ final class Pipe: @unchecked Sendable {
 
     init() {
         var fds: [Int32] = [0, 0]
-        precondition(pipe(&fds) == 0, "pipe failed")
+        precondition(ms_pipe2(&fds, O_CLOEXEC) == 0, "pipe2 failed: \(errno)")
         readEnd = fds[0]
         writeEnd = fds[1]
     }
@@ -72,6 +74,23 @@ final class Pipe: @unchecked Sendable {
         closeWrite()
         closeRead()
     }
+}
+
+/// Which file a descriptor names (`fstat`'s device and inode), or nil when it is not open.
+/// A closed number can be reused at any moment by a test running in parallel, so "is this
+/// number still open" proves nothing: compare identities instead.
+struct FileIdentity: Equatable, Sendable, CustomStringConvertible {
+    let device: UInt64
+    let inode: UInt64
+
+    init?(of fd: Int32) {
+        var st = stat()
+        guard fstat(fd, &st) == 0 else { return nil }
+        device = UInt64(st.st_dev)
+        inode = UInt64(st.st_ino)
+    }
+
+    var description: String { "\(device):\(inode)" }
 }
 
 /// A value shared between threads under a lock (Mainspring's TSan-visible `Protected`).
