@@ -359,9 +359,8 @@ struct UnitFileTests {
     func verify() async throws {
         let tool = try #require(analyze)
         // A copy whose ExecStart names the built daemon (verify checks that it exists).
-        let directory = URL(fileURLWithPath: NSTemporaryDirectory()).appendingPathComponent("mainspring-units-\(getpid())")
-        try? FileManager.default.removeItem(at: directory)
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let directory = URL(fileURLWithPath: uniqueTestPath("units"))
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: false)
         defer { try? FileManager.default.removeItem(at: directory) }
         let service = try unit("mainspring-daemon.service")
         let executable = "ExecStart=/usr/local/bin/mainspring-daemon "

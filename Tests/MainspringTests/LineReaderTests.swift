@@ -129,7 +129,7 @@ struct ReadLinesTests {
 
     @Test("readLines works on a regular file and on /dev/null")
     func regularFileAndDevNull() async throws {
-        let path = FileManager.default.temporaryDirectory.appendingPathComponent("mainspring-\(getpid())-lines").path
+        let path = uniqueTestPath("lines")
         _ = FileManager.default.createFile(atPath: path, contents: Data("one\ntwo".utf8))
         defer { unlink(path) }
         let events = try await onLoopThread { loop -> ([LineEvent], [LineEvent]) in

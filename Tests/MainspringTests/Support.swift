@@ -1,5 +1,6 @@
 import CMainspringSystem
 import Foundation
+import Synchronization
 import Testing
 @testable import Mainspring
 
@@ -74,6 +75,31 @@ final class Pipe: @unchecked Sendable {
         closeWrite()
         closeRead()
     }
+}
+
+/// A directory of this test process's own, made once with `mkdtemp` (`/tmp/ms-XXXXXX`: short,
+/// so unix socket paths under it fit `sun_path`'s 108 bytes) and removed when the process exits.
+/// Paths made of the PID alone are not unique: a PID is reused, and a crashed run leaves its
+/// files behind for the next one with the same PID.
+let testDirectory: String = {
+    var template = Array("/tmp/ms-XXXXXX".utf8CString)
+    guard let made = mkdtemp(&template) else { fatalError("mkdtemp failed: \(String(cString: strerror(errno)))") }
+    let path = String(cString: made)
+    atexit { try? FileManager.default.removeItem(atPath: testDirectory) }
+    return path
+}()
+
+private let testPathCounter = Atomic<Int>(0)
+
+/// A path in `testDirectory` that nothing has used yet: `<dir>/<n>-<name>`. Nothing is created.
+func uniqueTestPath(_ name: String) -> String {
+    "\(testDirectory)/\(testPathCounter.wrappingAdd(1, ordering: .relaxed).oldValue)-\(name)"
+}
+
+/// A name for the abstract unix socket namespace, which is shared by every process of the
+/// network namespace and has no directory to make it ours: the PID, a counter and a random part.
+func uniqueAbstractName(_ prefix: String) -> String {
+    "\(prefix)-\(getpid())-\(testPathCounter.wrappingAdd(1, ordering: .relaxed).oldValue)-\(String(UInt64.random(in: 0...UInt64.max), radix: 36))"
 }
 
 /// Which file a descriptor names (`fstat`'s device and inode), or nil when it is not open.

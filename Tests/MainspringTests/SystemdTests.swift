@@ -95,12 +95,14 @@ struct ServiceNotifierTests {
 
     @Test("nobody listening at the address: notify throws a system error naming the socket")
     func nobodyListening() throws {
-        let notifier = try ServiceNotifier(address: "/tmp/mainspring-test-nobody-\(getpid()).sock")
+        // A fresh path in the process's own directory: nothing there.
+        let path = uniqueTestPath("nobody.sock")
+        let notifier = try ServiceNotifier(address: path)
         #expect {
             try notifier.notify(.ready)
         } throws: { error in
             guard case EventLoopError.system(let function, let code) = error else { return false }
-            return function.contains("NOTIFY_SOCKET=/tmp/mainspring-test-nobody") && (code == ENOENT || code == ECONNREFUSED)
+            return function.contains("NOTIFY_SOCKET=\(path)") && code == ENOENT
         }
     }
 }
@@ -293,8 +295,7 @@ struct AdoptedListenerTests {
 
     @Test("a unix stream socket is adopted too; its address is its path")
     func adoptsUnixSocket() async throws {
-        let path = "/tmp/mainspring-test-adopt-\(getpid()).sock"
-        unlink(path)
+        let path = uniqueTestPath("adopt.sock")
         defer { unlink(path) }
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         var address = sockaddr_un()
@@ -507,7 +508,7 @@ struct WatchdogTests {
 
     @Test("a ping that cannot be sent is counted with its error; the watchdog keeps going")
     func failedPings() async throws {
-        let notifier = try ServiceNotifier(address: "/tmp/mainspring-test-gone-\(getpid()).sock")
+        let notifier = try ServiceNotifier(address: uniqueTestPath("gone.sock"))  // never made
         let watchdog = Watchdog(watching: [], notifier: notifier, interval: .milliseconds(20))
         defer { watchdog.stop() }
         let deadline = ContinuousClock.now + .seconds(30)

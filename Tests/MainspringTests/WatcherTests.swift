@@ -123,7 +123,7 @@ struct WatcherTests {
 
     @Test("a regular file is always ready: its watcher runs every turn until cancelled")
     func regularFile() async throws {
-        let path = FileManager.default.temporaryDirectory.appendingPathComponent("mainspring-\(getpid())-watch").path
+        let path = uniqueTestPath("watch")
         _ = FileManager.default.createFile(atPath: path, contents: Data("abc".utf8))
         defer { unlink(path) }
         let fd = open(path, O_RDONLY | O_CLOEXEC)
