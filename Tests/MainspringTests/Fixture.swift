@@ -241,7 +241,16 @@ final class ChildProcess: @unchecked Sendable {
         drained.enter()
         let stderrData = self.stderrData
         Thread.detachNewThread { [drained] in
-            stderrData.withLock { $0 = readToEnd(errors.read) }
+            // Chunk by chunk, so `stderrSoFar` shows what the child wrote while it runs.
+            var chunk = [UInt8](repeating: 0, count: 65_536)
+            while true {
+                let n = chunk.withUnsafeMutableBytes { read(errors.read, $0.baseAddress, $0.count) }
+                if n > 0 {
+                    stderrData.withLock { $0 += chunk[0..<n] }
+                } else if n == 0 || errno != EINTR {
+                    break
+                }
+            }
             close(errors.read)
             drained.leave()
         }
@@ -289,6 +298,24 @@ final class ChildProcess: @unchecked Sendable {
                 return takeLine()
             }
             if lineArrived.wait(timeout: deadline) == .timedOut { return takeLine() }
+        }
+    }
+
+    /// What the child has written to stderr so far (all of it once `waitForExit` returned).
+    var stderrSoFar: String { String(decoding: stderrData.value, as: UTF8.self) }
+
+    /// Waits up to `timeout` for `condition` on the stderr written so far, or for the child's
+    /// exit; returns whether the condition holds.
+    func waitForStderr(timeout: Duration = .seconds(30), _ condition: (String) -> Bool) -> Bool {
+        let deadline = ContinuousClock.now + timeout
+        while true {
+            if condition(stderrSoFar) { return true }
+            if hasExited {
+                drained.wait()  // once it has exited, the pipe ends: everything it wrote is in
+                return condition(stderrSoFar)
+            }
+            if ContinuousClock.now > deadline { return false }
+            usleep(5_000)
         }
     }
 
@@ -376,19 +403,6 @@ private func makePipe() throws -> (read: Int32, write: Int32) {
     // their dup2 copies).
     guard ms_pipe2(&fds, O_CLOEXEC) == 0 else { throw FixtureLaunchError.spawnFailed("pipe2", errno: errno) }
     return (fds[0], fds[1])
-}
-
-private func readToEnd(_ fd: Int32) -> [UInt8] {
-    var data: [UInt8] = []
-    var buffer = [UInt8](repeating: 0, count: 65_536)
-    while true {
-        let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-        if n > 0 {
-            data += buffer[0..<n]
-        } else if n == 0 || errno != EINTR {
-            return data
-        }
-    }
 }
 
 private func writeFully(_ fd: Int32, _ bytes: [UInt8]) {
