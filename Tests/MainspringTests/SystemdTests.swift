@@ -492,17 +492,26 @@ struct WatchdogTests {
         let fake = try FakeNotifySocket()
         let late = try EventLoop()
         let changes = Locked<[Watchdog.Health]>([])
+        // A 2 s interval: the loop's grace to start, and pings every second. The loop is started
+        // only once the first ping is in (the first check comes at once, and let the loop off
+        // for not running yet); a thread starting and running a loop fits in the rest of the
+        // grace even on a loaded machine.
+        let created = ContinuousClock.now
         let watchdog = Watchdog(watching: [late], notifier: try ServiceNotifier(address: fake.address),
-                                interval: .milliseconds(400)) { health in changes.withLock { $0.append(health) } }
+                                interval: .seconds(2)) { health in changes.withLock { $0.append(health) } }
         defer { watchdog.stop() }
-        let running = Thread {
-            usleep(50_000)
-            try? late.run()
-        }
+        let pings = { fake.messages.filter { $0.text == "WATCHDOG=1" }.count }
+        try #require(fake.waitFor { $0.text == "WATCHDOG=1" } != nil, "no first ping: \(watchdog.counters)")
+        #expect(late.activity == .notRunning, "checked before the loop ran")
+        let running = Thread { try? late.run() }
         running.start()
         defer { late.stop() }
-        #expect(fake.waitFor { _ in fake.messages.count >= 6 } != nil, "\(watchdog.counters)")
-        #expect(changes.value.isEmpty, "\(changes.value)")
+        let deadline = ContinuousClock.now + .seconds(30)
+        while late.activity == .notRunning && ContinuousClock.now < deadline { usleep(1_000) }
+        let startedAfter = ContinuousClock.now - created
+        // Two more checks at least, the last one past the start grace (checks at 0, 1, 2, 3 s).
+        #expect(fake.waitFor(timeout: .seconds(30)) { _ in pings() >= 4 } != nil, "\(watchdog.counters)")
+        #expect(changes.value.isEmpty, "\(changes.value); the loop ran \(startedAfter) after the watchdog started")
         #expect(watchdog.counters.pingsWithheld == 0 && watchdog.health == .healthy)
     }
 
