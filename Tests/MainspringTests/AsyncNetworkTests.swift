@@ -86,7 +86,7 @@ struct ConnectionQueueTests {
         let group = try EventLoopGroup(loopCount: 1)
         let loop = group.loops[0]
         var fds: [Int32] = [0, 0]
-        try #require(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &fds) == 0)
+        try #require(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &fds) == 0)
         let (mine, peer) = (fds[0], fds[1])
         let connection = try await loop.submit {
             Connection(source: try ConnectionSource(loop: loop, fd: mine, peer: "test", options: .init()))
@@ -353,8 +353,13 @@ struct AsyncServerTests {
             connection.close()
         }
         let client = try TestClient(port: listener.port)
-        while !waiting.load(ordering: .acquiring) { usleep(1_000) }
-        usleep(20_000)  // the handler is suspended in `lines`
+        let deadline = ContinuousClock.now + .seconds(30)
+        while !waiting.load(ordering: .acquiring) && ContinuousClock.now < deadline { usleep(1_000) }
+        let handlerStarted = waiting.load(ordering: .acquiring)
+        try #require(handlerStarted, "the handler never started")
+        // Posted after the handler's job set `waiting`: it runs once that job has ended, with the
+        // handler suspended in `lines`.
+        try await loop.submit {}
         // While the loop is busy, queue posted work, then let the line arrive behind it.
         let busy = DispatchSemaphore(value: 0)
         loop.execute { busy.wait() }
@@ -436,25 +441,36 @@ struct AsyncServerTests {
         #expect(!client.isOpen)
         await #expect(throws: Connection.CloseReason.closed) { try await client.send(line: "late") }
 
-        // Nobody listens on a closed port.
-        let port = listener.port
         listener.close()
         try await server.value
-        await #expect(throws: EventLoopError.self) {
-            _ = try await Connection.connect(to: "127.0.0.1", port: port, on: group.loops[1])
+        // A port bound for the whole test and never listened on: the connect is refused.
+        let refusing = try RefusingPort()
+        do {
+            let stranger = try await Connection.connect(to: "127.0.0.1", port: refusing.port, on: group.loops[1])
+            Issue.record("a connect to a port nobody listens on succeeded")
+            stranger.close()
+        } catch {
+            guard case .system(_, let code) = error else {
+                Issue.record("a refused connect threw \(error), not .system(errno: ECONNREFUSED)")
+                throw error
+            }
+            #expect(code == ECONNREFUSED, "errno \(code)")
         }
+        withExtendedLifetime(refusing) {}
         await group.shutdown(gracePeriod: .seconds(5))
     }
 
     @Test("group shutdown with async handlers in flight: they finish within the grace period; after it they are cancelled and counted")
     func shutdownWithHandlersInFlight() async throws {
-        // In flight, finishing in time: each handler waits 100 ms on its loop's timer, replies, closes.
+        // In flight, finishing in time: each handler waits 300 ms on its loop's timer, replies, closes.
         let group = try EventLoopGroup(loopCount: 2)
+        let sleeping = Counter()
         let (listener, server) = try await startAsyncServer(group: group) { connection in
             do {
                 for try await event in connection.lines {
                     guard case .line(let text) = event else { continue }
-                    try await connection.loop.sleep(for: .milliseconds(100))
+                    sleeping.increment()
+                    try await connection.loop.sleep(for: .milliseconds(300))
                     try await connection.send(line: "late \(text)")
                     break
                 }
@@ -465,7 +481,13 @@ struct AsyncServerTests {
         }
         let clients = try (0..<4).map { _ in try TestClient(port: listener.port) }
         for (index, client) in clients.enumerated() { client.send("\(index)\n") }
-        usleep(20_000)
+        // Every connection accepted and every handler at its sleep: then the shutdown comes.
+        let deadline = ContinuousClock.now + .seconds(30)
+        while (listener.acceptedCount < clients.count || sleeping.count < clients.count) && ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(1))
+        }
+        #expect(listener.acceptedCount == clients.count && sleeping.count == clients.count,
+                "accepted \(listener.acceptedCount), sleeping \(sleeping.count) of \(clients.count)")
         listener.close()
         let report = await group.shutdown(gracePeriod: .seconds(5))
         #expect(!report.timedOut && report.closedSources == 0 && report.stuckLoops == 0 && report.cancelledTasks == 0,
@@ -481,16 +503,24 @@ struct AsyncServerTests {
         // In flight past the grace period: handlers waiting for input that never comes.
         let stuck = try EventLoopGroup(loopCount: 2)
         let outcomes = Locked<[Connection.CloseReason]>([])
+        let waiting = Counter()
         let (stuckListener, stuckServer) = try await startAsyncServer(group: stuck) { connection in
             do throws(Connection.CloseReason) {
+                waiting.increment()
                 for try await _ in connection.lines {}
             } catch {
                 outcomes.withLock { $0.append(error) }
             }
         }
         let idle = try (0..<6).map { _ in try TestClient(port: stuckListener.port) }
-        while stuckListener.acceptedCount < idle.count { usleep(1_000) }
-        usleep(50_000)  // every handler is suspended in `lines`
+        let stuckDeadline = ContinuousClock.now + .seconds(30)
+        while (stuckListener.acceptedCount < idle.count || waiting.count < idle.count) && ContinuousClock.now < stuckDeadline {
+            try await Task.sleep(for: .milliseconds(1))
+        }
+        #expect(stuckListener.acceptedCount == idle.count && waiting.count == idle.count,
+                "accepted \(stuckListener.acceptedCount), started \(waiting.count) of \(idle.count)")
+        // Posted after every handler's first job: each loop runs it once they are suspended in `lines`.
+        for loop in stuck.loops { try await loop.submit {} }
         stuckListener.close()
         let start = ContinuousClock.now
         let forced = await stuck.shutdown(gracePeriod: .milliseconds(200))

@@ -56,6 +56,37 @@ private func connect(to port: UInt16, within timeout: Duration = .seconds(20)) t
     }
 }
 
+/// Starts systemd-socket-activate listening on 127.0.0.1 at `count` ports of `subprocessPorts`
+/// (outside the ephemeral range: nobody is given them by a port-0 bind or a connect), then
+/// `arguments(ports)` (its other options, the program and the program's arguments); returns
+/// once it says it listens on every one. A port another explicit pick took between our check
+/// and its bind makes it exit with "Address already in use": then again with new ports, up to
+/// five attempts.
+private func startActivator(_ tool: String, ports count: Int, _ arguments: ([UInt16]) throws -> [String])
+    throws -> (ChildProcess, [UInt16])
+{
+    var failures: [String] = []
+    for _ in 1...5 {
+        let ports = try subprocessPorts(count)
+        let activator = try startProgram(tool, arguments: ports.flatMap { ["-l", "127.0.0.1:\($0)"] } + (try arguments(ports)))
+        if activator.waitForStderr(timeout: .seconds(30), { text in
+            ports.allSatisfy { text.contains("Listening on 127.0.0.1:\($0) as ") }
+        }) {
+            return (activator, ports)
+        }
+        if !activator.hasExited { activator.send(SIGKILL) }
+        let result = activator.waitForExit(timeout: .seconds(30))
+        failures.append("ports \(ports): \(result.summary)")
+        guard result.stderr.contains("Address already in use") else { break }
+    }
+    throw ActivatorFailure(attempts: failures)
+}
+
+private struct ActivatorFailure: Error, CustomStringConvertible {
+    let attempts: [String]
+    var description: String { "systemd-socket-activate never listened: \(attempts.joined(separator: " | "))" }
+}
+
 /// Runs `script` with /bin/sh, the daemon's path as `$0` and `arguments` as `$@`: for setting
 /// up descriptors and `LISTEN_PID=$$` (the shell's pid, which `exec` keeps) before `exec "$0"`.
 private func startDaemonThroughShell(_ script: String, arguments: [String], environment: [String: String] = [:])
@@ -108,8 +139,11 @@ struct DaemonSystemdTests {
 
         // SIGTERM during a request that takes 800 ms: STOPPING=1, the reply, then a clean exit.
         // The idle loop is done draining long before the busy one.
+        // SIGTERM once the daemon has the request: a periodic STATUS= counts it (the ECHO was 1).
+        let beforeSleep = fake.messages.count
         client.send("SLEEP 800\n")
-        usleep(100_000)
+        let sleeping = fake.waitFor(after: beforeSleep) { $0.value(of: "STATUS")?.contains("requests=2 ") == true }
+        #expect(sleeping != nil, "no STATUS= with the SLEEP counted: \(fake.messages.suffix(5))")
         daemon.send(SIGTERM)
         #expect(client.readLine() == "SLEPT 800")
         let result = daemon.waitForExit(timeout: .seconds(60))
@@ -213,30 +247,23 @@ struct DaemonSystemdTests {
     func socketActivation() async throws {
         let tool = try #require(socketActivate)
         let fake = try FakeNotifySocket()
-        for attempt in 1...3 {
-            let port = try freePort()
-            let activator = try startProgram(tool, arguments: ["-l", "127.0.0.1:\(port)", "-E", "NOTIFY_SOCKET=\(fake.address)"]
-                                                  + sanitizerSettings + [try daemonPath(), "--loops", "1"])
-            // systemd-socket-activate listens, and execs the daemon (same pid) at the first connection.
-            guard let client = try? connect(to: port) else {
-                let result = activator.waitForExit(timeout: .seconds(5))
-                if attempt < 3 && result.stderr.contains("in use") { continue }
-                Issue.record("cannot connect to systemd-socket-activate on \(port): \(result.summary)")
-                return
-            }
-            client.send("ECHO activated\n")
-            #expect(client.readLine() == "activated")
-            let banner = activator.readLine(timeout: .seconds(30))
-            #expect(banner == "listening on 127.0.0.1:\(port) (socket activation: descriptor 3) with 1 loop(s)")
-            let ready = fake.waitFor { $0.contains("READY=1") }
-            #expect(ready?.value(of: "STATUS")?.hasPrefix("serving 127.0.0.1:\(port)") == true, "\(fake.messages)")
-            activator.send(SIGTERM)
-            let result = activator.waitForExit(timeout: .seconds(60))
-            #expect(result.status == 0, "\(result.summary)")
-            #expect(result.stderr.contains("Execing "), "\(result.stderr)")
-            #expect(fake.waitFor(timeout: .seconds(5)) { $0.contains("STOPPING=1") } != nil)
-            return
+        let (activator, ports) = try startActivator(tool, ports: 1) { _ in
+            ["-E", "NOTIFY_SOCKET=\(fake.address)"] + sanitizerSettings + [try daemonPath(), "--loops", "1"]
         }
+        let port = ports[0]
+        // systemd-socket-activate listens, and execs the daemon (same pid) at the first connection.
+        let client = try connect(to: port)
+        client.send("ECHO activated\n")
+        #expect(client.readLine() == "activated")
+        let banner = activator.readLine(timeout: .seconds(30))
+        #expect(banner == "listening on 127.0.0.1:\(port) (socket activation: descriptor 3) with 1 loop(s)")
+        let ready = fake.waitFor { $0.contains("READY=1") }
+        #expect(ready?.value(of: "STATUS")?.hasPrefix("serving 127.0.0.1:\(port)") == true, "\(fake.messages)")
+        activator.send(SIGTERM)
+        let result = activator.waitForExit(timeout: .seconds(60))
+        #expect(result.status == 0, "\(result.summary)")
+        #expect(result.stderr.contains("Execing "), "\(result.stderr)")
+        #expect(fake.waitFor(timeout: .seconds(5)) { $0.contains("STOPPING=1") } != nil)
     }
 
     @Test("systemd-socket-activate --fdname: the daemon serves on the socket named by --socket-name; an unknown name is exit status 78",
@@ -244,10 +271,10 @@ struct DaemonSystemdTests {
     func namedSockets() async throws {
         let tool = try #require(socketActivate)
         for socketName in ["line", "nope"] {
-            let (first, second) = (try freePort(), try freePort())
-            let activator = try startProgram(tool, arguments: ["-l", "127.0.0.1:\(first)", "-l", "127.0.0.1:\(second)",
-                                                               "--fdname=other:line"] + sanitizerSettings
-                                                  + [try daemonPath(), "--loops", "1", "--socket-name", socketName])
+            let (activator, ports) = try startActivator(tool, ports: 2) { _ in
+                ["--fdname=other:line"] + sanitizerSettings + [try daemonPath(), "--loops", "1", "--socket-name", socketName]
+            }
+            let second = ports[1]
             let client = try connect(to: second)
             if socketName == "nope" {
                 let result = activator.waitForExit(timeout: .seconds(60))
@@ -272,10 +299,11 @@ struct DaemonSystemdTests {
     func readmeExample() async throws {
         let tool = try #require(socketActivate)
         let fake = try FakeNotifySocket()
-        let port = try freePort()
-        let example = try startProgram(tool, arguments: [
-            "-l", "127.0.0.1:\(port)", "--fdname=line", "-E", "NOTIFY_SOCKET=\(fake.address)", "-E", "WATCHDOG_USEC=200000",
-        ] + sanitizerSettings + [try executableURL("mainspring-fixture").path, "readme-systemd"])
+        let (example, ports) = try startActivator(tool, ports: 1) { _ in
+            ["--fdname=line", "-E", "NOTIFY_SOCKET=\(fake.address)", "-E", "WATCHDOG_USEC=200000"]
+                + sanitizerSettings + [try executableURL("mainspring-fixture").path, "readme-systemd"]
+        }
+        let port = ports[0]
         let client = try connect(to: port)
         client.send("ECHO from the README\n")
         #expect(client.readLine() == "ECHO from the README")
@@ -359,9 +387,8 @@ struct UnitFileTests {
     func verify() async throws {
         let tool = try #require(analyze)
         // A copy whose ExecStart names the built daemon (verify checks that it exists).
-        let directory = URL(fileURLWithPath: NSTemporaryDirectory()).appendingPathComponent("mainspring-units-\(getpid())")
-        try? FileManager.default.removeItem(at: directory)
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let directory = URL(fileURLWithPath: uniqueTestPath("units"))
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: false)
         defer { try? FileManager.default.removeItem(at: directory) }
         let service = try unit("mainspring-daemon.service")
         let executable = "ExecStart=/usr/local/bin/mainspring-daemon "

@@ -158,10 +158,19 @@ struct DaemonTests {
         let client = try TestClient(port: port)
         client.send("ECHO before\n")
         #expect(client.readLine() == "before")
-        client.send("WORK 400\n")
-        usleep(50_000)  // the job is running on the loop's feeder
+        client.send("WORK 4000\n")  // long enough (about 200 ms) for the SIGTERM to come during it
+        // SIGTERM once the daemon has the job: STATS on a second connection counts it.
+        let observer = try TestClient(port: port)
+        let deadline = ContinuousClock.now + .seconds(30)
+        var stats = ""
+        while !stats.contains(" work_jobs=1 ") && ContinuousClock.now < deadline {
+            observer.send("STATS\n")
+            stats = observer.readLine() ?? ""
+        }
+        #expect(stats.contains(" work_jobs=1 "), "the daemon never counted the WORK job: \(stats)")
+        withExtendedLifetime(observer) {}
         daemon.send(SIGTERM)
-        #expect(client.readLine() == "DONE 400 \(WorkUnit.checksum(chunks: 400))")
+        #expect(client.readLine() == "DONE 4000 \(WorkUnit.checksum(chunks: 4_000))")
         #expect(client.readLine() == nil, "the connection closes after the last reply")
         let result = daemon.waitForExit(timeout: .seconds(60))
         #expect(result.status == 0 && !result.crashedBySignal, "\(result.summary)")

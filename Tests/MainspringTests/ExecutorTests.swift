@@ -191,10 +191,14 @@ struct TaskExecutorTests {
         let group = try EventLoopGroup(loopCount: 1)
         let loop = group.loops[0]
         let released = DispatchSemaphore(value: 0)
+        let suspending = DispatchSemaphore(value: 0)
         let task = Task(executorPreference: loop) { () -> (Bool, Bool) in
             let before = loop.isCurrent
             // Waits on another thread while the group shuts down.
             await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                // Still in the task's job on the loop: the shutdown below, which the loop can
+                // only act on once this job has ended, finds the task suspended.
+                suspending.signal()
                 DispatchQueue.global().async {
                     released.wait()
                     continuation.resume()
@@ -202,7 +206,13 @@ struct TaskExecutorTests {
             }
             return (before, loop.isCurrent)
         }
-        try await Task.sleep(for: .milliseconds(20))
+        guard suspending.wait(timeout: .now() + 30) == .success else {
+            released.signal()
+            Issue.record("the task never started")
+            _ = await task.value
+            await group.shutdown(gracePeriod: .seconds(5))
+            return
+        }
         let report = await group.shutdown(gracePeriod: .zero)
         #expect(report.stuckLoops == 0)
         released.signal()

@@ -1,3 +1,4 @@
+import CMainspringSystem
 import Foundation
 
 #if canImport(Glibc)
@@ -157,7 +158,10 @@ final class ChildProcess: @unchecked Sendable {
                      environment: [String: String]?) throws
     {
         // posix_spawn rather than Foundation.Process: no global SIGCHLD machinery in the test
-        // process, and nothing left behind for LeakSanitizer.
+        // process, and nothing left behind for LeakSanitizer. The child gets only its three
+        // standard descriptors: a closefrom(3) action after the dup2s below (see
+        // `addCloseFrom`); where that is missing, at least every descriptor open now is marked
+        // close-on-exec (one another thread opens in between would still leak).
         markDescriptorsCloseOnExec()
         let output = try makePipe()
         let errors = try makePipe()
@@ -172,6 +176,17 @@ final class ChildProcess: @unchecked Sendable {
         }
         posix_spawn_file_actions_adddup2(&actions, output.write, 1)
         posix_spawn_file_actions_adddup2(&actions, errors.write, 2)
+        // After the dup2s (file actions run in order): everything from 3 on is closed in the child,
+        // whatever other tests running in parallel opened meanwhile, with or without close-on-exec.
+        // A descriptor leaked into a child keeps its file open after the test closed it: a pipe's
+        // reader never sees end of file, a test of the descriptor limit frees nothing.
+        if let addCloseFrom {
+            let rc = addCloseFrom(&actions, 3)
+            guard rc == 0 else {
+                for fd in [output.read, output.write, errors.read, errors.write, input.read, input.write] { close(fd) }
+                throw FixtureLaunchError.spawnFailed("posix_spawn_file_actions_addclosefrom_np", errno: rc)
+            }
+        }
         // The child starts with no blocked signals and default handlers, whatever the test thread
         // (a Dispatch worker blocks most signals) had.
         var attributes = posix_spawnattr_t()
@@ -226,7 +241,16 @@ final class ChildProcess: @unchecked Sendable {
         drained.enter()
         let stderrData = self.stderrData
         Thread.detachNewThread { [drained] in
-            stderrData.withLock { $0 = readToEnd(errors.read) }
+            // Chunk by chunk, so `stderrSoFar` shows what the child wrote while it runs.
+            var chunk = [UInt8](repeating: 0, count: 65_536)
+            while true {
+                let n = chunk.withUnsafeMutableBytes { read(errors.read, $0.baseAddress, $0.count) }
+                if n > 0 {
+                    stderrData.withLock { $0 += chunk[0..<n] }
+                } else if n == 0 || errno != EINTR {
+                    break
+                }
+            }
             close(errors.read)
             drained.leave()
         }
@@ -274,6 +298,24 @@ final class ChildProcess: @unchecked Sendable {
                 return takeLine()
             }
             if lineArrived.wait(timeout: deadline) == .timedOut { return takeLine() }
+        }
+    }
+
+    /// What the child has written to stderr so far (all of it once `waitForExit` returned).
+    var stderrSoFar: String { String(decoding: stderrData.value, as: UTF8.self) }
+
+    /// Waits up to `timeout` for `condition` on the stderr written so far, or for the child's
+    /// exit; returns whether the condition holds.
+    func waitForStderr(timeout: Duration = .seconds(30), _ condition: (String) -> Bool) -> Bool {
+        let deadline = ContinuousClock.now + timeout
+        while true {
+            if condition(stderrSoFar) { return true }
+            if hasExited {
+                drained.wait()  // once it has exited, the pipe ends: everything it wrote is in
+                return condition(stderrSoFar)
+            }
+            if ContinuousClock.now > deadline { return false }
+            usleep(5_000)
         }
     }
 
@@ -333,9 +375,19 @@ private func runBlocking(_ url: URL, _ arguments: [String], _ stdin: [UInt8]?, _
         .waitForExit(timeout: timeout)
 }
 
+/// glibc's `posix_spawn_file_actions_addclosefrom_np` (2.34 on), looked up at run time: Swift's
+/// Glibc module does not declare it (glibc does only under `_GNU_SOURCE`). Nil where missing.
+private let addCloseFrom: (@convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32)? = {
+    // nil is glibc's RTLD_DEFAULT: the global symbol, from libc.
+    guard let symbol = dlsym(nil, "posix_spawn_file_actions_addclosefrom_np") else { return nil }
+    return unsafeBitCast(symbol, to: (@convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32).self)
+}()
+
 /// Sets close-on-exec on every descriptor of the test process, so a child gets only its three
 /// standard ones: descriptors that other tests (running in parallel) opened without the flag
-/// would otherwise leak into it — and count against a child's descriptor limit.
+/// would otherwise leak into it — and count against a child's descriptor limit. The fallback
+/// where the closefrom spawn action is missing: a descriptor opened by another thread after
+/// the scan still leaks (which is why the tests' own helpers open theirs close-on-exec).
 private func markDescriptorsCloseOnExec() {
     guard let names = try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd") else { return }
     for name in names {
@@ -347,23 +399,10 @@ private func markDescriptorsCloseOnExec() {
 
 private func makePipe() throws -> (read: Int32, write: Int32) {
     var fds: [Int32] = [0, 0]
-    guard pipe(&fds) == 0 else { throw FixtureLaunchError.spawnFailed("pipe", errno: errno) }
-    // Close-on-exec, so other children never hold these ends (ours get only their dup2 copies).
-    for fd in fds { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
+    // Close-on-exec from the start, so other children never hold these ends (ours get only
+    // their dup2 copies).
+    guard ms_pipe2(&fds, O_CLOEXEC) == 0 else { throw FixtureLaunchError.spawnFailed("pipe2", errno: errno) }
     return (fds[0], fds[1])
-}
-
-private func readToEnd(_ fd: Int32) -> [UInt8] {
-    var data: [UInt8] = []
-    var buffer = [UInt8](repeating: 0, count: 65_536)
-    while true {
-        let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-        if n > 0 {
-            data += buffer[0..<n]
-        } else if n == 0 || errno != EINTR {
-            return data
-        }
-    }
 }
 
 private func writeFully(_ fd: Int32, _ bytes: [UInt8]) {

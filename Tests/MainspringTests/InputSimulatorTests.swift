@@ -6,29 +6,33 @@ import Testing
 struct InputSimulatorTests {
     @Test("steady: every record written is handled once, as .input, with its latency measured")
     func steadyCounts() async throws {
-        let (sent, received, latencies, sequence, inputCallbacks, elapsed) = try await onLoopThread {
-            loop -> (Int, Int, LatencyHistogram, [Int], Int, Duration) in
-            nonisolated(unsafe) var sequence: [Int] = []
-            let before = loop.metrics.callbacks[.input] ?? 0
-            let input = try InputSimulator(loop: loop, pattern: .steady(every: .milliseconds(1)), count: 100) {
-                sequence.append($0.sequence)
+        try await inSomeAttempt {
+            let (sent, received, latencies, sequence, inputCallbacks, elapsed) = try await onLoopThread {
+                loop -> (Int, Int, LatencyHistogram, [Int], Int, Duration) in
+                nonisolated(unsafe) var sequence: [Int] = []
+                let before = loop.metrics.callbacks[.input] ?? 0
+                let input = try InputSimulator(loop: loop, pattern: .steady(every: .milliseconds(1)), count: 100) {
+                    sequence.append($0.sequence)
+                }
+                let start = ContinuousClock.now
+                input.start()
+                let finished = loop.spin(until: { input.isFinished }, timeout: .seconds(20))
+                #expect(finished)
+                return (input.sent, input.received, input.latencies, sequence,
+                        (loop.metrics.callbacks[.input] ?? 0) - before, ContinuousClock.now - start)
             }
-            let start = ContinuousClock.now
-            input.start()
-            let finished = loop.spin(until: { input.isFinished }, timeout: .seconds(20))
-            #expect(finished)
-            return (input.sent, input.received, input.latencies, sequence,
-                    (loop.metrics.callbacks[.input] ?? 0) - before, ContinuousClock.now - start)
+            #expect(sent == 100)
+            #expect(received == 100)
+            #expect(latencies.count == 100)
+            #expect(sequence == Array(0..<100))
+            #expect(inputCallbacks >= 1)
+            // A 1 ms grid of 100 records takes about 100 ms (generous for a loaded machine).
+            #expect(elapsed >= .milliseconds(99) && elapsed < .seconds(10))
+            // An idle loop handles input quickly (generous bound), on an undisturbed run: the
+            // latency is wall-clock time, which a descheduled loop or writer thread stretches.
+            let median = latencies.percentile(0.5)
+            return median < .milliseconds(20) ? nil : "median latency \(median)"
         }
-        #expect(sent == 100)
-        #expect(received == 100)
-        #expect(latencies.count == 100)
-        #expect(sequence == Array(0..<100))
-        #expect(inputCallbacks >= 1)
-        // A 1 ms grid of 100 records takes about 100 ms (generous for a loaded machine).
-        #expect(elapsed >= .milliseconds(99) && elapsed < .seconds(10))
-        // An idle loop handles input quickly (generous bound).
-        #expect(latencies.percentile(0.5) < .milliseconds(20))
     }
 
     @Test("burst: records arrive in groups; the handling cost adds up inside one read")

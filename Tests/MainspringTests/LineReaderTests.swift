@@ -129,12 +129,12 @@ struct ReadLinesTests {
 
     @Test("readLines works on a regular file and on /dev/null")
     func regularFileAndDevNull() async throws {
-        let path = FileManager.default.temporaryDirectory.appendingPathComponent("mainspring-\(getpid())-lines").path
+        let path = uniqueTestPath("lines")
         _ = FileManager.default.createFile(atPath: path, contents: Data("one\ntwo".utf8))
         defer { unlink(path) }
         let events = try await onLoopThread { loop -> ([LineEvent], [LineEvent]) in
-            let file = open(path, O_RDONLY)
-            let null = open("/dev/null", O_RDONLY)
+            let file = open(path, O_RDONLY | O_CLOEXEC)
+            let null = open("/dev/null", O_RDONLY | O_CLOEXEC)
             defer { close(file); close(null) }
             nonisolated(unsafe) var fromFile: [LineEvent] = []
             nonisolated(unsafe) var fromNull: [LineEvent] = []

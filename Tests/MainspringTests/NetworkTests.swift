@@ -144,7 +144,11 @@ struct NetworkTests {
         let elapsed = ContinuousClock.now - start
         #expect(elapsed >= .milliseconds(90))
         #expect(elapsed < .seconds(5))
-        usleep(50_000)
+        // The client sees the close before the server's onClose has run: wait for it, then let
+        // the loop run once more so that a second report would be seen too.
+        let deadline = ContinuousClock.now + .seconds(10)
+        while reasons.value.isEmpty && ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(1)) }
+        try await group.loops[0].submit {}
         #expect(reasons.value == [.idleTimeout])
         await group.shutdown(gracePeriod: .zero)
     }
@@ -185,10 +189,10 @@ struct NetworkTests {
     @Test("connect to a closed port reports .error(ECONNREFUSED) once; bad addresses throw")
     func connectErrors() async throws {
         let (reasons, writesIgnored) = try await onLoopThread { loop -> ([Connection.CloseReason], Bool) in
-            // Find a port nobody listens on: bind one, then close it.
-            let probe = try Listener(on: loop) { _ in }
-            let port = probe.port
-            probe.close()
+            // A port bound for the whole test and never listened on: refused, and nobody else's.
+            let refusing = try RefusingPort()
+            let port = refusing.port
+            defer { withExtendedLifetime(refusing) {} }
             nonisolated(unsafe) var reasons: [Connection.CloseReason] = []
             let connection = try Connection.connect(to: "127.0.0.1", port: port, on: loop)
             connection.write("hello\n")

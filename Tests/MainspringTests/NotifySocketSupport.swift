@@ -6,7 +6,7 @@ import Glibc
 #endif
 
 /// A stand-in for systemd's notification socket: a unix datagram socket, bound to a path in
-/// /tmp or to an abstract name, whose address goes into `$NOTIFY_SOCKET`. A thread receives
+/// the test process's own directory (`uniqueTestPath`) or to an abstract name with a random part, whose address goes into `$NOTIFY_SOCKET`. A thread receives
 /// every datagram and stamps it with `CLOCK_MONOTONIC` (the clock every process shares), so
 /// tests can compare arrival times with stamps a child process reports.
 final class FakeNotifySocket: @unchecked Sendable {
@@ -28,7 +28,6 @@ final class FakeNotifySocket: @unchecked Sendable {
     private let fd: Int32
     private let path: String?
     private let shared = Shared()
-    private static let counter = Atomic<Int>(0)
 
     /// What the receiving thread shares with the socket's owner.
     private final class Shared: Sendable {
@@ -39,18 +38,17 @@ final class FakeNotifySocket: @unchecked Sendable {
     }
 
     init(abstract: Bool = false) throws {
-        let name = "mainspring-test-notify-\(getpid())-\(Self.counter.wrappingAdd(1, ordering: .relaxed).oldValue)"
         let socketFD = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard socketFD >= 0 else { throw POSIXError(.EMFILE) }
         var bytes: [UInt8]
         if abstract {
+            let name = uniqueAbstractName("mainspring-test-notify")
             address = "@" + name
             path = nil
             bytes = [0] + Array(name.utf8)
         } else {
-            address = "/tmp/\(name).sock"
+            address = uniqueTestPath("notify.sock")
             path = address
-            unlink(address)
             bytes = Array(address.utf8) + [0]
         }
         var storage = sockaddr_un()

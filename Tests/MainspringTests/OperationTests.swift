@@ -253,7 +253,8 @@ struct OperationTests {
             let elapsed = ContinuousClock.now - start
             // finish() only once the queue has started it (finishing an operation that was not
             // started is a precondition failure, which would end the whole test run).
-            loop.spin(until: { started.count == 1 }, timeout: .seconds(30))
+            // Required: without the start, finish() below would trap.
+            try #require(loop.spin(until: { started.count == 1 }, timeout: .seconds(30)), "the queue started the operation")
             loop.schedule(after: .milliseconds(20)) { stuck.finish() }
             let second = queue.waitUntilAllOperationsAreFinished(spinning: loop, timeout: .seconds(20))
             let empty = OperationQueue().waitUntilAllOperationsAreFinished(spinning: loop, timeout: .zero)
@@ -309,7 +310,8 @@ struct OperationTests {
         let dependent = BlockOperation { dependentRan.increment() }
         dependent.addDependency(operation)
         queue.addOperations([operation, dependent], waitUntilFinished: false)
-        #expect(started.wait(timeout: .now() + 10) == .success)
+        // Required: finish() on an operation the queue has not started would trap.
+        try #require(started.wait(timeout: .now() + 30) == .success, "the queue started the operation")
         operation.cancel()
         #expect(operation.isCancelled)
         #expect(operation.isExecuting, "still executing: only the subclass knows how to stop its work")
@@ -470,7 +472,8 @@ struct OperationTests {
             usleep(20_000)
             input.write("hello\n")
         }
-        #expect(idle.started.wait(timeout: .now() + 10) == .success)
+        // Required: finish() on an operation the queue has not started would trap.
+        try #require(idle.started.wait(timeout: .now() + 30) == .success, "the idle operation started")
         #expect(!idle.isFinished)
         idle.finish()  // from this thread, not the worker's
         let waited = startThread { queue.waitUntilAllOperationsAreFinished() }
@@ -500,7 +503,7 @@ struct OperationTests {
         let operation = Long()
         let queue = OperationQueue()
         queue.addOperation(operation)
-        #expect(operation.started.wait(timeout: .now() + 10) == .success)
+        try #require(operation.started.wait(timeout: .now() + 30) == .success, "the queue started the operation")
         let start = ContinuousClock.now
         operation.cancel()
         let waited = startThread { operation.waitUntilFinished() }

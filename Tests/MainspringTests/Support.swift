@@ -1,4 +1,6 @@
+import CMainspringSystem
 import Foundation
+import Synchronization
 import Testing
 @testable import Mainspring
 
@@ -36,7 +38,8 @@ func startThread(_ body: @escaping @Sendable () -> Void) -> DispatchSemaphore {
     return done
 }
 
-/// A pipe whose ends close when the value is released (each end at most once).
+/// A pipe whose ends close when the value is released (each end at most once). Both ends are
+/// close-on-exec from the start: a child another test spawns meanwhile must not hold them open.
 final class Pipe: @unchecked Sendable {
     let readEnd: Int32
     let writeEnd: Int32
@@ -44,7 +47,7 @@ final class Pipe: @unchecked Sendable {
 
     init() {
         var fds: [Int32] = [0, 0]
-        precondition(pipe(&fds) == 0, "pipe failed")
+        precondition(ms_pipe2(&fds, O_CLOEXEC) == 0, "pipe2 failed: \(errno)")
         readEnd = fds[0]
         writeEnd = fds[1]
     }
@@ -74,12 +77,74 @@ final class Pipe: @unchecked Sendable {
     }
 }
 
+/// A directory of this test process's own, made once with `mkdtemp` (`/tmp/ms-XXXXXX`: short,
+/// so unix socket paths under it fit `sun_path`'s 108 bytes) and removed when the process exits.
+/// Paths made of the PID alone are not unique: a PID is reused, and a crashed run leaves its
+/// files behind for the next one with the same PID.
+let testDirectory: String = {
+    var template = Array("/tmp/ms-XXXXXX".utf8CString)
+    guard let made = mkdtemp(&template) else { fatalError("mkdtemp failed: \(String(cString: strerror(errno)))") }
+    let path = String(cString: made)
+    atexit { try? FileManager.default.removeItem(atPath: testDirectory) }
+    return path
+}()
+
+private let testPathCounter = Atomic<Int>(0)
+
+/// A path in `testDirectory` that nothing has used yet: `<dir>/<n>-<name>`. Nothing is created.
+func uniqueTestPath(_ name: String) -> String {
+    "\(testDirectory)/\(testPathCounter.wrappingAdd(1, ordering: .relaxed).oldValue)-\(name)"
+}
+
+/// A name for the abstract unix socket namespace, which is shared by every process of the
+/// network namespace and has no directory to make it ours: the PID, a counter and a random part.
+func uniqueAbstractName(_ prefix: String) -> String {
+    "\(prefix)-\(getpid())-\(testPathCounter.wrappingAdd(1, ordering: .relaxed).oldValue)-\(String(UInt64.random(in: 0...UInt64.max), radix: 36))"
+}
+
+/// Which file a descriptor names (`fstat`'s device and inode), or nil when it is not open.
+/// A closed number can be reused at any moment by a test running in parallel, so "is this
+/// number still open" proves nothing: compare identities instead.
+struct FileIdentity: Equatable, Sendable, CustomStringConvertible {
+    let device: UInt64
+    let inode: UInt64
+
+    init?(of fd: Int32) {
+        var st = stat()
+        guard fstat(fd, &st) == 0 else { return nil }
+        device = UInt64(st.st_dev)
+        inode = UInt64(st.st_ino)
+    }
+
+    var description: String { "\(device):\(inode)" }
+}
+
 /// A value shared between threads under a lock (Mainspring's TSan-visible `Protected`).
 final class Locked<Value: Sendable>: @unchecked Sendable {
     private let mutex: Protected<Value>
     init(_ value: Value) { mutex = Protected(value) }
     func withLock<R>(_ body: (inout Value) -> R) -> R { mutex.withLock { body(&$0) } }
     var value: Value { mutex.withLock { $0 } }
+}
+
+/// Runs a timing measurement up to `attempts` times, until one run meets its timing bounds.
+/// `measure` checks with `#expect` what must hold on every run (counts, order, never early) and
+/// returns nil when its timing bounds (enough ticks, not too late) were met, or what it missed.
+/// A loaded machine can stall any one run — a descheduled thread is late by tens of
+/// milliseconds — but not every one of several; a defect misses the bounds every time. Records
+/// an issue when every attempt missed; returns the misses.
+@discardableResult
+func inSomeAttempt(_ attempts: Int = 5, sourceLocation: SourceLocation = #_sourceLocation,
+                   _ measure: () async throws -> String?) async rethrows -> [String]
+{
+    var misses: [String] = []
+    for _ in 0..<attempts {
+        guard let miss = try await measure() else { return misses }
+        misses.append(miss)
+    }
+    Issue.record("timing bounds missed in all \(attempts) attempts: \(misses.joined(separator: "; "))",
+                 sourceLocation: sourceLocation)
+    return misses
 }
 
 /// Monotonic now, for tests.

@@ -1,3 +1,4 @@
+import CMainspringSystem
 import Foundation
 import Testing
 @testable import Mainspring
@@ -94,12 +95,14 @@ struct ServiceNotifierTests {
 
     @Test("nobody listening at the address: notify throws a system error naming the socket")
     func nobodyListening() throws {
-        let notifier = try ServiceNotifier(address: "/tmp/mainspring-test-nobody-\(getpid()).sock")
+        // A fresh path in the process's own directory: nothing there.
+        let path = uniqueTestPath("nobody.sock")
+        let notifier = try ServiceNotifier(address: path)
         #expect {
             try notifier.notify(.ready)
         } throws: { error in
             guard case EventLoopError.system(let function, let code) = error else { return false }
-            return function.contains("NOTIFY_SOCKET=/tmp/mainspring-test-nobody") && (code == ENOENT || code == ECONNREFUSED)
+            return function.contains("NOTIFY_SOCKET=\(path)") && code == ENOENT
         }
     }
 }
@@ -206,9 +209,11 @@ struct ServiceEnvironmentTests {
 }
 
 /// A listening TCP socket on 127.0.0.1 made with plain calls — blocking, inheritable — as a
-/// service manager would pass it.
+/// service manager would pass it. Made close-on-exec, so a child another test spawns while it
+/// is being set up never holds it; the flag is cleared once it listens (the test fixture's
+/// spawns close every descriptor from 3 on in the child anyway), so that adopting must set it.
 private func plainListeningSocket() throws -> (fd: Int32, port: UInt16) {
-    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
     guard fd >= 0 else { throw POSIXError(.EMFILE) }
     var address = sockaddr_in()
     address.sin_family = sa_family_t(AF_INET)
@@ -217,7 +222,7 @@ private func plainListeningSocket() throws -> (fd: Int32, port: UInt16) {
     let bound = withUnsafeMutablePointer(to: &address) {
         $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0 }
     }
-    guard bound, listen(fd, 16) == 0 else {
+    guard bound, listen(fd, 16) == 0, fcntl(fd, F_SETFD, 0) == 0 else {
         close(fd)
         throw POSIXError(.EADDRINUSE)
     }
@@ -229,6 +234,7 @@ struct AdoptedListenerTests {
     @Test("an inherited, blocking listening socket is adopted: non-blocking, close-on-exec, serving, closed with the listener")
     func adoptsListeningSocket() async throws {
         let (fd, port) = try plainListeningSocket()
+        let identity = try #require(FileIdentity(of: fd))
         let outcome = try await onLoopThread { loop -> (flags: Int32, descriptorFlags: Int32, reply: String?, address: String, listenerPort: UInt16) in
             let listener = try Listener(adopting: fd, on: loop) { connection in
                 connection.readLines { event in
@@ -257,8 +263,10 @@ struct AdoptedListenerTests {
         #expect(outcome.flags & O_NONBLOCK != 0)
         #expect(outcome.descriptorFlags & FD_CLOEXEC != 0)
         #expect(outcome.listenerPort == port && outcome.address == "127.0.0.1:\(port)")
-        // Closing the listener closed the socket: nobody listens on the port any more.
-        #expect(throws: POSIXError.self) { _ = try TestClient(port: port) }
+        // Closing the listener closed the socket: the number no longer names it (it may be
+        // closed, or already reused by a test running in parallel). A connect to the port would
+        // prove nothing: anybody may have been given the freed port meanwhile.
+        #expect(FileIdentity(of: fd) != identity, "descriptor \(fd) still names the adopted socket \(identity)")
     }
 
     @Test("the async form: an adopted socket's connections are iterated with for try await")
@@ -287,10 +295,9 @@ struct AdoptedListenerTests {
 
     @Test("a unix stream socket is adopted too; its address is its path")
     func adoptsUnixSocket() async throws {
-        let path = "/tmp/mainspring-test-adopt-\(getpid()).sock"
-        unlink(path)
+        let path = uniqueTestPath("adopt.sock")
         defer { unlink(path) }
-        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         var address = sockaddr_un()
         address.sun_family = sa_family_t(AF_UNIX)
         withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8) + [0]) }
@@ -307,7 +314,7 @@ struct AdoptedListenerTests {
             }
             let reply = Locked<String?>(nil)
             startThread {
-                let client = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+                let client = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
                 defer { close(client) }
                 var timeout = timeval(tv_sec: 10, tv_usec: 0)
                 setsockopt(client, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
@@ -335,14 +342,23 @@ struct AdoptedListenerTests {
 
     @Test("a descriptor that is not a listening stream socket is refused with what it is, and stays the caller's")
     func refusesOtherDescriptors() async throws {
-        let pipe = Pipe()
+        var pipeEnds: [Int32] = [-1, -1]
+        try #require(ms_pipe2(&pipeEnds, O_CLOEXEC) == 0)
         let file = open("/proc/self/status", O_RDONLY | O_CLOEXEC)
         let udp = socket(AF_INET, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         let tcp = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)  // never listens
         let devNull = open("/dev/null", O_RDONLY | O_CLOEXEC)
-        defer { for fd in [file, udp, tcp, devNull] { close(fd) } }
+        // Which file each number names now: if one were closed by mistake, a test running in
+        // parallel could be given its number at once, so "still open" would prove nothing, and
+        // closing it at the end would close that test's descriptor.
+        let opened = [pipeEnds[0], pipeEnds[1], file, udp, tcp, devNull]
+        let identities = opened.map { FileIdentity(of: $0) }
+        try #require(identities.allSatisfy { $0 != nil }, "could not open the test's descriptors")
+        defer {
+            for (fd, identity) in zip(opened, identities) where FileIdentity(of: fd) == identity { close(fd) }
+        }
         let cases: [(Int32, String)] = [
-            (pipe.readEnd, "a pipe, not a socket"),
+            (pipeEnds[0], "a pipe, not a socket"),
             (file, "a regular file, not a socket"),
             (devNull, "a character device, not a socket"),
             (udp, "a datagram socket, not a stream socket"),
@@ -361,7 +377,8 @@ struct AdoptedListenerTests {
         }
         for ((fd, reason), error) in zip(cases, errors) {
             #expect(error == .notListeningSocket(descriptor: fd, reason: reason))
-            #expect(fcntl(fd, F_GETFD) != -1, "descriptor \(fd) was closed; it should still be the caller's")
+            let before = identities[opened.firstIndex(of: fd)!]
+            #expect(FileIdentity(of: fd) == before, "descriptor \(fd) was closed; it should still be the caller's")
         }
         guard case .notListeningSocket(-1, let reason)? = errors.last else {
             Issue.record("descriptor -1: \(String(describing: errors.last))")
@@ -475,23 +492,32 @@ struct WatchdogTests {
         let fake = try FakeNotifySocket()
         let late = try EventLoop()
         let changes = Locked<[Watchdog.Health]>([])
+        // A 2 s interval: the loop's grace to start, and pings every second. The loop is started
+        // only once the first ping is in (the first check comes at once, and let the loop off
+        // for not running yet); a thread starting and running a loop fits in the rest of the
+        // grace even on a loaded machine.
+        let created = ContinuousClock.now
         let watchdog = Watchdog(watching: [late], notifier: try ServiceNotifier(address: fake.address),
-                                interval: .milliseconds(400)) { health in changes.withLock { $0.append(health) } }
+                                interval: .seconds(2)) { health in changes.withLock { $0.append(health) } }
         defer { watchdog.stop() }
-        let running = Thread {
-            usleep(50_000)
-            try? late.run()
-        }
+        let pings = { fake.messages.filter { $0.text == "WATCHDOG=1" }.count }
+        try #require(fake.waitFor { $0.text == "WATCHDOG=1" } != nil, "no first ping: \(watchdog.counters)")
+        #expect(late.activity == .notRunning, "checked before the loop ran")
+        let running = Thread { try? late.run() }
         running.start()
         defer { late.stop() }
-        #expect(fake.waitFor { _ in fake.messages.count >= 6 } != nil, "\(watchdog.counters)")
-        #expect(changes.value.isEmpty, "\(changes.value)")
+        let deadline = ContinuousClock.now + .seconds(30)
+        while late.activity == .notRunning && ContinuousClock.now < deadline { usleep(1_000) }
+        let startedAfter = ContinuousClock.now - created
+        // Two more checks at least, the last one past the start grace (checks at 0, 1, 2, 3 s).
+        #expect(fake.waitFor(timeout: .seconds(30)) { _ in pings() >= 4 } != nil, "\(watchdog.counters)")
+        #expect(changes.value.isEmpty, "\(changes.value); the loop ran \(startedAfter) after the watchdog started")
         #expect(watchdog.counters.pingsWithheld == 0 && watchdog.health == .healthy)
     }
 
     @Test("a ping that cannot be sent is counted with its error; the watchdog keeps going")
     func failedPings() async throws {
-        let notifier = try ServiceNotifier(address: "/tmp/mainspring-test-gone-\(getpid()).sock")
+        let notifier = try ServiceNotifier(address: uniqueTestPath("gone.sock"))  // never made
         let watchdog = Watchdog(watching: [], notifier: notifier, interval: .milliseconds(20))
         defer { watchdog.stop() }
         let deadline = ContinuousClock.now + .seconds(30)

@@ -123,7 +123,9 @@ struct TrackedOperationQueueTests {
             queue.addOperation { completed.increment() }
             queue.addOperations([BlockOperation { completed.increment() }], waitUntilFinished: false)
             queue.addBarrierBlock { completed.increment() }
-            let heldStarted = started.wait(timeout: .now() + 10) == .success
+            // Required: finish() on an operation the queue has not started would trap.
+            let heldStarted = started.wait(timeout: .now() + 30) == .success
+            try #require(heldStarted, "the queue started the held operation")
 
             // `held` is executing: the hook joins a drain already under way.
             let log = DrainLog()

@@ -107,6 +107,7 @@ struct WatcherTests {
             let staleWatcher = try loop.watch(number, for: .read) { _ in }
             let fresh = Pipe()
             #expect(dup2(fresh.readEnd, number) == number)
+            _ = fcntl(number, F_SETFD, FD_CLOEXEC)  // dup2 clears it (dup3 is not in Swift's Glibc)
             nonisolated(unsafe) var fired = false
             let watcher = try loop.watch(number, for: .read) { _ in fired = true }
             fresh.write("x")
@@ -122,10 +123,10 @@ struct WatcherTests {
 
     @Test("a regular file is always ready: its watcher runs every turn until cancelled")
     func regularFile() async throws {
-        let path = FileManager.default.temporaryDirectory.appendingPathComponent("mainspring-\(getpid())-watch").path
+        let path = uniqueTestPath("watch")
         _ = FileManager.default.createFile(atPath: path, contents: Data("abc".utf8))
         defer { unlink(path) }
-        let fd = open(path, O_RDONLY)
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
         defer { close(fd) }
         let count = try await onLoopThread { loop -> Int in
             nonisolated(unsafe) var count = 0
