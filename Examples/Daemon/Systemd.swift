@@ -111,8 +111,10 @@ final class ServiceManagerLink: Sendable {
     /// group's loops stop during the drain (which would read as stuck loops), and from now on
     /// the manager's stop timeout (`TimeoutStopSec=`) bounds a drain that hangs.
     func stopping(status: String) {
-        send(.stopping, .status(status))
+        // The watchdog first: stop() returns once no ping can go out any more, so none follows
+        // STOPPING=1 (a ping in flight on its thread could otherwise land just after it).
         watchdog.withLock { $0 }?.stop()
+        send(.stopping, .status(status))
     }
 
     /// One `STATUS=` line (for a daemon that keeps its own schedule, a task, say).

@@ -103,7 +103,8 @@ public final class ChatRoom: Sendable {
             }
             if !member.connection.isOpen { continue }
             if member.isLagging.load(ordering: .relaxed) {
-                counters.dropped.add(1, ordering: .relaxed)  // still behind: no second grace
+                // Still behind (or being closed): no second grace.
+                if policy == .drop { counters.dropped.add(1, ordering: .relaxed) }
                 continue
             }
             // Full: give it the grace period (this sender reads nothing meanwhile).
@@ -117,6 +118,7 @@ public final class ChatRoom: Sendable {
                 member.isLagging.store(true, ordering: .relaxed)
                 counters.dropped.add(1, ordering: .relaxed)
             case .disconnect:
+                member.isLagging.store(true, ordering: .relaxed)  // counted once, however long the close takes
                 counters.disconnected.add(1, ordering: .relaxed)
                 member.connection.close()
             }

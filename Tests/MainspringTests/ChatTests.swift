@@ -50,32 +50,47 @@ struct ChatTests {
     /// Under the sanitizers everything is several times slower: a smaller flood proves the same.
     static let floodBytes = ProcessInfo.processInfo.environment["MAINSPRING_SANITIZER"] == nil ? 100 << 20 : 20 << 20
 
-    @Test("a 100 MB broadcast with one client that never reads: the server's memory stays bounded, every other client gets everything in order")
-    func slowConsumer() async throws {
-        let chat = try startExecutable("mainspring-chat", arguments: [
-            "--port", "0", "--loops", "2", "--slow-consumer", "drop", "--grace-ms", "5000", "--output-limit", "262144",
-        ])
-        defer { chat.send(SIGKILL) }
-        let banner = try #require(chat.readLine(timeout: .seconds(30)), "no banner")
-        let port = try #require(banner.split(separator: ":").last.flatMap { UInt16($0) }, "no port in '\(banner)'")
+    /// What one flood through the room showed.
+    private struct Flood: Sendable {
+        var received: [Int] = []
+        var problems: [String] = []
+        var stalled: [Int] = []
+        var stats = ""
+        var growth = 0
+        var elapsed = Duration.zero
+    }
 
-        let lineLength = 1_000
-        let count = Self.floodBytes / lineLength
-        let readers = try (0..<3).map { _ in try SequenceReader(port: port, expecting: count) }
+    /// Starts the chat example; returns it and its port.
+    private func startChat(_ arguments: [String]) throws -> (ChildProcess, UInt16) {
+        let chat = try startExecutable("mainspring-chat", arguments: ["--port", "0", "--loops", "2"] + arguments)
+        guard let banner = chat.readLine(timeout: .seconds(30)),
+              let port = banner.split(separator: ":").last.flatMap({ UInt16($0) })
+        else {
+            chat.send(SIGKILL)
+            throw FixtureLaunchError.spawnFailed("mainspring-chat (no banner)", errno: 0)
+        }
+        return (chat, port)
+    }
+
+    /// `readers` reading clients, one that never reads, and a sender of `count` 1,000-byte
+    /// lines; on this (plain) thread. Returns what the readers saw and the room's counters.
+    private static func flood(chat: ChildProcess, port: UInt16, readers readerCount: Int, members: Int,
+                              count: Int) throws -> Flood
+    {
+        let readers = try (0..<readerCount).map { _ in try SequenceReader(port: port, expecting: count) }
         let slow = try TestClient(port: port)  // never reads
         let sender = try TestClient(port: port)
         // Everyone has joined once a query says so (it goes to the sender alone).
         var joined = false
-        for _ in 0..<200 where !joined {
+        for _ in 0..<500 where !joined {
             sender.send("/stats\n")
-            joined = sender.readLine()?.contains("members=5") == true
+            joined = sender.readLine()?.contains("members=\(members)") == true
             if !joined { usleep(20_000) }
         }
-        try #require(joined, "the five clients never all joined")
-
+        guard joined else { return Flood(problems: ["the clients never all joined"]) }
         let baseline = residentBytes(of: chat.pid)
         let sampler = MemorySampler(pid: chat.pid, baseline: baseline)
-        let padding = String(repeating: "x", count: lineLength - 15)
+        let padding = String(repeating: "x", count: 985)
         let start = ContinuousClock.now
         var batch = ""
         for sequence in 0..<count {
@@ -85,68 +100,52 @@ struct ChatTests {
                 batch = ""
             }
         }
-        for reader in readers { #expect(reader.wait(timeout: .seconds(300)), "a reader stalled at \(reader.received)") }
-        let elapsed = ContinuousClock.now - start
-        let peak = sampler.stop()
+        var flood = Flood()
+        for reader in readers where !reader.wait(timeout: .seconds(300)) { flood.stalled.append(reader.received) }
+        flood.elapsed = ContinuousClock.now - start
+        flood.growth = sampler.stop() - baseline
         sender.send("/stats\n")
-        let stats = sender.readLine() ?? ""
-        let growth = peak - baseline
-
-        for reader in readers {
-            #expect(reader.problem == nil, "\(reader.problem ?? "")")
-            #expect(reader.received == count)
-        }
-        // The slow client's share is bounded by its output limit (about twice 256 KiB, while
-        // in flight) plus what the kernel buffers for it; every reader's likewise. The unbounded
-        // form (writeLine to everyone) grew by ~190 MB in this flood.
-        #expect(growth < 32 << 20, "RSS grew by \(growth >> 20) MB during a \(Self.floodBytes >> 20) MB flood (\(elapsed)); \(stats)")
-        #expect(stats.contains("disconnected=0"), "\(stats)")
-        let dropped = Int(stats.split(separator: " ").first { $0.hasPrefix("dropped=") }?.dropFirst(8) ?? "") ?? 0
-        #expect(dropped > 0, "the client that never reads had messages dropped: \(stats)")
-        #expect(dropped < count, "only the slow client's messages: \(stats)")
+        flood.stats = sender.readLine() ?? ""
+        flood.received = readers.map(\.received)
+        flood.problems = readers.compactMap(\.problem)
         _ = slow
+        return flood
+    }
+
+    @Test("a 100 MB broadcast with one client that never reads: the server's memory stays bounded, every other client gets everything in order")
+    func slowConsumer() async throws {
+        let (chat, port) = try startChat(["--slow-consumer", "drop", "--grace-ms", "5000", "--output-limit", "262144"])
+        defer { chat.send(SIGKILL) }
+        let count = Self.floodBytes / 1_000
+        let flood = try await onPlainThread { try Self.flood(chat: chat, port: port, readers: 3, members: 5, count: count) }
+        #expect(flood.problems.isEmpty && flood.stalled.isEmpty, "\(flood.problems) stalled at \(flood.stalled)")
+        #expect(flood.received == [count, count, count])
+        // The slow client's share is bounded by its output limit (about twice 256 KiB while in
+        // flight) plus what the kernel buffers for it; every reader's likewise. The unbounded
+        // form (writeLine to everyone) grew by ~190 MB in this flood; this one by 2 MB here.
+        #expect(flood.growth < 32 << 20,
+                "RSS grew by \(flood.growth >> 20) MB during a \(Self.floodBytes >> 20) MB flood (\(flood.elapsed)); \(flood.stats)")
+        #expect(flood.stats.contains("disconnected=0"), "\(flood.stats)")
+        let dropped = Int(flood.stats.split(separator: " ").first { $0.hasPrefix("dropped=") }?.dropFirst(8) ?? "") ?? 0
+        #expect(dropped > 0, "the client that never reads had messages dropped: \(flood.stats)")
+        #expect(dropped < count, "only the slow client's messages: \(flood.stats)")
         chat.send(SIGTERM)
-        let result = chat.waitForExit(timeout: .seconds(30))
+        let result = try await onPlainThread { chat.waitForExit(timeout: .seconds(30)) }
         #expect(result.status == 0, "\(result.summary)")
     }
 
     @Test("with the disconnect policy the client that never reads is closed and counted; the others go on")
     func disconnectPolicy() async throws {
-        let chat = try startExecutable("mainspring-chat", arguments: [
-            "--port", "0", "--loops", "2", "--slow-consumer", "disconnect", "--grace-ms", "3000", "--output-limit", "65536",
-        ])
+        let (chat, port) = try startChat(["--slow-consumer", "disconnect", "--grace-ms", "3000", "--output-limit", "65536"])
         defer { chat.send(SIGKILL) }
-        let banner = try #require(chat.readLine(timeout: .seconds(30)), "no banner")
-        let port = try #require(banner.split(separator: ":").last.flatMap { UInt16($0) }, "no port in '\(banner)'")
         let count = 20_000  // 20 MB of 1,000-byte lines
-        let reader = try SequenceReader(port: port, expecting: count)
-        let slow = try TestClient(port: port)
-        let sender = try TestClient(port: port)
-        var joined = false
-        for _ in 0..<200 where !joined {
-            sender.send("/stats\n")
-            joined = sender.readLine()?.contains("members=3") == true
-            if !joined { usleep(20_000) }
-        }
-        try #require(joined)
-        let padding = String(repeating: "y", count: 985)
-        var batch = ""
-        for sequence in 0..<count {
-            batch += "seq " + String(sequence).leftPadded(to: 9) + " " + padding + "\n"
-            if batch.utf8.count >= 64 << 10 || sequence == count - 1 {
-                sender.send(batch)
-                batch = ""
-            }
-        }
-        #expect(reader.wait(timeout: .seconds(300)), "the reader stalled at \(reader.received)")
-        #expect(reader.problem == nil && reader.received == count, "\(reader.problem ?? "") \(reader.received)")
-        sender.send("/stats\n")
-        let stats = sender.readLine() ?? ""
-        #expect(stats.contains("disconnected=1") && stats.contains("members=2"), "\(stats)")
-        // The slow client sees its connection end once it reads what it was sent.
-        _ = slow.readToEnd()
+        let flood = try await onPlainThread { try Self.flood(chat: chat, port: port, readers: 1, members: 3, count: count) }
+        #expect(flood.problems.isEmpty && flood.stalled.isEmpty, "\(flood.problems) stalled at \(flood.stalled)")
+        #expect(flood.received == [count])
+        #expect(flood.stats.contains("disconnected=1") && flood.stats.contains("members=2"), "\(flood.stats)")
         chat.send(SIGTERM)
-        #expect(chat.waitForExit(timeout: .seconds(30)).status == 0)
+        let result = try await onPlainThread { chat.waitForExit(timeout: .seconds(30)) }
+        #expect(result.status == 0, "\(result.summary)")
     }
 }
 

@@ -89,7 +89,7 @@ struct ReaderTests {
         }
         let (stream, hash) = framedStream(messages: 10_000, seed: 1)
         let port = listener.port
-        let reply = try await Task.detached { try sendCut(stream, to: port, seed: 2) }.value
+        let reply = try await onPlainThread { try sendCut(stream, to: port, seed: 2) }
         #expect(reply == "10000 \(hash.value)\n")
         listener.close()
         _ = try? await server.value
@@ -106,7 +106,7 @@ struct ReaderTests {
         }
         let frames = 10_000
         let (stream, hash) = framedStream(messages: frames, seed: 3)
-        let reply = try await Task.detached { try sendCut(stream, to: port, seed: 4) }.value
+        let reply = try await onPlainThread { try sendCut(stream, to: port, seed: 4) }
         #expect(reply == "\(frames) \(hash.value)\n")
         await group.shutdown(gracePeriod: .seconds(2))
     }
@@ -146,12 +146,12 @@ struct ReaderTests {
             return log
         }
         let port = listener.port
-        try await Task.detached {
+        try await onPlainThread {
             let client = try TestClient(port: port)
             for byte in Array(input.utf8) { client.send([byte]) }  // one byte at a time
             client.shutdownWrite()
             _ = client.readToEnd()
-        }.value
+        }
         let log = try await result.value
         #expect(log == [
             #"lines: line("one")"#, #"lines: line("two")"#, #"lines again: line("three")"#,
@@ -182,12 +182,12 @@ struct ReaderTests {
             return log
         }
         let port = listener.port
-        try await Task.detached {
+        try await onPlainThread {
             let client = try TestClient(port: port)
             client.send("too long for four\nand a tail")
             client.shutdownWrite()
             _ = client.readToEnd()
-        }.value
+        }
         #expect(try await result.value == [
             "until: Optional(Mainspring.Connection.Delimited.tooLong)", "exactly: nil",
             "upTo: too long for four\nand a tail", "upTo at the end: nil",
@@ -215,15 +215,19 @@ struct ReaderTests {
             }
             return listener.port
         }
-        let client = try TestClient(port: port)
-        client.send("a\nb\nc\nd")  // all in one write: the callback sees them in one batch
-        client.shutdownWrite()
+        let client = try await onPlainThread {
+            let client = try TestClient(port: port)
+            client.send("a\nb\nc\nd")  // all in one write: the callback sees them in one batch
+            client.shutdownWrite()
+            return client
+        }
         var connection: Connection?
         for _ in 0..<1_000 where connection == nil {
             connection = handOff.withLock { $0 }
             if connection == nil { try await Task.sleep(for: .milliseconds(5)) }
         }
         let handed = try #require(connection)
+        _ = client
         let rest = try await Task(executorPreference: loop) { () async throws -> [LineEvent] in
             var events: [LineEvent] = []
             for try await event in handed.lines { events.append(event) }

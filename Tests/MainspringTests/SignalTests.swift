@@ -124,22 +124,31 @@ struct SignalTests {
     func signalDuringCancelIsForwarded() async throws {
         let restore = installCountingHandler(SIGUSR1)
         defer {
-            SignalHub.beforeHandlerRemoval = nil
+            SignalRegistry.beforeRestore = nil
             restore()
         }
-        // Raised on the signal thread at the worst moment: the watcher is unregistered, the
-        // libevent handler still installed. Half the rounds let the signal thread see it first
-        // (it finds no watcher), half leave it unread in libevent's pipe.
-        nonisolated(unsafe) var polls = false
-        SignalHub.beforeHandlerRemoval = { signal, hub in
-            raise(signal)
-            if polls { hub.runOnce(blocking: false) }
+        // Raised at the worst moment: the watcher is unregistered, Mainspring's handler still
+        // installed — half the rounds on the cancelling thread itself, half from another thread
+        // (waited for), so the catch lands in the handler with nobody to deliver it to.
+        nonisolated(unsafe) var fromAnotherThread = false
+        SignalRegistry.beforeRestore = { signal in
+            if fromAnotherThread {
+                let done = DispatchSemaphore(value: 0)
+                Thread {
+                    unblockSignalInCurrentThread(signal)
+                    raise(signal)
+                    done.signal()
+                }.start()
+                done.wait()
+            } else {
+                raise(signal)
+            }
         }
         let (missed, watched) = try await onLoopThread { loop -> (Int, Int) in
             var missed = 0
             nonisolated(unsafe) var watched = 0
             for round in 0..<100 {
-                polls = round % 2 == 1
+                fromAnotherThread = round % 2 == 1
                 let watcher = try loop.onSignal(SIGUSR1) { watched += 1 }
                 let before = calls(SIGUSR1)
                 watcher.cancel()
@@ -150,6 +159,48 @@ struct SignalTests {
         }
         #expect(missed == 0, "\(missed) of 100 signals caught during cancel() never reached the previous handler")
         #expect(watched == 0)
+    }
+
+    @Test("watching and cancelling wait for no other thread: no signal thread exists, 1,000 rounds are quick")
+    func noRoundTrip() async throws {
+        let restore = installCountingHandler(SIGUSR2)
+        defer { restore() }
+        let elapsed = try await onLoopThread { loop -> Duration in
+            let start = ContinuousClock.now
+            for _ in 0..<1_000 { try loop.onSignal(SIGUSR2) {}.cancel() }
+            return ContinuousClock.now - start
+        }
+        let names = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task")) ?? []
+        let threads = names.compactMap { try? String(contentsOfFile: "/proc/self/task/\($0)/comm", encoding: .utf8) }
+        #expect(!threads.contains { $0.hasPrefix("mainspring.sig") }, "\(threads)")
+        #expect(elapsed < .seconds(5), "1,000 watch/cancel rounds took \(elapsed)")
+    }
+
+    @Test("two signals caught while the loop is busy are handled in the order they came, not by number")
+    func orderAcrossSignals() async throws {
+        let restore = [installCountingHandler(SIGUSR1), installCountingHandler(SIGUSR2)]
+        defer { restore.forEach { $0() } }
+        let wrong = try await onLoopThread { loop -> Int in
+            nonisolated(unsafe) var order: [Int32] = []
+            let first = try loop.onSignal(SIGUSR1) { order.append(SIGUSR1) }
+            let second = try loop.onSignal(SIGUSR2) { order.append(SIGUSR2) }
+            var wrong = 0
+            for round in 0..<50 {
+                order = []
+                let (early, late) = round % 2 == 0 ? (SIGUSR2, SIGUSR1) : (SIGUSR1, SIGUSR2)
+                // Both are caught while the loop is busy, so its next poll sees both at once.
+                loop.execute {
+                    raise(early)
+                    raise(late)
+                }
+                loop.spin(until: { order.count == 2 }, timeout: .seconds(10))
+                if order != [early, late] { wrong += 1 }
+            }
+            first.cancel()
+            second.cancel()
+            return wrong
+        }
+        #expect(wrong == 0, "\(wrong) of 50 pairs handled out of order")
     }
 
     @Test("SIGTERM raised right after its watcher's cancel() ends the process (the default action is back)")
@@ -232,7 +283,7 @@ struct SignalTests {
             }
         }
         for done in threads {
-            let finished = await Task.detached { done.wait(timeout: .now() + 60) == .success }.value
+            let finished = try await onPlainThread { done.wait(timeout: .now() + 60) == .success }
             #expect(finished, "a loop thread hung in onSignal or cancel()")
         }
         #expect(missed.value.isEmpty, "signals lost after cancel() (signal: count): \(missed.value)")
@@ -278,9 +329,9 @@ struct SignalTests {
                 }
                 firstDone.signal()
             }
-            let finished = await Task.detached {
+            let finished = try await onPlainThread {
                 first.wait(timeout: .now() + 30) == .success && second.wait(timeout: .now() + 30) == .success
-            }.value
+            }
             #expect(finished, "round \(round) hung")
             if !finished { break }
         }

@@ -26,6 +26,23 @@ func onLoopThread<T: Sendable>(
     }
 }
 
+/// Runs blocking `body` (plain socket calls, waits) on a new dedicated thread and returns its
+/// result: blocking a thread of the cooperative pool (two on a 2-core machine) would starve
+/// every other test's tasks meanwhile.
+func onPlainThread<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+    try await withCheckedThrowingContinuation { continuation in
+        let thread = Thread {
+            do {
+                continuation.resume(returning: try body())
+            } catch {
+                continuation.resume(throwing: error)
+            }
+        }
+        thread.stackSize = 4 << 20
+        thread.start()
+    }
+}
+
 /// Starts a thread running `body` and returns a semaphore signalled when it ends.
 @discardableResult
 func startThread(_ body: @escaping @Sendable () -> Void) -> DispatchSemaphore {

@@ -275,11 +275,13 @@ struct AdoptedListenerTests {
         let group = try EventLoopGroup(loopCount: 1)
         let listener = try await Listener(adopting: fd, on: group.loops[0], group: group)
         #expect(listener.port == port)
-        let reply = Task.detached { () -> String? in
+        // The blocking client on a thread of its own: on the cooperative pool (two threads here)
+        // it could starve the task that serves it.
+        let reply = Task { try await onPlainThread { () -> String? in
             let client = try? TestClient(port: port)
             client?.send("async hello\n")
             return client?.readLine()
-        }
+        } }
         for try await connection in listener.connections {
             for try await event in connection.lines {
                 if case .line(let text) = event { try await connection.send(line: "echo: \(text)") }
@@ -288,7 +290,7 @@ struct AdoptedListenerTests {
             connection.close()
             break
         }
-        #expect(await reply.value == "echo: async hello")
+        #expect(try await reply.value == "echo: async hello")
         listener.close()
         _ = await group.shutdown(gracePeriod: .seconds(2))
     }

@@ -43,6 +43,23 @@ static inline int ms_set_timer_slack(unsigned long nanoseconds) {
 /// close-on-exec and non-blocking atomically.
 static inline int ms_pipe2(int fds[_Nonnull 2], int flags) { return (int)syscall(SYS_pipe2, fds, flags); }
 
+// Signal delivery without libevent's signal events (and without a thread of their own): a
+// handler that counts each catch and writes the signal's eventfd, which the watching loop polls
+// like any descriptor. Installed and removed with sigaction(2) on the calling thread, so both
+// take effect before the call returns. Numbers 1 to MS_SIGNAL_LIMIT - 1. Used only by
+// System/SignalCalls.swift.
+#include <signal.h>
+#define MS_SIGNAL_LIMIT 65
+
+/// Routes `signo` to the handler, which writes `eventfd` on every catch; `previous` receives
+/// the disposition it replaces. 0, or -1 with errno (EINVAL for SIGKILL, SIGSTOP, a bad number).
+int ms_signal_install(int signo, int eventfd, struct sigaction *_Nullable previous);
+/// Puts `previous` back. 0, or -1 with errno.
+int ms_signal_restore(int signo, const struct sigaction *_Nonnull previous);
+/// The catches of `signo` since the last call (and resets the count); `first`, if given,
+/// receives the order of the first of them among all signals' catches (0 if unknown).
+unsigned long ms_signal_take(int signo, unsigned long *_Nullable first);
+
 // libdispatch's main-queue hooks for run loops (the two CoreFoundation's CFRunLoop uses). On
 // Linux the handle is an eventfd that libdispatch writes whenever the main queue goes from empty
 // to non-empty (and again after a drain that left work behind); it never reads it: the run loop

@@ -54,7 +54,7 @@ extension EventLoop {
     /// (up to 64; a signal delivered several times before it is taken may be reported once, as
     /// with any Unix signal handling). One consumer. Loop thread only (the `async` overload
     /// works from any task).
-    /// - Throws: `EventLoopError.signalInUse` when another loop watches one of them, `.libevent`
+    /// - Throws: `EventLoopError.signalInUse` when another loop watches one of them, `.system`
     ///   for a signal that cannot be caught, `.wrongThread`.
     public func signals(_ signals: [Int32]) throws(EventLoopError) -> Signals {
         guard claimThread() else { throw .wrongThread(function: "EventLoop.signals(_:)") }
@@ -66,7 +66,7 @@ extension EventLoop {
                 if let feed, feed.buffered < 64 { feed.yield(signal) }
             }
             do {
-                try SignalHub.shared.register(source)
+                try SignalRegistry.shared.register(source)
             } catch {
                 source.close()
                 for registered in sources { registered.close() }

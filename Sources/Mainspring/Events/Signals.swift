@@ -1,10 +1,14 @@
-import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
 
-/// A signal watcher's end on the loop that watches the signal.
+/// A signal watcher's end on the loop that watches the signal: runs its handler when the
+/// signal's dispatcher fires it.
 final class SignalSource: Source {
     let signal: Int32
     private var handler: (() -> Void)?
-    fileprivate var box: SignalSourceBox?
+    /// Whether the registry holds this watcher (it unregisters once, when it closes).
+    fileprivate var isRegistered = false
 
     init(loop: EventLoop, signal: Int32, handler: @escaping () -> Void) {
         self.signal = signal
@@ -24,244 +28,216 @@ final class SignalSource: Source {
         let closed = onClosed
         onClosed = nil
         closed?()
-        if let box {
-            self.box = nil
-            SignalHub.shared.unregister(box)
+        if isRegistered {
+            isRegistered = false
+            SignalRegistry.shared.unregister(self)
         }
     }
 }
 
-/// Carries a `SignalSource` through the hub. Only `deliver` touches the source, and it does so
-/// on the source's own loop (posted there with `execute`). It holds the loop weakly: a signal
-/// watcher must not keep its loop alive (the loop closes its sources when it goes).
-private final class SignalSourceBox: @unchecked Sendable {
-    let source: SignalSource
-    weak var loop: EventLoop?
-    let signal: Int32
-    init(_ source: SignalSource) {
-        self.source = source
-        self.loop = source.loop
-        self.signal = source.signal
+/// The signals one loop watches: their eventfds, polled together. When any is readable, it
+/// takes the catches of each and fires the watchers, signal by signal in the order the signals
+/// were first caught — so that a SIGHUP caught before a SIGTERM is handled before it, even when
+/// the loop sees both in one poll. (Signals the kernel has pending together are caught lowest
+/// number first: Mainspring's handler runs with every other signal blocked, so handlers never
+/// nest.)
+final class LoopSignalSource: Source {
+    private var events: [Int32: (descriptor: Int32, event: NativeEvent)] = [:]
+
+    init(loop: EventLoop) {
+        super.init(loop: loop, priority: .input)
     }
 
-    func deliver() {
-        loop?.execute(priority: .input) { self.source.fire(.signal) }
+    var isEmpty: Bool { events.isEmpty }
+
+    /// Starts polling `signal`'s eventfd.
+    func add(_ signal: Int32, descriptor: Int32) throws(EventLoopError) {
+        let event = try NativeEvent(base: loop.base, fd: descriptor, readiness: .read, persistent: true, target: self)
+        try event.add()
+        events[signal] = (descriptor, event)
+    }
+
+    /// Stops polling `signal`'s eventfd.
+    func remove(_ signal: Int32) {
+        events.removeValue(forKey: signal)?.event.delete()
+    }
+
+    override func perform(_ readiness: Readiness) {
+        var caught: [(order: UInt, signal: Int32)] = []
+        for (signal, watched) in events {
+            resetEventCounter(watched.descriptor)
+            let (count, order) = takeSignalCatches(signal)
+            if count > 0 { caught.append((order, signal)) }
+        }
+        caught.sort { $0.order < $1.order }
+        for (_, signal) in caught {
+            for watcher in SignalRegistry.shared.watchers(of: signal, on: loop) { watcher.fire(.signal) }
+        }
+    }
+
+    override func didClose() {
+        for (_, watched) in events { watched.event.delete() }
+        events = [:]
+        SignalRegistry.shared.forget(self, of: ObjectIdentifier(loop))
     }
 }
 
-/// Process-wide signal delivery.
+/// Process-wide signal delivery: which loop watches each signal, its watchers, and the
+/// disposition it replaced.
 ///
-/// libevent delivers every signal of the process to one `event_base` (the one that most recently
-/// added a signal event), so two loops with signal events would steal each other's signals.
-/// Mainspring therefore keeps all signal events on one private loop — the hub, on its own
-/// thread — and forwards each signal to the loop that watches it, at `.input` priority. A
-/// signal belongs to one loop at a time; several watchers on that loop all run.
-final class SignalHub: Sendable {
-    static let shared = SignalHub()
+/// Mainspring catches a signal with a handler of its own (`System/SignalCalls.swift`): it
+/// counts the catch and writes the signal's eventfd, which the watching loop polls like any
+/// descriptor (`LoopSignalSource`). Installing and removing the handler are `sigaction` calls
+/// made by the thread that watches or cancels — no thread of its own, no round trip, no
+/// blocking: once `onSignal` returns the signal is caught, once the last `cancel()` returns the
+/// previous disposition is back. A catch that lands between the last watcher leaving and the
+/// disposition coming back is raised again once it is back (on the cancelling thread, with the
+/// signal unblocked there for the moment), so it is not lost.
+///
+/// One eventfd per signal number, made the first time the signal is watched and never closed:
+/// the handler may write it at any moment, and a closed number could by then be another file.
+final class SignalRegistry: Sendable {
+    static let shared = SignalRegistry()
 
     private struct Registration {
         let loop: ObjectIdentifier
-        var boxes: [SignalSourceBox]
+        var watchers: [UncheckedSignalSource]
+        let previous: SavedDisposition
     }
 
     private struct State {
         var registrations: [Int32: Registration] = [:]
-        var hub: EventLoop?
+        var descriptors: [Int32: Int32] = [:]
+        /// The signal source of each loop that watches signals.
+        var loopSources: [ObjectIdentifier: UncheckedLoopSignalSource] = [:]
     }
 
     private let state = Protected(State())
 
-    /// For tests: runs on the hub thread when the last watcher of a signal is gone and its
-    /// libevent handler is about to be removed — the moment a signal can arrive with nobody to
-    /// deliver it to.
-    nonisolated(unsafe) static var beforeHandlerRemoval: ((Int32, EventLoop) -> Void)?
+    /// For tests: runs (on the cancelling thread, inside the registry's lock) when the last
+    /// watcher of a signal is gone and just before its previous disposition is put back — the
+    /// moment a signal can arrive with nobody to deliver it to.
+    nonisolated(unsafe) static var beforeRestore: ((Int32) -> Void)?
 
-    /// Routes `signal` to `source` (on its loop).
-    /// - Throws: `.signalInUse` if another loop watches the signal; `.libevent` if the signal
-    ///   cannot be handled (an invalid number, `SIGKILL`, `SIGSTOP`).
+    /// Routes `signal` to `source`, on its loop's thread.
+    /// - Throws: `.signalInUse` if another loop watches the signal; `.system` if it cannot be
+    ///   caught (`SIGKILL`, `SIGSTOP`, a number that is no signal) or no eventfd can be made.
     func register(_ source: SignalSource) throws(EventLoopError) {
-        let box = SignalSourceBox(source)
         let signal = source.signal
-        let outcome: Result<(EventLoop, Bool), EventLoopError> = state.withLock { state in
-            let loopID = ObjectIdentifier(source.loop)
+        guard isSignalNumber(signal) else { throw .system(function: "sigaction(\(signal))", errno: EINVAL) }
+        let loop = source.loop
+        var abandoned: UncheckedLoopSignalSource?
+        let outcome: Result<Void, EventLoopError> = state.withLock { state in
+            let loopID = ObjectIdentifier(loop)
             if var registration = state.registrations[signal] {
                 guard registration.loop == loopID else { return .failure(.signalInUse(signal: signal)) }
-                guard let hub = state.hub else { return .failure(.loopClosed) }
-                registration.boxes.append(box)
+                registration.watchers.append(UncheckedSignalSource(source))
                 state.registrations[signal] = registration
-                return .success((hub, false))
+                return .success(())
             }
-            let hub: EventLoop
-            if let existing = state.hub {
-                hub = existing
-            } else {
-                do throws(EventLoopError) {
-                    hub = try Self.startHub(&state)
-                } catch {
-                    return .failure(error)
-                }
-            }
-            state.registrations[signal] = Registration(loop: loopID, boxes: [box])
-            return .success((hub, true))
-        }
-        let (hub, isFirst) = try outcome.get()
-        source.box = box
-        guard isFirst else { return }
-        // Install the handler before returning, so a signal raised right after is delivered.
-        let installed = Protected<EventLoopError??>(nil)
-        let done = DispatchSemaphore(value: 0)
-        hub.execute {
             do throws(EventLoopError) {
-                try HubSignalSource.install(signal: signal, on: hub)
-                installed.withLock { $0 = .some(nil) }
+                let descriptor: Int32
+                if let existing = state.descriptors[signal] {
+                    descriptor = existing
+                } else {
+                    descriptor = try makeEventCounter()
+                    state.descriptors[signal] = descriptor
+                }
+                // Stale catches and wake-ups of an earlier watch are not this one's.
+                resetEventCounter(descriptor)
+                _ = takeSignalCatches(signal)
+                let loopSource = state.loopSources[loopID]?.value ?? LoopSignalSource(loop: loop)
+                state.loopSources[loopID] = UncheckedLoopSignalSource(loopSource)
+                let previous: SavedDisposition
+                do throws(EventLoopError) {
+                    try loopSource.add(signal, descriptor: descriptor)
+                    previous = try installSignalHandler(signal, writing: descriptor)
+                } catch {
+                    loopSource.remove(signal)
+                    if loopSource.isEmpty {
+                        state.loopSources[loopID] = nil
+                        abandoned = UncheckedLoopSignalSource(loopSource)  // closed after the lock
+                    }
+                    throw error
+                }
+                state.registrations[signal] = Registration(loop: loopID, watchers: [UncheckedSignalSource(source)],
+                                                           previous: previous)
+                return .success(())
             } catch {
-                installed.withLock { $0 = .some(error) }
-            }
-            done.signal()
-        }
-        done.wait()
-        if let failure = installed.withLock({ $0 }) ?? nil {
-            state.withLock { _ = $0.registrations.removeValue(forKey: signal) }
-            source.box = nil
-            throw failure
-        }
-    }
-
-    /// Stops routing the signal to `box`. When it was the signal's last watcher, returns only
-    /// once the hub has removed its libevent handler, so the signal's previous disposition is
-    /// back: a signal raised after this returns goes there, not to a hub with nobody to tell.
-    /// Blocks for one round trip to the hub thread (tens of microseconds); never waits for any
-    /// other loop, so it cannot deadlock with a loop that is delivering a signal.
-    fileprivate func unregister(_ box: SignalSourceBox) {
-        let hubToClear: EventLoop? = state.withLock { state in
-            guard var registration = state.registrations[box.signal] else { return nil }
-            registration.boxes.removeAll { $0 === box }
-            if registration.boxes.isEmpty {
-                state.registrations[box.signal] = nil
-                return state.hub
-            }
-            state.registrations[box.signal] = registration
-            return nil
-        }
-        guard let hub = hubToClear else { return }
-        let signal = box.signal
-        if hub.isCurrent {
-            // A watcher's loop freed on the hub thread (the hub holds a loop for a moment while
-            // it forwards a signal to it): already where the removal runs.
-            removeHandlerIfUnwatched(signal, hub: hub)
-            return
-        }
-        let done = DispatchSemaphore(value: 0)
-        hub.execute {
-            self.removeHandlerIfUnwatched(signal, hub: hub)
-            done.signal()
-        }
-        done.wait()
-    }
-
-    /// Hub thread: removes the signal's libevent handler unless the signal was registered again
-    /// meanwhile (then a signal caught in between, when nobody watched, goes to the new watchers).
-    private func removeHandlerIfUnwatched(_ signal: Int32, hub: EventLoop) {
-        if state.withLock({ $0.registrations[signal] == nil }) {
-            Self.beforeHandlerRemoval?(signal, hub)
-            HubSignalSource.remove(signal: signal, on: hub)
-        } else if HubSignalSource.takeUnwatchedCatch(signal: signal) {
-            _ = deliver(signal)
-        }
-    }
-
-    /// Forwards `signal` to every watcher; `false` when there is none.
-    fileprivate func deliver(_ signal: Int32) -> Bool {
-        let boxes = state.withLock { $0.registrations[signal]?.boxes ?? [] }
-        for box in boxes { box.deliver() }
-        return !boxes.isEmpty
-    }
-
-    /// Starts the hub loop and its thread. Fails (out of descriptors, say) with the loop's error.
-    private static func startHub(_ state: inout State) throws(EventLoopError) -> EventLoop {
-        let hub = try EventLoop(configuration: .init(), isMainLoop: false)
-        let thread = Thread {
-            do {
-                try hub.run()
-            } catch {
-                fatalError("Mainspring: the signal loop failed: \(error)")
+                return .failure(error)
             }
         }
-        thread.name = "mainspring.signals"
-        thread.start()
-        state.hub = hub
-        return hub
+        abandoned?.value.close()
+        try outcome.get()
+        source.isRegistered = true
+    }
+
+    /// Stops routing the signal to `source`. When it was the signal's last watcher, the
+    /// previous disposition is back when this returns, and a signal caught in between has been
+    /// raised again to reach it.
+    fileprivate func unregister(_ source: SignalSource) {
+        let signal = source.signal
+        let loop = source.loop
+        let ended = state.withLock { state -> (loopSource: UncheckedLoopSignalSource?, caught: Bool)? in
+            guard var registration = state.registrations[signal] else { return nil }
+            registration.watchers.removeAll { $0.value === source }
+            guard registration.watchers.isEmpty else {
+                state.registrations[signal] = registration
+                return nil
+            }
+            state.registrations[signal] = nil
+            Self.beforeRestore?(signal)
+            restoreSignalDisposition(signal, registration.previous)
+            let caught = takeSignalCatches(signal).count > 0
+            guard let loopSource = state.loopSources[registration.loop] else { return (nil, caught) }
+            // The loop's signal source is on the watcher's loop: changed now on its thread; a
+            // loop being freed elsewhere closes it with the rest of its sources.
+            guard loop.isCurrent else { return (nil, caught) }
+            loopSource.value.remove(signal)
+            guard loopSource.value.isEmpty else { return (nil, caught) }
+            state.loopSources[registration.loop] = nil
+            return (loopSource, caught)
+        }
+        guard let ended else { return }
+        ended.loopSource?.value.close()
+        if ended.caught { raiseUnblocked(signal) }
+    }
+
+    /// The watchers of `signal` on `loop` (a copy), for its signal source.
+    fileprivate func watchers(of signal: Int32, on loop: EventLoop) -> [SignalSource] {
+        state.withLock { state in
+            guard let registration = state.registrations[signal], registration.loop == ObjectIdentifier(loop) else {
+                return []
+            }
+            return registration.watchers.map(\.value)
+        }
+    }
+
+    /// A loop is going away: forgets its signal source (its watchers unregister as they close).
+    func forget(_ loopSource: LoopSignalSource, of loopID: ObjectIdentifier) {
+        state.withLock { state in
+            if state.loopSources[loopID]?.value === loopSource { state.loopSources[loopID] = nil }
+        }
     }
 }
 
-/// A libevent signal event on the hub loop. Hub thread only.
-///
-/// Between the moment the last watcher unregisters and the moment the hub removes the libevent
-/// handler, a signal is caught with nobody to deliver it to. `remove` hands such a signal to
-/// the restored disposition (raising it again), so it is not lost.
-private final class HubSignalSource: Source {
-    nonisolated(unsafe) private static var installed: [Int32: HubSignalSource] = [:]  // hub thread only
-    let signal: Int32
-    /// The disposition libevent replaces (libevent saves the same one and restores it on removal).
-    private var previous = sigaction()
-    /// Whether a signal was caught when no watcher existed.
-    private var caughtUnwatched = false
+/// A loop-bound signal watcher in the registry: only its own loop's thread uses it (the
+/// registry only stores it, compares it, and hands it back to that loop's signal source).
+private struct UncheckedSignalSource: @unchecked Sendable {
+    let value: SignalSource
+    init(_ value: SignalSource) { self.value = value }
+}
 
-    private init(signal: Int32, loop: EventLoop) {
-        self.signal = signal
-        super.init(loop: loop, priority: .input)
-    }
-
-    static func install(signal: Int32, on hub: EventLoop) throws(EventLoopError) {
-        if installed[signal] != nil { return }
-        unblockSignalInCurrentThread(signal)
-        let source = HubSignalSource(signal: signal, loop: hub)
-        do {
-            // Fails only for a number that is no signal, and then so does event_add.
-            sigaction(signal, nil, &source.previous)
-            let event = try NativeEvent(signal: signal, base: hub.base, target: source)
-            try event.add()
-            source.native = event
-        } catch {
-            source.close()
-            throw error
-        }
-        installed[signal] = source
-    }
-
-    /// Removes the handler. A signal libevent caught that no watcher saw goes to the restored
-    /// disposition: put it back first (so nothing more is caught), collect what was caught until
-    /// then, remove the libevent event, and raise such a signal again.
-    static func remove(signal: Int32, on hub: EventLoop) {
-        guard let source = installed.removeValue(forKey: signal) else { return }
-        sigaction(signal, &source.previous, nil)
-        // Reads libevent's signal pipe: each signal caught before the line above marks the
-        // source pending (only recorded, nothing runs).
-        try? hub.base.poll(blocking: false)
-        let unwatched = source.caughtUnwatched || !source.pending.isEmpty
-        source.close()
-        // On this thread (which has the signal unblocked), so the disposition has run — or the
-        // process has ended — before the watcher's cancel() returns.
-        if unwatched { raise(signal) }
-    }
-
-    /// Whether a signal was caught while nobody watched (and forgets it).
-    static func takeUnwatchedCatch(signal: Int32) -> Bool {
-        guard let source = installed[signal], source.caughtUnwatched else { return false }
-        source.caughtUnwatched = false
-        return true
-    }
-
-    override func perform(_ readiness: Readiness) {
-        if !SignalHub.shared.deliver(signal) { caughtUnwatched = true }
-    }
+private struct UncheckedLoopSignalSource: @unchecked Sendable {
+    let value: LoopSignalSource
+    init(_ value: LoopSignalSource) { self.value = value }
 }
 
 extension EventLoop {
     /// Calls `handler` on this loop each time the process receives `signal` (several deliveries
     /// that arrive together may be reported once, as with any Unix signal handling).
     ///
-    /// Installs a libevent signal handler (replacing the signal's disposition) for as long as a
+    /// Installs Mainspring's handler for the signal (replacing its disposition) for as long as a
     /// watcher exists. The hand-over is synchronous both ways:
     /// - once `onSignal` returns, the signal reaches the handler (`raise` right after works);
     /// - cancelling the last watcher of the signal (`Watcher.cancel()`, or its loop ending)
@@ -274,18 +250,18 @@ extension EventLoop {
     /// The signal is unblocked on this thread (threads started by libdispatch, and their
     /// children, begin with signals blocked), so `raise(signal)` here reaches the handler.
     /// Handlers run at `.input` priority. A signal belongs to one loop at a time; more watchers
-    /// for it on the same loop all run. Loop thread only. The first watcher of a signal and the
-    /// cancellation of its last one each block for a round trip to Mainspring's signal thread
-    /// (tens of microseconds); that thread never waits for a loop, so neither can deadlock, also
-    /// from inside a handler.
-    /// - Throws: `EventLoopError.signalInUse` when another loop watches `signal`, `.libevent` when
-    ///   it cannot be caught (`SIGKILL`, `SIGSTOP`, an invalid number), `.wrongThread`.
+    /// for it on the same loop all run. Loop thread only. Neither the first watcher of a signal
+    /// nor the cancellation of its last one waits for anything: each is a `sigaction` call on
+    /// this thread (and, the first time a signal is watched, an eventfd that stays for good).
+    /// - Throws: `EventLoopError.signalInUse` when another loop watches `signal`, `.system`
+    ///   (`sigaction`, `EINVAL`) when it cannot be caught (`SIGKILL`, `SIGSTOP`, a number that is
+    ///   no signal), `.wrongThread`.
     public func onSignal(_ signal: Int32, _ handler: @escaping () -> Void) throws(EventLoopError) -> Watcher {
         guard claimThread() else { throw .wrongThread(function: "EventLoop.onSignal(_:_:)") }
         if signal > 0 && signal < 65 { unblockSignalInCurrentThread(signal) }
         let source = SignalSource(loop: self, signal: signal, handler: handler)
         do {
-            try SignalHub.shared.register(source)
+            try SignalRegistry.shared.register(source)
         } catch {
             source.close()
             throw error
