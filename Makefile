@@ -6,6 +6,7 @@ TSAN_SUPPRESSIONS := $(CURDIR)/.ci/tsan.supp
 
 DOCC ?= docc
 DOCS_OUTPUT ?= .build/docs
+DOCS_HTTP_OUTPUT ?= .build/docs-http
 DOCS_SYMBOL_GRAPHS := .build/docs-symbol-graphs
 
 FUZZ_RUNS ?= 200000
@@ -46,9 +47,9 @@ test-release: deps test-tools
 	$(SWIFT) build --build-tests -c release -Xswiftc -enable-testing --scratch-path .build/release-tests
 	$(SWIFT) test --skip-build --no-parallel -c release --scratch-path .build/release-tests
 
-## The Mainspring documentation: DocC renders Sources/Mainspring/Mainspring.docc (the landing
-## page and the articles) and the library's doc comments, from its symbol graphs, into
-## $(DOCS_OUTPUT) (a static site). Any docc warning (an unresolved symbol link, a parameter
+## The documentation: DocC renders Sources/Mainspring/Mainspring.docc (the landing page and the
+## articles) and the library's doc comments, from its symbol graphs, into $(DOCS_OUTPUT) (a
+## static site), and Sources/MainspringHTTP/MainspringHTTP.docc into $(DOCS_HTTP_OUTPUT). Any docc warning (an unresolved symbol link, a parameter
 ## documented that does not exist or one left undocumented, ...) fails the target, so that CI
 ## keeps the documentation clean. The log is in .build/docs.log. The symbol graphs come from
 ## the debug build that make test uses (after it, this takes seconds); dump-symbol-graph needs
@@ -69,7 +70,18 @@ docs: deps
 		status=$$?; cat .build/docs.log; \
 		if [ $$status -ne 0 ] || grep -qE "(warning|error):" .build/docs.log; then \
 			echo "make docs: docc reported problems (above); fix them, warnings included"; exit 1; fi
-	@echo "documentation written to $(DOCS_OUTPUT) (open $(DOCS_OUTPUT)/documentation/mainspring/index.html through a web server)"
+	@rm -rf $(DOCS_SYMBOL_GRAPHS)-http $(DOCS_HTTP_OUTPUT) && mkdir -p $(DOCS_SYMBOL_GRAPHS)-http && \
+		graphs="$$(dirname "$$($(SWIFT) build --show-bin-path)")/symbolgraph"; \
+		cp "$$graphs"/MainspringHTTP.symbols.json $(DOCS_SYMBOL_GRAPHS)-http/; \
+		cp "$$graphs"/MainspringHTTP@*.symbols.json $(DOCS_SYMBOL_GRAPHS)-http/ 2>/dev/null || true
+	@$(DOCC) convert Sources/MainspringHTTP/MainspringHTTP.docc --additional-symbol-graph-dir $(DOCS_SYMBOL_GRAPHS)-http \
+		--output-path $(DOCS_HTTP_OUTPUT) --fallback-display-name MainspringHTTP \
+		--fallback-bundle-identifier mainspring.MainspringHTTP --fallback-default-module-kind Library \
+		--warnings-as-errors > .build/docs-http.log 2>&1; \
+		status=$$?; cat .build/docs-http.log; \
+		if [ $$status -ne 0 ] || grep -qE "(warning|error):" .build/docs-http.log; then \
+			echo "make docs: docc reported problems in MainspringHTTP (above); fix them, warnings included"; exit 1; fi
+	@echo "documentation written to $(DOCS_OUTPUT) and $(DOCS_HTTP_OUTPUT) (open $(DOCS_OUTPUT)/documentation/mainspring/index.html and $(DOCS_HTTP_OUTPUT)/documentation/mainspringhttp/index.html through a web server)"
 
 ## Builds and runs the interactive example (simulated input when stdin is not a terminal).
 demo: deps
@@ -155,4 +167,4 @@ ci: test test-release docs sanitize
 
 clean:
 	$(SWIFT) package clean
-	rm -rf .build/tsan .build/asan .build/release-tests .build/stress .build/fuzz .build/counts $(DOCS_OUTPUT) $(DOCS_SYMBOL_GRAPHS)
+	rm -rf .build/tsan .build/asan .build/release-tests .build/stress .build/fuzz .build/counts $(DOCS_OUTPUT) $(DOCS_HTTP_OUTPUT) $(DOCS_SYMBOL_GRAPHS) $(DOCS_SYMBOL_GRAPHS)-http

@@ -8,11 +8,11 @@ import MainspringHTTP
 
 /// Starts the HTTP side on `group` and prints its bound port. Exits the process (status 1) when
 /// it cannot listen.
-func startHTTPSide(group: EventLoopGroup, host: String, port: UInt16) -> HTTPServer {
+func startHTTPSide(group: EventLoopGroup, host: String, port: UInt16) async -> HTTPServer {
     let exporter = LoopMetricsExporter(group: group)
     let routes = HTTPService.routes(group: group, exporter: exporter)
     do {
-        let server = try HTTPServer(group: group, configuration: .init(host: host, port: port), routes: routes)
+        let server = try await HTTPServer(group: group, configuration: .init(host: host, port: port), routes: routes)
         let shown = host.contains(":") ? "[\(host)]" : host
         FileHandle.standardOutput.write(Data("http listening on \(shown):\(server.port)\n".utf8))
         return server

@@ -142,7 +142,8 @@ Task { @MainActor in
     }
     let how = activated.map { " (socket activation: \($0))" } ?? ""
     say("listening on \(service.localAddress)\(how) with \(loops) loop(s)")
-    let http = httpPort.map { startHTTPSide(group: group, host: host, port: $0) }
+    var http: HTTPServer?
+    if let httpPort { http = await startHTTPSide(group: group, host: host, port: httpPort) }
 
     // Accepting: tell the service manager, keep it posted, and feed its watchdog while the
     // group's loops are healthy.
@@ -158,7 +159,7 @@ Task { @MainActor in
         let name = signal == SIGINT ? "SIGINT" : "SIGTERM"
         manager.stopping(status: "\(name): draining (up to \(grace)): \(service.currentStats)")
         log(.info, "\(name): draining (up to \(grace))…")
-        http?.close()
+        await http?.close()
         let report = await service.shutdown(gracePeriod: grace)
         log(.info, "stopped: \(service.currentStats); \(report)")
         break

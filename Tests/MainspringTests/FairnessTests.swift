@@ -75,7 +75,9 @@ struct FairnessTests {
         // thread turns the flood into an overload (a growing backlog, latency without bound):
         // only the share and the gap are asserted, with room for preemption.
         #expect(report.workShare >= 0.2, "\(report.table)")
-        #expect(report.starvation < .milliseconds(300), "\(report.table)")
+        // Wall-clock time: a loop thread preempted by the rest of a parallel test run stalls
+        // everything on it; without the guarantee the gap would be the whole flood (seconds).
+        #expect(report.starvation < .seconds(1), "\(report.table)")
     }
 
     @Test("an overload (input every 100 µs costing 150 µs): work still gets a guaranteed share")
@@ -85,7 +87,7 @@ struct FairnessTests {
         // work would get nothing, or one turn per long input callback (about 0.03). Allow for a
         // loaded machine.
         #expect(report.workShare >= 0.15, "\(report.table)")
-        #expect(report.starvation < .milliseconds(300), "\(report.table)")
+        #expect(report.starvation < .seconds(1), "\(report.table)")  // wall clock: see the flood test
     }
 
     /// Runs `chunks` × 200 µs of fed work while input floods the loop.

@@ -339,7 +339,7 @@ struct HTTPTests {
             try await Task.sleep(for: .milliseconds(5))
         }
         #expect(server.server.statistics.snapshot.requestsInFlight == 1, "the request never arrived")
-        server.server.close()
+        await server.server.close()
         closed.withLock { $0 = true }
         let report = await server.group.shutdown(gracePeriod: .seconds(10))
         let result = try await answer

@@ -147,8 +147,8 @@ extension EventLoop {
     /// Posts `work` like `execute`; if the loop drops it instead of running it (the loop is shut
     /// down, or freed first), `fallback` runs, on the thread that drops it. For posts that
     /// resume a suspended task: it must be resumed either way.
-    func execute(priority: Priority = .normal, _ work: @escaping @Sendable () -> Void,
-                 orElse fallback: @escaping @Sendable () -> Void)
+    package func execute(priority: Priority = .normal, _ work: @escaping @Sendable () -> Void,
+                         orElse fallback: @escaping @Sendable () -> Void)
     {
         let post = RunOrElse(work, fallback)
         execute(priority: priority) { post.run() }

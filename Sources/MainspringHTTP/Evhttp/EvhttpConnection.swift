@@ -5,6 +5,7 @@
 // head guard before evhttp buffers anything (431), and its output step writes responses straight
 // to the socket. evhttp still does all the parsing.
 internal import CLibevent
+import Foundation
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -110,6 +111,10 @@ final class EvhttpConnection {
         // sets its "written" callback after adding, so output sent at once would report to the
         // callback of the previous write.
         guard isFlushing else { return BEV_NEED_MORE }
+        if rewritesOwnAnswer {
+            guard rewriteOwnAnswer(source) else { return BEV_NEED_MORE }
+            rewritesOwnAnswer = false
+        }
         let pending = evbuffer_get_length(source)
         if pending == 0 { return BEV_NEED_MORE }
         let fd = bufferevent_getfd(underlying)
@@ -177,6 +182,7 @@ final class EvhttpConnection {
 
     fileprivate func outputAdded(_ buffer: OpaquePointer) {
         nudge()
+        if isRewriting { return }  // the rewritten page going back in: counted already
         // Output with no request handed over is one of evhttp's own answers (400 for a
         // malformed request, 413 for a body over the limit): count it by its status.
         if current == nil && answeredAt == 0 {
@@ -185,8 +191,53 @@ final class EvhttpConnection {
                let status = Int(String(decoding: head[9..<12], as: UTF8.self)), status >= 200
             {
                 server.guardAnswered(status: status)
+                // evhttp's error pages are HTML; every other error body of the server is plain
+                // text: the page is rewritten when it goes out (it is complete by then).
+                if status >= 400 { rewritesOwnAnswer = true }
             }
         }
+    }
+
+    /// One of evhttp's own error pages waits in the output, to go out as plain text.
+    private var rewritesOwnAnswer = false
+    /// The rewrite is putting the page back into the output.
+    private var isRewriting = false
+
+    /// Rewrites the evhttp error page at the start of `output` as the server's plain-text form
+    /// (`Content-Type: text/plain; charset=utf-8`, the reason phrase as the body), keeping its
+    /// status line and other fields. False while the page is not complete yet.
+    private func rewriteOwnAnswer(_ output: OpaquePointer) -> Bool {
+        let separator = Array("\r\n\r\n".utf8)
+        let found = separator.withUnsafeBufferPointer { bytes in
+            bytes.withMemoryRebound(to: CChar.self) { evbuffer_search(output, $0.baseAddress, $0.count, nil) }
+        }
+        guard found.pos >= 0 else { return false }
+        let headLength = found.pos + separator.count
+        var headBytes = [UInt8](repeating: 0, count: headLength)
+        guard evbuffer_copyout(output, &headBytes, headLength) == headLength else { return false }
+        let lines = String(decoding: headBytes, as: UTF8.self).components(separatedBy: "\r\n").filter { !$0.isEmpty }
+        guard let statusLine = lines.first else { return true }
+        var bodyLength = 0
+        var kept: [String] = []
+        for line in lines.dropFirst() {
+            let name = line.prefix { $0 != ":" }.lowercased()
+            if name == "content-length" {
+                bodyLength = Int(line.drop { $0 != ":" }.dropFirst().trimmingCharacters(in: .whitespaces)) ?? 0
+            } else if name != "content-type" {
+                kept.append(line)
+            }
+        }
+        guard evbuffer_get_length(output) >= headLength + bodyLength else { return false }
+        let reason = statusLine.split(separator: " ", maxSplits: 2).dropFirst(2).first.map(String.init) ?? "Error"
+        let body = reason + "\n"
+        let text = ([statusLine, "Content-Type: text/plain; charset=utf-8"] + kept + ["Content-Length: \(body.utf8.count)"])
+            .joined(separator: "\r\n") + "\r\n\r\n" + body
+        isRewriting = true
+        evbuffer_drain(output, headLength + bodyLength)
+        var bytes = Array(text.utf8)
+        bytes.withUnsafeMutableBytes { _ = evbuffer_prepend(output, $0.baseAddress, $0.count) }
+        isRewriting = false
+        return true
     }
 
     // MARK: The head guard (inside libevent)
@@ -202,33 +253,56 @@ final class EvhttpConnection {
         }
         let count = limit < 0 ? available : min(available, limit)
         if count == 0 { return BEV_NEED_MORE }
-        if !head.isComplete && !head.scan(source, count: count) {
-            evbuffer_drain(source, available)
-            refuseOversizedHead()
-            return BEV_OK
+        if !head.isComplete {
+            if !head.scan(source, count: count) {
+                evbuffer_drain(source, available)
+                refuse(.oversized)
+                return BEV_OK
+            }
+            if let problem = head.problem {
+                evbuffer_drain(source, available)
+                refuse(.badRequest(problem))
+                return BEV_OK
+            }
         }
         evbuffer_remove_buffer(source, destination, count)
         return BEV_OK
     }
 
-    /// The head is over the limit: answer 431 now, or after the request in flight.
-    private func refuseOversizedHead() {
+    /// Why the guard refuses a head.
+    enum Refusal {
+        /// Over `maxHeaderBytes`: 431.
+        case oversized
+        /// Malformed for HTTP/1.1 (no `Host`, two): 400 with the reason.
+        case badRequest(String)
+    }
+
+    /// The guard's refusal, to send once the request in flight (if any) is answered.
+    private var pendingRefusal: Refusal?
+
+    /// Refuses the head: answers now, or after the request in flight.
+    private func refuse(_ refusal: Refusal) {
         if current != nil {
             rejectPending = true
+            pendingRefusal = refusal
         } else {
-            answerOversizedHead()
+            answer(refusal)
         }
     }
 
-    private func answerOversizedHead() {
+    private func answer(_ refusal: Refusal) {
         rejectPending = false
+        pendingRefusal = nil
         answeredAt = monotonicNow()
-        let body = "request head larger than \(head.maxHeaderBytes) bytes\n"
-        let text = "HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: text/plain; charset=utf-8\r\n"
+        let (status, reason, body) = switch refusal {
+        case .oversized: (431, "Request Header Fields Too Large", "request head larger than \(head.maxHeaderBytes) bytes\n")
+        case .badRequest(let problem): (400, "Bad Request", problem + "\n")
+        }
+        let text = "HTTP/1.1 \(status) \(reason)\r\nContent-Type: text/plain; charset=utf-8\r\n"
             + "Content-Length: \(body.utf8.count)\r\nConnection: close\r\n\r\n" + body
         var bytes = Array(text.utf8)
         bytes.withUnsafeMutableBytes { _ = bufferevent_write(underlying, $0.baseAddress, $0.count) }
-        server.guardAnswered(status: 431)
+        server.guardAnswered(status: status)
     }
 
     /// evhttp read `request` in full (inside libevent).
@@ -239,15 +313,21 @@ final class EvhttpConnection {
         guard let filter else { return }
         let leftover = bufferevent_get_input(filter)!
         let length = evbuffer_get_length(leftover)
-        if length > 0 && !head.scan(leftover, count: length) {
+        guard length > 0 else { return }
+        if !head.scan(leftover, count: length) {
             evbuffer_drain(leftover, length)
             rejectPending = true
+            pendingRefusal = .oversized
+        } else if let problem = head.problem {
+            evbuffer_drain(leftover, length)
+            rejectPending = true
+            pendingRefusal = .badRequest(problem)
         }
     }
 
     /// The current request's response went out (inside libevent).
     func requestCompleted() {
-        if rejectPending { answerOversizedHead() }
+        if rejectPending { answer(pendingRefusal ?? .oversized) }
     }
 
     // MARK: Closing

@@ -22,6 +22,29 @@ struct RequestHeadScan {
     /// When the head was complete, that is when the body started (monotonic ns; 0 before).
     private(set) var bodyStartedAt: UInt64 = 0
 
+    // RFC 9112 §3.2: an HTTP/1.1 request needs exactly one `Host` field. The scan notes the
+    // request line's version and counts the `Host` fields as the lines go by: per line it keeps
+    // the first five bytes (lowercased) and the last eight (CRs skipped), a few words in all.
+    /// Lines of the head completed so far (the request line is line 0).
+    private var lineIndex = 0
+    /// The current line's first bytes, lowercased, up to five.
+    private var lineStart: UInt64 = 0
+    private var lineStartCount = 0
+    /// The current line's last eight bytes other than CR.
+    private var lineEnd: UInt64 = 0
+    /// Whether the request line ends in `HTTP/1.1`.
+    private(set) var isHTTP11 = false
+    /// `Host` fields seen.
+    private(set) var hostFields = 0
+
+    /// Why a complete head is refused (400) before evhttp sees it, if it is.
+    var problem: String? {
+        guard isComplete, isHTTP11 else { return nil }
+        if hostFields == 0 { return "an HTTP/1.1 request needs a Host header field" }
+        if hostFields > 1 { return "an HTTP/1.1 request has exactly one Host header field, not \(hostFields)" }
+        return nil
+    }
+
     init(maxHeaderBytes: Int) { self.maxHeaderBytes = maxHeaderBytes }
 
     /// Starts over for the next request.
@@ -31,6 +54,45 @@ struct RequestHeadScan {
         isComplete = false
         startedAt = 0
         bodyStartedAt = 0
+        lineIndex = 0
+        lineStart = 0
+        lineStartCount = 0
+        lineEnd = 0
+        isHTTP11 = false
+        hostFields = 0
+    }
+
+    /// "http/1.1" and "host:" as the registers hold them.
+    private static let versionTail = Self.pack(Array("HTTP/1.1".utf8))
+    private static let hostHead = Self.pack(Array("host:".utf8))
+
+    private static func pack(_ bytes: [UInt8]) -> UInt64 { bytes.reduce(0) { $0 << 8 | UInt64($1) } }
+
+    /// Notes `count` bytes of the current line (its first and last bytes).
+    private mutating func note(_ start: UnsafeRawPointer, _ count: Int) {
+        guard count > 0 else { return }
+        let bytes = UnsafeRawBufferPointer(start: start, count: count)
+        var index = 0
+        while lineStartCount < 5 && index < count {
+            let byte = bytes[index]
+            lineStart = lineStart << 8 | UInt64(byte >= 0x41 && byte <= 0x5A ? byte | 0x20 : byte)
+            lineStartCount += 1
+            index += 1
+        }
+        for byte in bytes[max(0, count - 9)...] where byte != 0x0D { lineEnd = lineEnd << 8 | UInt64(byte) }
+    }
+
+    /// A line of the head ended.
+    private mutating func endLine() {
+        if lineIndex == 0 {
+            isHTTP11 = lineEnd == Self.versionTail
+        } else if lineStartCount == 5 && lineStart == Self.hostHead {
+            hostFields += 1
+        }
+        lineIndex += 1
+        lineStart = 0
+        lineStartCount = 0
+        lineEnd = 0
     }
 
     /// Scans up to `count` bytes of `buffer` (an evbuffer, left as it is) for the blank line that
@@ -73,11 +135,12 @@ struct RequestHeadScan {
             guard let found = memchr(base + offset, 0x0A, remaining) else {
                 // No line end: the rest is part of the current line.
                 if !lineHasContent { lineHasContent = Self.hasContent(base + offset, remaining) }
+                note(base + offset, remaining)
                 bytes += remaining
                 return bytes <= maxHeaderBytes
             }
-            let lineEnd = UnsafeRawPointer(found) - base
-            let segment = lineEnd - offset
+            let end = UnsafeRawPointer(found) - base
+            let segment = end - offset
             let hasContent = lineHasContent || Self.hasContent(base + offset, segment)
             bytes += segment + 1
             if !hasContent {
@@ -87,8 +150,10 @@ struct RequestHeadScan {
                 return bytes <= maxHeaderBytes
             }
             if bytes > maxHeaderBytes { return false }
+            note(base + offset, segment)
+            endLine()
             lineHasContent = false
-            offset = lineEnd + 1
+            offset = end + 1
         }
         return true
     }

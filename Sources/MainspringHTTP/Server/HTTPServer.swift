@@ -87,24 +87,51 @@ public final class HTTPServer: Sendable {
     public let statistics: HTTPServerStatistics
     private let shared: ServerShared
 
-    /// Serves `routes` on every loop of `group`. Call it from outside the group's loops, or from
-    /// one of them (its share is set up in place; the others' are waited for).
+    /// Serves `routes` on every loop of `group`, and returns once every loop serves. Any task;
+    /// it waits for each loop (a hop to each, side by side) without blocking a thread.
     /// - Throws: `HTTPServerError` when the address is invalid or in use, or libevent fails.
+    public convenience init(group: EventLoopGroup, configuration: Configuration = .init(), routes: HTTPRoutes) async
+        throws(HTTPServerError)
+    {
+        try await self.init(loops: group.loops, configuration: configuration, routes: routes)
+    }
+
+    /// Serves `routes` on one loop, and returns once it does. Any task.
+    public convenience init(loop: EventLoop, configuration: Configuration = .init(), routes: HTTPRoutes) async
+        throws(HTTPServerError)
+    {
+        try await self.init(loops: [loop], configuration: configuration, routes: routes)
+    }
+
+    /// Serves `routes` on every loop of `group` — the blocking form, for a plain thread (top-level
+    /// code, a `main` that is not async): it blocks the calling thread until every loop has set
+    /// up its share (a round trip to each; on one of the loops its own share is set up in
+    /// place). From async code use the `async` initialiser, which blocks nothing.
+    /// - Throws: `HTTPServerError` when the address is invalid or in use, libevent fails, or a
+    ///   loop does not answer within 10 s (`.loopNotRunning`).
     public convenience init(group: EventLoopGroup, configuration: Configuration = .init(), routes: HTTPRoutes)
         throws(HTTPServerError)
     {
         try self.init(loops: group.loops, configuration: configuration, routes: routes)
     }
 
-    /// Serves `routes` on one loop. Call it on `loop`'s thread, or from another thread while the
-    /// loop runs.
+    /// Serves `routes` on one loop — the blocking form: call it on `loop`'s thread (no wait), or
+    /// from a plain thread while the loop runs (a round trip).
     public convenience init(loop: EventLoop, configuration: Configuration = .init(), routes: HTTPRoutes)
         throws(HTTPServerError)
     {
         try self.init(loops: [loop], configuration: configuration, routes: routes)
     }
 
-    private init(loops: [EventLoop], configuration: Configuration, routes: HTTPRoutes) throws(HTTPServerError) {
+    /// What both forms of creation check and make before the loops set up their shares.
+    private struct Plan: Sendable {
+        let limits: EvhttpLimits
+        let socket: ListeningSocket
+        let statistics: HTTPServerStatistics
+        let shared: ServerShared
+    }
+
+    private static func plan(_ configuration: Configuration) throws(HTTPServerError) -> Plan {
         let floor = Duration.milliseconds(1)
         _ = requirePositive(configuration.idleTimeout, "HTTPServer.Configuration.idleTimeout")
         _ = requirePositive(configuration.headerTimeout, "HTTPServer.Configuration.headerTimeout")
@@ -114,13 +141,58 @@ public final class HTTPServer: Sendable {
             idleTimeout: max(floor, configuration.idleTimeout), headerTimeout: max(floor, configuration.headerTimeout),
             bodyTimeout: max(floor, configuration.bodyTimeout), acceptBurst: 16)
         let socket = try ListeningSocket(host: configuration.host, port: configuration.port, backlog: configuration.backlog)
-        let statistics = HTTPServerStatistics()
-        let shared = ServerShared(maxConnections: max(1, configuration.maxConnections))
+        return Plan(limits: limits, socket: socket, statistics: HTTPServerStatistics(),
+                    shared: ServerShared(maxConnections: max(1, configuration.maxConnections)))
+    }
+
+    private convenience init(loops: [EventLoop], configuration: Configuration, routes: HTTPRoutes) async
+        throws(HTTPServerError)
+    {
+        let plan = try Self.plan(configuration)
+        let made: [Result<LoopEndpoint, HTTPServerError>] = await withTaskGroup(of: (Int, Result<LoopEndpoint, HTTPServerError>).self) { tasks in
+            for (index, loop) in loops.enumerated() {
+                tasks.addTask {
+                    let result: Result<LoopEndpoint, HTTPServerError> = await withUnsafeContinuation { continuation in
+                        loop.execute(priority: .input) {
+                            continuation.resume(returning: Result { () throws(HTTPServerError) in
+                                try LoopEndpoint(loop: loop, routes: routes, statistics: plan.statistics, shared: plan.shared,
+                                                 limits: plan.limits, socket: plan.socket)
+                            })
+                        } orElse: {
+                            continuation.resume(returning: .failure(.closed))  // the loop is gone
+                        }
+                    }
+                    return (index, result)
+                }
+            }
+            var results = [Result<LoopEndpoint, HTTPServerError>](repeating: .failure(.closed), count: loops.count)
+            for await (index, result) in tasks { results[index] = result }
+            return results
+        }
+        var endpoints: [LoopEndpoint] = []
+        var failure: HTTPServerError?
+        for result in made {
+            switch result {
+            case .success(let endpoint): endpoints.append(endpoint)
+            case .failure(let error): failure = failure ?? error
+            }
+        }
+        if let failure {
+            for endpoint in endpoints { endpoint.loop.execute(priority: .input) { endpoint.close() } }
+            throw failure
+        }
+        self.init(loops: loops, plan: plan, endpoints: endpoints)
+    }
+
+    private convenience init(loops: [EventLoop], configuration: Configuration, routes: HTTPRoutes)
+        throws(HTTPServerError)
+    {
+        let plan = try Self.plan(configuration)
         var endpoints: [LoopEndpoint] = []
         for loop in loops {
             let make = { () throws(HTTPServerError) -> LoopEndpoint in
-                try LoopEndpoint(loop: loop, routes: routes, statistics: statistics, shared: shared, limits: limits,
-                                 socket: socket)
+                try LoopEndpoint(loop: loop, routes: routes, statistics: plan.statistics, shared: plan.shared,
+                                 limits: plan.limits, socket: plan.socket)
             }
             do {
                 endpoints.append(try onLoop(loop, index: endpoints.count, make))
@@ -129,16 +201,44 @@ public final class HTTPServer: Sendable {
                 throw error
             }
         }
-        shared.endpoints = endpoints
-        shared.setEndpointCount(endpoints.count)
-        self.port = socket.port
-        self.loops = loops
-        self.statistics = statistics
-        self.shared = shared
+        self.init(loops: loops, plan: plan, endpoints: endpoints)
     }
 
-    /// Stops accepting connections; requests in flight finish, then the server's connections
-    /// close. Any thread; returns at once (see `isClosed`).
+    private init(loops: [EventLoop], plan: Plan, endpoints: [LoopEndpoint]) {
+        plan.shared.endpoints = endpoints
+        plan.shared.setEndpointCount(endpoints.count)
+        self.port = plan.socket.port
+        self.loops = loops
+        self.statistics = plan.statistics
+        self.shared = plan.shared
+    }
+
+    /// Stops accepting connections and returns once every loop has stopped: no request is
+    /// accepted after it returns — a new connection is refused (the listening socket is closed
+    /// once the last loop lets go of it), and a request that arrives on an open connection gets
+    /// `503` and `Connection: close`. Requests in flight finish (`Connection: close`), then the
+    /// server's connections close (see `isClosed`). Any task; a loop busy in a long callback
+    /// makes it wait until that callback returns.
+    public func close() async {
+        await withTaskGroup(of: Void.self) { tasks in
+            for endpoint in shared.endpoints {
+                tasks.addTask {
+                    await withUnsafeContinuation { (continuation: UnsafeContinuation<Void, Never>) in
+                        endpoint.loop.execute(priority: .input) {
+                            endpoint.close()
+                            continuation.resume()
+                        } orElse: {
+                            continuation.resume()  // the loop is gone: it accepts nothing either
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stops accepting connections, without waiting: each loop stops when it next runs (`await
+    /// close()` waits for that). Requests in flight finish, then the server's connections close.
+    /// Any thread; returns at once (see `isClosed`).
     public func close() {
         for endpoint in shared.endpoints {
             if endpoint.loop.isCurrent {

@@ -20,7 +20,7 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
     /// Requests read and not dispatched yet, oldest first (from `receivedHead` on). Each has one
     /// turn posted that dispatches the oldest: the posted closure captures only `self`, which
     /// the compiler passes as the closure's context instead of allocating one.
-    @exclusivity(unchecked) private var received: [EvhttpRequest?] = []
+    @exclusivity(unchecked) private var received: [(request: EvhttpRequest, late: Bool)?] = []
     @exclusivity(unchecked) private var receivedHead = 0
 
     init(loop: EventLoop, routes: HTTPRoutes, statistics: HTTPServerStatistics, shared: ServerShared,
@@ -44,7 +44,9 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
         // The loop is busy while any request is in flight: one piece of its work, not one each.
         if inFlight == 1 { attachment?.beginWork() }
         statistics.requestStarted()
-        received.append(raw)
+        // A request read after `close()` began is not served: once `await close()` has
+        // returned, no request gets a handler's answer (it gets 503 and the connection closes).
+        received.append((raw, isDraining))
         loop.execute(priority: .input) { [self] in dispatchOldest() }
     }
 
@@ -95,12 +97,16 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
     // MARK: Requests
 
     private func dispatchOldest() {
-        guard receivedHead < received.count, let raw = received[receivedHead] else { return }
+        guard receivedHead < received.count, let (raw, late) = received[receivedHead] else { return }
         received[receivedHead] = nil
         receivedHead += 1
         if receivedHead == received.count {
             received.removeAll(keepingCapacity: true)
             receivedHead = 0
+        }
+        if late {
+            reply(.status(503), to: raw, method: raw.method)
+            return
         }
         dispatch(raw)
     }

@@ -1,0 +1,134 @@
+import Foundation
+import Mainspring
+import MainspringHTTP
+import Synchronization
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A raw request on a new connection: the whole reply, or nil when the connection is refused
+/// or reset before any byte arrives.
+private func exchange(port: UInt16, _ request: String) -> String? {
+    guard let client = try? TestClient(port: port) else { return nil }
+    client.send(request)
+    let reply = client.readToEnd()
+    return reply.isEmpty ? nil : reply
+}
+
+@Suite("HTTP: creation and close that block nothing; 400 without Host; one error content type", .serialized)
+struct HTTPCloseTests {
+    @Test("100 rounds: a request fired right after `await close()` never gets 200 from the server that said it closed, even with a loop busy")
+    func nothingAfterClose() async throws {
+        let group = try EventLoopGroup(loopCount: 2)
+        var answered: [String] = []
+        for round in 0..<100 {
+            let token = "round \(round) \(UInt64.random(in: 0...UInt64.max))"
+            var routes = HTTPRoutes()
+            routes.get("/id") { _ in .text(token + "\n") }
+            let server = try await HTTPServer(group: group, routes: routes)
+            let port = server.port
+            // A keep-alive connection, open and idle when the close begins.
+            let idle = try await onPlainThread { () -> TestClient in
+                let client = try TestClient(port: port)
+                client.send("GET /id HTTP/1.1\r\nHost: t\r\n\r\n")
+                _ = client.readLine()
+                return client
+            }
+            // One loop busy in a long callback while the server closes.
+            group.loops[round % 2].execute { busy(.milliseconds(30)) }
+            await server.close()
+            let (fresh, kept) = try await onPlainThread { () -> (String?, String?) in
+                let fresh = exchange(port: port, "GET /id HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+                idle.send("GET /id HTTP/1.1\r\nHost: t\r\n\r\n")
+                return (fresh, idle.readToEnd())
+            }
+            for reply in [fresh, kept] {
+                if let reply, reply.hasPrefix("HTTP/1.1 200"), reply.contains(token) { answered.append(reply) }
+            }
+            if round % 10 == 9 { _ = kept }  // keeps the idle client alive until here
+        }
+        #expect(answered.isEmpty, "\(answered.count) requests answered after close: \(answered.first ?? "")")
+        await group.shutdown(gracePeriod: .seconds(2))
+    }
+
+    @Test("requests on open connections after `await close()` get 503 and Connection: close")
+    func lateRequestsGet503() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        var routes = HTTPRoutes()
+        routes.get("/hello") { _ in .text("hello\n") }
+        let server = try await HTTPServer(group: group, routes: routes)
+        let port = server.port
+        let idle = try await onPlainThread { () -> TestClient in
+            let client = try TestClient(port: port)
+            client.send("GET /hello HTTP/1.1\r\nHost: t\r\n\r\n")
+            for _ in 0..<6 { _ = client.readLine() }  // the status line, the fields, the blank line, the body
+            return client
+        }
+        // A request in flight when the close begins keeps the connection open until answered;
+        // meanwhile a second request on it arrives late.
+        await server.close()
+        let reply = try await onPlainThread { () -> String in
+            idle.send("GET /hello HTTP/1.1\r\nHost: t\r\n\r\n")
+            return idle.readToEnd()
+        }
+        #expect(reply.isEmpty || (reply.hasPrefix("HTTP/1.1 503") && reply.contains("Connection: close")), "\(reply)")
+        await group.shutdown(gracePeriod: .seconds(2))
+    }
+
+    @Test("HTTP/1.1 without Host (or with two) is 400 with the reason; HTTP/1.0 without Host is served")
+    func hostRequired() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        var routes = HTTPRoutes()
+        routes.get("/hello") { _ in .text("hello\n") }
+        let server = try await HTTPServer(group: group, routes: routes)
+        let port = server.port
+        let (missing, twice, old, fine, lower) = try await onPlainThread {
+            (exchange(port: port, "GET /hello HTTP/1.1\r\nAccept: */*\r\n\r\n") ?? "",
+             exchange(port: port, "GET /hello HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n") ?? "",
+             exchange(port: port, "GET /hello HTTP/1.0\r\n\r\n") ?? "",
+             exchange(port: port, "GET /hello HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n") ?? "",
+             exchange(port: port, "GET /hello HTTP/1.1\r\nhOsT: a\r\nConnection: close\r\n\r\n") ?? "")
+        }
+        #expect(missing.hasPrefix("HTTP/1.1 400 Bad Request\r\n") && missing.hasSuffix("an HTTP/1.1 request needs a Host header field\n"),
+                "\(missing)")
+        #expect(missing.contains("Content-Type: text/plain; charset=utf-8"), "\(missing)")
+        #expect(twice.hasPrefix("HTTP/1.1 400") && twice.contains("exactly one Host header field"), "\(twice)")
+        #expect(old.hasPrefix("HTTP/1.0 200") && old.hasSuffix("hello\n"), "\(old)")
+        #expect(fine.hasPrefix("HTTP/1.1 200"), "\(fine)")
+        #expect(lower.hasPrefix("HTTP/1.1 200"), "field names are case-insensitive: \(lower)")
+        await server.close()
+        await group.shutdown(gracePeriod: .seconds(2))
+    }
+
+    @Test("evhttp's own error pages go out as plain text, like every other error body")
+    func plainTextErrors() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        let server = try await HTTPServer(group: group, configuration: .init(maxBodyBytes: 16), routes: HTTPRoutes())
+        let port = server.port
+        let replies = try await onPlainThread {
+            [exchange(port: port, "GARBAGE\r\n\r\n") ?? "",
+             exchange(port: port, "GET / HTTP/2.5\r\nHost: x\r\n\r\n") ?? "",
+             exchange(port: port, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n" + String(repeating: "b", count: 100)) ?? "",
+             exchange(port: port, "GET /nothing HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n") ?? ""]
+        }
+        for reply in replies {
+            #expect(reply.contains("Content-Type: text/plain; charset=utf-8"), "\(reply)")
+            #expect(!reply.contains("text/html") && !reply.contains("<HTML>"), "\(reply)")
+        }
+        #expect(replies[0].hasPrefix("HTTP/1.1 400 Bad Request") && replies[0].hasSuffix("\r\n\r\nBad Request\n"), "\(replies[0])")
+        #expect(replies[2].hasPrefix("HTTP/1.1 413"), "\(replies[2])")
+        #expect(replies[3].hasPrefix("HTTP/1.1 404") && replies[3].hasSuffix("Not Found\n"), "\(replies[3])")
+        await server.close()
+        await group.shutdown(gracePeriod: .seconds(2))
+    }
+}
+
+/// Busy-waits (real CPU work, no sleep) for `duration`: a handler that takes long.
+private func busy(_ duration: Duration) {
+    let end = ContinuousClock.now + duration
+    var x: UInt64 = 1
+    while ContinuousClock.now < end { x = x &* 6364136223846793005 &+ 1 }
+    if x == 0 { print("unreachable") }
+}
