@@ -61,7 +61,7 @@ extension EventLoop {
     public func yield() async {
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
             let once = ResumeOnce(continuation, orphaned: .success(()))
-            if isCurrent && !isShutDown {
+            if isCurrent && !lifecycle.isShutDown {
                 executeNextTurn(priority: .normal) { once.resume(with: .success(())) }
             } else {
                 execute {

@@ -12,7 +12,7 @@ extension EventLoop {
     /// retaining a new one, so a post costs the closure's own reference count and nothing more.
     public func execute(priority: Priority = .normal, _ work: consuming @escaping @Sendable () -> Void) {
         if ownerThread.load(ordering: .relaxed) == currentThreadID() {
-            if isShutDown {
+            if lifecycle.isShutDown {
                 scheduler.counters.droppedAtShutdown += 1
                 return
             }
@@ -31,19 +31,8 @@ extension EventLoop {
         // (`configuration`, which nobody writes, not the scheduler's counters: the loop writes
         // their cache lines after every callback, so reading them here costs both threads a miss.)
         let clock = configuration.collectsMetrics ? self.clock : nil
-        let mustWake = remote.withLock { queue -> Bool in
-            if queue.isClosed {
-                queue.droppedWhileClosed += 1
-                return false
-            }
-            if let moved = item.take() { queue.append(moved, priority, clock: clock) }
-            if queue.isSleeping {
-                queue.isSleeping = false
-                return true
-            }
-            return false
-        }
-        if mustWake { wakeup.signal() }
+        let outcome = remote.withLock { queue in queue.post(&item, priority, clock: clock) }
+        if outcome == .queued(wake: true) { wakeup.signal() }
     }
 
     /// Queues `work` for the next turn: it becomes ready only after the loop has polled again.

@@ -85,16 +85,19 @@ extension EventLoop {
     /// never looks like the owner. Later posts are kept, and counted as dropped if the loop is
     /// freed.
     func releaseThread() {
-        ownerThread.store(Self.deadOwner, ordering: .releasing)
+        ownerThread.store(LoopOwnership.orphaned.word, ordering: .releasing)
     }
 
+    /// Who owns the loop right now (see `LoopOwnership`).
+    var ownership: LoopOwnership { LoopOwnership(word: ownerThread.load(ordering: .acquiring)) }
+
     /// Whether the loop's thread has finished with it for good (see `releaseThread`).
-    var isOrphaned: Bool { ownerThread.load(ordering: .acquiring) == Self.deadOwner }
+    var isOrphaned: Bool { ownership == .orphaned }
 
     /// Whether some thread that has not finished with the loop owns it.
     var isBoundToLiveThread: Bool {
-        let owner = ownerThread.load(ordering: .acquiring)
-        return owner != 0 && owner != Self.deadOwner
+        if case .owned = ownership { return true }
+        return false
     }
 
     func preconditionOnLoop(_ function: StaticString, file: StaticString = #fileID, line: UInt = #line) {

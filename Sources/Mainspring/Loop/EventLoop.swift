@@ -72,10 +72,9 @@ public final class EventLoop: @unchecked Sendable {
     var busySources = 0
     /// The timers' deadlines, in order (Events/TimerQueue.swift).
     private(set) lazy var timerQueue = TimerQueue(loop: self)
-    /// Set by `shutdownNow()`: posts are counted as dropped instead of queued.
-    var isShutDown = false
-    /// Set in `deinit`: nothing may take a reference to the loop any more.
-    var isBeingFreed = false
+    /// Open, shut down (posts counted as dropped instead of queued), or being freed (nothing may
+    /// take a reference to the loop any more). Loop thread only, or `deinit`.
+    var lifecycle = LoopLifecycle()
     /// `EventLoop.main` only: the Dispatch main-queue bridge, installed when the loop first runs.
     var mainQueueSource: MainQueueSource?
     /// The serial executor of the actors pinned to this loop (see Executor.swift).
@@ -113,7 +112,7 @@ public final class EventLoop: @unchecked Sendable {
     deinit {
         // Nobody can run this loop any more: close its sources (their handlers are dropped, not
         // called) and count the work that will never run.
-        isBeingFreed = true
+        lifecycle.beginFreeing()
         _ = shutdownNow()
         wakeupTarget?.native = nil
     }
@@ -268,11 +267,12 @@ public final class EventLoop: @unchecked Sendable {
         // possible; before one, only if there is something to take (usually there is not).
         let polled = orSleep ? 0 : pollStamp == 0 ? clock.now() : pollStamp
         let taken = remote.withLock { queue -> Int in
-            if queue.isEmpty {
-                queue.isSleeping = orSleep
-                return 0
+            if orSleep {
+                if queue.sleepIfEmpty() { return 0 }
+            } else {
+                queue.wake()
+                if queue.isEmpty { return 0 }
             }
-            queue.isSleeping = false
             return scheduler.takeRemote(from: &queue, now: orSleep ? clock.now() : polled)
         }
         scheduler.counters.remoteItems &+= taken
@@ -323,17 +323,15 @@ public final class EventLoop: @unchecked Sendable {
     /// called), drops the queued work, and from now on counts posts as dropped instead of
     /// queueing them. Returns (work dropped, sources closed). `run()` returns afterwards.
     func shutdownNow() -> (droppedWork: Int, closedSources: Int) {
-        let waiting = remote.withLock { queue -> Int in
-            let count = queue.count
-            queue = RemoteQueue(isClosed: true)
-            return count
-        }
+        let waitingQueue = remote.withLock { $0.close() }
+        let waiting = waitingQueue.count
         let open = Array(sources.values)
         for source in open { source.close() }
         let dropped = scheduler.removeAll() + waiting
         scheduler.counters.droppedAtShutdown += dropped
-        isShutDown = true
+        lifecycle.shutDown()
         stop()
+        _ = consume waitingQueue  // the dropped closures are released here, after the lock
         return (dropped, open.count)
     }
 

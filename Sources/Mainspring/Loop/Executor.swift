@@ -67,7 +67,7 @@ extension EventLoop: SerialExecutor, TaskExecutor {
     /// from another thread, or once the loop has shut down, it travels in a `JobPost`.
     @inline(__always)
     func post(_ job: UnownedJob, asTask: Bool) {
-        if ownerThread.load(ordering: .relaxed) == currentThreadID() && !isShutDown {
+        if ownerThread.load(ordering: .relaxed) == currentThreadID() && !lifecycle.isShutDown {
             let priority = jobPriority
             let record = ReadyRecord(job: job, asTask: asTask, on: Unmanaged.passUnretained(self),
                                      stamp: scheduler.cachedNow, priority: priority)
@@ -168,7 +168,7 @@ extension EventLoop {
     /// loop is being freed it cannot be that — a task that prefers a loop keeps it alive, so only
     /// an actor that did not hold its loop gets here — and the job runs on `OrphanExecutor`.
     func orphan(_ job: UnownedJob, asTask: Bool) {
-        if isBeingFreed {
+        if lifecycle.isBeingFreed {
             OrphanExecutor.shared.run(job, asTask: asTask)
         } else {
             Self.orphans.async { Self.run(job, on: self, asTask: asTask) }

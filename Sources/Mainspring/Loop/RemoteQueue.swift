@@ -21,16 +21,78 @@ struct RemoteQueue {
     /// Posts per clock reading (a power of two).
     static let stampInterval = 32
 
+    /// What the loop is to the producers.
+    enum Phase: Equatable {
+        /// Running, or about to look at the queue: a post needs no wake-up.
+        case awake
+        /// The loop saw the queue empty and sleeps (or is about to) in epoll: the producer that
+        /// posts first writes the eventfd and makes it awake, so the fd is written at most once
+        /// per sleep.
+        case sleeping
+        /// Shut down: posts are counted as dropped instead of queued, for good.
+        case closed
+    }
+
     var items = PerPriority<[RemoteItem]>(repeating: [])
-    /// Set by the loop just before it sleeps with an empty queue; the producer that clears it
-    /// writes the eventfd. So the fd is written at most once per sleep.
-    var isSleeping = false
-    /// Set at shutdown: posts are counted here instead of queued.
-    var isClosed = false
-    var droppedWhileClosed = 0
+    private(set) var phase: Phase = .awake
+    private(set) var droppedWhileClosed = 0
 
     var isEmpty: Bool { items.input.isEmpty && items.normal.isEmpty && items.background.isEmpty }
     var count: Int { items.input.count + items.normal.count + items.background.count }
+
+    /// What a post did.
+    enum PostOutcome: Equatable {
+        /// Queued; the producer must write the eventfd when `wake` (the loop slept).
+        case queued(wake: Bool)
+        /// The loop is shut down: counted as dropped (the producer releases the work after
+        /// the lock).
+        case dropped
+    }
+
+    /// A producer posts `item` (moved out of it when queued).
+    @inline(__always)
+    mutating func post<Clock: SchedulerClock>(_ item: inout RemoteItem?, _ priority: Priority, clock: Clock?) -> PostOutcome {
+        switch phase {
+        case .closed:
+            droppedWhileClosed += 1
+            return .dropped
+        case .awake:
+            if let moved = item.take() { append(moved, priority, clock: clock) }
+            return .queued(wake: false)
+        case .sleeping:
+            if let moved = item.take() { append(moved, priority, clock: clock) }
+            phase = .awake
+            return .queued(wake: true)
+        }
+    }
+
+    /// The loop, with nothing else to do, is about to sleep: it does unless posts are waiting
+    /// (which it then takes). Returns whether it may sleep.
+    mutating func sleepIfEmpty() -> Bool {
+        guard phase != .closed else { return true }
+        if isEmpty {
+            phase = .sleeping
+            return true
+        }
+        phase = .awake
+        return false
+    }
+
+    /// The loop is awake (it polled, or is about to take the posts).
+    mutating func wake() {
+        if phase == .sleeping { phase = .awake }
+    }
+
+    /// The loop shuts down: what was queued is returned (to be dropped and counted after the
+    /// lock), and later posts are counted as dropped.
+    mutating func close() -> RemoteQueue {
+        let waiting = self
+        var closed = RemoteQueue()
+        closed.phase = .closed
+        closed.droppedWhileClosed = droppedWhileClosed
+        self = closed
+        return waiting
+    }
 
     /// Queues `item`, stamped with `clock` when it is the first of its array or a multiple of
     /// `stampInterval` after it (`clock` nil: metrics are off, no stamps).
