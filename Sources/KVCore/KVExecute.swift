@@ -47,7 +47,9 @@ extension KVCore {
         case .lrange: return lrange(a, &output)
         case .mset: mset(a, &output)
         case .ping:
-            if argc == 1 { RESP.appendStatic("+PONG\r\n", to: &output) } else { RESP.appendBulkString(a[1], to: &output) }
+            if argc > 2 {
+                replyArity("ping", into: &output)
+            } else if argc == 1 { RESP.appendStatic("+PONG\r\n", to: &output) } else { RESP.appendBulkString(a[1], to: &output) }
         case .echo: RESP.appendBulkString(a[1], to: &output)
         case .quit:
             RESP.appendOK(to: &output)

@@ -87,17 +87,26 @@ extension KVCore {
         let sub = a[1]
         if Self.equalsIgnoringCase(sub, "get") {
             guard a.count >= 3 else { return replyArity("config|get", into: &output) }
-            var matched: [String] = []
+            // An exact name comes back as it was asked (Redis 7.0); a pattern lists the names.
+            var matched: [(shown: String, name: String)] = []
             for pattern in a.dropFirst(2) {
+                let text = String(decoding: pattern, as: UTF8.self)
+                if !pattern.contains(where: { $0 == UInt8(ascii: "*") || $0 == UInt8(ascii: "?") || $0 == UInt8(ascii: "[") }) {
+                    let name = text.lowercased()
+                    if Self.configNames.contains(name) && !matched.contains(where: { $0.name == name }) {
+                        matched.append((text, name))
+                    }
+                    continue
+                }
                 let glob = GlobPattern(pattern, ignoresCase: true)
-                for name in Self.configNames where !matched.contains(name) && glob.matches(Array(name.utf8)) {
-                    matched.append(name)
+                for name in Self.configNames where !matched.contains(where: { $0.name == name }) && glob.matches(Array(name.utf8)) {
+                    matched.append((name, name))
                 }
             }
             RESP.appendArrayHeader(matched.count * 2, to: &output)
-            for name in matched {
-                RESP.appendBulkString(name, to: &output)
-                RESP.appendBulkString(configValue(name), to: &output)
+            for entry in matched {
+                RESP.appendBulkString(entry.shown, to: &output)
+                RESP.appendBulkString(configValue(entry.name), to: &output)
             }
         } else if Self.equalsIgnoringCase(sub, "set") {
             guard a.count >= 4 && a.count % 2 == 0 else { return replyArity("config|set", into: &output) }
@@ -283,7 +292,7 @@ extension KVCore {
             }
             RESP.appendArrayHeader(names.count, to: &output)
             for name in names {
-                if let command = CommandID.lookup(name) { appendCommandInfo(command, &output) } else { RESP.appendNullArray(to: &output) }
+                if let command = CommandID.lookup(name) { appendCommandInfo(command, &output) } else { RESP.appendNullBulk(to: &output) }
             }
         } else {
             replyUnknownSubcommand(a, &output)
