@@ -20,48 +20,32 @@ struct ByteMap<Value> {
         var value: Value?
     }
 
-    final class Storage {
-        var slots: ContiguousArray<Slot> = []
-        var table: ContiguousArray<UInt64>
-        var freeSlots: [Int32] = []  // a min-heap; may hold stale entries (checked when popped)
-        var count = 0
+    /// Shared by the copies of one map: unique exactly when no copy (snapshot) exists, so the
+    /// arrays below can be changed in place without a hidden O(n) copy.
+    final class Owner {}
 
-        init(capacity: Int = 8) {
-            table = ContiguousArray(repeating: 0, count: capacity)
-        }
+    // A struct of arrays rather than a class: no dynamic exclusivity checks or generic class
+    // metadata on the hot path; the arrays are copy-on-write themselves.
+    private(set) var slots: ContiguousArray<Slot> = []
+    private var table: ContiguousArray<UInt64> = ContiguousArray(repeating: 0, count: 8)
+    private var freeSlots: [Int32] = []  // a min-heap; may hold stale entries (checked when popped)
+    private(set) var count = 0
+    private var owner = Owner()
 
-        func copy() -> Storage {
-            let other = Storage(capacity: 0)
-            other.slots = slots
-            other.table = table
-            other.freeSlots = freeSlots
-            other.count = count
-            return other
-        }
-    }
+    init() {}
 
-    private(set) var storage: Storage
-
-    init() {
-        storage = Storage()
-    }
-
-    /// The number of entries.
-    var count: Int { storage.count }
-    var isEmpty: Bool { storage.count == 0 }
+    var isEmpty: Bool { count == 0 }
     /// One more than the highest slot number in use (or about it): the end of a slot scan.
-    var slotCount: Int { storage.slots.count }
+    var slotCount: Int { slots.count }
 
     @inline(__always)
     private mutating func makeUnique() {
-        if !isKnownUniquelyReferenced(&storage) {
-            storage = storage.copy()
-        }
+        if !isKnownUniquelyReferenced(&owner) { owner = Owner() }
     }
 
-    /// Whether this map's storage is shared with a copy (a snapshot).
+    /// Whether this map is shared with a copy (a snapshot).
     mutating func isShared() -> Bool {
-        !isKnownUniquelyReferenced(&storage)
+        !isKnownUniquelyReferenced(&owner)
     }
 
     // MARK: Lookup
@@ -73,9 +57,8 @@ struct ByteMap<Value> {
     }
 
     func find(_ key: [UInt8], hash: UInt64) -> Int? {
-        let storage = self.storage
         let tag = UInt64(UInt32(truncatingIfNeeded: hash))
-        return storage.table.withUnsafeBufferPointer { table -> Int? in
+        return table.withUnsafeBufferPointer { table -> Int? in
             let mask = table.count - 1
             var bucket = Int(truncatingIfNeeded: hash) & mask
             while true {
@@ -83,7 +66,7 @@ struct ByteMap<Value> {
                 if entry == 0 { return nil }
                 if entry & 0xffff_ffff == tag {
                     let slot = Int(entry >> 32) - 1
-                    if storage.slots[slot].hash == hash && ByteHash.equal(storage.slots[slot].key, key) {
+                    if slots[slot].hash == hash && ByteHash.equal(slots[slot].key, key) {
                         return slot
                     }
                 }
@@ -95,37 +78,37 @@ struct ByteMap<Value> {
     /// Whether `slot` holds an entry.
     @inline(__always)
     func isOccupied(_ slot: Int) -> Bool {
-        slot < storage.slots.count && storage.slots[slot].value != nil
+        slot < slots.count && slots[slot].value != nil
     }
 
     /// The key in `slot` (which must be occupied).
     @inline(__always)
-    func key(at slot: Int) -> [UInt8] { storage.slots[slot].key }
+    func key(at slot: Int) -> [UInt8] { slots[slot].key }
 
     /// The value in `slot`, or nil when it is free or past the end.
     @inline(__always)
     func value(at slot: Int) -> Value? {
-        slot < storage.slots.count ? storage.slots[slot].value : nil
+        slot < slots.count ? slots[slot].value : nil
     }
 
     /// The value of `key`, or nil.
     func value(for key: [UInt8]) -> Value? {
-        find(key).flatMap { storage.slots[$0].value }
+        find(key).flatMap { slots[$0].value }
     }
 
     /// Changes the value in occupied `slot` in place.
     @inline(__always)
     mutating func modifyValue<R>(at slot: Int, _ body: (inout Value) throws -> R) rethrows -> R {
         makeUnique()
-        return try body(&storage.slots[slot].value!)
+        return try body(&slots[slot].value!)
     }
 
     /// Replaces the value in occupied `slot`, returning the old one.
     @discardableResult
     mutating func replaceValue(at slot: Int, with value: Value) -> Value {
         makeUnique()
-        let old = storage.slots[slot].value!
-        storage.slots[slot].value = value
+        let old = slots[slot].value!
+        slots[slot].value = value
         return old
     }
 
@@ -135,16 +118,15 @@ struct ByteMap<Value> {
     @discardableResult
     mutating func insertNew(_ key: [UInt8], hash: UInt64, value: Value) -> Int {
         makeUnique()
-        let storage = self.storage
-        if (storage.count + 1) * 4 > storage.table.count * 3 {
-            rebuildIndex(capacity: storage.table.count * 2)
+        if (count + 1) * 4 > table.count * 3 {
+            rebuildIndex(capacity: table.count * 2)
         }
         let slot = takeFreeSlot()
-        storage.slots[slot] = Slot(key: key, hash: hash, value: value)
-        storage.count += 1
+        slots[slot] = Slot(key: key, hash: hash, value: value)
+        count += 1
         let tag = UInt64(UInt32(truncatingIfNeeded: hash))
         let entry = (UInt64(slot + 1) << 32) | tag
-        storage.table.withUnsafeMutableBufferPointer { table in
+        table.withUnsafeMutableBufferPointer { table in
             let mask = table.count - 1
             var bucket = Int(truncatingIfNeeded: hash) & mask
             while table[bucket] != 0 { bucket = (bucket + 1) & mask }
@@ -176,10 +158,9 @@ struct ByteMap<Value> {
     @discardableResult
     mutating func remove(slot: Int) -> (key: [UInt8], value: Value) {
         makeUnique()
-        let storage = self.storage
-        let hash = storage.slots[slot].hash
+        let hash = slots[slot].hash
         let target = UInt64(slot + 1) << 32 | UInt64(UInt32(truncatingIfNeeded: hash))
-        storage.table.withUnsafeMutableBufferPointer { table in
+        table.withUnsafeMutableBufferPointer { table in
             let mask = table.count - 1
             var hole = Int(truncatingIfNeeded: hash) & mask
             while table[hole] != target { hole = (hole + 1) & mask }
@@ -198,35 +179,35 @@ struct ByteMap<Value> {
             }
             table[hole] = 0
         }
-        let removed = storage.slots[slot]
-        storage.slots[slot] = Slot(key: [], hash: 0, value: nil)
-        storage.count -= 1
+        let removed = slots[slot]
+        slots[slot] = Slot(key: [], hash: 0, value: nil)
+        count -= 1
         releaseSlot(slot)
-        if storage.count == 0 {
-            if storage.table.count > 8 { storage.table = ContiguousArray(repeating: 0, count: 8) }
-        } else if storage.table.count > 64 && storage.count * 8 < storage.table.count {
-            rebuildIndex(capacity: storage.table.count / 4)
+        if count == 0 {
+            if table.count > 8 { table = ContiguousArray(repeating: 0, count: 8) }
+        } else if table.count > 64 && count * 8 < table.count {
+            rebuildIndex(capacity: table.count / 4)
         }
         return (removed.key, removed.value!)
     }
 
-    /// Removes every entry at once (the caller drops the old storage; see `popLastSlot`).
+    /// Removes every entry at once (the caller drops the old map; see `popLastSlot`).
     mutating func removeAll() {
-        storage = Storage()
+        self = ByteMap()
     }
 
     /// For freeing in slices a map nobody else shares: removes the last slot (occupied or
     /// not) without touching the index, returning its value. The map is unusable for lookups
     /// afterwards; only `slotCount` and `popLastSlot` remain meaningful.
     mutating func popLastSlot() -> Value? {
-        storage.slots.popLast()?.value
+        slots.popLast()?.value
     }
 
     /// A random occupied slot, or nil when empty. O(1) expected while the slot array is mostly
     /// full; at worst O(slots).
     func randomSlot<G: RandomNumberGenerator>(using generator: inout G) -> Int? {
-        let slots = storage.slots
-        guard storage.count > 0 else { return nil }
+        let slots = slots
+        guard count > 0 else { return nil }
         for _ in 0..<16 {
             let slot = Int.random(in: 0..<slots.count, using: &generator)
             if slots[slot].value != nil { return slot }
@@ -241,7 +222,7 @@ struct ByteMap<Value> {
 
     /// The next occupied slot at or after `slot`, or nil.
     func nextOccupied(from slot: Int) -> Int? {
-        let slots = storage.slots
+        let slots = slots
         var index = max(slot, 0)
         while index < slots.count {
             if slots[index].value != nil { return index }
@@ -253,26 +234,24 @@ struct ByteMap<Value> {
     // MARK: Slots and index
 
     private mutating func takeFreeSlot() -> Int {
-        let storage = self.storage
         while let candidate = heapPopMin() {
             let slot = Int(candidate)
-            if slot < storage.slots.count && storage.slots[slot].value == nil { return slot }
+            if slot < slots.count && slots[slot].value == nil { return slot }
         }
-        storage.slots.append(Slot(key: [], hash: 0, value: nil))
-        return storage.slots.count - 1
+        slots.append(Slot(key: [], hash: 0, value: nil))
+        return slots.count - 1
     }
 
     private mutating func releaseSlot(_ slot: Int) {
-        let storage = self.storage
-        if slot == storage.slots.count - 1 {
+        if slot == slots.count - 1 {
             // Drop the free tail (its heap entries become stale).
-            while let last = storage.slots.last, last.value == nil { storage.slots.removeLast() }
+            while let last = slots.last, last.value == nil { slots.removeLast() }
         } else {
             heapPush(Int32(slot))
         }
-        if storage.freeSlots.count > 2 * storage.slots.count + 64 {
-            storage.freeSlots = []
-            for index in storage.slots.indices where storage.slots[index].value == nil {
+        if freeSlots.count > 2 * slots.count + 64 {
+            freeSlots = []
+            for index in slots.indices where slots[index].value == nil {
                 heapPush(Int32(index))
             }
         }
@@ -281,46 +260,44 @@ struct ByteMap<Value> {
     private mutating func rebuildIndex(capacity requested: Int) {
         var capacity = 8
         while capacity < requested { capacity *= 2 }
-        while (storage.count + 1) * 4 > capacity * 3 { capacity *= 2 }
-        var table = ContiguousArray<UInt64>(repeating: 0, count: capacity)
+        while (count + 1) * 4 > capacity * 3 { capacity *= 2 }
+        var newTable = ContiguousArray<UInt64>(repeating: 0, count: capacity)
         let mask = capacity - 1
-        table.withUnsafeMutableBufferPointer { table in
-            for (slot, entry) in storage.slots.enumerated() where entry.value != nil {
+        newTable.withUnsafeMutableBufferPointer { table in
+            for (slot, entry) in slots.enumerated() where entry.value != nil {
                 var bucket = Int(truncatingIfNeeded: entry.hash) & mask
                 while table[bucket] != 0 { bucket = (bucket + 1) & mask }
                 table[bucket] = (UInt64(slot + 1) << 32) | UInt64(UInt32(truncatingIfNeeded: entry.hash))
             }
         }
-        storage.table = table
+        table = newTable
     }
 
-    private func heapPush(_ value: Int32) {
-        let storage = self.storage
-        storage.freeSlots.append(value)
-        var child = storage.freeSlots.count - 1
+    private mutating func heapPush(_ value: Int32) {
+        freeSlots.append(value)
+        var child = freeSlots.count - 1
         while child > 0 {
             let parent = (child - 1) / 2
-            if storage.freeSlots[parent] <= storage.freeSlots[child] { break }
-            storage.freeSlots.swapAt(parent, child)
+            if freeSlots[parent] <= freeSlots[child] { break }
+            freeSlots.swapAt(parent, child)
             child = parent
         }
     }
 
-    private func heapPopMin() -> Int32? {
-        let storage = self.storage
-        guard let last = storage.freeSlots.popLast() else { return nil }
-        guard !storage.freeSlots.isEmpty else { return last }
-        let minimum = storage.freeSlots[0]
-        storage.freeSlots[0] = last
+    private mutating func heapPopMin() -> Int32? {
+        guard let last = freeSlots.popLast() else { return nil }
+        guard !freeSlots.isEmpty else { return last }
+        let minimum = freeSlots[0]
+        freeSlots[0] = last
         var parent = 0
-        let count = storage.freeSlots.count
+        let count = freeSlots.count
         while true {
             let left = 2 * parent + 1
             if left >= count { break }
             var smallest = left
-            if left + 1 < count && storage.freeSlots[left + 1] < storage.freeSlots[left] { smallest = left + 1 }
-            if storage.freeSlots[parent] <= storage.freeSlots[smallest] { break }
-            storage.freeSlots.swapAt(parent, smallest)
+            if left + 1 < count && freeSlots[left + 1] < freeSlots[left] { smallest = left + 1 }
+            if freeSlots[parent] <= freeSlots[smallest] { break }
+            freeSlots.swapAt(parent, smallest)
             parent = smallest
         }
         return minimum

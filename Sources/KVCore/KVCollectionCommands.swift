@@ -119,7 +119,7 @@ extension KVCore {
             RESP.appendEmptyArray(to: &output)
             return .replied
         }
-        guard case .list(let list) = keyspace.storage.slots[slot].value!.value else {
+        guard case .list(let list) = keyspace.slots[slot].value!.value else {
             replyWrongType(&output)
             return .replied
         }
@@ -189,7 +189,7 @@ extension KVCore {
     /// The hash in `slot` for reading, or nil after a WRONGTYPE reply.
     @inline(__always)
     func hashValue(at slot: Int, _ output: inout [UInt8]) -> ByteMap<[UInt8]>? {
-        guard case .hash(let map) = keyspace.storage.slots[slot].value!.value else {
+        guard case .hash(let map) = keyspace.slots[slot].value!.value else {
             replyWrongType(&output)
             return nil
         }
@@ -343,7 +343,7 @@ extension KVCore {
     /// The set in `slot` for reading, or nil after a WRONGTYPE reply.
     @inline(__always)
     func setValue(at slot: Int, _ output: inout [UInt8]) -> ByteMap<Void>? {
-        guard case .set(let map) = keyspace.storage.slots[slot].value!.value else {
+        guard case .set(let map) = keyspace.slots[slot].value!.value else {
             replyWrongType(&output)
             return nil
         }

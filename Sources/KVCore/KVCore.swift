@@ -182,7 +182,7 @@ public final class KVCore {
     @inline(__always)
     func liveSlot(_ key: [UInt8], hash: UInt64) -> Int? {
         guard let slot = keyspace.find(key, hash: hash) else { return nil }
-        let expireAt = keyspace.storage.slots[slot].value!.expireAt
+        let expireAt = keyspace.slots[slot].value!.expireAt
         if expireAt != KeyEntry.persistent && now > expireAt {
             deleteExpired(slot: slot)
             return nil
@@ -205,7 +205,7 @@ public final class KVCore {
 
     @inline(__always)
     func entry(at slot: Int) -> KeyEntry {
-        keyspace.storage.slots[slot].value!
+        keyspace.slots[slot].value!
     }
 
     func deleteExpired(slot: Int) {
@@ -215,7 +215,7 @@ public final class KVCore {
 
     /// Removes the key in `slot`; a large value goes to the reclaimer.
     func deleteKey(slot: Int) {
-        if keyspace.storage.slots[slot].value!.expiryPosition >= 0 { clearExpiry(slot: slot) }
+        if keyspace.slots[slot].value!.expiryPosition >= 0 { clearExpiry(slot: slot) }
         let removed = keyspace.remove(slot: slot)
         dispose(removed.value.value)
     }
@@ -249,7 +249,7 @@ public final class KVCore {
                 swap(&value, &entry.value)
                 return value
             }
-            if !keepTTL && keyspace.storage.slots[slot].value!.expiryPosition >= 0 { clearExpiry(slot: slot) }
+            if !keepTTL && keyspace.slots[slot].value!.expiryPosition >= 0 { clearExpiry(slot: slot) }
             dispose(old)
             return slot
         }

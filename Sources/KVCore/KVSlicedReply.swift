@@ -150,13 +150,13 @@ extension KVCore {
         let time = now
         let end = min(scan.end, keyspace.slotCount)
         let stop = min(end, scan.cursor &+ budget)
-        let storage = keyspace.storage
+        let slots = keyspace.slots
         while scan.cursor < stop {
             let slot = scan.cursor
             scan.cursor += 1
-            guard let entry = storage.slots[slot].value, entry.epoch <= scan.startEpoch else { continue }
+            guard let entry = slots[slot].value, entry.epoch <= scan.startEpoch else { continue }
             if entry.expireAt != KeyEntry.persistent && time > entry.expireAt { continue }
-            let key = storage.slots[slot].key
+            let key = slots[slot].key
             if scan.pattern.matches(key) {
                 RESP.appendBulkString(key, to: &scan.matches)
                 scan.count += 1

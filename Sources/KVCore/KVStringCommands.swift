@@ -8,7 +8,7 @@ extension KVCore {
             RESP.appendNullBulk(to: &output)
             return true
         }
-        guard case .string(let bytes) = keyspace.storage.slots[slot].value!.value else {
+        guard case .string(let bytes) = keyspace.slots[slot].value!.value else {
             replyWrongType(&output)
             return false
         }
