@@ -10,14 +10,15 @@ public struct GlobPattern: Sendable, Hashable {
     public let bytes: [UInt8]
     /// Whether letters match regardless of case (`CONFIG GET` matches that way).
     public let ignoresCase: Bool
-    /// Whether the pattern is `*` (matches everything; lets scans skip matching).
+    /// Whether the pattern is exactly `*`, which Redis's `KEYS` and `SCAN` take as "every key"
+    /// (the empty key included) without matching.
     public let matchesEverything: Bool
 
     /// Creates a pattern.
     public init(_ bytes: [UInt8], ignoresCase: Bool = false) {
         self.bytes = bytes
         self.ignoresCase = ignoresCase
-        self.matchesEverything = !bytes.isEmpty && bytes.allSatisfy { $0 == UInt8(ascii: "*") }
+        self.matchesEverything = bytes == [UInt8(ascii: "*")]
     }
 
     /// Whether `string` matches the pattern.

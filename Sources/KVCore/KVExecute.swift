@@ -19,7 +19,7 @@ extension KVCore {
             replyArity(String(describing: spec.name), into: &output)
             return .replied
         }
-        totalCommands += 1
+        defer { totalCommands += 1 }  // counted after it ran, as Redis does (INFO does not see itself)
         session.lastCommandID = command
         let a = arguments
         switch command {

@@ -258,6 +258,9 @@ extension KVCore {
 
     // MARK: COMMAND
 
+    /// The names of the commands the core implements (lowercase), as `COMMAND` lists them.
+    public static let commandNames: [String] = CommandID.allCases.map { String(describing: $0.spec.name) }
+
     func appendCommandInfo(_ command: CommandID, _ output: inout [UInt8]) {
         let spec = command.spec
         RESP.appendArrayHeader(10, to: &output)

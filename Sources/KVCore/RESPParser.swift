@@ -72,6 +72,11 @@ public struct RESPParser: Sendable {
         /// The error reply without its `-` and CRLF, e.g. `ERR Protocol error: invalid bulk length`.
         public let message: String
 
+        /// Creates an error with its reply text (`ERR Protocol error: ...`).
+        public init(message: String) {
+            self.message = message
+        }
+
         /// `message`.
         public var description: String { message }
 
