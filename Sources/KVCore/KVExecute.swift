@@ -154,30 +154,36 @@ extension KVCore {
         return Int(value)
     }
 
-    /// Text of an argument for an error message: as C's `%s` shows it (up to a NUL byte).
-    static func cText(_ bytes: [UInt8], limit: Int = Int.max) -> String {
-        var end = bytes.firstIndex(of: 0) ?? bytes.count
-        end = min(end, limit)
-        return String(decoding: bytes[0..<end], as: UTF8.self)
+    /// An argument as C's `%.*s` shows it in an error message: up to a NUL byte, at most
+    /// `limit` bytes.
+    static func cBytes(_ bytes: [UInt8], limit: Int = Int.max) -> [UInt8] {
+        let end = min(bytes.firstIndex(of: 0) ?? bytes.count, limit)
+        return Array(bytes[0..<end])
+    }
+
+    /// Appends an error made of text and argument bytes.
+    func replyError(_ parts: [UInt8]..., into output: inout [UInt8]) {
+        RESP.appendError(bytes: parts.flatMap { $0 }, to: &output)
     }
 
     func replyUnknownCommand(_ arguments: [[UInt8]], into output: inout [UInt8]) {
-        var args = ""
-        var length = 0
+        var args: [UInt8] = []
         for argument in arguments.dropFirst() {
-            if length >= 128 { break }
-            let shown = Self.cText(argument, limit: 128 - length)
-            args += "'\(shown)' "
-            length += shown.utf8.count + 3
+            if args.count >= 128 { break }
+            args.append(UInt8(ascii: "'"))
+            args += Self.cBytes(argument, limit: 128 - args.count + 1)
+            args += [UInt8(ascii: "'"), UInt8(ascii: " ")]
         }
-        let name = Self.cText(arguments[0], limit: 128)
-        RESP.appendError("ERR unknown command '\(name)', with args beginning with: \(args)", to: &output)
+        replyError(
+            Array("ERR unknown command '".utf8), Self.cBytes(arguments[0], limit: 128),
+            Array("', with args beginning with: ".utf8), args, into: &output)
     }
 
     func replyUnknownSubcommand(_ arguments: [[UInt8]], _ output: inout [UInt8]) {
-        let sub = Self.cText(arguments[1], limit: 128)
-        let container = Self.cText(arguments[0]).uppercased()
-        RESP.appendError("ERR unknown subcommand '\(sub)'. Try \(container) HELP.", to: &output)
+        let container = Self.cBytes(arguments[0]).map { $0 >= 0x61 && $0 <= 0x7a ? $0 - 0x20 : $0 }
+        replyError(
+            Array("ERR unknown subcommand '".utf8), Self.cBytes(arguments[1], limit: 128), Array("'. Try ".utf8),
+            container, Array(" HELP.".utf8), into: &output)
     }
 
     /// Whether `argument` equals `lowercase` (letters only), ignoring case.

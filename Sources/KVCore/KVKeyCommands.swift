@@ -83,7 +83,7 @@ extension KVCore {
             } else if Self.equalsIgnoringCase(option, "lt") {
                 lt = true
             } else {
-                RESP.appendError("ERR Unsupported option \(Self.cText(option))", to: &output)
+                replyError(Array("ERR Unsupported option ".utf8), Self.cBytes(option), into: &output)
                 return
             }
         }

@@ -121,9 +121,9 @@ extension KVCore {
                         "ERR CONFIG SET failed (possibly related to argument '\(name)') - \(reason)", to: &output)
                 }
                 guard ["maxclients", "proto-max-bulk-len", "client-output-buffer-limit"].contains(name) else {
-                    RESP.appendError(
-                        "ERR Unknown option or number of arguments for CONFIG SET - '\(Self.cText(a[index]))'",
-                        to: &output)
+                    replyError(
+                        Array("ERR Unknown option or number of arguments for CONFIG SET - '".utf8),
+                        Self.cBytes(a[index]), Array("'".utf8), into: &output)
                     return
                 }
                 if !seen.insert(name).inserted { return failure("duplicate parameter") }
@@ -331,7 +331,9 @@ extension KVCore {
                 name = a[index + 1]
                 index += 2
             } else {
-                RESP.appendError("ERR Syntax error in HELLO option '\(Self.cText(a[index]))'", to: &output)
+                replyError(
+                    Array("ERR Syntax error in HELLO option '".utf8), Self.cBytes(a[index]), Array("'".utf8),
+                    into: &output)
                 return
             }
         }

@@ -32,6 +32,14 @@ public enum RESP {
         appendCRLF(to: &output)
     }
 
+    /// Appends an error reply, `-message\r\n`, from bytes (arguments quoted in an error are
+    /// shown byte for byte, as Redis does); CR and LF become spaces.
+    public static func appendError(bytes message: [UInt8], to output: inout [UInt8]) {
+        output.append(UInt8(ascii: "-"))
+        for byte in message { output.append(byte == 13 || byte == 10 ? UInt8(ascii: " ") : byte) }
+        appendCRLF(to: &output)
+    }
+
     /// Appends an error reply from a constant, `-message\r\n`.
     @inlinable
     public static func appendError(_ message: StaticString, to output: inout [UInt8]) {

@@ -69,20 +69,28 @@ public struct RESPParser: Sendable {
 
     /// A protocol error: the reply to send before closing the connection.
     public struct ProtocolError: Error, Sendable, Hashable, CustomStringConvertible {
-        /// The error reply without its `-` and CRLF, e.g. `ERR Protocol error: invalid bulk length`.
-        public let message: String
+        /// The error reply's bytes without its `-` and CRLF, e.g.
+        /// `ERR Protocol error: invalid bulk length` (`expected '$', got 'X'` holds the raw byte).
+        public let messageBytes: [UInt8]
 
         /// Creates an error with its reply text (`ERR Protocol error: ...`).
         public init(message: String) {
-            self.message = message
+            self.messageBytes = Array(message.utf8)
         }
+
+        init(messageBytes: [UInt8]) {
+            self.messageBytes = messageBytes
+        }
+
+        /// The reply text (a byte that is not UTF-8 shows as U+FFFD).
+        public var message: String { String(decoding: messageBytes, as: UTF8.self) }
 
         /// `message`.
         public var description: String { message }
 
         /// Appends the reply (`-message\r\n`) to `output`.
         public func appendReply(to output: inout [UInt8]) {
-            RESP.appendError(message, to: &output)
+            RESP.appendError(bytes: messageBytes, to: &output)
         }
     }
 
@@ -166,9 +174,13 @@ public struct RESPParser: Sendable {
     }
 
     private mutating func fail(_ message: String) -> Event {
+        fail(bytes: Array(message.utf8))
+    }
+
+    private mutating func fail(bytes: [UInt8]) -> Event {
         failed = true
         arguments = []
-        return .protocolError(ProtocolError(message: message))
+        return .protocolError(ProtocolError(messageBytes: bytes))
     }
 
     /// The end of the line that starts at `position`: the index of the first `terminator`
@@ -254,8 +266,8 @@ public struct RESPParser: Sendable {
                     if cr > end - 2 { return nil }
                     let first = base[position]
                     if first != UInt8(ascii: "$") {
-                        let shown = first == 13 || first == 10 ? " " : String(decoding: [first], as: UTF8.self)
-                        return fail("ERR Protocol error: expected '$', got '\(shown)'")
+                        // The byte as it came (CR and LF become spaces when the reply is written).
+                        return fail(bytes: Array("ERR Protocol error: expected '$', got '".utf8) + [first, 39])
                     }
                     let digits = UnsafeBufferPointer(start: base + position + 1, count: cr - position - 1)
                     guard let length = RedisInteger.parse(digits), length >= 0,

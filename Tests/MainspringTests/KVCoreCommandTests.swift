@@ -41,6 +41,9 @@ struct KVCoreCommandTests {
         let long = String(repeating: "x", count: 200)
         #expect(client("nope", long, "b") == "-ERR unknown command 'nope', with args beginning with: '\(String(repeating: "x", count: 128))' \r\n")
         #expect(client.run([kvBytes("nope"), [97, 0, 98], [13, 10]]) == "-ERR unknown command 'nope', with args beginning with: 'a' '  ' \r\n")
+        var output: [UInt8] = []
+        _ = client.core.execute([kvBytes("nope"), [0xFF, 0xFE]], session: &client.session, into: &output)
+        #expect(output == kvBytes("-ERR unknown command 'nope', with args beginning with: '") + [0xFF, 0xFE] + kvBytes("' \r\n"))
     }
 
     @Test("strings: SET options, GET, GETSET, MSET, MGET, APPEND, STRLEN")

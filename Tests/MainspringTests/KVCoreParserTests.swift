@@ -49,7 +49,7 @@ struct KVCoreParserTests {
         ("*-0\r\n", "invalid multibulk length"),
         ("*1\r\n:4\r\n", "expected '$', got ':'"),
         ("*2\r\n$4\r\nECHO\r\nx\r\n", "expected '$', got 'x'"),
-        ("*1\r\n\r\n\r\n", "expected '$', got ' '"),
+        ("*1\r\n\r\n\r\n", "expected '$', got '\r'"),
         ("ECHO \"abc\r\n", "unbalanced quotes in request"),
         ("ECHO 'abc\r\n", "unbalanced quotes in request"),
         ("ECHO 'a'b\r\n", "unbalanced quotes in request"),
@@ -83,6 +83,19 @@ struct KVCoreParserTests {
         var output: [UInt8] = []
         RESPParser.ProtocolError(message: "ERR Protocol error: invalid bulk length").appendReply(to: &output)
         #expect(kvText(output) == "-ERR Protocol error: invalid bulk length\r\n")
+        // The offending byte is shown raw, except CR and LF, which become spaces.
+        var parser = RESPParser()
+        parser.append(contentsOf: kvBytes("*1\r\n") + [0xE9] + kvBytes("\r\n"))
+        guard case .protocolError(let error)? = parser.next() else { Issue.record("no error"); return }
+        output = []
+        error.appendReply(to: &output)
+        #expect(output == kvBytes("-ERR Protocol error: expected '$', got '") + [0xE9] + kvBytes("'\r\n"))
+        parser = RESPParser()
+        parser.append(contentsOf: kvBytes("*1\r\n\r\n\r\n"))
+        guard case .protocolError(let crError)? = parser.next() else { Issue.record("no error"); return }
+        output = []
+        crError.appendReply(to: &output)
+        #expect(kvText(output) == "-ERR Protocol error: expected '$', got ' '\r\n")
     }
 
     @Test("an inline request over 64 KiB without its newline is too big; at 64 KiB it waits")
