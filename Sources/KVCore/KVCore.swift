@@ -17,7 +17,7 @@ import Darwin
 ///
 /// ## Running a command
 /// `execute` appends the reply to `output` and returns `.replied`, or `.close` (after `QUIT`'s
-/// `+OK`, or an error that ends the connection), or `.sliced(reply)` for a command whose cost
+/// `+OK`: close once it is written), or `.sliced(reply)` for a command whose cost
 /// grows with the data, when the data is large (`KVConfiguration.slicingThreshold` keys or
 /// elements, 1000 by default). Smaller ones always run inline. A sliced reply is produced by
 /// calling `reply.step(budget:into:)` until it returns true; each call does at most `budget`
@@ -63,9 +63,21 @@ import Darwin
 /// its parsers with `configuration.parserLimits`. `APPEND` refuses to grow a string past
 /// `proto-max-bulk-len`. There is one database: `SELECT 0` works, other indexes fail.
 ///
+/// A malformed request is the parser's to report (`RESPParser.Event.protocolError`): the server
+/// writes that reply after the earlier ones and closes the connection.
+///
 /// ## Not as in Redis
-/// RESP3 is not spoken (`HELLO 3` answers `-NOPROTO`); `COMMAND DOCS` answers an empty array;
-/// `SMEMBERS`, `HGETALL`, `KEYS` and `SCAN` list elements in slot order, not Redis's hash order.
+/// - RESP3 is not spoken: `HELLO 3` answers `-NOPROTO unsupported protocol version` (redis-py 8
+///   asks for RESP3 unless made with `protocol=2`). `HELLO 2` works, `AUTH default <any>` too.
+/// - `SMEMBERS`, `HGETALL`, `KEYS` and `SCAN` list elements in slot order (freed slots are
+///   reused), not in Redis's hash or listpack order; `SPOP` picks with another generator.
+/// - `COMMAND DOCS` answers an empty array; `COMMAND`/`COMMAND INFO` entries have empty ACL
+///   categories, tips, key specs and subcommands. `CONFIG` knows `maxclients`,
+///   `proto-max-bulk-len`, `client-output-buffer-limit` (settable), and `save`, `appendonly`,
+///   `databases` (read only). `INFO` has the fields listed in its sections only.
+/// - `SCAN`'s `COUNT` counts occupied slots (and at most ten times as many slots in all), and its
+///   cursor is a slot number, not Redis's reverse-binary bucket cursor.
+/// - `DEL` frees a large value in slices like `UNLINK` (invisible to clients).
 public final class KVCore {
     /// The settings `CONFIG GET`/`CONFIG SET` read and change.
     public var configuration: KVConfiguration
