@@ -57,6 +57,9 @@ let package = Package(
             dependencies: ["Mainspring", "MainspringHTTP"],
             path: "Sources/ExampleServices"
         ),
+        // The pure logic of a Redis-protocol server (RESP2 parser, reply encoder, keyspace,
+        // commands, sliced slow commands): no dependencies, so the network side wires it up.
+        .target(name: "KVCore", path: "Sources/KVCore"),
         .executableTarget(
             name: "mainspring-demo",
             dependencies: ["Mainspring", "ExampleServices"],
@@ -121,7 +124,7 @@ let package = Package(
         ),
         .testTarget(
             name: "MainspringTests",
-            dependencies: ["Mainspring", "MainspringHTTP", "MainspringFuzzing", "ExampleServices", "CMainspringSystem"],
+            dependencies: ["Mainspring", "MainspringHTTP", "MainspringFuzzing", "ExampleServices", "CMainspringSystem", "KVCore"],
             path: "Tests/MainspringTests",
             swiftSettings: experimentalMainExecutor
         ),

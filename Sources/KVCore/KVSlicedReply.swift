@@ -1,0 +1,167 @@
+/// What `KVCore.execute` did with a command.
+public enum KVExecution {
+    /// The reply is in the output buffer.
+    case replied
+    /// The reply is in the output buffer; close the connection once it is written (`QUIT`).
+    case close
+    /// A command on large data: produce its reply by stepping the value (see `KVSlicedReply`).
+    case sliced(KVSlicedReply)
+}
+
+/// The reply of a command on large data, produced a slice at a time.
+///
+/// Call `step(budget:into:)` until it returns true; each call appends part of the reply (or,
+/// for `KEYS`, all of it at the end) and does at most about `budget` units of work: a key
+/// scanned, or an element encoded. Between calls the server may run other clients' commands;
+/// the client's own next commands wait, so replies stay in order. What the reply shows is
+/// described on `KVCore` (*Consistency of sliced commands*): `KEYS` reports the keys that
+/// existed when it began and still exist when reached; `LRANGE`, `HGETALL`, `SMEMBERS` show
+/// the value as it was when the command began.
+///
+/// Not `Sendable`: it belongs to the core's thread.
+public struct KVSlicedReply {
+    enum Kind {
+        case keys(KeysScan)
+        case list(ListValue, next: Int, end: Int)
+        case hash(ByteMap<[UInt8]>, cursor: Int)
+        case set(ByteMap<Void>, cursor: Int)
+        case finished
+    }
+
+    struct KeysScan {
+        let pattern: GlobPattern
+        let startEpoch: UInt64
+        let generation: UInt64
+        let end: Int
+        var cursor = 0
+        var matches: [UInt8] = []
+        var count = 0
+    }
+
+    let core: KVCore
+    var kind: Kind
+    var started = false
+
+    init(core: KVCore, kind: Kind) {
+        self.core = core
+        self.kind = kind
+    }
+
+    /// Whether the reply is complete.
+    public var isFinished: Bool {
+        if case .finished = kind { return true }
+        return false
+    }
+
+    /// Appends the next part of the reply, doing at most about `budget` units of work; returns
+    /// true when the reply is complete (later calls do nothing and return true).
+    public mutating func step(budget: Int, into output: inout [UInt8]) -> Bool {
+        let budget = max(budget, 1)
+        var current = Kind.finished
+        swap(&current, &kind)  // work on the state with no second reference to the snapshot
+        defer { swap(&current, &kind) }
+        switch current {
+        case .finished:
+            return true
+        case .keys(var scan):
+            current = .finished
+            let done = core.continueKeys(&scan, budget: budget)
+            if done {
+                RESP.appendArrayHeader(scan.count, to: &output)
+                output.append(contentsOf: scan.matches)
+                return true
+            }
+            current = .keys(scan)
+            return false
+        case .list(let list, var next, let end):
+            if !started {
+                started = true
+                RESP.appendArrayHeader(end - next, to: &output)
+            }
+            let stop = min(end, next + budget)
+            while next < stop {
+                RESP.appendBulkString(list[next], to: &output)
+                next += 1
+            }
+            if next == end {
+                current = .finished
+                core.reclaimer.add(.list(list))
+                return true
+            }
+            current = .list(list, next: next, end: end)
+            return false
+        case .hash(let map, var cursor):
+            if !started {
+                started = true
+                RESP.appendArrayHeader(map.count * 2, to: &output)
+            }
+            var work = 0
+            let slots = map.slotCount
+            while cursor < slots && work < budget {
+                if let value = map.value(at: cursor) {
+                    RESP.appendBulkString(map.key(at: cursor), to: &output)
+                    RESP.appendBulkString(value, to: &output)
+                }
+                cursor += 1
+                work += 1
+            }
+            if cursor >= slots {
+                current = .finished
+                core.reclaimer.add(.hash(map))
+                return true
+            }
+            current = .hash(map, cursor: cursor)
+            return false
+        case .set(let map, var cursor):
+            if !started {
+                started = true
+                RESP.appendArrayHeader(map.count, to: &output)
+            }
+            var work = 0
+            let slots = map.slotCount
+            while cursor < slots && work < budget {
+                if map.isOccupied(cursor) {
+                    RESP.appendBulkString(map.key(at: cursor), to: &output)
+                }
+                cursor += 1
+                work += 1
+            }
+            if cursor >= slots {
+                current = .finished
+                core.reclaimer.add(.set(map))
+                return true
+            }
+            current = .set(map, cursor: cursor)
+            return false
+        }
+    }
+
+    /// Runs the reply to its end at once.
+    public mutating func finish(into output: inout [UInt8]) {
+        while !step(budget: Int.max / 2, into: &output) {}
+    }
+}
+
+extension KVCore {
+    /// Scans up to `budget` slots of a sliced `KEYS`; true when done.
+    func continueKeys(_ scan: inout KVSlicedReply.KeysScan, budget: Int) -> Bool {
+        if scan.generation != keyspaceGeneration { return true }  // flushed: no old key is left
+        cachedNow = nil
+        let time = now
+        let end = min(scan.end, keyspace.slotCount)
+        let stop = min(end, scan.cursor &+ budget)
+        let slots = keyspace.slots
+        while scan.cursor < stop {
+            let slot = scan.cursor
+            scan.cursor += 1
+            guard let entry = slots[slot].value, entry.epoch <= scan.startEpoch else { continue }
+            if entry.expireAt != KeyEntry.persistent && time > entry.expireAt { continue }
+            let key = slots[slot].key
+            if scan.pattern.matches(key) {
+                RESP.appendBulkString(key, to: &scan.matches)
+                scan.count += 1
+            }
+        }
+        return scan.cursor >= end
+    }
+}
