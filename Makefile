@@ -21,11 +21,12 @@ all: build
 deps:
 	@./scripts/install-deps.sh
 
-## Tools of the HTTP tests (curl, the Prometheus text parser of python3-prometheus-client) and
+## Tools of the HTTP and TLS tests (curl, the Prometheus text parser of python3-prometheus-client,
+## the openssl command that makes the test certificates) and
 ## of the http benchmark (wrk), from Debian's packages when missing; and systemd's tools for the
 ## systemd tests (best effort: without them those tests are skipped, saying so).
 test-tools:
-	@./scripts/install-deps.sh curl python3-prometheus-client
+	@./scripts/install-deps.sh curl python3-prometheus-client openssl
 	@./scripts/install-tools.sh
 
 bench-tools:
