@@ -87,6 +87,9 @@ final class TLSHandshake {
         timer = nil
         readiness?.cancel()
         readiness = nil
+        // The outcome is reported (and a failure counted) before the socket closes, so that a
+        // peer that sees the close can rely on the statistics.
+        completion(outcome)
         if case .failed = outcome, closesSocket {
             // What the peer sent and nobody read would make the close a reset, which can
             // overtake the alert that says why: read it away first, so the peer gets the alert.
@@ -95,7 +98,6 @@ final class TLSHandshake {
             close(session.fd)
         }
         running = nil
-        completion(outcome)
     }
 }
 
@@ -140,7 +142,7 @@ struct TLSAcceptPreparer: AcceptedSocketPreparer {
 
 /// A server context's handshake counters.
 final class HandshakeCounters: Sendable {
-    private let state = Mutex(TLSServerContext.Statistics(completedHandshakes: 0, failedHandshakes: 0, lastFailure: nil))
+    private let state = Locked(TLSServerContext.Statistics(completedHandshakes: 0, failedHandshakes: 0, lastFailure: nil))
 
     func record(established: Bool) { state.withLock { $0.completedHandshakes += 1 } }
 

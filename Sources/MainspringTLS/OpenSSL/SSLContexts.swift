@@ -99,6 +99,8 @@ final class ServerContextSet: @unchecked Sendable {
 
     /// Builds every context of `configuration` (reading its files now).
     static func make(_ configuration: TLSServerConfiguration) throws(TLSConfigurationError) -> ServerContextSet {
+        contextBuilding.lock()
+        defer { contextBuilding.unlock() }
         guard !configuration.certificates.isEmpty else {
             throw TLSConfigurationError(what: "configuration", source: "TLSServerConfiguration",
                                         reason: "a server needs at least one certificate")
@@ -144,6 +146,8 @@ final class ServerContextSet: @unchecked Sendable {
 
     /// Builds a client context.
     static func makeClient(_ configuration: TLSClientConfiguration) throws(TLSConfigurationError) -> SSLContextHandle {
+        contextBuilding.lock()
+        defer { contextBuilding.unlock() }
         _ = requirePositive(configuration.handshakeTimeout, "TLSClientConfiguration.handshakeTimeout")
         ERR_clear_error()
         guard let ctx = SSL_CTX_new(TLS_client_method()) else {
@@ -169,6 +173,11 @@ final class ServerContextSet: @unchecked Sendable {
         return handle
     }
 }
+
+/// Contexts are built one at a time, process-wide: OpenSSL 3.0's PEM decoders are not safe to
+/// run on several threads at once (two servers made at the same moment failed to read the same
+/// good key, "unsupported"). Building a context is rare and takes a millisecond or so.
+private let contextBuilding = NSLock()
 
 /// Loads a certificate chain and its key into `ctx`, and checks that they match.
 private func useCertificate(_ certificate: TLSCertificate, in ctx: OpaquePointer) throws(TLSConfigurationError) {
