@@ -7,6 +7,7 @@ TSAN_SUPPRESSIONS := $(CURDIR)/.ci/tsan.supp
 DOCC ?= docc
 DOCS_OUTPUT ?= .build/docs
 DOCS_HTTP_OUTPUT ?= .build/docs-http
+DOCS_TLS_OUTPUT ?= .build/docs-tls
 DOCS_SYMBOL_GRAPHS := .build/docs-symbol-graphs
 
 FUZZ_RUNS ?= 200000
@@ -50,7 +51,8 @@ test-release: deps test-tools
 
 ## The documentation: DocC renders Sources/Mainspring/Mainspring.docc (the landing page and the
 ## articles) and the library's doc comments, from its symbol graphs, into $(DOCS_OUTPUT) (a
-## static site), and Sources/MainspringHTTP/MainspringHTTP.docc into $(DOCS_HTTP_OUTPUT). Any docc warning (an unresolved symbol link, a parameter
+## static site), Sources/MainspringHTTP/MainspringHTTP.docc into $(DOCS_HTTP_OUTPUT) and
+## Sources/MainspringTLS/MainspringTLS.docc into $(DOCS_TLS_OUTPUT). Any docc warning (an unresolved symbol link, a parameter
 ## documented that does not exist or one left undocumented, ...) fails the target, so that CI
 ## keeps the documentation clean. The log is in .build/docs.log. The symbol graphs come from
 ## the debug build that make test uses (after it, this takes seconds); dump-symbol-graph needs
@@ -82,7 +84,18 @@ docs: deps
 		status=$$?; cat .build/docs-http.log; \
 		if [ $$status -ne 0 ] || grep -qE "(warning|error):" .build/docs-http.log; then \
 			echo "make docs: docc reported problems in MainspringHTTP (above); fix them, warnings included"; exit 1; fi
-	@echo "documentation written to $(DOCS_OUTPUT) and $(DOCS_HTTP_OUTPUT) (open $(DOCS_OUTPUT)/documentation/mainspring/index.html and $(DOCS_HTTP_OUTPUT)/documentation/mainspringhttp/index.html through a web server)"
+	@rm -rf $(DOCS_SYMBOL_GRAPHS)-tls $(DOCS_TLS_OUTPUT) && mkdir -p $(DOCS_SYMBOL_GRAPHS)-tls && \
+		graphs="$$(dirname "$$($(SWIFT) build --show-bin-path)")/symbolgraph"; \
+		cp "$$graphs"/MainspringTLS.symbols.json $(DOCS_SYMBOL_GRAPHS)-tls/; \
+		cp "$$graphs"/MainspringTLS@*.symbols.json $(DOCS_SYMBOL_GRAPHS)-tls/ 2>/dev/null || true
+	@$(DOCC) convert Sources/MainspringTLS/MainspringTLS.docc --additional-symbol-graph-dir $(DOCS_SYMBOL_GRAPHS)-tls \
+		--output-path $(DOCS_TLS_OUTPUT) --fallback-display-name MainspringTLS \
+		--fallback-bundle-identifier mainspring.MainspringTLS --fallback-default-module-kind Library \
+		--warnings-as-errors > .build/docs-tls.log 2>&1; \
+		status=$$?; cat .build/docs-tls.log; \
+		if [ $$status -ne 0 ] || grep -qE "(warning|error):" .build/docs-tls.log; then \
+			echo "make docs: docc reported problems in MainspringTLS (above); fix them, warnings included"; exit 1; fi
+	@echo "documentation written to $(DOCS_OUTPUT), $(DOCS_HTTP_OUTPUT) and $(DOCS_TLS_OUTPUT) (open documentation/<module>/index.html in each through a web server)"
 
 ## Builds and runs the interactive example (simulated input when stdin is not a terminal).
 demo: deps
