@@ -69,7 +69,35 @@ final class SocketListener {
         evconnlistener_set_error_cb(listener, listenerErrorTrampoline)
     }
 
-    deinit { evconnlistener_free(raw) }
+    /// Binds a Unix stream socket at `path` (see `bindUnixListeningSocket`) and listens; the
+    /// socket file is removed when the listener goes.
+    init(base: EventBase, unixPath path: String, mode: UInt16?, backlog: Int32, target: SocketListenerTarget)
+        throws(EventLoopError)
+    {
+        let (fd, file) = try bindUnixListeningSocket(path, mode: mode, backlog: backlog)
+        let arg = callbackArgument(for: target)
+        let flags = UInt32(LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC)
+        guard let listener = evconnlistener_new(base.raw, listenerAcceptTrampoline, arg, flags, 0, fd) else {
+            let code = errno
+            closeDescriptor(fd)
+            file?.remove()
+            throw .libevent(function: "evconnlistener_new", errno: code)
+        }
+        // The path asked for: the kernel's name is the temporary one it was bound under.
+        (self.port, self.localAddress) = (0, path)
+        self.raw = listener
+        self.base = base
+        self.socketFile = file
+        evconnlistener_set_error_cb(listener, listenerErrorTrampoline)
+    }
+
+    /// The Unix socket file this listener made, removed with it.
+    private var socketFile: UnixSocketFile?
+
+    deinit {
+        evconnlistener_free(raw)
+        socketFile?.remove()
+    }
 
     /// Accepts again. - Throws: `.libevent` with the errno when the loop refuses the socket.
     func enable() throws(EventLoopError) {

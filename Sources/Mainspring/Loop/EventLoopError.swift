@@ -26,6 +26,9 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
     /// Every address that `host` resolved to refused or failed: each address tried, with its
     /// connect's errno, in the order they were tried.
     case connectFailed(host: String, port: UInt16, attempts: [ConnectAttempt])
+    /// A Unix socket listener's path is taken — by a live socket, or by a file that is not a
+    /// socket — and was left alone; `reason` says which.
+    case unixSocketPathInUse(path: String, reason: String)
     /// A descriptor given to ``Listener/init(adopting:on:group:options:accept:)`` (by socket
     /// activation, say) is not a listening stream socket; `reason` says what it is instead.
     case notListeningSocket(descriptor: Int32, reason: String)
@@ -57,6 +60,8 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
         case .connectFailed(let host, let port, let attempts):
             let tried = attempts.isEmpty ? "no address to try" : attempts.map(\.description).joined(separator: "; ")
             return "connect to \(host):\(port) failed: \(tried)"
+        case .unixSocketPathInUse(let path, let reason):
+            return "cannot listen on unix socket \(path): it exists and is \(reason)"
         case .notListeningSocket(let descriptor, let reason):
             return "descriptor \(descriptor) is not a listening stream socket: it is \(reason)"
         case .tls(let reason):
