@@ -57,13 +57,15 @@ extension Listener {
 }
 
 extension Connection {
-    /// Connects to `host:port` (an IPv4 or IPv6 literal, or "localhost") from `loop`, runs the TLS
+    /// Connects to `host:port` (an IPv4 or IPv6 literal, or a host name, resolved and tried as
+    /// `Connection.connect(to:port:on:options:)` does: off the loop, Happy Eyeballs) from `loop`, runs the TLS
     /// handshake, and returns the established connection (`connection.tls` says what was
     /// agreed). The server's certificate is checked as `tls.configuration.verification` says —
     /// against `serverName` (default: `host`), which is also sent as SNI when it is a name. Any
     /// task; the handshake runs on `loop` as `.normal` work.
     /// - Throws: `EventLoopError.tls` with OpenSSL's reason (naming the certificate check that
-    ///   failed), `.system` with the connect's errno, `.invalidAddress`, `.loopClosed`.
+    ///   failed), `.system` with the connect's errno, `.hostNotFound`, `.resolveTimedOut`,
+    ///   `.connectFailed` (naming every address tried), `.invalidAddress`, `.loopClosed`.
     public static func connect(to host: String, port: UInt16, on loop: EventLoop, options: Options = .init(),
                                tls: TLSClientContext, serverName: String? = nil) async throws(EventLoopError) -> Connection
     {
@@ -96,7 +98,7 @@ extension Connection {
 private func connectTLS(to host: String, port: UInt16, on loop: EventLoop, options: Connection.Options, tls: TLSClientContext,
                         serverName: String, completion: @escaping (Result<Connection, EventLoopError>) -> Void)
 {
-    loop.connectSocket(to: host, port: port) { result in
+    loop.connectSocket(to: host, port: port, options: options) { result in
         let fd: Int32
         switch result {
         case .failure(let error):

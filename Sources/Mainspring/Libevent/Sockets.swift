@@ -26,20 +26,22 @@ final class SocketListener {
     /// The bound address, for messages: "127.0.0.1:7000", "[::1]:7000", a unix socket's path.
     let localAddress: String
 
+    /// Binds `host:port` (a literal, "localhost", or a name: see `listeningAddress(for:port:)`)
+    /// and listens.
     init(base: EventBase, host: String, port: UInt16, backlog: Int32, target: SocketListenerTarget)
         throws(EventLoopError)
     {
-        var storage = sockaddr_storage()
-        let length = try parseAddress(host: host, port: port, into: &storage)
+        let address = try listeningAddress(for: host, port: port)
+        let fd = try bindListeningSocket(address, backlog: backlog).get()
         let arg = callbackArgument(for: target)
-        let flags = UInt32(LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC)
-        let listener = withUnsafePointer(to: &storage) { pointer in
-            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { address in
-                evconnlistener_new_bind(base.raw, listenerAcceptTrampoline, arg, flags, backlog, address, length)
-            }
+        let flags = UInt32(LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC)
+        // A backlog of 0: the socket listens already, so libevent does not call listen(2).
+        guard let listener = evconnlistener_new(base.raw, listenerAcceptTrampoline, arg, flags, 0, fd) else {
+            let code = errno
+            closeDescriptor(fd)
+            throw .libevent(function: "evconnlistener_new", errno: code)
         }
-        guard let listener else { throw .system(function: "bind/listen \(host):\(port)", errno: errno) }
-        (self.port, self.localAddress) = boundAddress(of: evconnlistener_get_fd(listener))
+        (self.port, self.localAddress) = boundAddress(of: fd)
         self.raw = listener
         self.base = base
         evconnlistener_set_error_cb(listener, listenerErrorTrampoline)
@@ -67,7 +69,35 @@ final class SocketListener {
         evconnlistener_set_error_cb(listener, listenerErrorTrampoline)
     }
 
-    deinit { evconnlistener_free(raw) }
+    /// Binds a Unix stream socket at `path` (see `bindUnixListeningSocket`) and listens; the
+    /// socket file is removed when the listener goes.
+    init(base: EventBase, unixPath path: String, mode: UInt16?, backlog: Int32, target: SocketListenerTarget)
+        throws(EventLoopError)
+    {
+        let (fd, file) = try bindUnixListeningSocket(path, mode: mode, backlog: backlog)
+        let arg = callbackArgument(for: target)
+        let flags = UInt32(LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC)
+        guard let listener = evconnlistener_new(base.raw, listenerAcceptTrampoline, arg, flags, 0, fd) else {
+            let code = errno
+            closeDescriptor(fd)
+            file?.remove()
+            throw .libevent(function: "evconnlistener_new", errno: code)
+        }
+        // The path asked for: the kernel's name is the temporary one it was bound under.
+        (self.port, self.localAddress) = (0, path)
+        self.raw = listener
+        self.base = base
+        self.socketFile = file
+        evconnlistener_set_error_cb(listener, listenerErrorTrampoline)
+    }
+
+    /// The Unix socket file this listener made, removed with it.
+    private var socketFile: UnixSocketFile?
+
+    deinit {
+        evconnlistener_free(raw)
+        socketFile?.remove()
+    }
 
     /// Accepts again. - Throws: `.libevent` with the errno when the loop refuses the socket.
     func enable() throws(EventLoopError) {
@@ -155,25 +185,42 @@ final class BufferedSocket {
     /// The bufferevent itself, for the package code that made it (a TLS layer reads its errors).
     var bufferevent: OpaquePointer { raw }
 
-    /// Starts a non-blocking connect to `host:port`; `socketEvent(.connected)` or an error follows.
-    init(connectingTo host: String, port: UInt16, base: EventBase, target: BufferedSocketTarget)
-        throws(EventLoopError)
-    {
-        var storage = sockaddr_storage()
-        let length = try parseAddress(host: host, port: port, into: &storage)
-        let options = Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)
-        guard let bev = bufferevent_socket_new(base.raw, -1, options) else {
+    /// A bufferevent without a socket yet (a connect by name, still resolving or trying
+    /// addresses): writes are buffered in its output until `attach(fd:)` (libevent's own
+    /// `bufferevent_socket_connect_hostname` works this way).
+    init(unconnectedOn base: EventBase, target: BufferedSocketTarget) throws(EventLoopError) {
+        guard let bev = bufferevent_socket_new(base.raw, -1, Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)) else {
             throw .libevent(function: "bufferevent_socket_new", errno: errno)
         }
         self.raw = bev
         self.base = base
         let arg = callbackArgument(for: target)
         bufferevent_setcb(bev, socketReadTrampoline, socketWriteTrampoline, socketEventTrampoline, arg)
-        let rc = withUnsafePointer(to: &storage) { pointer in
-            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { bufferevent_socket_connect(bev, $0, length) }
+    }
+
+    /// Starts a non-blocking connect to `address` (a literal's one address); `socketEvent(.connected)`
+    /// or an error follows.
+    init(connectingTo address: SocketAddress, base: EventBase, target: BufferedSocketTarget) throws(EventLoopError) {
+        guard let bev = bufferevent_socket_new(base.raw, -1, Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)) else {
+            throw .libevent(function: "bufferevent_socket_new", errno: errno)
         }
-        if rc < 0 { throw .system(function: "connect \(host):\(port)", errno: errno) }
+        self.raw = bev
+        self.base = base
+        let arg = callbackArgument(for: target)
+        bufferevent_setcb(bev, socketReadTrampoline, socketWriteTrampoline, socketEventTrampoline, arg)
+        let rc = address.storage.withUnsafeBytes { bytes in
+            bufferevent_socket_connect(bev, bytes.baseAddress!.assumingMemoryBound(to: sockaddr.self), Int32(bytes.count))
+        }
+        if rc < 0 { throw .system(function: "connect \(address)", errno: errno) }
         disableNagle(bufferevent_getfd(bev))
+    }
+
+    /// Gives an unconnected bufferevent its connected socket (now owned by it): the events it
+    /// has enabled start polling it, and the output buffered meanwhile is written.
+    /// - Throws: `.libevent` when the loop refuses the descriptor (the fd is then the
+    ///   bufferevent's all the same, and closed with it).
+    func attach(fd: Int32) throws(EventLoopError) {
+        try check(bufferevent_setfd(raw, fd), "bufferevent_setfd")
     }
 
     deinit { bufferevent_free(raw) }
@@ -376,44 +423,12 @@ private extension timeval {
     }
 }
 
-/// Starts a non-blocking TCP connect to `host:port` (an IPv4 or IPv6 literal, or "localhost"):
-/// the new socket (non-blocking, close-on-exec) and whether it connected at once (loopback may);
-/// otherwise the caller waits for it to be writable and reads `pendingConnectError`.
-func startConnect(to host: String, port: UInt16) throws(EventLoopError) -> (fd: Int32, connected: Bool) {
-    var storage = sockaddr_storage()
-    let length = try parseAddress(host: host, port: port, into: &storage)
-    let fd = socket(Int32(storage.ss_family), SocketType.stream | SocketType.nonBlocking | SocketType.closeOnExec, 0)
-    guard fd >= 0 else { throw .system(function: "socket", errno: errno) }
-    disableNagle(fd)
-    let rc = withUnsafePointer(to: &storage) { pointer in
-        pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(length)) }
-    }
-    if rc == 0 { return (fd, true) }
-    let code = errno
-    if code == EINPROGRESS { return (fd, false) }
-    closeDescriptor(fd)
-    throw .system(function: "connect \(host):\(port)", errno: code)
-}
-
 /// The outcome of a non-blocking connect once its socket is writable: 0, or the errno.
 func pendingConnectError(_ fd: Int32) -> Int32 {
     var code: Int32 = 0
     var length = socklen_t(MemoryLayout<Int32>.size)
     guard getsockopt(fd, SOL_SOCKET, SO_ERROR, &code, &length) == 0 else { return errno }
     return code
-}
-
-/// Parses `host` (an IPv4 or IPv6 literal, or "localhost") and `port` into `storage`.
-private func parseAddress(host: String, port: UInt16, into storage: inout sockaddr_storage) throws(EventLoopError) -> Int32 {
-    let literal = host == "localhost" ? "127.0.0.1" : host
-    // libevent rejects an explicit port 0 ("host:0"), so port 0 is written as no port at all.
-    let text = port == 0 ? literal : literal.contains(":") ? "[\(literal)]:\(port)" : "\(literal):\(port)"
-    var length = Int32(MemoryLayout<sockaddr_storage>.size)
-    let rc = withUnsafeMutablePointer(to: &storage) { pointer in
-        pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { evutil_parse_sockaddr_port(text, $0, &length) }
-    }
-    guard rc == 0 else { throw .invalidAddress(host) }
-    return length
 }
 
 /// The port and the printable address a listening socket is bound to.

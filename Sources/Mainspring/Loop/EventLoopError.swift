@@ -13,8 +13,22 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
     case signalInUse(signal: Int32)
     /// The loop was shut down and accepts no more sources.
     case loopClosed
-    /// A host that is not an IPv4 or IPv6 literal (or "localhost").
+    /// A host that is neither an IPv4 or IPv6 literal nor a well-formed host name (empty, a
+    /// space, a label longer than 63 bytes, …), or a Unix socket path that cannot be one.
     case invalidAddress(String)
+    /// `host` did not resolve: the resolver's answer (`getaddrinfo`'s message: "Name or service
+    /// not known" for a name that does not exist, "Temporary failure in name resolution" when
+    /// no nameserver answered).
+    case hostNotFound(host: String, reason: String)
+    /// Resolving `host` took longer than `timeout` (`Connection.Options.resolveTimeout`, or the
+    /// timeout given to `EventLoop.resolve(_:port:timeout:)`).
+    case resolveTimedOut(host: String, timeout: Duration)
+    /// Every address that `host` resolved to refused or failed: each address tried, with its
+    /// connect's errno, in the order they were tried.
+    case connectFailed(host: String, port: UInt16, attempts: [ConnectAttempt])
+    /// A Unix socket listener's path is taken — by a live socket, or by a file that is not a
+    /// socket — and was left alone; `reason` says which.
+    case unixSocketPathInUse(path: String, reason: String)
     /// A descriptor given to ``Listener/init(adopting:on:group:options:accept:)`` (by socket
     /// activation, say) is not a listening stream socket; `reason` says what it is instead.
     case notListeningSocket(descriptor: Int32, reason: String)
@@ -38,12 +52,39 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
         case .loopClosed:
             return "the loop is shut down"
         case .invalidAddress(let host):
-            return "'\(host)' is not an IPv4 or IPv6 address"
+            return "'\(host)' is not an IPv4 or IPv6 address, nor a host name"
+        case .hostNotFound(let host, let reason):
+            return "cannot resolve '\(host)': \(reason)"
+        case .resolveTimedOut(let host, let timeout):
+            return "resolving '\(host)' took longer than \(timeout)"
+        case .connectFailed(let host, let port, let attempts):
+            let tried = attempts.isEmpty ? "no address to try" : attempts.map(\.description).joined(separator: "; ")
+            return "connect to \(host):\(port) failed: \(tried)"
+        case .unixSocketPathInUse(let path, let reason):
+            return "cannot listen on unix socket \(path): it exists and is \(reason)"
         case .notListeningSocket(let descriptor, let reason):
             return "descriptor \(descriptor) is not a listening stream socket: it is \(reason)"
         case .tls(let reason):
             return "TLS: \(reason)"
         }
+    }
+}
+
+extension EventLoopError {
+    /// One connect attempt of `EventLoopError.connectFailed`: the address tried and why it
+    /// failed.
+    public struct ConnectAttempt: Sendable, Equatable, CustomStringConvertible {
+        /// The address tried, with its port ("[::1]:80", "127.0.0.1:80").
+        public let address: String
+        /// The connect's errno (`ECONNREFUSED`, `ENETUNREACH`, `ETIMEDOUT`, …).
+        public let errno: Int32
+
+        public init(address: String, errno: Int32) {
+            self.address = address
+            self.errno = errno
+        }
+
+        public var description: String { "\(address): \(errnoName(errno)) (errno \(errno))" }
     }
 }
 

@@ -58,23 +58,34 @@ public final class Connection: @unchecked Sendable {
         public var idleTimeout: Duration?
         /// How long `close()` waits for buffered output to drain before closing anyway.
         public var closeTimeout: Duration
+        /// Connects by name only: how long resolving the name may take before the connect fails
+        /// with `EventLoopError.resolveTimedOut` (default 10 s).
+        public var resolveTimeout: Duration
+        /// Connects by name only: how long an attempt runs unanswered before the next address is
+        /// tried beside it (RFC 8305's Connection Attempt Delay; default 250 ms).
+        public var connectionAttemptDelay: Duration
 
         /// Stops the program when an option breaks the rules above; `function` is the call.
         func check(_ function: StaticString) {
             requireUsage(maxLineLength > 0, "Mainspring: \(function): Connection.Options.maxLineLength must be at least 1, not \(maxLineLength)")
             requireUsage(outputLimit > 0, "Mainspring: \(function): Connection.Options.outputLimit must be at least 1, not \(outputLimit)")
             if let idleTimeout { _ = requirePositive(idleTimeout, "\(function): Connection.Options.idleTimeout") }
+            _ = requirePositive(resolveTimeout, "\(function): Connection.Options.resolveTimeout")
+            _ = requirePositive(connectionAttemptDelay, "\(function): Connection.Options.connectionAttemptDelay")
         }
 
         /// Options with the documented defaults: 64 KiB lines, 1 MiB output, no idle timeout,
-        /// 10 s to flush on close.
+        /// 10 s to flush on close, 10 s to resolve a name, 250 ms between connection attempts.
         public init(maxLineLength: Int = 65_536, outputLimit: Int = 1 << 20, idleTimeout: Duration? = nil,
-                    closeTimeout: Duration = .seconds(10))
+                    closeTimeout: Duration = .seconds(10), resolveTimeout: Duration = .seconds(10),
+                    connectionAttemptDelay: Duration = .milliseconds(250))
         {
             self.maxLineLength = maxLineLength
             self.outputLimit = outputLimit
             self.idleTimeout = idleTimeout
             self.closeTimeout = closeTimeout
+            self.resolveTimeout = resolveTimeout
+            self.connectionAttemptDelay = connectionAttemptDelay
         }
     }
 
@@ -96,6 +107,10 @@ public final class Connection: @unchecked Sendable {
         /// a certificate that did not verify, a record that did not decrypt, a peer that ended
         /// without close_notify. `reason` is OpenSSL's account, naming the check that failed.
         case tls(String)
+        /// A connect by name failed before the connection was established: the name did not
+        /// resolve (`EventLoopError.hostNotFound`, `.resolveTimedOut`), or every address refused
+        /// (`.connectFailed`, naming each). A connect to a literal address reports `.error(errno)`.
+        case connectFailed(EventLoopError)
 
         public var description: String {
             switch self {
@@ -104,6 +119,7 @@ public final class Connection: @unchecked Sendable {
             case .error(let code): return "error \(code) (\(errnoName(code)))"
             case .cancelled: return "cancelled"
             case .tls(let reason): return "TLS: \(reason)"
+            case .connectFailed(let error): return "connect failed: \(error)"
             }
         }
     }
@@ -135,10 +151,18 @@ public final class Connection: @unchecked Sendable {
         loop.execute { source.value.handleReleased() }
     }
 
-    /// Connects to `host:port` (an IPv4 or IPv6 literal, or "localhost") from `loop`. The
-    /// connection is usable at once: writes are buffered until it is established; a failure
-    /// arrives as `onClose(.error(ECONNREFUSED))`. Loop thread only.
-    /// - Throws: `EventLoopError.invalidAddress`, `.wrongThread`, `.system`.
+    /// Connects to `host:port` from `loop`: an IPv4 or IPv6 literal, or a host name ("localhost",
+    /// a name from /etc/hosts or DNS). The connection is usable at once: writes are buffered
+    /// until it is established. Loop thread only.
+    ///
+    /// A name is resolved off the loop (the system's resolver on a resolver thread, within
+    /// `options.resolveTimeout`) and its addresses are tried with Happy Eyeballs (RFC 8305): the
+    /// preferred family first, the other `options.connectionAttemptDelay` later if the first
+    /// has not answered, the first to connect wins. A failure arrives as `onClose`: a literal's
+    /// as `.error(ECONNREFUSED)` (its errno), a name's as `.connectFailed` with the
+    /// `EventLoopError` that names the host and every address tried.
+    /// - Throws: `EventLoopError.invalidAddress` (neither a literal nor a well-formed name),
+    ///   `.wrongThread`, `.system`.
     public static func connect(to host: String, port: UInt16, on loop: EventLoop, options: Options = .init())
         throws(EventLoopError) -> Connection
     {

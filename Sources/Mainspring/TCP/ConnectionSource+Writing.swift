@@ -211,7 +211,10 @@ extension ConnectionSource {
     func shutdownOutput() {
         flushPendingOutput()
         guard let socket else { return }
-        if state.shutdownOutputRequested(outputLength: socket.outputLength) { socket.shutdownWrite() }
+        if state.shutdownOutputRequested(outputLength: socket.outputLength) {
+            // Still connecting: the socket half-closes once it is there.
+            if state.isConnected { socket.shutdownWrite() } else { shutdownWhenConnected = true }
+        }
     }
 
     func closeGracefully() {
@@ -274,6 +277,7 @@ extension ConnectionSource {
 
     func connectFailure(_ reason: Connection.CloseReason) -> EventLoopError {
         if case .error(let code) = reason { return .system(function: "connect \(remoteAddress)", errno: code) }
+        if case .connectFailed(let error) = reason { return error }
         return .loopClosed
     }
 

@@ -105,6 +105,8 @@ final class ConnectionSource: Source {
     /// Tickets whose task was cancelled before its wait reached the loop.
     @exclusivity(unchecked) var cancelledWaitTickets: Set<Int> = []
 
+    /// `shutdownOutput()` came, with nothing to send, before the connect finished.
+    @exclusivity(unchecked) var shutdownWhenConnected = false
     @exclusivity(unchecked) var pendingEvent: SocketEvent = []
     @exclusivity(unchecked) var pendingErrno: Int32 = 0
 
@@ -219,13 +221,57 @@ final class ConnectionSource: Source {
         self.transportDetails = nil
         super.init(loop: loop, priority: .input, keepsLoopBusy: true)
         target.source = self
+        if let literal = numericAddress(host, port: port) {
+            // One address: libevent connects the socket itself, which exists from now on.
+            do {
+                socket = try BufferedSocket(connectingTo: literal, base: loop.base, target: target)
+            } catch {
+                close()
+                throw error
+            }
+            configureSocket()
+            return
+        }
+        guard isPlausibleHostName(host) else {
+            close()
+            throw .invalidAddress(host)
+        }
         do {
-            socket = try BufferedSocket(connectingTo: host, port: port, base: loop.base, target: target)
+            socket = try BufferedSocket(unconnectedOn: loop.base, target: target)
         } catch {
             close()
             throw error
         }
         configureSocket()
+        loop.connectSocket(to: host, port: port, options: options) { [weak self] result in
+            guard let self else {
+                if case .success(let fd) = result { closeDescriptor(fd) }
+                return
+            }
+            self.connectFinished(result)
+        }
+    }
+
+    /// The connect's outcome: the socket goes into the bufferevent (which writes what was
+    /// buffered meanwhile), or the connection closes with the failure.
+    private func connectFinished(_ result: Result<Int32, EventLoopError>) {
+        switch result {
+        case .success(let fd):
+            guard state.closeReason == nil, let socket else {
+                closeDescriptor(fd)
+                return
+            }
+            do {
+                try socket.attach(fd: fd)
+            } catch {
+                finish(.error(error.errnoCode))
+                return
+            }
+            if shutdownWhenConnected, socket.outputLength == 0 { socket.shutdownWrite() }
+            handle(.connected, errno: 0)
+        case .failure(let error):
+            finish(.connectFailed(error))
+        }
     }
 
     var bufferedOutputBytes: Int { (socket?.outputLength ?? 0) + pendingOutput.count }

@@ -63,7 +63,7 @@ public final class Listener: @unchecked Sendable {
     }
 
     /// The callback initialisers' common part: makes the source on `loop`, delivering to `accept`.
-    private init(socket: ListeningSocket, on loop: EventLoop, group: EventLoopGroup?, options: Connection.Options,
+    init(socket: ListeningSocket, on loop: EventLoop, group: EventLoopGroup?, options: Connection.Options,
                  preparer: (any AcceptedSocketPreparer)?, function: StaticString,
                  accept: @escaping @Sendable (Connection) -> Void) throws(EventLoopError)
     {
@@ -142,7 +142,7 @@ public final class Listener: @unchecked Sendable {
     }
 
     /// The async initialisers' common part: makes the source on `loop`, delivering to a queue.
-    private init(socket: ListeningSocket, on loop: EventLoop, group: EventLoopGroup?, options: Connection.Options,
+    init(socket: ListeningSocket, on loop: EventLoop, group: EventLoopGroup?, options: Connection.Options,
                  preparer: (any AcceptedSocketPreparer)? = nil) async throws(EventLoopError)
     {
         let queue = ConnectionQueue()

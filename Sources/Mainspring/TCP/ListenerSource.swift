@@ -19,6 +19,8 @@ enum ListeningSocket {
     case binding(host: String, port: UInt16, backlog: Int32)
     /// A descriptor that already listens (socket activation): checked, then owned.
     case adopting(Int32)
+    /// A new Unix stream socket at `path` ("@name": abstract), its file made with `mode`.
+    case unix(path: String, mode: UInt16?, backlog: Int32)
 }
 
 /// A step between accepting a socket and handing its connection over — a TLS handshake
@@ -73,6 +75,8 @@ final class ListenerSource: Source {
                 try SocketListener(base: loop.base, host: host, port: port, backlog: backlog, target: target)
             case .adopting(let fd):
                 try SocketListener(base: loop.base, adopting: fd, target: target)
+            case .unix(let path, let mode, let backlog):
+                try SocketListener(base: loop.base, unixPath: path, mode: mode, backlog: backlog, target: target)
             }
             self.port = made.port
             self.localAddress = made.localAddress
