@@ -15,8 +15,8 @@ import MainspringTLS
 /// - `requests_per_s`, `p99_ms`: 32 established connections, windows of 16 pipelined ECHOs.
 /// - `https_requests_per_s`, `https_p99_ms`: `wrk` over HTTPS on `/hello`, 32 keep-alive connections.
 /// - `storm_echo_p99_ms`, `storm_handshakes_per_s`: ECHO latency on 8 established connections
-///   (one request in flight each) while 8 other threads keep opening new connections — a
-///   handshake storm. Mainspring runs handshake steps as `.normal` loop work, after input;
+///   (one request in flight each, 1 ms apart) while one thread keeps 64 non-blocking
+///   handshakes in flight (`ms_tls_storm`) — a handshake storm. Mainspring runs handshake steps as `.normal` loop work, after input;
 ///   libevent runs them inside the readiness callbacks, in the same pass as the echoes.
 let tlsScenario = Scenario(
     name: "tls",
@@ -65,6 +65,9 @@ let tlsScenario = Scenario(
     return samples.records(scenario: "tls")
 }
 
+/// Established connections probing latency during the storm.
+private let stormProbes = 8
+
 /// The line-service figures of one server (see `tlsScenario`).
 private func measureTLSEcho(port: UInt16, caFile: String) -> [(String, Double)] {
     let duration: UInt64 = 1_500_000_000
@@ -98,16 +101,11 @@ private func measureTLSEcho(port: UInt16, caFile: String) -> [(String, Double)] 
             $0.latencies += latencies
         }
     }
-    // Echo latency in a handshake storm.
+    // Echo latency in a handshake storm: one thread keeps 64 non-blocking handshakes in flight.
     let storm = Guarded<(handshakes: Int, latencies: [Double])>((0, []))
-    runThreads(16, for: duration) { index, deadline in
-        if index % 2 == 0 {
-            var count = 0
-            while nowNanoseconds() < deadline {
-                guard let client = TLSBenchClient(port: port, caFile: caFile), client.send("ECHO x\n"), client.readLine()
-                else { continue }
-                count += 1
-            }
+    runThreads(1 + stormProbes, for: duration) { index, deadline in
+        if index == 0 {
+            let count = Int(ms_tls_storm(port, caFile, 64, deadline))
             storm.withLock { $0.handshakes += count }
         } else {
             guard let client = TLSBenchClient(port: port, caFile: caFile) else { return }

@@ -296,3 +296,90 @@ void ms_tls_client_close(void *handle) {
     close(client->fd);
     free(client);
 }
+
+/* ---- a handshake storm: many handshakes in flight from one thread ---- */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <time.h>
+
+static uint64_t storm_now(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+}
+
+struct storm_slot {
+    int fd;
+    SSL *ssl;
+    short events;
+};
+
+static void storm_end(struct storm_slot *slot) {
+    if (slot->ssl) SSL_free(slot->ssl);
+    if (slot->fd >= 0) close(slot->fd);
+    slot->ssl = NULL;
+    slot->fd = -1;
+    ERR_clear_error();
+}
+
+static int storm_open(struct storm_slot *slot, uint16_t port, SSL_CTX *ctx) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return -1;
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    struct sockaddr_in address;
+    memset(&address, 0, sizeof address);
+    address.sin_family = AF_INET;
+    address.sin_port = htons(port);
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&address, sizeof address) != 0 && errno != EINPROGRESS) {
+        close(fd);
+        return -1;
+    }
+    slot->fd = fd;
+    slot->ssl = SSL_new(ctx);
+    SSL_set_fd(slot->ssl, fd);
+    SSL_set_tlsext_host_name(slot->ssl, "localhost");
+    SSL_set_connect_state(slot->ssl);
+    slot->events = POLLOUT;
+    return 0;
+}
+
+int ms_tls_storm(uint16_t port, const char *ca_file, int in_flight, uint64_t deadline_ns) {
+    SSL_CTX *ctx = client_context(ca_file);
+    if (in_flight < 1) in_flight = 1;
+    if (in_flight > 256) in_flight = 256;
+    struct storm_slot slots[256];
+    struct pollfd polls[256];
+    int completed = 0;
+    for (int i = 0; i < in_flight; i++) {
+        slots[i].fd = -1;
+        slots[i].ssl = NULL;
+    }
+    while (storm_now() < deadline_ns) {
+        for (int i = 0; i < in_flight; i++) {
+            if (slots[i].fd < 0) storm_open(&slots[i], port, ctx);
+            polls[i].fd = slots[i].fd;
+            polls[i].events = slots[i].events;
+            polls[i].revents = 0;
+        }
+        if (poll(polls, (nfds_t)in_flight, 10) <= 0) continue;
+        for (int i = 0; i < in_flight; i++) {
+            if (slots[i].fd < 0 || polls[i].revents == 0) continue;
+            int done = SSL_do_handshake(slots[i].ssl);
+            if (done == 1) {
+                completed++;
+                storm_end(&slots[i]);
+                continue;
+            }
+            int error = SSL_get_error(slots[i].ssl, done);
+            if (error == SSL_ERROR_WANT_READ) slots[i].events = POLLIN;
+            else if (error == SSL_ERROR_WANT_WRITE) slots[i].events = POLLOUT;
+            else storm_end(&slots[i]);
+        }
+    }
+    for (int i = 0; i < in_flight; i++) storm_end(&slots[i]);
+    return completed;
+}

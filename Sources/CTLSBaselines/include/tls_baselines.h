@@ -31,4 +31,10 @@ int ms_tls_client_read(void *_Nonnull client, void *_Nonnull buffer, int capacit
 /// Sends close_notify and closes.
 void ms_tls_client_close(void *_Nonnull client);
 
+/// A handshake storm from the calling thread until `deadline_ns` (CLOCK_MONOTONIC): keeps
+/// `in_flight` (at most 256) non-blocking connections handshaking to 127.0.0.1:`port` at once,
+/// each closed as soon as its handshake is done and replaced by a new one. Returns the number of
+/// handshakes completed.
+int ms_tls_storm(uint16_t port, const char *_Nonnull ca_file, int in_flight, uint64_t deadline_ns);
+
 #endif
