@@ -150,6 +150,9 @@ private actor AsyncSession {
     private var isDraining = false
     private var isQuitting = false
     private var checksums: [Int: UInt64] = [:]
+    /// `SLEEP`s and `WORK`s in flight, and `run` waiting for the last of them once the input ended.
+    private var inFlight = 0
+    private var allLanded: UnsafeContinuation<Void, Never>?
 
     init(connection: Connection, feeder: Feeder, options: LineService.Options, stats: StatsCounters, startTime: Date) {
         self.connection = connection
@@ -167,26 +170,44 @@ private actor AsyncSession {
     /// synchronously and its reply sent right here: no other async call per request (each one
     /// into an actor-isolated method costs the runtime an executor check).
     func run() async {
-        await withDiscardingTaskGroup { tasks in
-            do {
-                for try await event in connection.lines {
-                    guard let text = handle(event, tasks: &tasks) else { continue }
-                    if pending == 0 && !isWriting {
-                        isWriting = true
-                        await send(text)
-                        isWriting = false
-                        if pending > 0 { await flush() }
-                    } else {
-                        place(reserve(), text)
-                        await flush()
-                    }
-                    closeIfDone()
+        do {
+            for try await event in connection.lines {
+                guard let text = handle(event) else { continue }
+                if pending == 0 && !isWriting {
+                    isWriting = true
+                    await send(text)
+                    isWriting = false
+                    if pending > 0 { await flush() }
+                } else {
+                    place(reserve(), text)
+                    await flush()
                 }
-            } catch {
-                // Closed under us (reset, idle timeout, cancelled): nothing more to read.
+                closeIfDone()
             }
+        } catch {
+            // Closed under us (reset, idle timeout, cancelled): nothing more to read.
         }
+        if inFlight > 0 { await withUnsafeContinuation { allLanded = $0 } }
         connection.close()
+    }
+
+    /// A `SLEEP` or `WORK` of this session, in a task of its own (isolated to the session, so
+    /// on its loop). Not a task group around `run`: a group costs every idle connection some
+    /// 560 bytes and frames in its task, and most connections never make one of these requests.
+    private func startInFlight(_ body: @escaping @Sendable (isolated AsyncSession) async -> Void) {
+        inFlight += 1
+        Task {
+            await body(self)
+            self.landed()
+        }
+    }
+
+    private func landed() {
+        inFlight -= 1
+        if inFlight == 0, let waiting = allLanded {
+            allLanded = nil
+            waiting.resume()
+        }
     }
 
     /// Finish what is in flight, refuse new requests, close when the last reply is out.
@@ -196,7 +217,7 @@ private actor AsyncSession {
     }
 
     /// Handles one event; returns the reply to send now (in order), if it has one already.
-    private func handle(_ event: LineEvent, tasks: inout DiscardingTaskGroup) -> String? {
+    private func handle(_ event: LineEvent) -> String? {
         switch event {
         case .line(let text):
             stats.requests.add(1, ordering: .relaxed)
@@ -204,7 +225,7 @@ private actor AsyncSession {
             if pending >= options.maxPendingReplies {
                 return "ERR too many requests in flight (\(options.maxPendingReplies))"
             }
-            return serve(text, tasks: &tasks)
+            return serve(text)
         case .tooLong(let bytes):
             return "ERR line too long (\(bytes) bytes; the limit is \(options.maxLineLength))"
         case .invalidUTF8(let bytes):
@@ -216,7 +237,7 @@ private actor AsyncSession {
         }
     }
 
-    private func serve(_ line: String, tasks: inout DiscardingTaskGroup) -> String? {
+    private func serve(_ line: String) -> String? {
         switch DaemonCommand.parse(line) {
         case .failure(let error):
             return "ERR \(error)"
@@ -236,11 +257,11 @@ private actor AsyncSession {
         case .success(.sleep(let milliseconds)):
             let slot = reserve()
             let loop = connection.loop
-            tasks.addTask {
-                // `try?`: sleep throws only when the task is cancelled, which closes the
+            startInFlight { session in
+                // `try?`: sleep throws only when the loop shuts down, which closes the
                 // connection; the reply then goes nowhere either way.
                 _ = try? await loop.sleep(for: .milliseconds(milliseconds))
-                await self.fill(slot, "SLEPT \(milliseconds)")
+                await session.fill(slot, "SLEPT \(milliseconds)")
             }
             return nil
         case .success(.work(let chunks)):
@@ -253,9 +274,9 @@ private actor AsyncSession {
                     session.checksums[slot] = WorkUnit.run(seed: UInt64(index), into: session.checksums[slot] ?? 0)
                 }
             }
-            tasks.addTask {
+            startInFlight { session in
                 let outcome = await job.outcome
-                await self.finishWork(slot, chunks: chunks, outcome: outcome)
+                await session.finishWork(slot, chunks: chunks, outcome: outcome)
             }
             return nil
         }

@@ -123,7 +123,10 @@ struct ChatTests {
         // The slow client's share is bounded by its output limit (about twice 256 KiB while in
         // flight) plus what the kernel buffers for it; every reader's likewise. The unbounded
         // form (writeLine to everyone) grew by ~190 MB in this flood; this one by 2 MB here.
-        #expect(flood.growth < 32 << 20,
+        // Under AddressSanitizer freed memory waits in a 32 MB quarantine and every allocation
+        // carries redzones and shadow: RSS says little there (the plain and release runs check).
+        let bound = ProcessInfo.processInfo.environment["MAINSPRING_SANITIZER"] == nil ? 32 << 20 : 160 << 20
+        #expect(flood.growth < bound,
                 "RSS grew by \(flood.growth >> 20) MB during a \(Self.floodBytes >> 20) MB flood (\(flood.elapsed)); \(flood.stats)")
         #expect(flood.stats.contains("disconnected=0"), "\(flood.stats)")
         let dropped = Int(flood.stats.split(separator: " ").first { $0.hasPrefix("dropped=") }?.dropFirst(8) ?? "") ?? 0

@@ -37,6 +37,9 @@ private func framedStream(messages: Int, seed: UInt64) -> (stream: [UInt8], hash
 /// to 64 KiB, then half-closes; returns the reply (read to the end).
 private func sendCut(_ bytes: [UInt8], to port: UInt16, seed: UInt64) throws -> String {
     let client = try TestClient(port: port)
+    // The server hashes 10,000 bodies before it answers: minutes are generous in CI, and a
+    // sanitizer build needed more than the default 10 s.
+    client.setReceiveTimeout(seconds: 180)
     var random = SplitMix(state: seed)
     var offset = 0
     while offset < bytes.count {

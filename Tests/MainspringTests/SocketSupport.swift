@@ -47,6 +47,13 @@ final class TestClient: @unchecked Sendable {
 
     deinit { close(fd) }
 
+    /// How long a read waits before it gives up (10 s unless set): longer for a client whose
+    /// server has much to do first (under a sanitizer, seconds become tens of seconds).
+    func setReceiveTimeout(seconds: Int) {
+        var timeout = timeval(tv_sec: seconds, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+    }
+
     func send(_ text: String) { send(Array(text.utf8)) }
 
     /// Sends all of `bytes` (blocking).
