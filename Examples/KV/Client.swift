@@ -16,9 +16,11 @@ final class Client {
     let store: Store
     let counters: ServerCounters
     let connectedAt = Date()
-    var parser: RESPParser
+    // Not checked for exclusivity at run time: a check per command is measurable, and the
+    // client belongs to its loop's thread (no overlapping access can happen).
+    @exclusivity(unchecked) var parser: RESPParser
     /// The reply buffer of the batch being executed (one `write` per batch).
-    private var output: [UInt8] = []
+    @exclusivity(unchecked) private var output: [UInt8] = []
     /// A slow command's reply, or (on another loop) a batch on loop 0, is in progress: input
     /// waits in the parser, in order.
     private var isBusy = false
