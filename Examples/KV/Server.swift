@@ -238,7 +238,7 @@ final class Store {
     private func startReclaiming() {
         reclaiming = true
         let core = self.core
-        let units = options.sliceUnits * 4
+        let units = options.sliceUnits
         let done = Flag()
         let job = maintenance.feed(Until(done)) { _ in
             if core.reclaim(budget: units) { done.value = true }
@@ -289,9 +289,30 @@ final class Store {
                 done.value = true
                 return
             }
-            var output: [UInt8] = []
-            output.reserveCapacity(64 * 1024)
-            if state.reply.step(budget: units, into: &output) { done.value = true }
+            // A reply made in one go at the end (KEYS) goes out 256 KiB per chunk, so that no
+            // chunk copies megabytes while other clients wait.
+            var output: [UInt8]
+            if state.pendingOffset < state.pending.count {
+                let end = min(state.pending.count, state.pendingOffset + SlicedState.piece)
+                output = Array(state.pending[state.pendingOffset..<end])
+                state.pendingOffset = end
+                if end == state.pending.count {
+                    state.pending = []
+                    state.pendingOffset = 0
+                    if state.replyDone { done.value = true }
+                }
+            } else {
+                output = []
+                output.reserveCapacity(64 * 1024)
+                if state.reply.step(budget: units, into: &output) { state.replyDone = true }
+                if output.count > SlicedState.piece {
+                    state.pending = output
+                    state.pendingOffset = SlicedState.piece
+                    output = Array(state.pending[0..<SlicedState.piece])
+                } else if state.replyDone {
+                    done.value = true
+                }
+            }
             if client.isLocal {
                 client.writeLocal(output)
                 if !done.value && !client.connection.isWritable {
@@ -306,7 +327,9 @@ final class Store {
                 client.loop.execute(priority: .input) {
                     let (client, output, job) = slice.value
                     client.writeLocal(output)
-                    if let job { client.connection.onWritable { job.resume() } }
+                    guard let job else { return }
+                    // Closed meanwhile: the job ends at its next chunk (onWritable would not fire).
+                    if client.connection.isOpen { client.connection.onWritable { job.resume() } } else { job.resume() }
                 }
             }
         }
@@ -411,6 +434,13 @@ struct Until: Sequence, IteratorProtocol {
 
 /// A sliced reply being produced (the feeder's body changes it).
 final class SlicedState {
+    /// The most output a chunk writes.
+    static let piece = 256 * 1024
     var reply: KVSlicedReply
+    /// Whether `reply` has produced all of its output.
+    var replyDone = false
+    /// Output made but not yet written (past the first piece of a large step), from `pendingOffset`.
+    var pending: [UInt8] = []
+    var pendingOffset = 0
     init(_ reply: KVSlicedReply) { self.reply = reply }
 }
