@@ -11,6 +11,7 @@ let package = Package(
     products: [
         .library(name: "Mainspring", targets: ["Mainspring"]),
         .library(name: "MainspringHTTP", targets: ["MainspringHTTP"]),
+        .library(name: "MainspringTLS", targets: ["MainspringTLS"]),
         .executable(name: "mainspring-demo", targets: ["mainspring-demo"]),
         .executable(name: "mainspring-daemon", targets: ["mainspring-daemon"]),
         .executable(name: "mainspring-bench", targets: ["mainspring-bench"]),
@@ -38,12 +39,34 @@ let package = Package(
             path: "Sources/Mainspring",
             swiftSettings: experimentalMainExecutor
         ),
+        // OpenSSL 3 and libevent's OpenSSL bufferevents through pkg-config (`libevent_openssl`
+        // brings `openssl`); `make` installs libssl-dev when it is missing. Only MainspringTLS
+        // links it: the core module does not.
+        .systemLibrary(
+            name: "CMainspringTLS",
+            path: "Sources/CMainspringTLS",
+            pkgConfig: "libevent_openssl",
+            providers: [.apt(["libevent-dev", "libssl-dev"])]
+        ),
+        // TLS for connections, listeners and HTTPS; its OpenSSL calls are in its OpenSSL/ folder.
+        .target(
+            name: "MainspringTLS",
+            dependencies: ["Mainspring", "MainspringHTTP", "CLibevent", "CMainspringTLS"],
+            path: "Sources/MainspringTLS"
+        ),
         // HTTP for daemons on libevent's evhttp: routes, streaming, Prometheus metrics, health.
         // Only its Evhttp/ folder imports CLibevent.
         .target(
             name: "MainspringHTTP",
             dependencies: ["Mainspring", "CLibevent"],
             path: "Sources/MainspringHTTP"
+        ),
+        // Plain-C TLS peers for the `tls` benchmark (libevent + bufferevent_openssl), and a
+        // blocking OpenSSL client for its load generators.
+        .target(
+            name: "CTLSBaselines",
+            dependencies: ["CLibevent", "CMainspringTLS"],
+            path: "Sources/CTLSBaselines"
         ),
         // Plain-C libevent loops: the baselines `mainspring-bench` compares against.
         .target(
@@ -55,7 +78,7 @@ let package = Package(
         // a library, so the benchmark, the fuzzer and the tests use the very same code.
         .target(
             name: "ExampleServices",
-            dependencies: ["Mainspring", "MainspringHTTP"],
+            dependencies: ["Mainspring", "MainspringHTTP", "MainspringTLS"],
             path: "Sources/ExampleServices"
         ),
         // The pure logic of a Redis-protocol server (RESP2 parser, reply encoder, keyspace,
@@ -81,7 +104,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "mainspring-daemon",
-            dependencies: ["Mainspring", "MainspringHTTP", "ExampleServices"],
+            dependencies: ["Mainspring", "MainspringHTTP", "MainspringTLS", "ExampleServices"],
             path: "Examples/Daemon",
             exclude: ["systemd"]  // the unit files
         ),
@@ -119,7 +142,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "mainspring-bench",
-            dependencies: ["Mainspring", "MainspringHTTP", "CBaselines", "ExampleServices"],
+            dependencies: ["Mainspring", "MainspringHTTP", "MainspringTLS", "CBaselines", "CTLSBaselines", "ExampleServices"],
             path: "Benchmarks",
             swiftSettings: experimentalMainExecutor
         ),
@@ -133,7 +156,8 @@ let package = Package(
         ),
         .testTarget(
             name: "MainspringTests",
-            dependencies: ["Mainspring", "MainspringHTTP", "MainspringFuzzing", "ExampleServices", "CMainspringSystem", "KVCore"],
+            dependencies: ["Mainspring", "MainspringHTTP", "MainspringTLS", "MainspringFuzzing", "ExampleServices",
+                           "CMainspringSystem", "KVCore"],
             path: "Tests/MainspringTests",
             swiftSettings: experimentalMainExecutor
         ),

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Installs what Mainspring needs from Debian's packages. Always: libevent-dev and pkg-config,
-# when pkg-config cannot find libevent. Then any extra packages a make target names as
+# when pkg-config cannot find libevent, and libssl-dev when it cannot find OpenSSL (MainspringTLS). Then any extra packages a make target names as
 # arguments (`install-deps.sh valgrind`), each only when it is missing: a package counts as
 # present when dpkg has it installed or a program of that name is on the PATH.
 # Uses sudo only when not root.
@@ -9,6 +9,10 @@ set -eu
 missing=""
 if ! { command -v pkg-config >/dev/null 2>&1 && pkg-config --exists libevent; }; then
     missing="libevent-dev pkg-config"
+fi
+# MainspringTLS: OpenSSL 3 and libevent's OpenSSL layer (libevent_openssl comes with libevent-dev).
+if ! { command -v pkg-config >/dev/null 2>&1 && pkg-config --exists libevent_openssl openssl; }; then
+    missing="$missing libssl-dev"
 fi
 for package in "$@"; do
     if command -v "$package" >/dev/null 2>&1; then continue; fi
@@ -26,11 +30,11 @@ if ! command -v apt-get >/dev/null 2>&1; then
         "install them with your package manager." >&2
     exit 1
 fi
-echo "Installing$missing…" >&2
+echo "Installing $(echo $missing) …" >&2
 $SUDO apt-get update -qq
 # shellcheck disable=SC2086 # one word per package
 DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
-pkg-config --exists libevent
+pkg-config --exists libevent libevent_openssl openssl
 for package in "$@"; do
     command -v "$package" >/dev/null 2>&1 || dpkg-query -W "$package" >/dev/null 2>&1 || {
         echo "install-deps: $package is still missing" >&2

@@ -2,19 +2,25 @@ import ExampleServices
 import Foundation
 import Mainspring
 import MainspringHTTP
+import MainspringTLS
 
 // The daemon's HTTP side (`--http-port`): /metrics, /healthz, POST /echo, /work?n=… on the same
 // loops as the line service. Self-contained: give it the group and the address.
 
 /// Starts the HTTP side on `group` and prints its bound port. Exits the process (status 1) when
 /// it cannot listen.
-func startHTTPSide(group: EventLoopGroup, host: String, port: UInt16) async -> HTTPServer {
+func startHTTPSide(group: EventLoopGroup, host: String, port: UInt16, tls: TLSServerContext?) async -> HTTPServer {
     let exporter = LoopMetricsExporter(group: group)
     let routes = HTTPService.routes(group: group, exporter: exporter)
     do {
-        let server = try await HTTPServer(group: group, configuration: .init(host: host, port: port), routes: routes)
+        let configuration = HTTPServer.Configuration(host: host, port: port)
+        let server = if let tls {
+            try await HTTPServer(group: group, configuration: configuration, routes: routes, tls: tls)
+        } else {
+            try await HTTPServer(group: group, configuration: configuration, routes: routes)
+        }
         let shown = host.contains(":") ? "[\(host)]" : host
-        FileHandle.standardOutput.write(Data("http listening on \(shown):\(server.port)\n".utf8))
+        FileHandle.standardOutput.write(Data("\(tls == nil ? "http" : "https") listening on \(shown):\(server.port)\n".utf8))
         return server
     } catch {
         FileHandle.standardError.write(Data("mainspring-daemon: cannot listen for HTTP on \(host):\(port): \(error)\n".utf8))

@@ -2,6 +2,7 @@ import ExampleServices
 import Foundation
 import Mainspring
 import MainspringHTTP
+import MainspringTLS
 
 // mainspring-daemon: a line service on loopback, written with async/await, its connections
 // spread over an EventLoopGroup (AsyncLineService; see LineService for the protocol).
@@ -25,6 +26,8 @@ let usage = """
       --socket-name <name>   serve on the activated socket with this name (LISTEN_FDNAMES;
                              default: the first socket passed, if any)
       --status-interval <ms> how often STATUS= goes to the service manager (default 5000; 0: never)
+      --tls-certificate <file>  serve the line protocol over TLS (and HTTPS on --http-port) with
+      --tls-key <file>          this PEM certificate chain and key; SIGHUP reloads both files
       --help                 this text
     Sockets passed by socket activation (LISTEN_FDS) take the place of --host/--port.
     Exit status: 0 after a clean shutdown, 1 when it cannot listen, 2 for a bad command line,
@@ -51,6 +54,8 @@ var options = LineService.Options()
 var grace = Duration.seconds(5)
 var socketName: String?
 var statusInterval = Duration.seconds(5)
+var tlsCertificate: String?
+var tlsKey: String?
 var arguments = Array(CommandLine.arguments.dropFirst())
 while !arguments.isEmpty {
     let flag = arguments.removeFirst()
@@ -82,8 +87,26 @@ while !arguments.isEmpty {
         guard setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { fail("cannot set the descriptor limit") }
     case "--socket-name": socketName = value
     case "--status-interval": statusInterval = .milliseconds(number(0...3_600_000))
+    case "--tls-certificate": tlsCertificate = value
+    case "--tls-key": tlsKey = value
     default: fail("unknown option \(flag)")
     }
+}
+
+// TLS: both files or neither; read now, so a bad pair is a clear error before anything starts.
+let tls: TLSServerContext?
+switch (tlsCertificate, tlsKey) {
+case (nil, nil):
+    tls = nil
+case (let certificate?, let key?):
+    do {
+        tls = try TLSServerContext(configuration: .init(certificateFile: certificate, keyFile: key))
+    } catch {
+        log(.error, "mainspring-daemon: \(error)")
+        exit(1)
+    }
+default:
+    fail("--tls-certificate and --tls-key go together")
 }
 
 // Before any thread starts: socket activation reads and unsets LISTEN_* in the environment.
@@ -128,13 +151,13 @@ Task { @MainActor in
     do {
         if let activated {
             do {
-                service = try await AsyncLineService(group: group, endpoint: .activated(activated), options: options)
+                service = try await AsyncLineService(group: group, endpoint: .activated(activated), options: options, tls: tls)
             } catch {
                 log(.error, "mainspring-daemon: cannot serve on the activated \(activated): \(error)")
                 exit(exitConfigurationError)
             }
         } else {
-            service = try await AsyncLineService(group: group, host: host, port: port, options: options)
+            service = try await AsyncLineService(group: group, host: host, port: port, options: options, tls: tls)
         }
     } catch {
         log(.error, "mainspring-daemon: cannot listen on \(host):\(port): \(error)")
@@ -143,7 +166,7 @@ Task { @MainActor in
     let how = activated.map { " (socket activation: \($0))" } ?? ""
     say("listening on \(service.localAddress)\(how) with \(loops) loop(s)")
     var http: HTTPServer?
-    if let httpPort { http = await startHTTPSide(group: group, host: host, port: httpPort) }
+    if let httpPort { http = await startHTTPSide(group: group, host: host, port: httpPort, tls: tls) }
 
     // Accepting: tell the service manager, keep it posted, and feed its watchdog while the
     // group's loops are healthy.
@@ -153,7 +176,16 @@ Task { @MainActor in
 
     for await signal in signals {
         if signal == SIGHUP {
-            manager.reload(status: { status(of: service) }) { log(.info, "stats: \(service.currentStats)") }
+            manager.reload(status: { status(of: service) }) {
+                log(.info, "stats: \(service.currentStats)")
+                guard let tls else { return }
+                do {
+                    try tls.reload()
+                    log(.info, "TLS: certificate and key reloaded")
+                } catch {
+                    log(.error, "TLS: reload failed, the previous certificate stays: \(error)")
+                }
+            }
             continue
         }
         let name = signal == SIGINT ? "SIGINT" : "SIGTERM"

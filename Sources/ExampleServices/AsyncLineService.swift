@@ -1,5 +1,6 @@
 import Foundation
 import Mainspring
+import MainspringTLS
 import Synchronization
 
 /// `LineService`'s protocol, limits and replies, written with async/await: the listener's
@@ -27,15 +28,15 @@ public final class AsyncLineService: Sendable {
     /// Starts listening on `host:port` (0: any free port, see `port`) and serving; connections
     /// are spread over the group's loops. Any task.
     public convenience init(group: EventLoopGroup, host: String = "127.0.0.1", port: UInt16 = 0,
-                            options: LineService.Options = .init()) async throws
+                            options: LineService.Options = .init(), tls: TLSServerContext? = nil) async throws
     {
-        try await self.init(group: group, endpoint: .address(host: host, port: port), options: options)
+        try await self.init(group: group, endpoint: .address(host: host, port: port), options: options, tls: tls)
     }
 
-    /// Starts serving on `endpoint` — a new socket, or one passed by socket activation.
-    /// Connections are spread over the group's loops. Any task.
-    public init(group: EventLoopGroup, endpoint: LineService.Endpoint, options: LineService.Options = .init())
-        async throws
+    /// Starts serving on `endpoint` — a new socket, or one passed by socket activation —, over
+    /// TLS when `tls` is given. Connections are spread over the group's loops. Any task.
+    public init(group: EventLoopGroup, endpoint: LineService.Endpoint, options: LineService.Options = .init(),
+                tls: TLSServerContext? = nil) async throws
     {
         self.group = group
         self.options = options
@@ -43,11 +44,15 @@ public final class AsyncLineService: Sendable {
         let registry = SessionRegistry()
         let connectionOptions = Connection.Options(maxLineLength: options.maxLineLength,
                                                    outputLimit: options.outputLimit, idleTimeout: options.idleTimeout)
-        let listener = switch endpoint {
-        case .address(let host, let port):
+        let listener = switch (endpoint, tls) {
+        case (.address(let host, let port), nil):
             try await Listener(host: host, port: port, on: group.loops[0], group: group, options: connectionOptions)
-        case .activated(let socket):
+        case (.activated(let socket), nil):
             try await Listener(activatedSocket: socket, on: group.loops[0], group: group, options: connectionOptions)
+        case (.address(let host, let port), let tls?):
+            try await Listener(host: host, port: port, on: group.loops[0], group: group, options: connectionOptions, tls: tls)
+        case (.activated(let socket), let tls?):
+            try await Listener(activatedSocket: socket, on: group.loops[0], group: group, options: connectionOptions, tls: tls)
         }
         let feeders = group.loops.map { Feeder(loop: $0, priority: .background, pacing: options.workPacing) }
         let loops = group.loops

@@ -1,5 +1,6 @@
 import Foundation
 import Mainspring
+import MainspringTLS
 import Synchronization
 
 /// The line protocol `mainspring-daemon` serves, on the loops of an `EventLoopGroup`: one
@@ -78,14 +79,14 @@ public final class LineService: Sendable {
     /// Starts listening on `host:port` (0: any free port, see `port`); connections are spread
     /// over the group's loops. Call from outside the group's loops.
     public convenience init(group: EventLoopGroup, host: String = "127.0.0.1", port: UInt16 = 0,
-                            options: Options = .init()) throws
+                            options: Options = .init(), tls: TLSServerContext? = nil) throws
     {
-        try self.init(group: group, endpoint: .address(host: host, port: port), options: options)
+        try self.init(group: group, endpoint: .address(host: host, port: port), options: options, tls: tls)
     }
 
     /// Starts accepting on `endpoint`; connections are spread over the group's loops. Call from
     /// outside the group's loops.
-    public init(group: EventLoopGroup, endpoint: Endpoint, options: Options = .init()) throws {
+    public init(group: EventLoopGroup, endpoint: Endpoint, options: Options = .init(), tls: TLSServerContext? = nil) throws {
         self.group = group
         self.options = options
         let contexts = group.loops.map { LoopContext(loop: $0, pacing: options.workPacing) }
@@ -102,12 +103,18 @@ public final class LineService: Sendable {
             context.adopt(connection, options: options, stats: stats, startTime: startTime)
         }
         let made = try acceptor.runAndWait {
-            switch endpoint {
-            case .address(let host, let port):
+            switch (endpoint, tls) {
+            case (.address(let host, let port), nil):
                 try Listener(host: host, port: port, on: acceptor, group: group, options: connectionOptions,
                              accept: accept)
-            case .activated(let socket):
+            case (.activated(let socket), nil):
                 try Listener(activatedSocket: socket, on: acceptor, group: group, options: connectionOptions,
+                             accept: accept)
+            case (.address(let host, let port), let tls?):
+                try Listener(host: host, port: port, on: acceptor, group: group, options: connectionOptions, tls: tls,
+                             accept: accept)
+            case (.activated(let socket), let tls?):
+                try Listener(activatedSocket: socket, on: acceptor, group: group, options: connectionOptions, tls: tls,
                              accept: accept)
             }
         }

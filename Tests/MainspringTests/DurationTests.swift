@@ -45,16 +45,21 @@ struct DurationTests {
             return loop.spin(until: { fired }, timeout: .seconds(5))
         }
         #expect(fired)
+        // Far in the past, so that a wait taken as its magnitude (or as a huge unsigned number)
+        // would be unmistakable even on a loaded machine: the bounds leave room for preemption.
         let spun = try await onLoopThread { loop -> Duration in
             let start = ContinuousClock.now
-            loop.spin(until: { false }, timeout: .seconds(-1))
+            loop.spin(until: { false }, timeout: .seconds(-1_000))
             return ContinuousClock.now - start
         }
-        #expect(spun < .seconds(1))
+        #expect(spun < .seconds(30))
         let group = try EventLoopGroup(loopCount: 1)
-        let start = ContinuousClock.now
-        try await Task(executorPreference: group.loops[0]) { try await group.loops[0].sleep(for: .seconds(-10)) }.value
-        #expect(ContinuousClock.now - start < .seconds(2))
+        let slept = try await Task(executorPreference: group.loops[0]) { () async throws -> Duration in
+            let start = ContinuousClock.now
+            try await group.loops[0].sleep(for: .seconds(-1_000))
+            return ContinuousClock.now - start
+        }.value
+        #expect(slept < .seconds(30))
         await group.shutdown(gracePeriod: .seconds(1))
     }
 }

@@ -81,6 +81,7 @@ final class SocketListener {
 
 private let listenerAcceptTrampoline: evconnlistener_cb = { _, fd, address, length, arg in
     let target = callbackTarget(arg, as: SocketListenerTarget.self)
+    disableNagle(fd)
     target.accepted(fd: fd, peer: describe(address, length))
 }
 
@@ -141,6 +142,19 @@ final class BufferedSocket {
         bufferevent_setcb(bev, socketReadTrampoline, socketWriteTrampoline, socketEventTrampoline, arg)
     }
 
+    /// Takes over `bufferevent`, made elsewhere in the package on `base` (a TLS bufferevent over
+    /// an established session, say): its callbacks go to `target` from now on, and `deinit`
+    /// frees it (closing its socket, if it was made with `BEV_OPT_CLOSE_ON_FREE`).
+    init(adopting bufferevent: OpaquePointer, base: EventBase, target: BufferedSocketTarget) {
+        self.raw = bufferevent
+        self.base = base
+        let arg = callbackArgument(for: target)
+        bufferevent_setcb(bufferevent, socketReadTrampoline, socketWriteTrampoline, socketEventTrampoline, arg)
+    }
+
+    /// The bufferevent itself, for the package code that made it (a TLS layer reads its errors).
+    var bufferevent: OpaquePointer { raw }
+
     /// Starts a non-blocking connect to `host:port`; `socketEvent(.connected)` or an error follows.
     init(connectingTo host: String, port: UInt16, base: EventBase, target: BufferedSocketTarget)
         throws(EventLoopError)
@@ -159,6 +173,7 @@ final class BufferedSocket {
             pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { bufferevent_socket_connect(bev, $0, length) }
         }
         if rc < 0 { throw .system(function: "connect \(host):\(port)", errno: errno) }
+        disableNagle(bufferevent_getfd(bev))
     }
 
     deinit { bufferevent_free(raw) }
@@ -359,6 +374,33 @@ private extension timeval {
     init(nanoseconds: UInt64) {
         self.init(tv_sec: Int(nanoseconds / 1_000_000_000), tv_usec: Int((nanoseconds % 1_000_000_000 + 999) / 1_000))
     }
+}
+
+/// Starts a non-blocking TCP connect to `host:port` (an IPv4 or IPv6 literal, or "localhost"):
+/// the new socket (non-blocking, close-on-exec) and whether it connected at once (loopback may);
+/// otherwise the caller waits for it to be writable and reads `pendingConnectError`.
+func startConnect(to host: String, port: UInt16) throws(EventLoopError) -> (fd: Int32, connected: Bool) {
+    var storage = sockaddr_storage()
+    let length = try parseAddress(host: host, port: port, into: &storage)
+    let fd = socket(Int32(storage.ss_family), SocketType.stream | SocketType.nonBlocking | SocketType.closeOnExec, 0)
+    guard fd >= 0 else { throw .system(function: "socket", errno: errno) }
+    disableNagle(fd)
+    let rc = withUnsafePointer(to: &storage) { pointer in
+        pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(length)) }
+    }
+    if rc == 0 { return (fd, true) }
+    let code = errno
+    if code == EINPROGRESS { return (fd, false) }
+    closeDescriptor(fd)
+    throw .system(function: "connect \(host):\(port)", errno: code)
+}
+
+/// The outcome of a non-blocking connect once its socket is writable: 0, or the errno.
+func pendingConnectError(_ fd: Int32) -> Int32 {
+    var code: Int32 = 0
+    var length = socklen_t(MemoryLayout<Int32>.size)
+    guard getsockopt(fd, SOL_SOCKET, SO_ERROR, &code, &length) == 0 else { return errno }
+    return code
 }
 
 /// Parses `host` (an IPv4 or IPv6 literal, or "localhost") and `port` into `storage`.

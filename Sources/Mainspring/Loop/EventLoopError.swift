@@ -18,6 +18,9 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
     /// A descriptor given to ``Listener/init(adopting:on:group:options:accept:)`` (by socket
     /// activation, say) is not a listening stream socket; `reason` says what it is instead.
     case notListeningSocket(descriptor: Int32, reason: String)
+    /// A TLS handshake failed (`MainspringTLS`): `reason` is OpenSSL's account, naming the
+    /// certificate check that failed when one did.
+    case tls(reason: String)
 
     public var description: String {
         switch self {
@@ -38,6 +41,8 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
             return "'\(host)' is not an IPv4 or IPv6 address"
         case .notListeningSocket(let descriptor, let reason):
             return "descriptor \(descriptor) is not a listening stream socket: it is \(reason)"
+        case .tls(let reason):
+            return "TLS: \(reason)"
         }
     }
 }

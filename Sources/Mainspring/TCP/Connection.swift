@@ -92,6 +92,10 @@ public final class Connection: @unchecked Sendable {
         /// still open (`EventLoopGroup.shutdown` after its grace period): closed at once, output
         /// not yet sent dropped.
         case cancelled
+        /// The connection's TLS layer failed (`MainspringTLS`): a handshake refused or timed out,
+        /// a certificate that did not verify, a record that did not decrypt, a peer that ended
+        /// without close_notify. `reason` is OpenSSL's account, naming the check that failed.
+        case tls(String)
 
         public var description: String {
             switch self {
@@ -99,6 +103,7 @@ public final class Connection: @unchecked Sendable {
             case .idleTimeout: return "idle timeout"
             case .error(let code): return "error \(code) (\(errnoName(code)))"
             case .cancelled: return "cancelled"
+            case .tls(let reason): return "TLS: \(reason)"
             }
         }
     }

@@ -48,6 +48,10 @@ final class ConnectionSource: Source {
     let options: Connection.Options
     let shared = ConnectionShared()
     @exclusivity(unchecked) var state: ConnectionState
+    /// The layer between the connection and its socket (TLS), if any.
+    let transport: (any ConnectionTransport)?
+    /// `transport.details`, taken when the connection was made (any thread reads it).
+    let transportDetails: (any Sendable)?
 
     /// Text written since the loop last polled, handed to libevent in one piece just before the
     /// next poll (libevent only writes while it polls, so nothing is delayed): a line protocol
@@ -170,6 +174,8 @@ final class ConnectionSource: Source {
         self.splitter = InPlaceLineSplitter(maxLineLength: options.maxLineLength)
         self.state = ConnectionState(connected: true)
         self.readLimit = Self.inputLimit(for: options)
+        self.transport = nil
+        self.transportDetails = nil
         super.init(loop: loop, priority: .input, keepsLoopBusy: true)
         target.source = self
         do {
@@ -182,6 +188,25 @@ final class ConnectionSource: Source {
         configureSocket()
     }
 
+    /// A connection over an established bufferevent made by a package module's `transport`.
+    init(loop: EventLoop, adopting bufferevent: OpaquePointer, peer: String, options: Connection.Options,
+         transport: any ConnectionTransport)
+    {
+        _ = ignoreSIGPIPE
+        options.check("Connection (TLS)")
+        self.remoteAddress = peer
+        self.options = options
+        self.splitter = InPlaceLineSplitter(maxLineLength: options.maxLineLength)
+        self.state = ConnectionState(connected: true)
+        self.readLimit = Self.inputLimit(for: options)
+        self.transport = transport
+        self.transportDetails = transport.details
+        super.init(loop: loop, priority: .input, keepsLoopBusy: true)
+        target.source = self
+        socket = BufferedSocket(adopting: bufferevent, base: loop.base, target: target)
+        configureSocket()
+    }
+
     init(loop: EventLoop, connectingTo host: String, port: UInt16, options: Connection.Options) throws(EventLoopError) {
         _ = ignoreSIGPIPE
         options.check("Connection.connect")
@@ -190,6 +215,8 @@ final class ConnectionSource: Source {
         self.splitter = InPlaceLineSplitter(maxLineLength: options.maxLineLength)
         self.state = ConnectionState(connected: false)
         self.readLimit = Self.inputLimit(for: options)
+        self.transport = nil
+        self.transportDetails = nil
         super.init(loop: loop, priority: .input, keepsLoopBusy: true)
         target.source = self
         do {
@@ -231,7 +258,14 @@ final class ConnectionSource: Source {
 
     func handle(_ event: SocketEvent, errno code: Int32) {
         if event.contains(.error) {
-            finish(.error(code == 0 ? ECONNRESET : code))
+            switch transport?.interpretFailure(errno: code) ?? .socketError {
+            case .closed(let reason):
+                finish(reason)
+            case .endOfInput:
+                if state.peerDidEnd() { deliverInput() }
+            case .socketError:
+                finish(.error(code == 0 ? ECONNRESET : code))
+            }
         } else if event.contains(.timeout) {
             finish(state.timeoutReason)
         } else {
@@ -265,7 +299,9 @@ final class ConnectionSource: Source {
 
     /// Closes the socket and reports `reason`, once.
     func finish(_ reason: Connection.CloseReason) {
+        let graceful = reason == .closed && state.isClosing
         guard state.finish(reason) else { return }
+        if graceful, socket != nil { transport?.willClose() }
         shared.isClosed.store(true, ordering: .releasing)
         shared.isOutputPaused.store(true, ordering: .relaxed)
         pendingOutput = []

@@ -35,14 +35,42 @@ public final class Listener: @unchecked Sendable {
     ///
     /// Must be called on `loop`'s thread.
     /// - Throws: `EventLoopError.invalidAddress`, `.system` (address in use, …), `.wrongThread`.
-    public init(host: String = "127.0.0.1", port: UInt16 = 0, on loop: EventLoop, group: EventLoopGroup? = nil,
-                options: Connection.Options = .init(), backlog: Int32 = 511,
-                accept: @escaping @Sendable (Connection) -> Void) throws(EventLoopError)
+    public convenience init(host: String = "127.0.0.1", port: UInt16 = 0, on loop: EventLoop, group: EventLoopGroup? = nil,
+                            options: Connection.Options = .init(), backlog: Int32 = 511,
+                            accept: @escaping @Sendable (Connection) -> Void) throws(EventLoopError)
     {
-        guard loop.claimThread() else { throw .wrongThread(function: "Listener.init(host:port:on:…)") }
+        try self.init(socket: .binding(host: host, port: port, backlog: backlog), on: loop, group: group, options: options,
+                      preparer: nil, function: "Listener.init(host:port:on:…)", accept: accept)
+    }
+
+    /// The callback form with a step between accepting and handing over (`MainspringTLS`'s
+    /// handshake), binding `host:port`.
+    package convenience init(host: String, port: UInt16, backlog: Int32, on loop: EventLoop, group: EventLoopGroup?,
+                             options: Connection.Options, preparer: any AcceptedSocketPreparer,
+                             accept: @escaping @Sendable (Connection) -> Void) throws(EventLoopError)
+    {
+        try self.init(socket: .binding(host: host, port: port, backlog: backlog), on: loop, group: group, options: options,
+                      preparer: preparer, function: "Listener.init(host:port:on:…tls:…)", accept: accept)
+    }
+
+    /// The callback form with a preparer, on a descriptor that already listens.
+    package convenience init(adopting descriptor: Int32, on loop: EventLoop, group: EventLoopGroup?,
+                             options: Connection.Options, preparer: any AcceptedSocketPreparer,
+                             accept: @escaping @Sendable (Connection) -> Void) throws(EventLoopError)
+    {
+        try self.init(socket: .adopting(descriptor), on: loop, group: group, options: options, preparer: preparer,
+                      function: "Listener.init(adopting:on:…tls:…)", accept: accept)
+    }
+
+    /// The callback initialisers' common part: makes the source on `loop`, delivering to `accept`.
+    private init(socket: ListeningSocket, on loop: EventLoop, group: EventLoopGroup?, options: Connection.Options,
+                 preparer: (any AcceptedSocketPreparer)?, function: StaticString,
+                 accept: @escaping @Sendable (Connection) -> Void) throws(EventLoopError)
+    {
+        guard loop.claimThread() else { throw .wrongThread(function: "\(function)") }
         let shared = ListenerShared()
-        source = try ListenerSource(loop: loop, socket: .binding(host: host, port: port, backlog: backlog),
-                                    group: group, options: options, delivery: .handler(accept), shared: shared)
+        source = try ListenerSource(loop: loop, socket: socket, group: group, options: options, delivery: .handler(accept),
+                                    shared: shared, preparer: preparer)
         self.shared = shared
         self.queue = nil
         self.loop = loop
@@ -64,19 +92,12 @@ public final class Listener: @unchecked Sendable {
     /// - Throws: `EventLoopError.notListeningSocket` when `descriptor` is not open, not a
     ///   socket, not a stream socket, or not listening (the reason says which); `.system`,
     ///   `.libevent`, `.wrongThread`.
-    public init(adopting descriptor: Int32, on loop: EventLoop, group: EventLoopGroup? = nil,
-                options: Connection.Options = .init(), accept: @escaping @Sendable (Connection) -> Void)
+    public convenience init(adopting descriptor: Int32, on loop: EventLoop, group: EventLoopGroup? = nil,
+                            options: Connection.Options = .init(), accept: @escaping @Sendable (Connection) -> Void)
         throws(EventLoopError)
     {
-        guard loop.claimThread() else { throw .wrongThread(function: "Listener.init(adopting:on:…)") }
-        let shared = ListenerShared()
-        source = try ListenerSource(loop: loop, socket: .adopting(descriptor), group: group, options: options,
-                                    delivery: .handler(accept), shared: shared)
-        self.shared = shared
-        self.queue = nil
-        self.loop = loop
-        self.port = source.port
-        self.localAddress = source.localAddress
+        try self.init(socket: .adopting(descriptor), on: loop, group: group, options: options, preparer: nil,
+                      function: "Listener.init(adopting:on:…)", accept: accept)
     }
 
     /// Listens on `host:port` like the callback initialiser, and queues the accepted
@@ -104,9 +125,25 @@ public final class Listener: @unchecked Sendable {
         try await self.init(socket: .adopting(descriptor), on: loop, group: group, options: options)
     }
 
+    /// The async form with a step between accepting and handing over (`MainspringTLS`'s
+    /// handshake), binding `host:port`.
+    package convenience init(host: String, port: UInt16, backlog: Int32, on loop: EventLoop, group: EventLoopGroup?,
+                             options: Connection.Options, preparer: any AcceptedSocketPreparer) async throws(EventLoopError)
+    {
+        try await self.init(socket: .binding(host: host, port: port, backlog: backlog), on: loop, group: group,
+                            options: options, preparer: preparer)
+    }
+
+    /// The async form with a preparer, on a descriptor that already listens.
+    package convenience init(adopting descriptor: Int32, on loop: EventLoop, group: EventLoopGroup?,
+                             options: Connection.Options, preparer: any AcceptedSocketPreparer) async throws(EventLoopError)
+    {
+        try await self.init(socket: .adopting(descriptor), on: loop, group: group, options: options, preparer: preparer)
+    }
+
     /// The async initialisers' common part: makes the source on `loop`, delivering to a queue.
-    private init(socket: ListeningSocket, on loop: EventLoop, group: EventLoopGroup?, options: Connection.Options)
-        async throws(EventLoopError)
+    private init(socket: ListeningSocket, on loop: EventLoop, group: EventLoopGroup?, options: Connection.Options,
+                 preparer: (any AcceptedSocketPreparer)? = nil) async throws(EventLoopError)
     {
         let queue = ConnectionQueue()
         let shared = ListenerShared()
@@ -115,7 +152,7 @@ public final class Listener: @unchecked Sendable {
             let start: @Sendable () -> Void = {
                 do throws(EventLoopError) {
                     let source = try ListenerSource(loop: loop, socket: socket, group: group, options: options,
-                                                    delivery: .queue(queue), shared: shared)
+                                                    delivery: .queue(queue), shared: shared, preparer: preparer)
                     continuation.resume(returning: .success((UncheckedListenerSource(source), source.port,
                                                              source.localAddress)))
                 } catch {

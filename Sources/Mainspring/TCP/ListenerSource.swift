@@ -21,6 +21,16 @@ enum ListeningSocket {
     case adopting(Int32)
 }
 
+/// A step between accepting a socket and handing its connection over — a TLS handshake
+/// (`MainspringTLS`) — that a listener made with it runs on the connection's loop.
+package protocol AcceptedSocketPreparer: Sendable {
+    /// On `loop`'s thread: makes the connection for `fd` (now the preparer's to close), at its
+    /// own pace, then calls `done` once, on `loop`'s thread, with the connection — or nil if it
+    /// could not be made (the socket is then closed, and the preparer counted or reported why).
+    func prepare(fd: Int32, peer: String, on loop: EventLoop, options: Connection.Options,
+                 done: @escaping (Connection?) -> Void)
+}
+
 final class ListenerSource: Source {
     /// Where accepted connections go.
     enum Delivery {
@@ -42,8 +52,11 @@ final class ListenerSource: Source {
 
     /// The one initialiser every kind of listener goes through, whether it binds a new socket or
     /// adopts a descriptor that already listens, and hands connections to a handler or a queue.
+    /// Runs between the accept and the hand-over (a TLS handshake), if set.
+    private let preparer: (any AcceptedSocketPreparer)?
+
     init(loop: EventLoop, socket: ListeningSocket, group: EventLoopGroup?, options: Connection.Options,
-         delivery: Delivery, shared: ListenerShared) throws(EventLoopError)
+         delivery: Delivery, shared: ListenerShared, preparer: (any AcceptedSocketPreparer)? = nil) throws(EventLoopError)
     {
         _ = ignoreSIGPIPE
         options.check("Listener")
@@ -51,6 +64,7 @@ final class ListenerSource: Source {
         self.options = options
         self.delivery = delivery
         self.shared = shared
+        self.preparer = preparer
         super.init(loop: loop, priority: .input)
         target.source = self
         do {
@@ -85,36 +99,57 @@ final class ListenerSource: Source {
         let destination = group?.next() ?? loop
         let deliver: @Sendable () -> Void
         var release: @Sendable () -> Void = {}
+        // Makes the connection on its loop — at once, or through the preparer (then a
+        // connection that fails on its way is simply not delivered).
+        let preparer = self.preparer
+        let make: @Sendable (@escaping (Connection?) -> Void) -> Void = { done in
+            let fd = socket.take()
+            if let preparer {
+                preparer.prepare(fd: fd, peer: socket.peer, on: destination, options: options, done: done)
+                return
+            }
+            do {
+                done(Connection(source: try ConnectionSource(loop: destination, fd: fd, peer: socket.peer, options: options)))
+            } catch {
+                done(nil)  // the fd was closed by ConnectionSource
+            }
+        }
         switch delivery {
         case .handler(let accept):
-            deliver = {
-                do {
-                    let source = try ConnectionSource(loop: destination, fd: socket.take(), peer: socket.peer,
-                                                      options: options)
-                    accept(Connection(source: source))
-                } catch {
-                    // The fd was closed by ConnectionSource; nothing to hand over.
-                }
-            }
+            deliver = { make { connection in if let connection { accept(connection) } } }
         case .queue(let queue):
-            if queue.reserve() { listener?.disable() }
+            // Connections being prepared (a TLS handshake, which may take its client's time)
+            // are not counted against the queue until they are ready: a few slow clients must
+            // not stop the listener.
+            let prepares = preparer != nil
+            if !prepares, queue.reserve() { listener?.disable() }
             // Runs on the connection's loop; accepting resumes on this one.
             let acceptor = UncheckedListenerSource(self)
             let resumeAccepting: @Sendable (Bool) -> Void = { resume in
                 if resume { acceptor.value.postResumeAfterConsumer() }
             }
+            let pause: @Sendable () -> Void = { acceptor.value.postPauseForConsumer() }
             deliver = {
-                do {
-                    let source = try ConnectionSource(loop: destination, fd: socket.take(), peer: socket.peer,
-                                                      options: options)
-                    resumeAccepting(queue.push(Connection(source: source)))
-                } catch {
-                    resumeAccepting(queue.release())
+                make { connection in
+                    guard let connection else {
+                        if !prepares { resumeAccepting(queue.release()) }
+                        return
+                    }
+                    if prepares, queue.reserve() { pause() }
+                    resumeAccepting(queue.push(connection))
                 }
             }
-            release = { resumeAccepting(queue.release()) }
+            release = { if !prepares { resumeAccepting(queue.release()) } }
         }
         if destination === loop { deliver() } else { destination.execute(priority: .input, deliver, orElse: release) }
+    }
+
+    /// The consumer of `connections` lags (prepared connections reached the limit): stop
+    /// accepting until it catches up. Posted to the listener's loop from the connection's; the
+    /// queue's state decides there, so a pause and a resume that cross on their way agree.
+    func postPauseForConsumer() {
+        let source = UncheckedListenerSource(self)
+        loop.execute { source.value.resumeAfterConsumer() }
     }
 
     /// The task suspended in `connections`, if any.
@@ -126,6 +161,10 @@ final class ListenerSource: Source {
     /// The consumer of `connections` caught up: accept again (unless out of descriptors).
     func resumeAfterConsumer() {
         guard !isClosed, pauseTimer == nil else { return }
+        if case .queue(let queue) = delivery, queue.isAcceptPaused {
+            listener?.disable()
+            return
+        }
         enableAccepting()
     }
 

@@ -29,11 +29,16 @@ final class EvhttpConnection {
     private var isFlushing = false
     /// The kick is active (output waits for the next poll).
     private var isKicked = false
+    /// TCP_NODELAY is set (before the first response: evhttp sets the socket after `bevcb`).
+    private var isNagleOff = false
     /// The client's address, formatted at its first request.
     private var peer: String?
     private(set) var isClosed = false
     /// Closed by the slow-request sweep (see EvhttpDeadlines.swift).
     var timedOut = false
+    /// The security layer under the connection (HTTPS), if any: output then goes through the
+    /// underlying bufferevent (which encrypts), not straight to the socket.
+    fileprivate var layer: (any HTTPConnectionLayer)?
 
     /// The request handed over and not yet finished.
     var current: EvhttpRequest?
@@ -55,12 +60,18 @@ final class EvhttpConnection {
     /// A connection for evhttp's next accepted socket: a socket bufferevent (evhttp sets its fd)
     /// under a filter bufferevent, which is what evhttp gets. Inside libevent (`bevcb`).
     static func make(server: EvhttpServer, base: OpaquePointer) -> (EvhttpConnection, filter: OpaquePointer)? {
-        guard let underlying = bufferevent_socket_new(base, -1, Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)) else { return nil }
+        let layer = server.limits.layer
+        let made = layer.map { $0.makeUnderlying(base: base) } ?? bufferevent_socket_new(base, -1, Int32(BEV_OPT_CLOSE_ON_FREE.rawValue))
+        guard let underlying = made else { return nil }
         let connection = EvhttpConnection(server: server, underlying: underlying)
+        connection.layer = layer
         // The filter's context is the connection, retained once; `contextFreedTrampoline` releases it.
         let context = Unmanaged.passRetained(connection).toOpaque()
+        // With a layer, freeing the filter leaves the underlying bufferevent to the layer
+        // (`closed()`): its output may still hold encrypted bytes, and close_notify goes last.
+        let options = layer == nil ? Int32(BEV_OPT_CLOSE_ON_FREE.rawValue) : 0
         guard let filter = bufferevent_filter_new(underlying, inputFilterTrampoline, outputFilterTrampoline,
-                                                  Int32(BEV_OPT_CLOSE_ON_FREE.rawValue), contextFreedTrampoline, context)
+                                                  options, contextFreedTrampoline, context)
         else {
             Unmanaged<EvhttpConnection>.fromOpaque(context).release()
             bufferevent_free(underlying)
@@ -106,11 +117,26 @@ final class EvhttpConnection {
     /// not take. evhttp treats "output drained" as "sent" (it frees a `Connection: close`
     /// connection at that moment); handing the bytes to the socket bufferevent would drop
     /// whatever that one had not written yet. What waits is written when the socket has room.
-    fileprivate func filterOutput(source: OpaquePointer) -> bufferevent_filter_result {
+    fileprivate func filterOutput(source: OpaquePointer, destination: OpaquePointer) -> bufferevent_filter_result {
         // Only from the kick (the next poll), never while evhttp is still adding output: evhttp
         // sets its "written" callback after adding, so output sent at once would report to the
         // callback of the previous write.
         guard isFlushing else { return BEV_NEED_MORE }
+        if !isNagleOff {
+            isNagleOff = true
+            let fd = bufferevent_getfd(underlying)
+            if fd >= 0 { disableNagle(fd) }
+        }
+        if layer != nil {
+            // Through the layer, which encrypts and writes as the socket allows; it frees the
+            // connection's underlying bufferevent only once that output is out (`release`).
+            if rewritesOwnAnswer {
+                guard rewriteOwnAnswer(source) else { return BEV_NEED_MORE }
+                rewritesOwnAnswer = false
+            }
+            evbuffer_add_buffer(destination, source)
+            return BEV_OK
+        }
         if rewritesOwnAnswer {
             guard rewriteOwnAnswer(source) else { return BEV_NEED_MORE }
             rewritesOwnAnswer = false
@@ -342,6 +368,7 @@ final class EvhttpConnection {
         writable = nil
         if let outputCallback, let filter { evbuffer_remove_cb_entry(bufferevent_get_output(filter), outputCallback) }
         outputCallback = nil
+        layer?.release(underlying: underlying)
         if !isDetached { server.connectionClosed(self) }
     }
 
@@ -380,9 +407,11 @@ private let outputAddedTrampoline: @convention(c) (OpaquePointer?, UnsafePointer
     Unmanaged<EvhttpConnection>.fromOpaque(context)._withUnsafeGuaranteedRef { $0.outputAdded(buffer) }
 }
 
-private let outputFilterTrampoline: bufferevent_filter_cb = { source, _, _, _, context in
-    guard let source, let context else { return BEV_ERROR }
-    return Unmanaged<EvhttpConnection>.fromOpaque(context)._withUnsafeGuaranteedRef { $0.filterOutput(source: source) }
+private let outputFilterTrampoline: bufferevent_filter_cb = { source, destination, _, _, context in
+    guard let source, let destination, let context else { return BEV_ERROR }
+    return Unmanaged<EvhttpConnection>.fromOpaque(context)._withUnsafeGuaranteedRef {
+        $0.filterOutput(source: source, destination: destination)
+    }
 }
 
 private let kickTrampoline: @convention(c) (Int32, Int16, UnsafeMutableRawPointer?) -> Void = { _, _, context in

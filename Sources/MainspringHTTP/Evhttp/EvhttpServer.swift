@@ -30,6 +30,22 @@ struct EvhttpLimits {
     var bodyTimeout: Duration
     /// Connections accepted per loop turn before the listener yields to the loop.
     var acceptBurst: Int
+    /// The security layer under every connection (HTTPS), if any.
+    var layer: (any HTTPConnectionLayer)? = nil
+}
+
+/// A layer under each connection of an HTTP server — TLS, from `MainspringTLS` — that makes the
+/// bufferevent the server's connection filter sits on. Called inside libevent (evhttp's
+/// `bevcb`): record and hand off, no user code.
+package protocol HTTPConnectionLayer: Sendable {
+    /// A bufferevent on `base` for a connection about to be accepted (made without a socket:
+    /// evhttp gives it its socket next), or nil to refuse the connection.
+    func makeUnderlying(base: OpaquePointer) -> OpaquePointer?
+
+    /// The connection is done with `underlying` (its filter was freed): the layer sends its last
+    /// words (close_notify) once what is buffered has been written, then frees it — and its
+    /// socket — within a bounded time.
+    func release(underlying: OpaquePointer)
 }
 
 /// What a loop's evhttp server tells its owner. Called inside libevent callbacks (except where

@@ -68,10 +68,21 @@ struct RequestHeadScan {
 
     private static func pack(_ bytes: [UInt8]) -> UInt64 { bytes.reduce(0) { $0 << 8 | UInt64($1) } }
 
-    /// Notes `count` bytes of the current line (its first and last bytes).
+    /// Notes `count` bytes of the current line: the request line's last bytes, a header line's
+    /// first ones (nothing else is looked at).
+    @inline(__always)
     private mutating func note(_ start: UnsafeRawPointer, _ count: Int) {
         guard count > 0 else { return }
         let bytes = UnsafeRawBufferPointer(start: start, count: count)
+        if lineIndex == 0 {
+            var index = max(0, count - 9)
+            while index < count {
+                let byte = bytes[index]
+                if byte != 0x0D { lineEnd = lineEnd << 8 | UInt64(byte) }
+                index += 1
+            }
+            return
+        }
         var index = 0
         while lineStartCount < 5 && index < count {
             let byte = bytes[index]
@@ -79,7 +90,6 @@ struct RequestHeadScan {
             lineStartCount += 1
             index += 1
         }
-        for byte in bytes[max(0, count - 9)...] where byte != 0x0D { lineEnd = lineEnd << 8 | UInt64(byte) }
     }
 
     /// A line of the head ended.

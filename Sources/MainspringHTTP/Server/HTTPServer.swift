@@ -131,7 +131,21 @@ public final class HTTPServer: Sendable {
         let shared: ServerShared
     }
 
-    private static func plan(_ configuration: Configuration) throws(HTTPServerError) -> Plan {
+    /// HTTPS (`MainspringTLS`): the async form with a layer under every connection.
+    package convenience init(group: EventLoopGroup, configuration: Configuration, routes: HTTPRoutes,
+                             layer: any HTTPConnectionLayer) async throws(HTTPServerError)
+    {
+        try await self.init(loops: group.loops, configuration: configuration, routes: routes, layer: layer)
+    }
+
+    /// HTTPS: the blocking form with a layer under every connection.
+    package convenience init(group: EventLoopGroup, configuration: Configuration, routes: HTTPRoutes,
+                             layer: any HTTPConnectionLayer) throws(HTTPServerError)
+    {
+        try self.init(loops: group.loops, configuration: configuration, routes: routes, layer: layer)
+    }
+
+    private static func plan(_ configuration: Configuration, layer: (any HTTPConnectionLayer)? = nil) throws(HTTPServerError) -> Plan {
         let floor = Duration.milliseconds(1)
         _ = requirePositive(configuration.idleTimeout, "HTTPServer.Configuration.idleTimeout")
         _ = requirePositive(configuration.headerTimeout, "HTTPServer.Configuration.headerTimeout")
@@ -139,16 +153,16 @@ public final class HTTPServer: Sendable {
         let limits = EvhttpLimits(
             maxHeaderBytes: max(256, configuration.maxHeaderBytes), maxBodyBytes: max(0, configuration.maxBodyBytes),
             idleTimeout: max(floor, configuration.idleTimeout), headerTimeout: max(floor, configuration.headerTimeout),
-            bodyTimeout: max(floor, configuration.bodyTimeout), acceptBurst: 16)
+            bodyTimeout: max(floor, configuration.bodyTimeout), acceptBurst: 16, layer: layer)
         let socket = try ListeningSocket(host: configuration.host, port: configuration.port, backlog: configuration.backlog)
         return Plan(limits: limits, socket: socket, statistics: HTTPServerStatistics(),
                     shared: ServerShared(maxConnections: max(1, configuration.maxConnections)))
     }
 
-    private convenience init(loops: [EventLoop], configuration: Configuration, routes: HTTPRoutes) async
-        throws(HTTPServerError)
+    private convenience init(loops: [EventLoop], configuration: Configuration, routes: HTTPRoutes,
+                             layer: (any HTTPConnectionLayer)? = nil) async throws(HTTPServerError)
     {
-        let plan = try Self.plan(configuration)
+        let plan = try Self.plan(configuration, layer: layer)
         let made: [Result<LoopEndpoint, HTTPServerError>] = await withTaskGroup(of: (Int, Result<LoopEndpoint, HTTPServerError>).self) { tasks in
             for (index, loop) in loops.enumerated() {
                 tasks.addTask {
@@ -184,10 +198,10 @@ public final class HTTPServer: Sendable {
         self.init(loops: loops, plan: plan, endpoints: endpoints)
     }
 
-    private convenience init(loops: [EventLoop], configuration: Configuration, routes: HTTPRoutes)
-        throws(HTTPServerError)
+    private convenience init(loops: [EventLoop], configuration: Configuration, routes: HTTPRoutes,
+                             layer: (any HTTPConnectionLayer)? = nil) throws(HTTPServerError)
     {
-        let plan = try Self.plan(configuration)
+        let plan = try Self.plan(configuration, layer: layer)
         var endpoints: [LoopEndpoint] = []
         for loop in loops {
             let make = { () throws(HTTPServerError) -> LoopEndpoint in

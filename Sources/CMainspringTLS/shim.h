@@ -1,0 +1,81 @@
+// The C surface of MainspringTLS: OpenSSL 3 (libssl-dev) and libevent's OpenSSL bufferevents
+// (libevent_openssl, in libevent-dev). Only Sources/MainspringTLS/OpenSSL/ imports this module.
+// Helpers here are limited to what Swift cannot import directly (OpenSSL's macros).
+#ifndef MAINSPRING_TLS_SHIM_H
+#define MAINSPRING_TLS_SHIM_H
+
+// See CLibevent/shim.h: settle glibc's feature macros the way the other modules see them.
+#include <features.h>
+
+#include <openssl/ssl.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#include <openssl/x509v3.h>
+#include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
+
+/// `SSL_CTX_set_min_proto_version` (a macro).
+static inline int ms_ssl_ctx_set_min_version(SSL_CTX *_Nonnull ctx, int version) {
+    return (int)SSL_CTX_set_min_proto_version(ctx, version);
+}
+
+/// `SSL_CTX_set_max_proto_version` (a macro).
+static inline int ms_ssl_ctx_set_max_version(SSL_CTX *_Nonnull ctx, int version) {
+    return (int)SSL_CTX_set_max_proto_version(ctx, version);
+}
+
+/// `SSL_set_tlsext_host_name` (a macro): the name sent as SNI.
+static inline int ms_ssl_set_server_name(SSL *_Nonnull ssl, const char *_Nonnull name) {
+    return (int)SSL_set_tlsext_host_name(ssl, name);
+}
+
+/// `SSL_CTX_set_tlsext_servername_callback` and its argument (macros).
+static inline void ms_ssl_ctx_set_server_name_callback(SSL_CTX *_Nonnull ctx,
+                                                       int (*_Nullable callback)(SSL *_Nonnull, int *_Nonnull, void *_Nullable),
+                                                       void *_Nullable argument) {
+    SSL_CTX_set_tlsext_servername_callback(ctx, callback);
+    SSL_CTX_set_tlsext_servername_arg(ctx, argument);
+}
+
+/// The options every Mainspring context gets: no renegotiation (a client asking for one gets an
+/// alert), no compression (CRIME), the server's cipher order, and buffers released while a
+/// connection is idle (some 34 KB a connection otherwise).
+static inline void ms_ssl_ctx_harden(SSL_CTX *_Nonnull ctx) {
+    SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_COMPRESSION | SSL_OP_CIPHER_SERVER_PREFERENCE);
+    SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
+}
+
+/// `XN_FLAG_RFC2253` (a composite macro): names printed as "CN=localhost,O=…".
+static const unsigned long ms_xn_flag_rfc2253 = XN_FLAG_RFC2253;
+
+/// `SSL_CTX_set_mode` (a macro).
+static inline long ms_ssl_ctx_set_mode(SSL_CTX *_Nonnull ctx, long mode) { return SSL_CTX_set_mode(ctx, mode); }
+
+/// `SSL_CTX_set_session_cache_mode` (a macro).
+static inline long ms_ssl_ctx_set_session_cache_mode(SSL_CTX *_Nonnull ctx, long mode) {
+    return SSL_CTX_set_session_cache_mode(ctx, mode);
+}
+
+/// `sk_GENERAL_NAME_num` / `sk_GENERAL_NAME_value` (macros over OpenSSL's stacks).
+static inline int ms_general_names_count(const GENERAL_NAMES *_Nullable names) { return sk_GENERAL_NAME_num(names); }
+static inline const GENERAL_NAME *_Nullable ms_general_name_at(const GENERAL_NAMES *_Nonnull names, int index) {
+    return sk_GENERAL_NAME_value(names, index);
+}
+static inline void ms_general_names_free(GENERAL_NAMES *_Nullable names) { GENERAL_NAMES_free(names); }
+
+/// `sk_X509_NAME` for the CA names a server sends when it asks for a client certificate.
+static inline STACK_OF(X509_NAME) *_Nullable ms_load_client_ca_names(const char *_Nonnull file) {
+    return SSL_load_client_CA_file(file);
+}
+
+/// The type of a `GENERAL_NAME` (DNS, IP, …) and its value.
+static inline int ms_general_name_type(const GENERAL_NAME *_Nonnull name) { return name->type; }
+static inline const ASN1_STRING *_Nullable ms_general_name_dns(const GENERAL_NAME *_Nonnull name) {
+    return name->type == GEN_DNS ? name->d.dNSName : NULL;
+}
+static inline const ASN1_OCTET_STRING *_Nullable ms_general_name_ip(const GENERAL_NAME *_Nonnull name) {
+    return name->type == GEN_IPADD ? name->d.iPAddress : NULL;
+}
+
+#endif

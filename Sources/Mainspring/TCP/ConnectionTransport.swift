@@ -1,0 +1,46 @@
+/// A layer that a package module puts between a connection and its socket — TLS
+/// (`MainspringTLS`) — seen by the connection only through these calls. The layer makes the
+/// connection's bufferevent (`Connection.adopting(bufferevent:…)`), and the connection tells it
+/// about failures and the graceful end. Loop thread only.
+/// What a transport's failure means for the connection (`ConnectionTransport.interpretFailure`).
+package enum TransportFailure {
+    /// The connection closes with this reason.
+    case closed(Connection.CloseReason)
+    /// Not a failure: the peer ended its input (as an end of file would).
+    case endOfInput
+    /// The socket's own error: `.error(errno)`.
+    case socketError
+}
+
+package protocol ConnectionTransport: AnyObject {
+    /// What a failure that the bufferevent reported (`BEV_EVENT_ERROR`) with `errno` (0 when
+    /// none) means: the layer's own account (OpenSSL's reason text), the plain end of the peer's
+    /// input (a TLS peer that closed without close_notify), or `.error(errno)`.
+    func interpretFailure(errno: Int32) -> TransportFailure
+
+    /// The connection closes gracefully, its output sent: the layer's last words (TLS's
+    /// close_notify). Not called when it closes for another reason.
+    func willClose()
+
+    /// What users may read about the connection's layer (a TLS session's protocol, cipher,
+    /// peer certificate), once established. Any thread.
+    var details: (any Sendable)? { get }
+}
+
+extension Connection {
+    /// A connection over a bufferevent that a package module made on `loop` (its TLS layer,
+    /// say), established already; `transport` is told about its failures and graceful close.
+    /// Loop thread only; the bufferevent must have been made on `loop`'s base.
+    /// - Throws: `.wrongThread`.
+    package static func adopting(bufferevent: OpaquePointer, peer: String, on loop: EventLoop,
+                                 options: Options, transport: any ConnectionTransport) throws(EventLoopError) -> Connection
+    {
+        guard loop.claimThread() else { throw .wrongThread(function: "Connection.adopting(bufferevent:…)") }
+        let source = ConnectionSource(loop: loop, adopting: bufferevent, peer: peer, options: options, transport: transport)
+        return Connection(source: source)
+    }
+
+    /// The layer's details (`ConnectionTransport.details`), if the connection has a layer. Any
+    /// thread.
+    package var transportDetails: (any Sendable)? { source.transportDetails }
+}

@@ -1,0 +1,150 @@
+import Mainspring
+
+/// TLS listeners: connections are handed over once their handshake is done.
+///
+/// Every form of `Listener` has a TLS twin that takes a ``TLSServerContext``: the callback
+/// initialisers (loop thread), the async ones (any task, for `connections`), on a new socket or
+/// a descriptor that already listens (socket activation). An accepted socket is handshaken on
+/// the loop its connection goes to, as `.normal` work (see ``TLSServerContext``'s handshakes:
+/// accepting and established connections go first); the connection reaches `accept` — or
+/// `connections` — established, with `connection.tls` set. A handshake that fails (a bad
+/// certificate, plaintext sent to the port, a client that stops mid-way and times out) closes
+/// its socket and is counted in ``TLSServerContext/statistics``; nobody else notices.
+///
+/// Handshakes in progress do not count against `maxWaitingConnections` (a few slow clients
+/// cannot stop a listener); each costs a socket and a session until it ends (at most the
+/// configuration's `handshakeTimeout`).
+extension Listener {
+    /// Listens on `host:port` and hands each TLS-established connection to `accept` on its loop.
+    /// Loop thread only (`loop`'s).
+    /// - Throws: `EventLoopError.invalidAddress`, `.system` (address in use, …), `.wrongThread`.
+    public convenience init(host: String = "127.0.0.1", port: UInt16 = 0, on loop: EventLoop, group: EventLoopGroup? = nil,
+                            options: Connection.Options = .init(), backlog: Int32 = 511, tls: TLSServerContext,
+                            accept: @escaping @Sendable (Connection) -> Void) throws(EventLoopError)
+    {
+        try self.init(host: host, port: port, backlog: backlog, on: loop, group: group, options: options,
+                      preparer: TLSAcceptPreparer(context: tls), accept: accept)
+    }
+
+    /// Listens on `host:port` and queues the TLS-established connections for `connections`.
+    /// Any task.
+    public convenience init(host: String = "127.0.0.1", port: UInt16 = 0, on loop: EventLoop, group: EventLoopGroup? = nil,
+                            options: Connection.Options = .init(), backlog: Int32 = 511, tls: TLSServerContext) async
+        throws(EventLoopError)
+    {
+        try await self.init(host: host, port: port, backlog: backlog, on: loop, group: group, options: options,
+                            preparer: TLSAcceptPreparer(context: tls))
+    }
+
+    /// TLS on a descriptor that already listens (a socket passed by a service manager: see
+    /// `ActivatedSockets`), handing each established connection to `accept`. The listener takes
+    /// the descriptor over, as `init(adopting:on:group:options:accept:)` does. Loop thread only.
+    public convenience init(adopting descriptor: Int32, on loop: EventLoop, group: EventLoopGroup? = nil,
+                            options: Connection.Options = .init(), tls: TLSServerContext,
+                            accept: @escaping @Sendable (Connection) -> Void) throws(EventLoopError)
+    {
+        try self.init(adopting: descriptor, on: loop, group: group, options: options,
+                      preparer: TLSAcceptPreparer(context: tls), accept: accept)
+    }
+
+    /// TLS on a descriptor that already listens, for `connections`. Any task.
+    public convenience init(adopting descriptor: Int32, on loop: EventLoop, group: EventLoopGroup? = nil,
+                            options: Connection.Options = .init(), tls: TLSServerContext) async throws(EventLoopError)
+    {
+        try await self.init(adopting: descriptor, on: loop, group: group, options: options,
+                            preparer: TLSAcceptPreparer(context: tls))
+    }
+}
+
+extension Connection {
+    /// Connects to `host:port` (an IPv4 or IPv6 literal, or "localhost") from `loop`, runs the TLS
+    /// handshake, and returns the established connection (`connection.tls` says what was
+    /// agreed). The server's certificate is checked as `tls.configuration.verification` says —
+    /// against `serverName` (default: `host`), which is also sent as SNI when it is a name. Any
+    /// task; the handshake runs on `loop` as `.normal` work.
+    /// - Throws: `EventLoopError.tls` with OpenSSL's reason (naming the certificate check that
+    ///   failed), `.system` with the connect's errno, `.invalidAddress`, `.loopClosed`.
+    public static func connect(to host: String, port: UInt16, on loop: EventLoop, options: Options = .init(),
+                               tls: TLSClientContext, serverName: String? = nil) async throws(EventLoopError) -> Connection
+    {
+        let name = serverName ?? host
+        let made: Result<Connection, EventLoopError> = await withUnsafeContinuation { continuation in
+            let start: @Sendable () -> Void = {
+                connectTLS(to: host, port: port, on: loop, options: options, tls: tls, serverName: name) {
+                    continuation.resume(returning: $0)
+                }
+            }
+            if loop.isCurrent { start() } else {
+                loop.execute(start)
+            }
+        }
+        return try made.get()
+    }
+
+    /// `connect(to:port:on:options:tls:serverName:)` with a callback: `completion` runs on
+    /// `loop`'s thread with the established connection or the error. Loop thread only.
+    public static func connect(to host: String, port: UInt16, on loop: EventLoop, options: Options = .init(),
+                               tls: TLSClientContext, serverName: String? = nil,
+                               completion: @escaping (Result<Connection, EventLoopError>) -> Void)
+    {
+        connectTLS(to: host, port: port, on: loop, options: options, tls: tls, serverName: serverName ?? host,
+                   completion: completion)
+    }
+}
+
+/// The client side: TCP connect, then the handshake, then the connection. Loop thread.
+private func connectTLS(to host: String, port: UInt16, on loop: EventLoop, options: Connection.Options, tls: TLSClientContext,
+                        serverName: String, completion: @escaping (Result<Connection, EventLoopError>) -> Void)
+{
+    loop.connectSocket(to: host, port: port) { result in
+        let fd: Int32
+        switch result {
+        case .failure(let error):
+            completion(.failure(error))
+            return
+        case .success(let connected):
+            fd = connected
+        }
+        guard let session = SSLSession(client: tls.handle, fd: fd, serverName: serverName,
+                                       verification: tls.configuration.verification)
+        else {
+            closeSocket(fd)
+            completion(.failure(.tls(reason: "OpenSSL could not make a session")))
+            return
+        }
+        let peer = host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
+        TLSHandshake(loop: loop, session: session, timeout: tls.configuration.handshakeTimeout) { outcome in
+            switch outcome {
+            case .established(let layer, let bufferevent):
+                do throws(EventLoopError) {
+                    completion(.success(try Connection.adopting(bufferevent: bufferevent, peer: peer, on: loop, options: options,
+                                                                transport: layer)))
+                } catch {
+                    freeBufferevent(bufferevent)
+                    completion(.failure(error))
+                }
+            case .failed(let reason):
+                completion(.failure(.tls(reason: reason)))
+            }
+        }.start()
+    }
+}
+
+extension Listener {
+    /// TLS on a socket passed by socket activation (see `ActivatedSockets`), handing each
+    /// established connection to `accept`. Loop thread only.
+    public convenience init(activatedSocket socket: ActivatedSockets.Socket, on loop: EventLoop,
+                            group: EventLoopGroup? = nil, options: Connection.Options = .init(), tls: TLSServerContext,
+                            accept: @escaping @Sendable (Connection) -> Void) throws(EventLoopError)
+    {
+        try self.init(adopting: socket.descriptor, on: loop, group: group, options: options, tls: tls, accept: accept)
+    }
+
+    /// TLS on a socket passed by socket activation, for `connections`. Any task.
+    public convenience init(activatedSocket socket: ActivatedSockets.Socket, on loop: EventLoop,
+                            group: EventLoopGroup? = nil, options: Connection.Options = .init(), tls: TLSServerContext)
+        async throws(EventLoopError)
+    {
+        try await self.init(adopting: socket.descriptor, on: loop, group: group, options: options, tls: tls)
+    }
+}

@@ -1,0 +1,218 @@
+internal import CMainspringTLS
+internal import CLibevent
+import Foundation
+@_spi(MainspringHTTP) import Mainspring
+
+/// One TLS session (an `SSL`) on a socket, while its handshake runs — driven a step at a time
+/// by `TLSHandshake` — then handed to a libevent OpenSSL bufferevent. Loop thread only.
+final class SSLSession {
+    /// Nil once the bufferevent owns it (or it was freed).
+    private var raw: OpaquePointer?
+    let fd: Int32
+    let isServer: Bool
+    /// The contexts the session was made from, kept alive while OpenSSL's callbacks (SNI, ALPN)
+    /// may still read them.
+    private let keepAlive: AnyObject
+
+    /// What one step of the handshake ended with.
+    enum Step {
+        case done
+        case wantRead
+        case wantWrite
+        case failed(String)
+    }
+
+    /// A server session on an accepted socket.
+    init?(server contexts: ServerContextSet, fd: Int32) {
+        ERR_clear_error()
+        guard let ssl = SSL_new(contexts.defaultContext.raw) else { return nil }
+        guard SSL_set_fd(ssl, fd) == 1 else {
+            SSL_free(ssl)
+            return nil
+        }
+        SSL_set_accept_state(ssl)
+        self.raw = ssl
+        self.fd = fd
+        self.isServer = true
+        self.keepAlive = contexts
+    }
+
+    /// A client session on a connected socket, for `serverName` (sent as SNI when it is a
+    /// name, and checked against the certificate unless `verification` says otherwise).
+    init?(client context: SSLContextHandle, fd: Int32, serverName: String, verification: TLSServerVerification) {
+        ERR_clear_error()
+        guard let ssl = SSL_new(context.raw) else { return nil }
+        guard SSL_set_fd(ssl, fd) == 1 else {
+            SSL_free(ssl)
+            return nil
+        }
+        SSL_set_connect_state(ssl)
+        let isAddress = serverName.contains(":") || serverName.allSatisfy { $0.isNumber || $0 == "." }
+        if !isAddress { _ = ms_ssl_set_server_name(ssl, serverName) }
+        if verification == .full {
+            if isAddress {
+                _ = X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), serverName)
+            } else {
+                _ = SSL_set1_host(ssl, serverName)
+            }
+        }
+        self.raw = ssl
+        self.fd = fd
+        self.isServer = false
+        self.keepAlive = context
+    }
+
+    deinit { if let raw { SSL_free(raw) } }
+
+    /// Runs the handshake as far as it can go without waiting for the socket.
+    func step() -> Step {
+        guard let ssl = raw else { return .failed("the session is gone") }
+        ERR_clear_error()
+        let rc = SSL_do_handshake(ssl)
+        if rc == 1 { return .done }
+        let code = SSL_get_error(ssl, rc)
+        switch code {
+        case SSL_ERROR_WANT_READ: return .wantRead
+        case SSL_ERROR_WANT_WRITE: return .wantWrite
+        case SSL_ERROR_SYSCALL:
+            let reason = takeOpenSSLErrors(fallback: "")
+            if !reason.isEmpty { return .failed("handshake failed: \(reason)") }
+            return .failed(errno == 0 ? "the peer closed the connection during the handshake"
+                : "handshake failed: \(String(cString: strerror(errno)))")
+        case SSL_ERROR_ZERO_RETURN:
+            return .failed("the peer closed the connection during the handshake")
+        default:
+            return .failed("handshake failed: \(failureReason(ssl))")
+        }
+    }
+
+    /// Why the handshake failed: the certificate check that failed, or OpenSSL's errors.
+    private func failureReason(_ ssl: OpaquePointer) -> String {
+        let errors = takeOpenSSLErrors()
+        let verify = SSL_get_verify_result(ssl)
+        if verify != X509_V_OK, let text = X509_verify_cert_error_string(verify) {
+            let check = String(cString: text)
+            return isServer ? "the client's certificate did not verify: \(check) (\(errors))"
+                : "the server's certificate did not verify: \(check) (\(errors))"
+        }
+        return errors
+    }
+
+    /// The established session's details.
+    func summary() -> TLSSession {
+        guard let ssl = raw else { return TLSSession(version: "", cipher: "", applicationProtocol: nil, serverName: nil, peerCertificate: nil) }
+        let version = String(cString: SSL_get_version(ssl))
+        let cipher = SSL_get_current_cipher(ssl).flatMap { SSL_CIPHER_get_name($0) }.map { String(cString: $0) } ?? ""
+        var alpnData: UnsafePointer<UInt8>?
+        var alpnLength: UInt32 = 0
+        SSL_get0_alpn_selected(ssl, &alpnData, &alpnLength)
+        let alpn = alpnData.map { String(decoding: UnsafeBufferPointer(start: $0, count: Int(alpnLength)), as: UTF8.self) }
+        let serverName = SSL_get_servername(ssl, TLSEXT_NAMETYPE_host_name).map { String(cString: $0) }
+        var peer: TLSCertificateSummary?
+        if let certificate = SSL_get1_peer_certificate(ssl) {
+            defer { X509_free(certificate) }
+            peer = summarize(certificate, verified: SSL_get_verify_result(ssl) == X509_V_OK)
+        }
+        return TLSSession(version: version, cipher: cipher, applicationProtocol: alpn.flatMap { $0.isEmpty ? nil : $0 },
+                          serverName: serverName, peerCertificate: peer)
+    }
+
+    /// Hands the session to a libevent OpenSSL bufferevent on `loop`'s base (which then owns the
+    /// session and the socket: freeing it frees both). Nil if libevent refuses (the session is
+    /// freed then; the socket is still the caller's).
+    func makeBufferevent(on loop: EventLoop) -> (bufferevent: OpaquePointer, ssl: OpaquePointer)? {
+        guard let ssl = raw else { return nil }
+        guard let bev = bufferevent_openssl_socket_new(loop.eventBasePointer, fd, ssl, BUFFEREVENT_SSL_OPEN,
+                                                       Int32(BEV_OPT_CLOSE_ON_FREE.rawValue))
+        else {
+            return nil
+        }
+        raw = nil
+        // A peer that closes its socket without close_notify is told apart from a reset by
+        // the layer (`TLSLayer.interpretFailure`): libevent's own allowance would take a reset
+        // for a clean end too.
+        return (bev, ssl)
+    }
+}
+
+/// The summary of a certificate: subject, issuer, names, expiry.
+private func summarize(_ certificate: OpaquePointer, verified: Bool) -> TLSCertificateSummary {
+    func name(_ value: OpaquePointer?) -> String {
+        guard let value, let bio = BIO_new(BIO_s_mem()) else { return "" }
+        defer { BIO_free(bio) }
+        _ = X509_NAME_print_ex(bio, value, 0, ms_xn_flag_rfc2253)
+        var pointer: UnsafeMutablePointer<CChar>?
+        let length = BIO_ctrl(bio, BIO_CTRL_INFO, 0, &pointer)
+        guard let pointer, length > 0 else { return "" }
+        return String(decoding: UnsafeRawBufferPointer(start: pointer, count: length), as: UTF8.self)
+    }
+    var names: [String] = []
+    if let raw = X509_get_ext_d2i(certificate, NID_subject_alt_name, nil, nil) {
+        let list = OpaquePointer(raw)
+        defer { ms_general_names_free(list) }
+        for index in 0..<ms_general_names_count(list) {
+            guard let entry = ms_general_name_at(list, index) else { continue }
+            if let dns = ms_general_name_dns(entry), let data = ASN1_STRING_get0_data(dns) {
+                names.append(String(decoding: UnsafeBufferPointer(start: data, count: Int(ASN1_STRING_length(dns))), as: UTF8.self))
+            } else if let ip = ms_general_name_ip(entry), let data = ASN1_STRING_get0_data(ip) {
+                let bytes = Array(UnsafeBufferPointer(start: data, count: Int(ASN1_STRING_length(ip))))
+                if bytes.count == 4 {
+                    names.append(bytes.map(String.init).joined(separator: "."))
+                } else if bytes.count == 16 {
+                    names.append(stride(from: 0, to: 16, by: 2).map { String(format: "%x", Int(bytes[$0]) << 8 | Int(bytes[$0 + 1])) }
+                        .joined(separator: ":"))
+                }
+            }
+        }
+    }
+    var expiry: Date?
+    if let notAfter = X509_get0_notAfter(certificate) {
+        var parts = tm()
+        if ASN1_TIME_to_tm(notAfter, &parts) == 1 { expiry = Date(timeIntervalSince1970: TimeInterval(timegm(&parts))) }
+    }
+    return TLSCertificateSummary(subject: name(X509_get_subject_name(certificate)), issuer: name(X509_get_issuer_name(certificate)),
+                                 subjectAlternativeNames: names, notAfter: expiry, isVerified: verified)
+}
+
+/// The TLS layer of an established connection (`ConnectionTransport`): OpenSSL's account of a
+/// failure, close_notify on a graceful close, the session's details. Its pointers belong to the
+/// connection's bufferevent, which outlives every call made to the layer.
+final class TLSLayer: ConnectionTransport {
+    private let bufferevent: OpaquePointer
+    private let ssl: OpaquePointer
+    let session: TLSSession
+
+    init(bufferevent: OpaquePointer, ssl: OpaquePointer, session: TLSSession) {
+        self.bufferevent = bufferevent
+        self.ssl = ssl
+        self.session = session
+    }
+
+    var details: (any Sendable)? { session }
+
+    func interpretFailure(errno code: Int32) -> TransportFailure {
+        var reasons: [String] = []
+        while true {
+            let error = bufferevent_get_openssl_error(bufferevent)
+            if error == 0 { break }
+            let line = openSSLErrorText(error)
+            let parts = line.split(separator: ":", omittingEmptySubsequences: false)
+            reasons.append(parts.count >= 5 ? parts[4...].joined(separator: ":") : line)
+        }
+        if !reasons.isEmpty { return .closed(.tls(reasons.joined(separator: "; "))) }
+        // No TLS error: the socket ended (errno 0: the peer closed it without close_notify,
+        // which HTTP/1.1 clients and line protocols do — an end of input) or failed (a reset).
+        return code == 0 ? .endOfInput : .socketError
+    }
+
+    func willClose() {
+        // close_notify: one non-blocking write to the socket; a peer already gone is no matter.
+        ERR_clear_error()
+        _ = SSL_shutdown(ssl)
+        ERR_clear_error()
+    }
+}
+
+/// Frees a bufferevent made by `SSLSession.makeBufferevent` that no connection took over (its
+/// session and socket go with it).
+func freeBufferevent(_ bufferevent: OpaquePointer) { bufferevent_free(bufferevent) }

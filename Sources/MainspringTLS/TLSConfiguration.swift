@@ -1,0 +1,167 @@
+import Foundation
+import Mainspring
+
+/// Where PEM data comes from: a file (read when a context is made, and again on `reload()`),
+/// or bytes in memory.
+public enum TLSSource: Sendable, Equatable, CustomStringConvertible {
+    case file(String)
+    case pem([UInt8])
+
+    /// PEM text.
+    public static func pem(_ text: String) -> TLSSource { .pem(Array(text.utf8)) }
+
+    public var description: String {
+        switch self {
+        case .file(let path): return "file '\(path)'"
+        case .pem(let bytes): return "PEM data (\(bytes.count) bytes)"
+        }
+    }
+}
+
+/// A certificate chain (the leaf first, then its intermediates) and its private key.
+public struct TLSCertificate: Sendable, Equatable {
+    public var chain: TLSSource
+    public var privateKey: TLSSource
+    /// The server names (SNI) this certificate is chosen for on a listener with several (exact
+    /// names, or `*.example.com` for one label); empty: only as the default (the first of a
+    /// configuration's certificates).
+    public var serverNames: [String]
+
+    public init(chain: TLSSource, privateKey: TLSSource, serverNames: [String] = []) {
+        self.chain = chain
+        self.privateKey = privateKey
+        self.serverNames = serverNames
+    }
+
+    /// A chain and a key in PEM files.
+    public init(certificateFile: String, keyFile: String, serverNames: [String] = []) {
+        self.init(chain: .file(certificateFile), privateKey: .file(keyFile), serverNames: serverNames)
+    }
+}
+
+/// A TLS protocol version.
+public enum TLSVersion: Int, Sendable, Comparable, CustomStringConvertible {
+    case tls12 = 0x0303
+    case tls13 = 0x0304
+
+    public static func < (lhs: TLSVersion, rhs: TLSVersion) -> Bool { lhs.rawValue < rhs.rawValue }
+    public var description: String { self == .tls12 ? "TLSv1.2" : "TLSv1.3" }
+}
+
+/// The certificates a peer's certificate is checked against.
+public enum TLSTrustRoots: Sendable, Equatable {
+    /// The system's store (Debian: `/etc/ssl/certs`, from `ca-certificates`).
+    case system
+    /// A PEM file of CA certificates.
+    case file(String)
+    /// A directory of hashed CA certificates (`openssl rehash`).
+    case directory(String)
+    /// CA certificates as PEM bytes.
+    case pem([UInt8])
+}
+
+/// How a server treats client certificates (mutual TLS).
+public enum TLSClientAuthentication: Sendable, Equatable {
+    /// Not asked for.
+    case none
+    /// Asked for; a client without one is accepted, one with a certificate that does not verify
+    /// against `trustRoots` is refused.
+    case optional(trustRoots: TLSTrustRoots)
+    /// Required: a client without a certificate that verifies against `trustRoots` is refused.
+    case required(trustRoots: TLSTrustRoots)
+}
+
+/// What a client checks about the server it connects to. Everything, by default.
+public enum TLSServerVerification: Sendable, Equatable {
+    /// The chain against the trust roots, the validity dates, and the name asked for
+    /// (`serverName`, or the host connected to) against the certificate's names.
+    case full
+    /// The chain and dates, but not the name. For a server whose name is not in its certificate
+    /// (connecting by an address the certificate does not list).
+    case chainOnly
+    /// Nothing: any certificate, from anyone, is accepted. The connection is encrypted but not
+    /// authenticated — an attacker in the middle sees everything. For tests against throwaway
+    /// certificates only.
+    case insecureNoVerification
+}
+
+/// A TLS server's settings: its certificates, the versions and protocols it accepts, client
+/// certificates, and how long a handshake may take.
+public struct TLSServerConfiguration: Sendable, Equatable {
+    /// The certificates, the default first; with several, a client's server name (SNI) picks
+    /// the one whose `serverNames` match it.
+    public var certificates: [TLSCertificate]
+    /// The oldest protocol version accepted. Default TLS 1.2 (TLS 1.3 is preferred when both
+    /// sides have it).
+    public var minimumVersion: TLSVersion
+    /// ALPN protocols the server speaks, in its order of preference (`["h2", "http/1.1"]`).
+    /// Empty: no ALPN. A client that offers none of them is served without a protocol.
+    public var applicationProtocols: [String]
+    /// Client certificates (mutual TLS). Default: not asked for.
+    public var clientAuthentication: TLSClientAuthentication
+    /// A handshake that has not finished this long after the connection was accepted ends it
+    /// (a client that stops mid-handshake). A period; default 10 s.
+    public var handshakeTimeout: Duration
+
+    public init(certificates: [TLSCertificate], minimumVersion: TLSVersion = .tls12, applicationProtocols: [String] = [],
+                clientAuthentication: TLSClientAuthentication = .none, handshakeTimeout: Duration = .seconds(10))
+    {
+        self.certificates = certificates
+        self.minimumVersion = minimumVersion
+        self.applicationProtocols = applicationProtocols
+        self.clientAuthentication = clientAuthentication
+        self.handshakeTimeout = handshakeTimeout
+    }
+
+    /// One certificate chain and key, from PEM files.
+    public init(certificateFile: String, keyFile: String) {
+        self.init(certificates: [TLSCertificate(certificateFile: certificateFile, keyFile: keyFile)])
+    }
+}
+
+/// A TLS client's settings: what it trusts and checks, what it offers.
+public struct TLSClientConfiguration: Sendable, Equatable {
+    /// What the server's certificate is checked against. Default: the system's store.
+    public var trustRoots: TLSTrustRoots
+    /// What is checked about the server. Default: everything (`.full`).
+    public var verification: TLSServerVerification
+    /// The oldest protocol version accepted. Default TLS 1.2.
+    public var minimumVersion: TLSVersion
+    /// ALPN protocols offered, in preference order. Empty: none.
+    public var applicationProtocols: [String]
+    /// A client certificate, for servers that ask for one (mutual TLS).
+    public var certificate: TLSCertificate?
+    /// A handshake that has not finished this long after the TCP connection ends it. A period;
+    /// default 10 s.
+    public var handshakeTimeout: Duration
+
+    public init(trustRoots: TLSTrustRoots = .system, verification: TLSServerVerification = .full,
+                minimumVersion: TLSVersion = .tls12, applicationProtocols: [String] = [],
+                certificate: TLSCertificate? = nil, handshakeTimeout: Duration = .seconds(10))
+    {
+        self.trustRoots = trustRoots
+        self.verification = verification
+        self.minimumVersion = minimumVersion
+        self.applicationProtocols = applicationProtocols
+        self.certificate = certificate
+        self.handshakeTimeout = handshakeTimeout
+    }
+}
+
+/// Why a TLS context could not be made: which part, from where, and OpenSSL's account.
+public struct TLSConfigurationError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// What was being loaded or checked ("certificate chain", "private key", "trust roots", …).
+    public var what: String
+    /// Where it came from (a file's path, or "PEM data").
+    public var source: String
+    /// Why it failed.
+    public var reason: String
+
+    public init(what: String, source: String, reason: String) {
+        self.what = what
+        self.source = source
+        self.reason = reason
+    }
+
+    public var description: String { "TLS \(what) from \(source): \(reason)" }
+}

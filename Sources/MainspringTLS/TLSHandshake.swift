@@ -1,0 +1,182 @@
+import Mainspring
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Runs one TLS handshake on a loop, a step each time the socket is ready — as `.normal` work
+/// of the loop, never inside libevent's callbacks.
+///
+/// ## Where handshakes run
+/// A handshake is CPU work: signing with an RSA-2048 key is about a millisecond, and a storm of
+/// new clients is a storm of them. Each step runs as one `.normal` callback of the connection's
+/// loop, so the loop's policy applies to it: accepting and established connections are `.input`
+/// and go first; handshakes take what is left of each pass; and the loop polls again at least
+/// every `pollInterval` — a request on an established connection waits for at most one poll
+/// interval plus the one handshake step in progress, however many clients are handshaking.
+/// (libevent's OpenSSL bufferevents would run the handshake inside their read callback, in the
+/// poll, as many as are ready at once.) Once established, the session moves to a libevent
+/// OpenSSL bufferevent, whose record encryption is cheap.
+final class TLSHandshake {
+    enum Outcome {
+        case established(TLSLayer, bufferevent: OpaquePointer)
+        case failed(String)
+    }
+
+    private let loop: EventLoop
+    private let session: SSLSession
+    private let timeout: Duration
+    private var readiness: DescriptorReadiness?
+    private var timer: TimerHandle?
+    private var completion: ((Outcome) -> Void)?
+    /// The handshake keeps itself alive while it runs (the loop holds only its callbacks).
+    private var running: TLSHandshake?
+
+    init(loop: EventLoop, session: SSLSession, timeout: Duration, completion: @escaping (Outcome) -> Void) {
+        self.loop = loop
+        self.session = session
+        self.timeout = timeout
+        self.completion = completion
+    }
+
+    /// Starts: waits for the peer's first flight (a server) or for room to send its own (a
+    /// client), so that even the first step runs as `.normal` work. Loop thread.
+    func start() {
+        running = self
+        timer = loop.schedule(after: timeout) { [weak self] in
+            guard let self else { return }
+            self.end(.failed("the handshake did not finish within \(self.timeout)"))
+        }
+        readiness = DescriptorReadiness(loop: loop, fd: session.fd, priority: .normal) { [weak self] in self?.step() }
+        wait(for: session.isServer ? .read : .write)
+    }
+
+    private func step() {
+        switch session.step() {
+        case .done:
+            let summary = session.summary()
+            guard let made = session.makeBufferevent(on: loop) else {
+                end(.failed("libevent could not take the session over"))
+                return
+            }
+            end(.established(TLSLayer(bufferevent: made.bufferevent, ssl: made.ssl, session: summary),
+                             bufferevent: made.bufferevent), closesSocket: false)
+        case .wantRead:
+            wait(for: .read)
+        case .wantWrite:
+            wait(for: .write)
+        case .failed(let reason):
+            end(.failed(reason))
+        }
+    }
+
+    private func wait(for events: IOEvents) {
+        do {
+            try readiness?.wait(for: events)
+        } catch {
+            end(.failed("the loop cannot watch the socket: \(error)"))
+        }
+    }
+
+    /// Reports `outcome` once; a failed handshake's socket is closed.
+    private func end(_ outcome: Outcome, closesSocket: Bool = true) {
+        guard let completion else { return }
+        self.completion = nil
+        timer?.cancel()
+        timer = nil
+        readiness?.cancel()
+        readiness = nil
+        if case .failed = outcome, closesSocket {
+            // What the peer sent and nobody read would make the close a reset, which can
+            // overtake the alert that says why: read it away first, so the peer gets the alert.
+            discardPendingInput(session.fd)
+            shutdown(session.fd, Int32(SHUT_WR))
+            close(session.fd)
+        }
+        running = nil
+        completion(outcome)
+    }
+}
+
+/// A listener's step between accepting a socket and handing over its connection: the
+/// server-side handshake, with the server context's certificates of the moment.
+struct TLSAcceptPreparer: AcceptedSocketPreparer {
+    let context: TLSServerContext
+
+    func prepare(fd: Int32, peer: String, on loop: EventLoop, options: Connection.Options,
+                 done: @escaping (Connection?) -> Void)
+    {
+        let contexts = context.contexts
+        guard let session = SSLSession(server: contexts, fd: fd) else {
+            close(fd)
+            context.counters.record(failure: "OpenSSL could not make a session")
+            done(nil)
+            return
+        }
+        let counters = context.counters
+        let handshake = TLSHandshake(loop: loop, session: session, timeout: contexts.configuration.handshakeTimeout) { outcome in
+            switch outcome {
+            case .established(let layer, let bufferevent):
+                do {
+                    let connection = try Connection.adopting(bufferevent: bufferevent, peer: peer, on: loop, options: options,
+                                                             transport: layer)
+                    counters.record(established: true)
+                    done(connection)
+                } catch {
+                    // Only a wrong thread can fail here, and this runs on `loop`.
+                    freeBufferevent(bufferevent)
+                    counters.record(failure: "\(error)")
+                    done(nil)
+                }
+            case .failed(let reason):
+                counters.record(failure: reason)
+                done(nil)
+            }
+        }
+        handshake.start()
+    }
+}
+
+/// A server context's handshake counters.
+final class HandshakeCounters: Sendable {
+    private let state = Mutex(TLSServerContext.Statistics(completedHandshakes: 0, failedHandshakes: 0, lastFailure: nil))
+
+    func record(established: Bool) { state.withLock { $0.completedHandshakes += 1 } }
+
+    func record(failure reason: String) {
+        state.withLock {
+            $0.failedHandshakes += 1
+            $0.lastFailure = reason
+        }
+    }
+
+    var snapshot: TLSServerContext.Statistics { state.withLock { $0 } }
+}
+
+extension TLSServerContext {
+    /// Handshakes finished and failed on the listeners that use this context.
+    public struct Statistics: Sendable, Equatable {
+        public var completedHandshakes: Int
+        /// Handshakes that failed: refused certificates, plaintext or garbage sent to the TLS
+        /// port, clients that stopped mid-handshake (timed out).
+        public var failedHandshakes: Int
+        /// Why the last failed handshake failed.
+        public var lastFailure: String?
+    }
+
+    /// Counts so far. Any thread.
+    public var statistics: Statistics { counters.snapshot }
+}
+
+/// Closes a socket the handshake never took.
+func closeSocket(_ fd: Int32) { close(fd) }
+
+/// Reads and drops what a non-blocking socket has received so far.
+private func discardPendingInput(_ fd: Int32) {
+    var scratch = [UInt8](repeating: 0, count: 16_384)
+    for _ in 0..<16 {
+        let n = scratch.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
+        if n <= 0 { return }
+    }
+}

@@ -1,0 +1,483 @@
+import Foundation
+import Mainspring
+import MainspringHTTP
+import MainspringTLS
+import Synchronization
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+private let certificates = TestCertificates.shared
+private let hasOpenSSL = certificates != nil
+
+/// A TLS echo server on a fresh 1-loop group: each line back as "echo: <line>"; the server
+/// context counts handshakes.
+private final class TLSEchoServer: @unchecked Sendable {
+    let group: EventLoopGroup
+    let context: TLSServerContext
+    let listener: Listener
+    let serving: Task<Void, any Error>
+    /// The TLS sessions of the connections served so far.
+    let sessions = Locked<[TLSSession]>([])
+    var port: UInt16 { listener.port }
+
+    init(configuration: TLSServerConfiguration, loops: Int = 1) async throws {
+        group = try EventLoopGroup(loopCount: loops)
+        context = try TLSServerContext(configuration: configuration)
+        listener = try await Listener(on: group.loops[0], group: group, tls: context)
+        let listener = self.listener
+        let sessions = self.sessions
+        serving = Task(executorPreference: group.loops[0]) {
+            try await withThrowingDiscardingTaskGroup { tasks in
+                for try await connection in listener.connections {
+                    if let session = connection.tls { sessions.withLock { $0.append(session) } }
+                    tasks.addTask(executorPreference: connection.loop) {
+                        do {
+                            for try await event in connection.lines {
+                                if case .line(let text) = event {
+                                    if text == "quit" { break }
+                                    if text == "who" {
+                                        try await connection.send(line: connection.tls?.peerCertificate?.subject ?? "nobody")
+                                    } else {
+                                        try await connection.send(line: "echo: \(text)")
+                                    }
+                                }
+                            }
+                        } catch {}
+                        connection.close()
+                    }
+                }
+            }
+        }
+    }
+
+    func stop() async {
+        listener.close()
+        _ = try? await serving.value
+        await group.shutdown(gracePeriod: .seconds(2))
+    }
+}
+
+/// The server configuration with the test CA's `localhost` certificate.
+private func serverConfiguration(_ certs: TestCertificates, alpn: [String] = [],
+                                 clientAuthentication: TLSClientAuthentication = .none,
+                                 handshakeTimeout: Duration = .seconds(10)) -> TLSServerConfiguration
+{
+    TLSServerConfiguration(certificates: [TLSCertificate(certificateFile: certs.serverCertificate, keyFile: certs.serverKey)],
+                           applicationProtocols: alpn, clientAuthentication: clientAuthentication,
+                           handshakeTimeout: handshakeTimeout)
+}
+
+@Suite("TLS: connections, listeners, certificates and bad input (MainspringTLS)", .serialized,
+       .enabled(if: hasOpenSSL, "the openssl command is not installed (Debian: apt-get install openssl)"))
+struct TLSTests {
+    @Test("a configuration that cannot work is a clear error naming the file: missing, unreadable, a key of another certificate")
+    func configurationErrors() throws {
+        let certs = try #require(certificates)
+        #expect {
+            _ = try TLSServerContext(configuration: .init(certificateFile: "/nonexistent/cert.pem", keyFile: certs.serverKey))
+        } throws: { error in
+            "\(error)".contains("'/nonexistent/cert.pem'") && "\(error)".contains("No such file")
+        }
+        #expect {
+            _ = try TLSServerContext(configuration: .init(certificateFile: certs.otherHostCertificate, keyFile: certs.serverKey))
+        } throws: { error in
+            "\(error)".contains("does not match the certificate") && "\(error)".contains(certs.serverKey)
+        }
+        #expect(throws: TLSConfigurationError.self) {
+            _ = try TLSServerContext(configuration: .init(certificates: [TLSCertificate(chain: .pem("not a certificate"),
+                                                                                         privateKey: .file(certs.serverKey))]))
+        }
+        #expect {
+            _ = try TLSClientContext(configuration: .init(trustRoots: .file("/nonexistent/ca.pem")))
+        } throws: { error in "\(error)".contains("trust roots") && "\(error)".contains("/nonexistent/ca.pem") }
+    }
+
+    @Test("a Mainspring TLS client and server: lines both ways, TLS 1.3, ALPN agreed, the server's certificate checked and summarised")
+    func roundTrip() async throws {
+        let certs = try #require(certificates)
+        let server = try await TLSEchoServer(configuration: serverConfiguration(certs, alpn: ["mainspring/1", "other"]))
+        let client = try TLSClientContext(configuration: .init(trustRoots: .file(certs.caCertificate),
+                                                               applicationProtocols: ["nothing", "mainspring/1"]))
+        let loop = server.group.loops[0]
+        let connection = try await Connection.connect(to: "localhost", port: server.port, on: loop, tls: client)
+        let session = try #require(connection.tls)
+        #expect(session.version == "TLSv1.3")
+        #expect(session.applicationProtocol == "mainspring/1")
+        #expect(session.peerCertificate?.subject == "CN=localhost")
+        #expect(session.peerCertificate?.subjectAlternativeNames == ["localhost", "127.0.0.1", "0:0:0:0:0:0:0:1"])
+        #expect(session.peerCertificate?.isVerified == true)
+        let replies = try await Task(executorPreference: loop) { () async throws -> [String] in
+            var replies: [String] = []
+            for text in ["one", "two", String(repeating: "x", count: 20_000)] {
+                try await connection.send(line: text)
+                if case .line(let reply)? = try await connection.readLine() { replies.append(reply) }
+            }
+            connection.close()
+            return replies
+        }.value
+        #expect(replies == ["echo: one", "echo: two", "echo: " + String(repeating: "x", count: 20_000)])
+        #expect(server.sessions.value.first?.serverName == "localhost", "SNI reached the server")
+        #expect(server.context.statistics.completedHandshakes >= 1)
+        await server.stop()
+    }
+
+    @Test("the client refuses what it should, naming the check: expired, another host, self-signed, an unknown CA, plaintext")
+    func clientRefusals() async throws {
+        let certs = try #require(certificates)
+        let cases: [(String, String, String, String)] = [
+            ("expired", certs.expiredCertificate, certs.expiredKey, "certificate has expired"),
+            ("another host", certs.otherHostCertificate, certs.otherHostKey, "hostname mismatch"),
+            ("self-signed", certs.selfSignedCertificate, certs.selfSignedKey, "self-signed certificate"),
+        ]
+        let trusting = try TLSClientContext(configuration: .init(trustRoots: .file(certs.caCertificate)))
+        for (name, certificate, key, reason) in cases {
+            let server = try await TLSEchoServer(configuration: .init(certificateFile: certificate, keyFile: key))
+            let loop = server.group.loops[0]
+            do {
+                _ = try await Connection.connect(to: "localhost", port: server.port, on: loop, tls: trusting)
+                Issue.record("\(name): the client accepted it")
+            } catch {
+                #expect("\(error)".contains(reason), "\(name): \(error)")
+            }
+            #expect(server.context.statistics.failedHandshakes >= 0)
+            await server.stop()
+        }
+        // A server whose CA the client does not know.
+        let server = try await TLSEchoServer(configuration: serverConfiguration(certs))
+        let system = try TLSClientContext()
+        do {
+            _ = try await Connection.connect(to: "localhost", port: server.port, on: server.group.loops[0], tls: system)
+            Issue.record("the client trusted the test CA without being told to")
+        } catch {
+            #expect("\(error)".contains("unable to get local issuer certificate") || "\(error)".contains("verify"), "\(error)")
+        }
+        // With verification off (loudly named) the same server is accepted.
+        let insecure = try TLSClientContext(configuration: .init(verification: .insecureNoVerification))
+        let accepted = try await Connection.connect(to: "localhost", port: server.port, on: server.group.loops[0], tls: insecure)
+        #expect(accepted.tls?.peerCertificate?.isVerified == false)
+        accepted.close()
+        await server.stop()
+    }
+
+    @Test("mutual TLS: a client certificate is required, checked, and readable on the server; none or an untrusted one is refused")
+    func mutualTLS() async throws {
+        let certs = try #require(certificates)
+        let server = try await TLSEchoServer(configuration: serverConfiguration(
+            certs, clientAuthentication: .required(trustRoots: .file(certs.caCertificate))))
+        let loop = server.group.loops[0]
+        let withCertificate = try TLSClientContext(configuration: .init(
+            trustRoots: .file(certs.caCertificate),
+            certificate: TLSCertificate(certificateFile: certs.clientCertificate, keyFile: certs.clientKey)))
+        let connection = try await Connection.connect(to: "localhost", port: server.port, on: loop, tls: withCertificate)
+        let who = try await Task(executorPreference: loop) { () async throws -> String? in
+            try await connection.send(line: "who")
+            guard case .line(let reply)? = try await connection.readLine() else { return nil }
+            connection.close()
+            return reply
+        }.value
+        #expect(who == "CN=test client")
+        for (name, certificate) in [("no certificate", nil as TLSCertificate?),
+                                    ("an untrusted CA's", TLSCertificate(certificateFile: certs.untrustedClientCertificate,
+                                                                          keyFile: certs.untrustedClientKey))]
+        {
+            let context = try TLSClientContext(configuration: .init(trustRoots: .file(certs.caCertificate), certificate: certificate))
+            // TLS 1.3: the client may finish its side before the server refuses the certificate, so
+            // the refusal shows as the connection failing, at the handshake or at the first read.
+            var outcome = ""
+            do {
+                let attempt = try await Connection.connect(to: "localhost", port: server.port, on: loop, tls: context)
+                outcome = await Task(executorPreference: loop) { () async -> String in
+                    do {
+                        try await attempt.send(line: "who")
+                        let reply = try await attempt.readLine()
+                        return reply == nil ? "" : "answered \(reply!)"
+                    } catch {
+                        return ""
+                    }
+                }.value
+            } catch {
+                outcome = ""
+            }
+            #expect(outcome.isEmpty, "\(name) was accepted: \(outcome)")
+        }
+        let failures = server.context.statistics
+        #expect(failures.failedHandshakes >= 2, "\(failures)")
+        await server.stop()
+    }
+
+    @Test("bad input to a TLS port: plaintext HTTP, random bytes, a client that stops mid-handshake (timeout) — each closed and counted, others unaffected")
+    func badInput() async throws {
+        let certs = try #require(certificates)
+        let server = try await TLSEchoServer(configuration: serverConfiguration(certs, handshakeTimeout: .milliseconds(500)))
+        let port = server.port
+        let client = try TLSClientContext(configuration: .init(trustRoots: .file(certs.caCertificate)))
+        let loop = server.group.loops[0]
+        // One good connection throughout.
+        let good = try await Connection.connect(to: "localhost", port: port, on: loop, tls: client)
+        let replies = try await onPlainThread { () -> [String] in
+            var replies: [String] = []
+            let http = try TestClient(port: port)
+            http.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            replies.append(http.readToEnd())
+            let noise = try TestClient(port: port)
+            noise.send((0..<2_000).map { _ in UInt8.random(in: 0...255) })
+            replies.append(noise.readToEnd())
+            let silent = try TestClient(port: port)  // connects and says nothing: times out
+            let start = ContinuousClock.now
+            replies.append(silent.readToEnd())
+            replies.append(ContinuousClock.now - start < .seconds(9) ? "timed out" : "held")
+            return replies
+        }
+        #expect(replies[0].isEmpty || !replies[0].contains("HTTP/1.1 200"), "plaintext got an answer: \(replies[0])")
+        #expect(replies[3] == "timed out", "a silent client held its connection past the handshake timeout")
+        let stats = server.context.statistics
+        #expect(stats.failedHandshakes >= 3, "\(stats)")
+        let echoed = try await Task(executorPreference: loop) { () async throws -> LineEvent? in
+            try await good.send(line: "still here")
+            defer { good.close() }
+            return try await good.readLine()
+        }.value
+        #expect(echoed == .line("echo: still here"))
+        await server.stop()
+    }
+
+    @Test("many concurrent handshakes on a 2-loop group: every one established, every echo right")
+    func concurrentHandshakes() async throws {
+        let certs = try #require(certificates)
+        let count = ProcessInfo.processInfo.environment["MAINSPRING_SANITIZER"] == nil ? 1_000 : 200
+        let server = try await TLSEchoServer(configuration: serverConfiguration(certs), loops: 2)
+        let client = try TLSClientContext(configuration: .init(trustRoots: .file(certs.caCertificate)))
+        let port = server.port
+        let ok = try await withThrowingTaskGroup(of: Bool.self) { group in
+            for index in 0..<count {
+                let loop = server.group.loops[index % 2]
+                group.addTask(executorPreference: loop) {
+                    let connection = try await Connection.connect(to: "127.0.0.1", port: port, on: loop, tls: client)
+                    try await connection.send(line: "n\(index)")
+                    let reply = try await connection.readLine()
+                    connection.close()
+                    return reply == .line("echo: n\(index)")
+                }
+            }
+            return try await group.reduce(0) { $0 + ($1 ? 1 : 0) }
+        }
+        #expect(ok == count)
+        #expect(server.context.statistics.completedHandshakes == count)
+        await server.stop()
+    }
+
+    @Test("reload: new handshakes get the new certificate, an established connection goes on, a bad reload keeps the old one")
+    func reload() async throws {
+        let certs = try #require(certificates)
+        let server = try await TLSEchoServer(configuration: serverConfiguration(certs))
+        let loop = server.group.loops[0]
+        let trusting = try TLSClientContext(configuration: .init(trustRoots: .file(certs.caCertificate), verification: .chainOnly))
+        let before = try await Connection.connect(to: "localhost", port: server.port, on: loop, tls: trusting)
+        #expect(before.tls?.peerCertificate?.subject == "CN=localhost")
+        #expect(throws: TLSConfigurationError.self) {
+            try server.context.reload(configuration: .init(certificateFile: certs.otherHostCertificate, keyFile: certs.serverKey))
+        }
+        let unchanged = try await Connection.connect(to: "localhost", port: server.port, on: loop, tls: trusting)
+        #expect(unchanged.tls?.peerCertificate?.subject == "CN=localhost", "a failed reload keeps the old certificate")
+        unchanged.close()
+        try server.context.reload(configuration: .init(certificateFile: certs.otherHostCertificate, keyFile: certs.otherHostKey))
+        let after = try await Connection.connect(to: "localhost", port: server.port, on: loop, tls: trusting)
+        #expect(after.tls?.peerCertificate?.subject == "CN=elsewhere.example")
+        after.close()
+        let still = try await Task(executorPreference: loop) { () async throws -> LineEvent? in
+            try await before.send(line: "older")
+            defer { before.close() }
+            return try await before.readLine()
+        }.value
+        #expect(still == .line("echo: older"), "the connection made before the reload is untouched")
+        await server.stop()
+    }
+
+    @Test("openssl s_client against a Mainspring server: protocol, ALPN, verification with the CA, SNI choosing the certificate")
+    func sClient() async throws {
+        let certs = try #require(certificates)
+        let configuration = TLSServerConfiguration(
+            certificates: [TLSCertificate(certificateFile: certs.serverCertificate, keyFile: certs.serverKey),
+                           TLSCertificate(certificateFile: certs.otherHostCertificate, keyFile: certs.otherHostKey,
+                                          serverNames: ["elsewhere.example"])],
+            applicationProtocols: ["mainspring/1"])
+        let server = try await TLSEchoServer(configuration: configuration)
+        let port = server.port
+        let plain = try await runProgram("openssl", arguments: [
+            "s_client", "-connect", "127.0.0.1:\(port)", "-servername", "localhost", "-CAfile", certs.caCertificate,
+            "-verify_return_error", "-alpn", "mainspring/1", "-verify_hostname", "localhost", "-quiet",
+        ], stdin: "hello from s_client\nquit\n", timeout: .seconds(30))
+        #expect(plain.stdout.contains("echo: hello from s_client"), "\(plain.summary)")
+        let details = try await runProgram("openssl", arguments: [
+            "s_client", "-connect", "127.0.0.1:\(port)", "-servername", "elsewhere.example", "-CAfile", certs.caCertificate,
+            "-alpn", "mainspring/1",
+        ], stdin: "", timeout: .seconds(30))
+        let output = details.stdout + details.stderr
+        #expect(output.contains("TLSv1.3"), "\(output)")
+        #expect(output.contains("CN = elsewhere.example") || output.contains("CN=elsewhere.example"),
+                "SNI picked the second certificate: \(output)")
+        #expect(output.contains("ALPN protocol: mainspring/1"), "ALPN: \(output)")
+        #expect(output.contains("Verify return code: 0 (ok)"), "verified with the CA: \(output)")
+        await server.stop()
+    }
+
+    @Test("close() sends close_notify: Python's ssl module sees a clean end, not an unexpected EOF")
+    func closeNotify() async throws {
+        let certs = try #require(certificates)
+        let group = try EventLoopGroup(loopCount: 1)
+        let context = try TLSServerContext(configuration: serverConfiguration(certs))
+        let loop = group.loops[0]
+        let port = try await loop.submit {
+            let listener = try Listener(on: loop, tls: context) { connection in
+                connection.writeLine("bye")
+                connection.close()
+            }
+            return listener.port
+        }
+        let script = """
+        import socket, ssl, sys
+        context = ssl.create_default_context(cafile=sys.argv[2])
+        with socket.create_connection(("127.0.0.1", int(sys.argv[1]))) as raw:
+            with context.wrap_socket(raw, server_hostname="localhost") as tls:
+                data = b""
+                try:
+                    while True:
+                        chunk = tls.recv(4096)
+                        if not chunk:
+                            break
+                        data += chunk
+                    print("clean", data.decode().strip())
+                except ssl.SSLEOFError:
+                    print("unexpected EOF", data.decode().strip())
+        """
+        let result = try await runProgram("python3", arguments: ["-c", script, "\(port)", certs.caCertificate], timeout: .seconds(30))
+        #expect(result.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "clean bye", "\(result.summary)")
+        await group.shutdown(gracePeriod: .seconds(2))
+    }
+
+    @Test("Python's ssl module as the server: a Mainspring client connects, verifies and talks")
+    func pythonServer() async throws {
+        let certs = try #require(certificates)
+        let script = """
+        import socket, ssl, sys
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(sys.argv[1], sys.argv[2])
+        with socket.create_server(("127.0.0.1", 0)) as server:
+            print(server.getsockname()[1], flush=True)
+            raw, _ = server.accept()
+            with context.wrap_socket(raw, server_side=True) as tls:
+                line = tls.recv(4096)
+                tls.sendall(b"python says " + line)
+        """
+        let python = try startProgram("/usr/bin/python3", arguments: ["-c", script, certs.serverCertificate, certs.serverKey])
+        defer { python.send(SIGKILL) }
+        let port = try #require(python.readLine(timeout: .seconds(30)).flatMap { UInt16($0) }, "python printed no port")
+        let group = try EventLoopGroup(loopCount: 1)
+        let loop = group.loops[0]
+        let client = try TLSClientContext(configuration: .init(trustRoots: .file(certs.caCertificate)))
+        let connection = try await Connection.connect(to: "localhost", port: port, on: loop, tls: client)
+        #expect(connection.tls?.peerCertificate?.subject == "CN=localhost")
+        let reply = try await Task(executorPreference: loop) { () async throws -> LineEvent? in
+            try await connection.send(line: "hi")
+            defer { connection.close() }
+            return try await connection.readLine()
+        }.value
+        #expect(reply == .line("python says hi"))
+        await group.shutdown(gracePeriod: .seconds(2))
+    }
+}
+
+@Suite("HTTPS and the daemon over TLS (subprocess, curl, openssl)", .serialized,
+       .enabled(if: hasOpenSSL, "the openssl command is not installed (Debian: apt-get install openssl)"))
+struct HTTPSTests {
+    @Test("one group serves HTTP and HTTPS on two ports; /metrics and /healthz answer over both; curl --cacert checks the certificate")
+    func httpAndHTTPS() async throws {
+        let certs = try #require(certificates)
+        let group = try EventLoopGroup(loopCount: 2)
+        var routes = HTTPRoutes()
+        routes.serveMetrics(of: group)
+        routes.serveHealth(of: group)
+        routes.get("/hello") { request in .text("hello from \(request.loop === request.loop ? "a loop" : "?")\n") }
+        let tls = try TLSServerContext(configuration: serverConfiguration(certs))
+        let plain = try await HTTPServer(group: group, routes: routes)
+        let secure = try await HTTPServer(group: group, routes: routes, tls: tls)
+        for path in ["/hello", "/healthz", "/metrics"] {
+            let overTLS = try await runProgram("curl", arguments: ["-sS", "--cacert", certs.caCertificate, "-w", "\n%{http_code}",
+                                                                   "https://localhost:\(secure.port)\(path)"])
+            #expect(overTLS.stdout.hasSuffix("\n200"), "https \(path): \(overTLS.summary)")
+            let overTCP = try await runProgram("curl", arguments: ["-sS", "-w", "\n%{http_code}", "http://127.0.0.1:\(plain.port)\(path)"])
+            #expect(overTCP.stdout.hasSuffix("\n200"), "http \(path): \(overTCP.summary)")
+        }
+        let metrics = try await runProgram("curl", arguments: ["-sS", "--cacert", certs.caCertificate, "https://localhost:\(secure.port)/metrics"])
+        #expect(metrics.stdout.contains("mainspring_loop_callbacks_total"), "\(metrics.stdout.prefix(300))")
+        // Keep-alive over TLS: several requests on one connection.
+        let keepAlive = try await runProgram("curl", arguments: ["-sS", "--cacert", certs.caCertificate,
+                                                                 "https://localhost:\(secure.port)/hello",
+                                                                 "https://localhost:\(secure.port)/hello"])
+        #expect(keepAlive.stdout == "hello from a loop\nhello from a loop\n", "\(keepAlive.summary)")
+        // Without the CA, curl refuses the server.
+        let untrusted = try await runProgram("curl", arguments: ["-sS", "https://localhost:\(secure.port)/hello"])
+        #expect(untrusted.status != 0, "\(untrusted.summary)")
+        // Plaintext to the HTTPS port gets no HTTP answer.
+        let plaintext = try await runProgram("curl", arguments: ["-sS", "--max-time", "10", "http://127.0.0.1:\(secure.port)/hello"])
+        #expect(!plaintext.stdout.contains("hello from"), "\(plaintext.summary)")
+        await plain.close()
+        await secure.close()
+        await group.shutdown(gracePeriod: .seconds(2))
+    }
+
+    @Test("mainspring-daemon --tls-certificate --tls-key: ECHO over TLS, HTTPS /healthz, SIGHUP reloads the files")
+    func daemonOverTLS() async throws {
+        let certs = try #require(certificates)
+        // The daemon's files: copies, so that the test can replace them for the reload.
+        let certificate = uniqueTestPath("daemon.pem")
+        let key = uniqueTestPath("daemon.key")
+        try FileManager.default.copyItem(atPath: certs.serverCertificate, toPath: certificate)
+        try FileManager.default.copyItem(atPath: certs.serverKey, toPath: key)
+        let daemon = try startExecutable("mainspring-daemon", arguments: ["--port", "0", "--http-port", "0", "--loops", "2",
+                                                                        "--tls-certificate", certificate, "--tls-key", key])
+        defer { daemon.send(SIGKILL) }
+        let banner = try #require(daemon.readLine(timeout: .seconds(30)), "no banner")
+        let port = try #require(banner.split(separator: " ").dropFirst(2).first?.split(separator: ":").last.flatMap { UInt16($0) },
+                                "no port in '\(banner)'")
+        let httpsBanner = try #require(daemon.readLine(timeout: .seconds(30)), "no https banner")
+        #expect(httpsBanner.hasPrefix("https listening on"), "\(httpsBanner)")
+        let httpsPort = try #require(httpsBanner.split(separator: ":").last.flatMap { UInt16($0) })
+        let group = try EventLoopGroup(loopCount: 1)
+        let loop = group.loops[0]
+        let client = try TLSClientContext(configuration: .init(trustRoots: .file(certs.caCertificate), verification: .chainOnly))
+        let first = try await Connection.connect(to: "127.0.0.1", port: port, on: loop, tls: client)
+        #expect(first.tls?.peerCertificate?.subject == "CN=localhost")
+        let echoed = try await Task(executorPreference: loop) { () async throws -> LineEvent? in
+            try await first.send(line: "ECHO over TLS")
+            defer { first.close() }
+            return try await first.readLine()
+        }.value
+        #expect(echoed == .line("over TLS"))
+        let health = try await runProgram("curl", arguments: ["-sS", "--cacert", certs.caCertificate, "https://localhost:\(httpsPort)/healthz"])
+        #expect(health.stdout == "ok\n", "\(health.summary)")
+        // Replace the files, SIGHUP: new handshakes present the new certificate.
+        try FileManager.default.removeItem(atPath: certificate)
+        try FileManager.default.removeItem(atPath: key)
+        try FileManager.default.copyItem(atPath: certs.otherHostCertificate, toPath: certificate)
+        try FileManager.default.copyItem(atPath: certs.otherHostKey, toPath: key)
+        daemon.send(SIGHUP)
+        var subject: String?
+        for _ in 0..<100 {
+            let probe = try await Connection.connect(to: "127.0.0.1", port: port, on: loop, tls: client)
+            subject = probe.tls?.peerCertificate?.subject
+            probe.close()
+            if subject == "CN=elsewhere.example" { break }
+            try await Task.sleep(for: .milliseconds(50))
+        }
+        #expect(subject == "CN=elsewhere.example", "the reload never took effect")
+        daemon.send(SIGTERM)
+        let result = try await onPlainThread { daemon.waitForExit(timeout: .seconds(30)) }
+        #expect(result.status == 0, "\(result.summary)")
+        #expect(result.stderr.contains("TLS: certificate and key reloaded"), "\(result.stderr)")
+        await group.shutdown(gracePeriod: .seconds(2))
+    }
+}
