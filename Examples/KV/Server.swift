@@ -74,19 +74,11 @@ final class KVServer: Sendable {
         let made = try runAndWait(on: storeLoop) { () throws -> (Store, Listener) in
             let store = Store(loop: storeLoop, group: group, options: options, counters: counters)
             let shared = LoopOwned(store)
-            // A socket of our own, with TCP_NODELAY, which accepted sockets inherit (Linux): the
-            // library's own listener leaves Nagle's algorithm on, and a batch's replies that go
-            // out in two writes then wait for the client's delayed ACK (40 ms).
-            let descriptor = try makeListeningSocket(host: options.host, port: options.port)
-            let listener: Listener
-            do {
-                listener = try Listener(adopting: descriptor, on: storeLoop, group: group,
+            // The library's listener: accepted sockets have TCP_NODELAY (a batch's replies that go
+            // out in two writes do not wait for the client's delayed ACK).
+            let listener = try Listener(host: options.host, port: options.port, on: storeLoop, group: group,
                                         options: connectionOptions) { connection in
-                    Client.accept(connection, store: shared.value, counters: counters)
-                }
-            } catch {
-                close(descriptor)
-                throw error
+                Client.accept(connection, store: shared.value, counters: counters)
             }
             store.port = Int(listener.port)
             return (store, listener)
@@ -95,55 +87,6 @@ final class KVServer: Sendable {
         listener = LoopOwned(made.1)
         port = made.1.port
     }
-}
-
-/// Why the listening socket could not be made.
-struct ListenError: Error, CustomStringConvertible {
-    let call: String
-    let code: Int32
-    var description: String { "\(call): \(String(cString: strerror(code)))" }
-}
-
-/// A TCP socket bound to `host:port` (an IPv4 or IPv6 literal, or "localhost") and listening,
-/// with `SO_REUSEADDR` and `TCP_NODELAY` (inherited by the accepted sockets).
-func makeListeningSocket(host: String, port: UInt16) throws -> Int32 {
-    let address = host == "localhost" ? "127.0.0.1" : host
-    let family = address.contains(":") ? AF_INET6 : AF_INET
-    let fd = socket(family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-    guard fd >= 0 else { throw ListenError(call: "socket", code: errno) }
-    var one: Int32 = 1
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
-    setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
-    var bound: Int32 = -1
-    if family == AF_INET {
-        var socketAddress = sockaddr_in()
-        socketAddress.sin_family = sa_family_t(AF_INET)
-        socketAddress.sin_port = port.bigEndian
-        guard inet_pton(AF_INET, address, &socketAddress.sin_addr) == 1 else {
-            close(fd)
-            throw ListenError(call: "inet_pton \(host)", code: EINVAL)
-        }
-        bound = withUnsafePointer(to: &socketAddress) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-    } else {
-        var socketAddress = sockaddr_in6()
-        socketAddress.sin6_family = sa_family_t(AF_INET6)
-        socketAddress.sin6_port = port.bigEndian
-        guard inet_pton(AF_INET6, address, &socketAddress.sin6_addr) == 1 else {
-            close(fd)
-            throw ListenError(call: "inet_pton \(host)", code: EINVAL)
-        }
-        bound = withUnsafePointer(to: &socketAddress) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in6>.size)) }
-        }
-    }
-    guard bound == 0, listen(fd, 511) == 0 else {
-        let code = errno
-        close(fd)
-        throw ListenError(call: "bind/listen \(host):\(port)", code: code)
-    }
-    return fd
 }
 
 /// Runs `body` on `loop` and waits for its result (from another thread).
