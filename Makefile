@@ -13,7 +13,7 @@ DOCS_SYMBOL_GRAPHS := .build/docs-symbol-graphs
 FUZZ_RUNS ?= 200000
 FUZZ_TARGETS := $(notdir $(wildcard Fuzz/Corpus/*))
 
-.PHONY: all deps test-tools bench-tools build test test-release docs demo bench bench-counts sanitize tsan asan stress fuzz leaks soak ci clean
+.PHONY: all deps test-tools kv-venv bench-tools build test test-release docs demo bench bench-counts sanitize tsan asan stress fuzz leaks soak ci clean
 
 all: build
 
@@ -26,12 +26,26 @@ deps:
 ## the openssl command that makes the test certificates) and
 ## of the http benchmark (wrk), from Debian's packages when missing; and systemd's tools for the
 ## systemd tests (best effort: without them those tests are skipped, saying so).
+## And the KV server's oracles: redis-server and redis-cli/redis-benchmark (redis-server,
+## redis-tools) and a Python virtual environment with redis-py and pytest (kv-venv).
 test-tools:
-	@./scripts/install-deps.sh curl python3-prometheus-client openssl
+	@./scripts/install-deps.sh curl python3-prometheus-client openssl redis-server redis-tools
 	@./scripts/install-tools.sh
+	@$(MAKE) --no-print-directory kv-venv
+
+## A virtual environment under .build/kv-venv with redis-py and pytest from PyPI (PIP_FIND_LINKS
+## may point at local wheels), for the KV server's tests (Examples/KV/tests). Best effort, like
+## systemd's tools: without it those tests are skipped, saying so.
+KV_VENV := .build/kv-venv
+kv-venv:
+	@if [ -x $(KV_VENV)/bin/python ] && $(KV_VENV)/bin/python -c "import redis, pytest" 2>/dev/null; then exit 0; fi; \
+	echo "Making $(KV_VENV) (redis, pytest)…" >&2; \
+	{ python3 -m venv $(KV_VENV) || { ./scripts/install-deps.sh python3-venv && python3 -m venv $(KV_VENV); }; } \
+		&& $(KV_VENV)/bin/pip install -q --disable-pip-version-check redis pytest \
+		|| echo "note: could not make $(KV_VENV); the KV server's pytest tests will be skipped." >&2
 
 bench-tools:
-	@./scripts/install-deps.sh wrk
+	@./scripts/install-deps.sh wrk redis-server redis-tools
 
 build: deps
 	$(SWIFT) build
@@ -106,6 +120,7 @@ demo: deps
 ## Runs the side-by-side benchmarks (release build). ARGS="post-local --runs 7" to choose.
 bench: deps bench-tools
 	$(SWIFT) build -c release --product mainspring-bench
+	$(SWIFT) build -c release --product mainspring-kv
 	$(SWIFT) run -c release --skip-build mainspring-bench $(ARGS)
 
 ## Deterministic per-item costs (instructions, retains/releases, heap allocations) of post-local,

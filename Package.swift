@@ -17,6 +17,7 @@ let package = Package(
         .executable(name: "mainspring-bench", targets: ["mainspring-bench"]),
         .executable(name: "mainspring-operations", targets: ["mainspring-operations"]),
         .executable(name: "mainspring-chat", targets: ["mainspring-chat"]),
+        .executable(name: "mainspring-kv", targets: ["mainspring-kv"]),
     ],
     targets: [
         // libevent 2.1 through pkg-config; `make` installs libevent-dev when it is missing.
@@ -124,6 +125,14 @@ let package = Package(
             name: "mainspring-chat",
             dependencies: ["Mainspring", "ExampleServices"],
             path: "Examples/Chat"
+        ),
+        // A Redis-protocol server: KVCore's commands on Mainspring's loops (`Examples/KV/tests`
+        // holds the redis-py oracle and the redis-cli session the tests run against it).
+        .executableTarget(
+            name: "mainspring-kv",
+            dependencies: ["Mainspring", "MainspringHTTP", "KVCore"],
+            path: "Examples/KV",
+            exclude: ["tests"]
         ),
         // A batch of asynchronous saves, with completion hooks on the main loop.
         .executableTarget(

@@ -28,6 +28,7 @@ let scenarios: [Scenario] = [
 /// Scenarios that run only when named (minutes long).
 let namedOnlyScenarios: [Scenario] = [
     soakScenario,
+    kvScenario,  // against redis-server, about 7 minutes a run
 ]
 
 /// Variants that run in a child process (see `runChild`).

@@ -55,6 +55,7 @@ enum CommandID: UInt8, CaseIterable {
     case client
     case command
     case hello
+    case debug
 }
 
 struct CommandSpec {
@@ -123,6 +124,7 @@ extension CommandID {
         CommandSpec(name: "client", arity: -2, flags: [], firstKey: 0, lastKey: 0, step: 0),
         CommandSpec(name: "command", arity: -1, flags: ["loading", "stale"], firstKey: 0, lastKey: 0, step: 0),
         CommandSpec(name: "hello", arity: -1, flags: ["noscript", "loading", "stale", "fast"], firstKey: 0, lastKey: 0, step: 0),
+        CommandSpec(name: "debug", arity: -2, flags: ["admin", "noscript", "loading", "stale"], firstKey: 0, lastKey: 0, step: 0),
     ]
 
     var spec: CommandSpec { Self.specs[Int(rawValue)] }
@@ -182,6 +184,7 @@ extension CommandID {
                 case 0x6873757072: return .rpush
                 case 0x6472616373: return .scard
                 case 0x6f6c6c6568: return .hello
+                case 0x6775626564: return .debug
                 default: return nil
                 }
             case 6:

@@ -89,24 +89,27 @@ public final class KVCore {
 
     let clock: () -> Int64
     let monotonicStart: Int64
-    var keyspace = ByteMap<KeyEntry>()
+    // The hot state is not checked for exclusive access at run time (each check is a call into
+    // the runtime and a thread-local lookup, about an eighth of a SET's cost): the core belongs
+    // to one thread, and its methods never hand out overlapping accesses to these properties.
+    @exclusivity(unchecked) var keyspace = ByteMap<KeyEntry>()
     /// Slots of the keys with a TTL (each entry knows its position here).
-    var expiring: [Int32] = []
+    @exclusivity(unchecked) var expiring: [Int32] = []
     /// Changes when `FLUSHALL` replaces the keyspace: sliced scans stop then.
-    var keyspaceGeneration: UInt64 = 0
-    var nextEpoch: UInt64 = 1
-    var cachedNow: Int64?
-    var reclaimer = Reclaimer()
+    @exclusivity(unchecked) var keyspaceGeneration: UInt64 = 0
+    @exclusivity(unchecked) var nextEpoch: UInt64 = 1
+    @exclusivity(unchecked) var cachedNow: Int64?
+    @exclusivity(unchecked) var reclaimer = Reclaimer()
     var random = SystemRandomNumberGenerator()
     var nextSessionID: Int64 = 1
     var expireCursor = 0
     var averageTTL: Int64 = 0
 
     // Statistics.
-    var totalCommands: Int64 = 0
-    var keyspaceHits: Int64 = 0
-    var keyspaceMisses: Int64 = 0
-    var expiredKeys: Int64 = 0
+    @exclusivity(unchecked) var totalCommands: Int64 = 0
+    @exclusivity(unchecked) var keyspaceHits: Int64 = 0
+    @exclusivity(unchecked) var keyspaceMisses: Int64 = 0
+    @exclusivity(unchecked) var expiredKeys: Int64 = 0
     var opsSamples: [Int64] = Array(repeating: 0, count: 16)
     var opsSampleIndex = 0
     var lastSample: (time: Int64, commands: Int64)?

@@ -110,6 +110,7 @@ extension KVCore {
         case .client: client(a, &session, &output)
         case .command: self.command(a, &output)
         case .hello: hello(a, &session, &output)
+        case .debug: debug(a, &output)
         }
         return .replied
     }

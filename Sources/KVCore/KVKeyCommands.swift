@@ -6,6 +6,7 @@ extension KVCore {
         if keyspace.slotCount < configuration.slicingThreshold {
             _ = continueKeys(&scan, budget: Int.max / 2)
             RESP.appendArrayHeader(scan.count, to: &output)
+            for piece in scan.pieces { output.append(contentsOf: piece) }
             output.append(contentsOf: scan.matches)
             return .replied
         }

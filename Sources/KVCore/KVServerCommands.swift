@@ -48,7 +48,7 @@ extension KVCore {
             ("total_commands_processed", "\(totalCommands)"), ("instantaneous_ops_per_sec", "\(ops)"),
             ("expired_keys", "\(expiredKeys)"), ("keyspace_hits", "\(keyspaceHits)"),
             ("keyspace_misses", "\(keyspaceMisses)"),
-        ])
+        ] + status.extraStats)
         section("Keyspace", keyspace.count == 0 ? [] : [
             ("db0", "keys=\(keyspace.count),expires=\(expiring.count),avg_ttl=\(averageTTL)")
         ])

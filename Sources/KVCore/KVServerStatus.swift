@@ -88,11 +88,14 @@ public struct KVServerStatus: Sendable {
     public var clients: [KVClientInfo]
     /// Extra `INFO` sections, shown by `INFO`, `INFO all` and `INFO <name>`.
     public var extraSections: [KVInfoSection]
+    /// Extra `field:value` lines of the `Stats` section, after the core's own (the server's
+    /// counters: `rejected_connections`, `client_output_buffer_limit_disconnections`, …).
+    public var extraStats: [(String, String)]
 
     /// Creates a status.
     public init(
         processID: Int = 0, tcpPort: Int = 0, connectedClients: Int = 0, usedMemory: Int = 0,
-        clients: [KVClientInfo] = [], extraSections: [KVInfoSection] = []
+        clients: [KVClientInfo] = [], extraSections: [KVInfoSection] = [], extraStats: [(String, String)] = []
     ) {
         self.processID = processID
         self.tcpPort = tcpPort
@@ -100,5 +103,6 @@ public struct KVServerStatus: Sendable {
         self.usedMemory = usedMemory
         self.clients = clients
         self.extraSections = extraSections
+        self.extraStats = extraStats
     }
 }

@@ -34,8 +34,24 @@ public struct KVSlicedReply {
         let generation: UInt64
         let end: Int
         var cursor = 0
+        /// The matches' encoded bulk strings, in pieces of about `pieceSize` bytes (so that no
+        /// step copies the whole reply or grows one huge buffer), and the piece being filled.
+        var pieces: [[UInt8]] = []
         var matches: [UInt8] = []
         var count = 0
+        /// After the scan: the next piece to append to the output.
+        var emitting = false
+        var nextPiece = 0
+
+        static let pieceSize = 64 * 1024
+
+        /// Moves the piece being filled to `pieces` once it is full (or at the end).
+        mutating func sealPiece(force: Bool = false) {
+            guard matches.count >= Self.pieceSize || (force && !matches.isEmpty) else { return }
+            pieces.append(matches)
+            matches = []
+            if !force { matches.reserveCapacity(Self.pieceSize + 256) }
+        }
     }
 
     let core: KVCore
@@ -65,12 +81,24 @@ public struct KVSlicedReply {
             return true
         case .keys(var scan):
             current = .finished
-            let done = core.continueKeys(&scan, budget: budget)
-            if done {
+            if !scan.emitting {
+                guard core.continueKeys(&scan, budget: budget) else {
+                    current = .keys(scan)
+                    return false
+                }
+                // The scan is over: the header, then the matches a few pieces per step.
+                scan.sealPiece(force: true)
+                scan.emitting = true
                 RESP.appendArrayHeader(scan.count, to: &output)
-                output.append(contentsOf: scan.matches)
-                return true
             }
+            var bytes = 0
+            while scan.nextPiece < scan.pieces.count && bytes < 4 * KeysScan.pieceSize {
+                output.append(contentsOf: scan.pieces[scan.nextPiece])
+                bytes += scan.pieces[scan.nextPiece].count
+                scan.pieces[scan.nextPiece] = []
+                scan.nextPiece += 1
+            }
+            if scan.nextPiece == scan.pieces.count { return true }
             current = .keys(scan)
             return false
         case .list(let list, var next, let end):
@@ -160,6 +188,7 @@ extension KVCore {
             if scan.pattern.matches(key) {
                 RESP.appendBulkString(key, to: &scan.matches)
                 scan.count += 1
+                scan.sealPiece()
             }
         }
         return scan.cursor >= end

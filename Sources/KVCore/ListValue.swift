@@ -92,14 +92,17 @@ struct ListValue {
         !isKnownUniquelyReferenced(&owner)
     }
 
-    /// For freeing in slices a list nobody else shares: drops up to `limit` elements from the
-    /// back; returns how many it dropped.
-    mutating func dropBack(upTo limit: Int) -> Int {
-        let dropping = min(limit, count)
-        for _ in 0..<dropping {
-            items[(head + count - 1) & (items.count - 1)] = []
-            count -= 1
-        }
+    /// For freeing in slices a list nobody else shares (it is not used as a list again):
+    /// removes up to `limit` slots from the end of the buffer, elements and empty slots alike,
+    /// and returns how many. The buffer's length shrinks with them, so its release at the end
+    /// destroys nothing: dropping elements in place left a million empty slots, released one
+    /// by one when the buffer went (a PING waited ~2.5 ms more at the end of a `DEL` of a
+    /// million-element list).
+    mutating func releaseSlots(upTo limit: Int) -> Int {
+        let dropping = min(limit, items.count)
+        items.removeLast(dropping)
+        head = 0
+        count = items.count  // slots still to release; the order is gone
         return dropping
     }
 }

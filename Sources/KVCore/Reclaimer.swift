@@ -41,7 +41,7 @@ struct Reclaimer {
                 if lists[last].isShared() {
                     lists.removeLast()
                 } else {
-                    remaining -= lists[last].dropBack(upTo: remaining)
+                    remaining -= lists[last].releaseSlots(upTo: remaining)
                     if lists[last].isEmpty { lists.removeLast() }
                 }
             } else if !hashes.isEmpty {

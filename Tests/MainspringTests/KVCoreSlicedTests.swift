@@ -58,6 +58,36 @@ struct KVCoreSlicedTests {
         #expect(reply.step(budget: 100, into: &output))  // finished stays finished
     }
 
+    @Test("a KEYS reply of many kilobytes comes whole inline, and a few hundred KiB per step when sliced")
+    func keysReplyInPieces() {
+        let client = KVTestClient()
+        let padding = String(repeating: "x", count: 300)
+        // Inline (under the slicing threshold), ~300 KB of matches: every key, once.
+        for i in 0..<900 { client("SET", "\(padding):\(i)", "v") }
+        let inline = client.execute([kvBytes("KEYS"), kvBytes("*")])
+        #expect(inline.sliced == false)
+        #expect(inline.reply.hasPrefix("*900\r\n"))
+        #expect(Set(kvArray(inline.reply)).count == 900)
+        // Sliced, ~1.2 MB of matches: the scan yields nothing, then the array in bounded steps.
+        for i in 900..<4000 { client("SET", "\(padding):\(i)", "v") }
+        var reply = start(client, "KEYS", "*")!
+        var output: [UInt8] = []
+        var emitting = 0
+        while true {
+            let before = output.count
+            let done = reply.step(budget: 500, into: &output)
+            if output.count > before {
+                emitting += 1
+                #expect(output.count - before <= 300 * 1024)
+            }
+            if done { break }
+        }
+        #expect(emitting >= 4)
+        let keys = kvArray(kvText(output))
+        #expect(kvText(Array(output.prefix(7))) == "*4000\r\n")
+        #expect(keys.count == 4000 && Set(keys).count == 4000)
+    }
+
     @Test("KEYS across a FLUSHALL between slices reports no key created after the flush")
     func keysAcrossFlush() {
         let client = KVTestClient()
