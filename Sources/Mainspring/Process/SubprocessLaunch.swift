@@ -7,11 +7,12 @@ import Synchronization
 extension Subprocess {
     /// Whether `pidfd_open` works in this process: 0 not known yet, 1 yes, 2 no (ENOSYS).
     static let pidfdSupport = Atomic<Int>(0)
-    /// Tests: spawn as if pidfds were missing (the polling fallback).
-    static let forcesPolling = Atomic<Bool>(false)
 
-    /// The spawn itself, on the loop's thread.
-    static func launch(_ configuration: Configuration, on loop: EventLoop) throws(EventLoopError) -> Subprocess {
+    /// The spawn itself, on the loop's thread; `forcePolling` (tests) watches the exit as if
+    /// pidfds were missing.
+    static func launch(_ configuration: Configuration, on loop: EventLoop, forcePolling: Bool = false)
+        throws(EventLoopError) -> Subprocess
+    {
         configuration.pipeOptions.check("Subprocess.spawn")
         let name = configuration.executable
         let path = try resolveExecutable(configuration)
@@ -72,7 +73,7 @@ extension Subprocess {
         descriptors.closeChildEnds()
 
         var descriptor: Int32 = -1
-        if !forcesPolling.load(ordering: .relaxed) && pidfdSupport.load(ordering: .relaxed) != 2 {
+        if !forcePolling && pidfdSupport.load(ordering: .relaxed) != 2 {
             switch openProcessDescriptor(pid) {
             case .success(let fd):
                 descriptor = fd
