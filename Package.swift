@@ -60,6 +60,13 @@ let package = Package(
             dependencies: ["Mainspring", "CLibevent"],
             path: "Sources/MainspringHTTP"
         ),
+        // Plain-C TLS peers for the `tls` benchmark (libevent + bufferevent_openssl), and a
+        // blocking OpenSSL client for its load generators.
+        .target(
+            name: "CTLSBaselines",
+            dependencies: ["CLibevent", "CMainspringTLS"],
+            path: "Sources/CTLSBaselines"
+        ),
         // Plain-C libevent loops: the baselines `mainspring-bench` compares against.
         .target(
             name: "CBaselines",
@@ -126,7 +133,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "mainspring-bench",
-            dependencies: ["Mainspring", "MainspringHTTP", "CBaselines", "ExampleServices"],
+            dependencies: ["Mainspring", "MainspringHTTP", "MainspringTLS", "CBaselines", "CTLSBaselines", "ExampleServices"],
             path: "Benchmarks",
             swiftSettings: experimentalMainExecutor
         ),

@@ -107,7 +107,7 @@ private func readHTTPResponse(_ client: BenchClient) -> Bool {
     return client.readBytes(length)
 }
 
-private struct WrkResult {
+struct WrkResult {
     var rate = Double.nan
     var p99 = Double.nan
     /// Requests completed in all (`N requests in …`).
@@ -115,7 +115,7 @@ private struct WrkResult {
 }
 
 /// Runs wrk and reads `Requests/sec`, the requests completed and the 99% latency (in ms).
-private func runWrk(_ path: String, _ arguments: [String]) -> WrkResult {
+func runWrk(_ path: String, _ arguments: [String]) -> WrkResult {
     let process = Process()
     process.executableURL = URL(fileURLWithPath: path)
     process.arguments = arguments

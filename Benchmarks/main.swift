@@ -22,6 +22,7 @@ let scenarios: [Scenario] = [
     daemonScenario,
     connectionsScenario,
     httpScenario,
+    tlsScenario,
 ]
 
 /// Scenarios that run only when named (minutes long).

@@ -235,6 +235,7 @@ int64_t ms_baseline_timers(int interval_us, int duration_ms, int64_t *lateness_n
 #include <event2/bufferevent.h>
 #include <event2/listener.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <string.h>
 #include <sys/socket.h>
 
@@ -272,6 +273,9 @@ static void echo_accept_cb(struct evconnlistener *listener, evutil_socket_t fd, 
                            int length, void *ctx) {
     (void)listener; (void)address; (void)length;
     struct echo_service *service = ctx;
+    /* As Mainspring does on every TCP connection it accepts. */
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     struct bufferevent *bev = bufferevent_socket_new(service->base, fd, BEV_OPT_CLOSE_ON_FREE);
     bufferevent_setcb(bev, echo_read_cb, NULL, echo_event_cb, service);
     bufferevent_enable(bev, EV_READ | EV_WRITE);

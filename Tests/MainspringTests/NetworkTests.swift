@@ -47,6 +47,35 @@ private struct UncheckedObject: @unchecked Sendable {
 
 @Suite("TCP connections, listeners and loop groups", .serialized)
 struct NetworkTests {
+    @Test("accepted and connected TCP sockets have Nagle's algorithm off (TCP_NODELAY)")
+    func noDelay() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        defer { group.shutdown() }
+        let loop = group.loops[0]
+        let accepted = Locked<[Int32]>([])
+        let connected = Locked<[Int32]>([])
+        let done = DispatchSemaphore(value: 0)
+        let keeper = Keeper()
+        loop.execute {
+            do {
+                let listener = try Listener(on: loop) { connection in
+                    accepted.withLock { $0.append(noDelayOption(of: connection)) }
+                    done.signal()
+                }
+                keeper.keep(listener)
+                let client = try Connection.connect(to: "127.0.0.1", port: listener.port, on: loop)
+                keeper.keep(client)
+                connected.withLock { $0.append(noDelayOption(of: client)) }
+            } catch {
+                Issue.record("setup failed: \(error)")
+                done.signal()
+            }
+        }
+        #expect(done.wait(timeout: .now() + 30) == .success)
+        #expect(accepted.value == [1])
+        #expect(connected.value == [1])
+    }
+
     @Test("8 clients × 300 pipelined lines on a 2-loop group: every reply correct and in order")
     func echoManyClients() async throws {
         let group = try EventLoopGroup(loopCount: 2)
@@ -316,4 +345,13 @@ struct ConnectionOutputTests {
         #expect(received == "abc|d|")
         #expect(answered)
     }
+}
+
+/// TCP_NODELAY of a connection's socket (1 on, 0 off, -1 no socket). Its loop only.
+private func noDelayOption(of connection: Connection) -> Int32 {
+    guard let fd = connection.source.socket?.fd, fd >= 0 else { return -1 }
+    var value: Int32 = -1
+    var length = socklen_t(MemoryLayout<Int32>.size)
+    guard getsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &value, &length) == 0 else { return -1 }
+    return value
 }

@@ -81,6 +81,7 @@ final class SocketListener {
 
 private let listenerAcceptTrampoline: evconnlistener_cb = { _, fd, address, length, arg in
     let target = callbackTarget(arg, as: SocketListenerTarget.self)
+    disableNagle(fd)
     target.accepted(fd: fd, peer: describe(address, length))
 }
 
@@ -172,6 +173,7 @@ final class BufferedSocket {
             pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { bufferevent_socket_connect(bev, $0, length) }
         }
         if rc < 0 { throw .system(function: "connect \(host):\(port)", errno: errno) }
+        disableNagle(bufferevent_getfd(bev))
     }
 
     deinit { bufferevent_free(raw) }
@@ -380,8 +382,9 @@ private extension timeval {
 func startConnect(to host: String, port: UInt16) throws(EventLoopError) -> (fd: Int32, connected: Bool) {
     var storage = sockaddr_storage()
     let length = try parseAddress(host: host, port: port, into: &storage)
-    let fd = socket(Int32(storage.ss_family), Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+    let fd = socket(Int32(storage.ss_family), SocketType.stream | SocketType.nonBlocking | SocketType.closeOnExec, 0)
     guard fd >= 0 else { throw .system(function: "socket", errno: errno) }
+    disableNagle(fd)
     let rc = withUnsafePointer(to: &storage) { pointer in
         pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(length)) }
     }

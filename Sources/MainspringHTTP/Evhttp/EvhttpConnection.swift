@@ -29,6 +29,8 @@ final class EvhttpConnection {
     private var isFlushing = false
     /// The kick is active (output waits for the next poll).
     private var isKicked = false
+    /// TCP_NODELAY is set (before the first response: evhttp sets the socket after `bevcb`).
+    private var isNagleOff = false
     /// The client's address, formatted at its first request.
     private var peer: String?
     private(set) var isClosed = false
@@ -120,6 +122,11 @@ final class EvhttpConnection {
         // sets its "written" callback after adding, so output sent at once would report to the
         // callback of the previous write.
         guard isFlushing else { return BEV_NEED_MORE }
+        if !isNagleOff {
+            isNagleOff = true
+            let fd = bufferevent_getfd(underlying)
+            if fd >= 0 { disableNagle(fd) }
+        }
         if layer != nil {
             // Through the layer, which encrypts and writes as the socket allows; it frees the
             // connection's underlying bufferevent only once that output is out (`release`).
