@@ -1,5 +1,5 @@
 /// Something that happened to a watched file or directory (``EventLoop/watchFile(at:_:)``,
-/// ``EventLoop/fileEvents(at:)``).
+/// `EventLoop.fileEvents(at:)`).
 public struct FileEvent: Sendable, Hashable, CustomStringConvertible {
     /// What happened.
     public enum Kind: Sendable, Hashable, CustomStringConvertible {

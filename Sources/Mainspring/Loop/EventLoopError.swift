@@ -21,7 +21,7 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
     /// A TLS handshake failed (`MainspringTLS`): `reason` is OpenSSL's account, naming the
     /// certificate check that failed when one did.
     case tls(reason: String)
-    /// A child process could not be started (``Subprocess/spawn(_:on:)``): `path` is what failed
+    /// A child process could not be started (`Subprocess.spawn(_:on:)`): `path` is what failed
     /// — the executable itself, the working directory, or a file given for a standard stream —
     /// and `errno` why (`ENOENT`, `EACCES`, `ENOEXEC`, `ENOTDIR`, …). `executable` is the program
     /// that was asked for, as given.

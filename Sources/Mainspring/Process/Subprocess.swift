@@ -122,11 +122,11 @@ public final class Subprocess: @unchecked Sendable {
         /// stderr; the parent's by default.
         public var standardError: Redirection
         /// Starts the child as the leader of a new process group, so that
-        /// ``Subprocess/terminate(grace:)`` and ``Subprocess/signalGroup(_:)`` reach what it
+        /// `terminate(grace:)` and ``Subprocess/signalGroup(_:)`` reach what it
         /// starts in turn (a shell's commands, a server's workers).
         public var newProcessGroup: Bool
         /// A wait: once the child has run this long it is terminated
-        /// (``Subprocess/terminate(grace:)`` with ``timeoutGrace``) and ``Subprocess/didTimeOut``
+        /// (`terminate(grace:)` with ``timeoutGrace``) and ``Subprocess/didTimeOut``
         /// reads true. Nil: no limit.
         public var timeout: Duration?
         /// The grace of a ``timeout`` between `SIGTERM` and `SIGKILL` (a wait).

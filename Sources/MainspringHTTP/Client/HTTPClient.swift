@@ -13,7 +13,7 @@ import Synchronization
 /// print(response.status, response.text)
 /// ```
 ///
-/// The client is built on ``Connection`` (not on evhttp's client side): its connections are the
+/// The client is built on `Connection` (not on evhttp's client side): its connections are the
 /// loop's connections — read at `.input` priority with the same backpressure and fairness as
 /// any other input, TLS through the same handshake as every Mainspring TLS connection (a
 /// ``Connector``), limits checked as the bytes arrive (a 100 MB header block is refused at the
