@@ -18,6 +18,7 @@ let package = Package(
         .executable(name: "mainspring-operations", targets: ["mainspring-operations"]),
         .executable(name: "mainspring-chat", targets: ["mainspring-chat"]),
         .executable(name: "mainspring-kv", targets: ["mainspring-kv"]),
+        .executable(name: "mainspring-supervise", targets: ["mainspring-supervise"]),
     ],
     targets: [
         // libevent 2.1 through pkg-config; `make` installs libevent-dev when it is missing.
@@ -135,6 +136,11 @@ let package = Package(
             exclude: ["tests"]
         ),
         // A batch of asynchronous saves, with completion hooks on the main loop.
+        .executableTarget(
+            name: "mainspring-supervise",
+            dependencies: ["Mainspring", "MainspringHTTP"],
+            path: "Examples/Supervisor"
+        ),
         .executableTarget(
             name: "mainspring-operations",
             dependencies: ["Mainspring"],

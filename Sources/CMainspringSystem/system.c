@@ -65,3 +65,104 @@ unsigned long ms_signal_take(int signo, unsigned long *_Nullable first) {
     if (first) *first = order;
     return count;
 }
+
+// ---- Child processes ----
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+#ifndef SYS_pidfd_send_signal
+#define SYS_pidfd_send_signal 424
+#endif
+#ifndef P_PIDFD
+#define P_PIDFD 3
+#endif
+
+extern char **environ;
+
+// glibc declares these only under _GNU_SOURCE, and has them only from 2.29 (chdir) and 2.34
+// (closefrom): weak, so that a glibc without them leaves them NULL instead of failing to load.
+extern int posix_spawn_file_actions_addclosefrom_np(posix_spawn_file_actions_t *, int) __attribute__((weak));
+extern int posix_spawn_file_actions_addchdir_np(posix_spawn_file_actions_t *, const char *) __attribute__((weak));
+
+int ms_spawn_has_closefrom(void) { return posix_spawn_file_actions_addclosefrom_np != NULL; }
+int ms_spawn_has_chdir(void) { return posix_spawn_file_actions_addchdir_np != NULL; }
+
+int ms_spawn(pid_t *pid, const char *path, char *const argv[], char *const envp[], const char *directory,
+             const int stdio[3], int new_process_group) {
+    posix_spawn_file_actions_t actions;
+    posix_spawnattr_t attributes;
+    int rc = posix_spawn_file_actions_init(&actions);
+    if (rc != 0) return rc;
+    rc = posix_spawnattr_init(&attributes);
+    if (rc != 0) {
+        posix_spawn_file_actions_destroy(&actions);
+        return rc;
+    }
+    for (int fd = 0; fd < 3 && rc == 0; fd++) {
+        if (stdio[fd] == MS_SPAWN_NULL) {
+            rc = posix_spawn_file_actions_addopen(&actions, fd, "/dev/null", fd == 0 ? O_RDONLY : O_WRONLY, 0);
+        } else if (stdio[fd] >= 0) {
+            // dup2 onto itself is no copy: it only clears close-on-exec (glibc 2.29 on), which is
+            // what a descriptor that is already in place needs.
+            rc = posix_spawn_file_actions_adddup2(&actions, stdio[fd], fd);
+        }
+    }
+    // After the dup2s (the actions run in order): everything from 3 up is closed in the child.
+    if (rc == 0 && posix_spawn_file_actions_addclosefrom_np != NULL) {
+        rc = posix_spawn_file_actions_addclosefrom_np(&actions, 3);
+    }
+    if (rc == 0 && directory != NULL) {
+        rc = posix_spawn_file_actions_addchdir_np != NULL ? posix_spawn_file_actions_addchdir_np(&actions, directory)
+                                                          : ENOSYS;
+    }
+    short flags = POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF;
+    if (new_process_group) flags |= POSIX_SPAWN_SETPGROUP;
+    sigset_t none, all;
+    sigemptyset(&none);
+    sigfillset(&all);
+    if (rc == 0) rc = posix_spawnattr_setsigmask(&attributes, &none);
+    if (rc == 0) rc = posix_spawnattr_setsigdefault(&attributes, &all);
+    if (rc == 0 && new_process_group) rc = posix_spawnattr_setpgroup(&attributes, 0);
+    if (rc == 0) rc = posix_spawnattr_setflags(&attributes, flags);
+    if (rc == 0) rc = posix_spawn(pid, path, &actions, &attributes, argv, envp != NULL ? envp : environ);
+    posix_spawnattr_destroy(&attributes);
+    posix_spawn_file_actions_destroy(&actions);
+    return rc;
+}
+
+int ms_pidfd_open(pid_t pid) { return (int)syscall(SYS_pidfd_open, pid, 0); }
+
+int ms_pidfd_send_signal(int pidfd, int signal) { return (int)syscall(SYS_pidfd_send_signal, pidfd, signal, NULL, 0); }
+
+int ms_reap_pidfd(int pidfd, struct ms_exit *result) {
+    siginfo_t info;
+    memset(&info, 0, sizeof info);
+    int rc;
+    do {
+        rc = waitid((idtype_t)P_PIDFD, (id_t)pidfd, &info, WEXITED | WNOHANG);
+    } while (rc < 0 && errno == EINTR);
+    if (rc < 0) return -1;
+    if (info.si_pid == 0) return 0;  // still running
+    result->exited = info.si_code == CLD_EXITED;
+    result->value = info.si_status;
+    return 1;
+}
+
+int ms_reap_pid(pid_t pid, struct ms_exit *result) {
+    int status = 0;
+    pid_t rc;
+    do {
+        rc = waitpid(pid, &status, WNOHANG);
+    } while (rc < 0 && errno == EINTR);
+    if (rc < 0) return -1;
+    if (rc == 0) return 0;
+    result->exited = WIFEXITED(status);
+    result->value = WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status);
+    return 1;
+}

@@ -60,6 +60,54 @@ int ms_signal_restore(int signo, const struct sigaction *_Nonnull previous);
 /// receives the order of the first of them among all signals' catches (0 if unknown).
 unsigned long ms_signal_take(int signo, unsigned long *_Nullable first);
 
+// Child processes (System/ProcessCalls.swift): posix_spawn with the file actions and attributes
+// a child needs (glibc's `_np` actions are declared weak in system.c and looked for at run
+// time), pidfds (`pidfd_open` and `pidfd_send_signal` through `syscall`, Linux 5.3 and 5.1), and
+// reaping with `waitid(P_PIDFD, …)` or `waitpid` without waiting. siginfo_t's union is read
+// here, not in Swift.
+#include <spawn.h>
+#include <sys/types.h>
+
+/// What a child's standard descriptor 0, 1 or 2 becomes: one of these, or a descriptor of the
+/// parent's (>= 0) that is duplicated onto it.
+#define MS_SPAWN_INHERIT (-1)
+#define MS_SPAWN_NULL (-2)
+
+/// Starts `path` with `argv` and `envp` (NULL: the parent's environment). `stdio[i]` is what
+/// descriptor i becomes (`MS_SPAWN_INHERIT`, `MS_SPAWN_NULL`, or a descriptor to duplicate);
+/// every other descriptor is closed in the child (`posix_spawn_file_actions_addclosefrom_np`,
+/// where glibc has it: 2.34 on). `directory` (or NULL) is changed to before the exec
+/// (`posix_spawn_file_actions_addchdir_np`, glibc 2.29). A new process group when
+/// `new_process_group`. The child starts with no signal blocked and every signal at its default
+/// disposition. 0 with `*pid` set, or the errno (glibc reports a failed chdir or exec here).
+int ms_spawn(pid_t *_Nonnull pid, const char *_Nonnull path, char *_Nullable const argv[_Nonnull],
+             char *_Nullable const envp[_Nullable], const char *_Nullable directory, const int stdio[_Nonnull 3],
+             int new_process_group);
+/// Whether glibc has the close-from spawn action (otherwise only close-on-exec keeps a child's
+/// descriptors to the three it is given).
+int ms_spawn_has_closefrom(void);
+/// Whether glibc has the chdir spawn action (a working directory needs it).
+int ms_spawn_has_chdir(void);
+
+/// `pidfd_open(pid, 0)`: a descriptor that becomes readable when the process exits, or -1 with
+/// errno (ENOSYS before Linux 5.3).
+int ms_pidfd_open(pid_t pid);
+/// `pidfd_send_signal(pidfd, signal, NULL, 0)`: 0, or -1 with errno.
+int ms_pidfd_send_signal(int pidfd, int signal);
+
+/// How a reaped child ended (`ms_reap_*`): `exited` 1 with its status in `value`, or 0 with the
+/// signal that ended it.
+struct ms_exit { int exited; int value; };
+/// Reaps the child behind `pidfd` if it has exited (`waitid(P_PIDFD, …, WEXITED | WNOHANG)`):
+/// 1 with `*result` set, 0 while it runs, -1 with errno (EINVAL where the kernel lacks P_PIDFD:
+/// before 5.4; ECHILD when something else reaped it).
+int ms_reap_pidfd(int pidfd, struct ms_exit *_Nonnull result);
+/// The same for a process ID (`waitpid(pid, …, WNOHANG)`).
+int ms_reap_pid(pid_t pid, struct ms_exit *_Nonnull result);
+
+// File watching (System/InotifyCalls.swift): inotify, declared by <sys/inotify.h>.
+#include <sys/inotify.h>
+
 // libdispatch's main-queue hooks for run loops (the two CoreFoundation's CFRunLoop uses). On
 // Linux the handle is an eventfd that libdispatch writes whenever the main queue goes from empty
 // to non-empty (and again after a drain that left work behind); it never reads it: the run loop

@@ -75,6 +75,9 @@ public final class EventLoop: @unchecked Sendable {
     /// Open, shut down (posts counted as dropped instead of queued), or being freed (nothing may
     /// take a reference to the loop any more). Loop thread only, or `deinit`.
     var lifecycle = LoopLifecycle()
+    /// The loop's inotify descriptor and its file watches, while it has any
+    /// (Files/FileWatchSources.swift). Loop thread only.
+    var fileWatchHub: InotifyHub?
     /// `EventLoop.main` only: the Dispatch main-queue bridge, installed when the loop first runs.
     var mainQueueSource: MainQueueSource?
     /// The serial executor of the actors pinned to this loop (see Executor.swift).

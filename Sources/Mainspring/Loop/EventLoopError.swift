@@ -35,6 +35,15 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
     /// A TLS handshake failed (`MainspringTLS`): `reason` is OpenSSL's account, naming the
     /// certificate check that failed when one did.
     case tls(reason: String)
+    /// A child process could not be started (`Subprocess.spawn(_:on:)`): `path` is what failed
+    /// — the executable itself, the working directory, or a file given for a standard stream —
+    /// and `errno` why (`ENOENT`, `EACCES`, `ENOEXEC`, `ENOTDIR`, …). `executable` is the program
+    /// that was asked for, as given.
+    case spawnFailed(executable: String, path: String, errno: Int32)
+    /// A path could not be watched (``EventLoop/watchFile(at:_:)``): it does not exist
+    /// (`ENOENT`), cannot be searched (`EACCES`), or the kernel's limit on inotify watches or
+    /// instances is reached (`ENOSPC`, `EMFILE`).
+    case watchFailed(path: String, errno: Int32)
 
     public var description: String {
         switch self {
@@ -66,6 +75,11 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
             return "descriptor \(descriptor) is not a listening stream socket: it is \(reason)"
         case .tls(let reason):
             return "TLS: \(reason)"
+        case .spawnFailed(let executable, let path, let code):
+            let what = path == executable ? "" : ": \(path)"
+            return "cannot start '\(executable)'\(what): \(String(cString: strerror(code))) (errno \(code))"
+        case .watchFailed(let path, let code):
+            return "cannot watch '\(path)': \(String(cString: strerror(code))) (errno \(code))"
         }
     }
 }

@@ -192,6 +192,20 @@ public final class Connection: @unchecked Sendable {
     /// of it has drained (`Options.outputLimit`). Any thread.
     public let outputLimit: Int
 
+    /// Input received and not yet taken by a reader. Loop thread only. (A keep-alive client
+    /// checks that nothing follows a response before it reuses the connection.)
+    package var bufferedInputBytes: Int {
+        loop.preconditionOnLoop("Connection.bufferedInputBytes")
+        return source.socket?.inputLength ?? 0
+    }
+
+    /// Whether the peer has ended its side (its end of file has arrived, delivered or not).
+    /// Loop thread only.
+    package var peerHasEnded: Bool {
+        loop.preconditionOnLoop("Connection.peerHasEnded")
+        return source.state.peerEnded
+    }
+
     /// Whether reading is paused because the peer is not taking our output (see Backpressure).
     /// Loop thread only.
     public var isReadingPaused: Bool {
@@ -262,6 +276,10 @@ public final class Connection: @unchecked Sendable {
 
     /// Sends what is buffered, then half-closes: the peer reads end of file, and this side can
     /// still read.
+    ///
+    /// A pipe has no half-close: on a child's standard input (``Subprocess/standardInput``)
+    /// this is `close()` — the child reads end of file once what was written is sent — and on a
+    /// child's standard output or error it does nothing.
     public func shutdownOutput() {
         source.withLoop { $0.preconditionOnLoop("Connection.shutdownOutput()") }
         source.shutdownOutput()

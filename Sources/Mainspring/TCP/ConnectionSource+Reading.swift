@@ -17,6 +17,8 @@ extension ConnectionSource {
     /// Installs a callback reader (replacing the current one); the input already buffered is
     /// looked at next turn.
     func startReading(_ reader: CallbackReader) {
+        requireUsage(role != .pipeWriteEnd,
+                     "Mainspring: Connection.readLines/readBytes: this connection is a child process's standard input, which is write-only")
         guard state.isOpen else { return }
         requireUsage(asyncRead == nil,
                      "Mainspring: Connection.readLines/readBytes: a task is suspended reading this connection; one reader at a time")
@@ -80,6 +82,15 @@ extension ConnectionSource {
         delimiterScanned = 0
     }
 
+    /// A reader was given the end of the input. The read end of a child's pipe has nothing
+    /// more to give, ever (and no output): it closes (`.closed`), on the next turn, after the
+    /// delivery in progress.
+    func endDelivered() {
+        state.endDelivered()
+        guard role == .pipeReadEnd else { return }
+        withLoop { $0.execute(priority: .input, UncheckedWork { [weak self] in self?.closeGracefully() }.run) }
+    }
+
     // MARK: Delivering to callbacks
 
     /// Input arrived, the output drained, the peer ended, or the next turn came: hands what is
@@ -111,7 +122,7 @@ extension ConnectionSource {
             }
             if state.peerEnded && self.socket?.inputLength == 0 {
                 endReportedToGeneration = generation
-                state.endDelivered()
+                endDelivered()
                 handler(.endOfFile)
             }
         case .exactly(let count, let handler):
@@ -157,7 +168,7 @@ extension ConnectionSource {
         }
         callbackReader = nil
         readerGeneration &+= 1
-        if socket.inputLength == 0 { state.endDelivered() }
+        if socket.inputLength == 0 { endDelivered() }
         handler(.endOfFile)
     }
 
@@ -170,7 +181,7 @@ extension ConnectionSource {
             while let event = lines.take() {
                 if event == .endOfFile {
                     endReportedToGeneration = generation
-                    state.endDelivered()
+                    endDelivered()
                 }
                 handler(event)
                 guard readerGeneration == generation, state.mayDeliver, let socket = self.socket else {
@@ -205,6 +216,8 @@ extension ConnectionSource {
     /// while delivery is paused; otherwise nil, and the socket is being read.
     @inline(__always)
     private func readPrelude(_ function: StaticString) -> Pull<Void>? {
+        requireUsage(role != .pipeWriteEnd,
+                     "Mainspring: \(function): this connection is a child process's standard input, which is write-only")
         if let reason = state.closeReason { return reason == .closed ? .end : .failed(reason) }
         if state.isClosing { return .end }
         requireUsage(callbackReader == nil,
@@ -234,7 +247,7 @@ extension ConnectionSource {
     }
 
     private func deliveredAsync(_ event: LineEvent) -> LineEvent {
-        if event == .endOfFile { state.endDelivered() }
+        if event == .endOfFile { endDelivered() }
         return event
     }
 
@@ -251,7 +264,7 @@ extension ConnectionSource {
             return .element(data)
         }
         if state.peerEnded {
-            state.endDelivered()
+            endDelivered()
             return .end
         }
         return .wait
@@ -295,7 +308,7 @@ extension ConnectionSource {
                 }
                 gathered = []
             }
-            if socket.inputLength == 0 { state.endDelivered() }
+            if socket.inputLength == 0 { endDelivered() }
             return .end
         }
         return .wait
@@ -324,7 +337,7 @@ extension ConnectionSource {
         }
         delimiterScanned = length
         if state.peerEnded {
-            if length == 0 { state.endDelivered() }
+            if length == 0 { endDelivered() }
             return .end
         }
         raiseReadLimit(to: window + 1)

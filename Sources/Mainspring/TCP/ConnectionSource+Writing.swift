@@ -7,16 +7,25 @@ extension ConnectionSource {
     // MARK: Writing
 
     func write(_ bytes: [UInt8]) {
+        requireWritable()
         guard state.isOpen, socket != nil, !bytes.isEmpty else { return }
         pendingOutput.append(contentsOf: bytes)
         scheduleFlush()
     }
 
     func write(text: String, newline: Bool) {
+        requireWritable()
         guard state.isOpen, socket != nil else { return }
         pendingOutput.append(contentsOf: text.utf8)
         if newline { pendingOutput.append(0x0A) }
         scheduleFlush()
+    }
+
+    /// Writing to the read end of a child's pipe (its stdout or stderr) is a misuse.
+    @inline(__always)
+    func requireWritable() {
+        requireUsage(role != .pipeReadEnd,
+                     "Mainspring: Connection.write/send: this connection is a child process's standard output or error, which is read-only")
     }
 
     func write(_ payload: Payload) {
@@ -209,6 +218,14 @@ extension ConnectionSource {
     // MARK: Half-close and close
 
     func shutdownOutput() {
+        switch role {
+        case .socket: break
+        case .pipeReadEnd: return  // no output to end
+        case .pipeWriteEnd:
+            // A pipe has no half-close: the end of a child's input is the close of its pipe.
+            closeGracefully()
+            return
+        }
         flushPendingOutput()
         guard let socket else { return }
         if state.shutdownOutputRequested(outputLength: socket.outputLength) {

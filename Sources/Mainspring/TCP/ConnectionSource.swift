@@ -17,6 +17,16 @@ final class ConnectionShared: Sendable {
     let nextWaitTicket = Atomic<Int>(0)
 }
 
+/// What a connection's descriptor is: a socket (both ways), or one end of a pipe to a child
+/// process (one way: see `Subprocess`).
+enum ConnectionRole: Equatable {
+    case socket
+    /// A child's stdout or stderr: read-only; it closes once the end of its input was delivered.
+    case pipeReadEnd
+    /// A child's stdin: write-only; `shutdownOutput()` closes it (a pipe has no half-close).
+    case pipeWriteEnd
+}
+
 /// The loop side of a `Connection`: the socket, its buffers, the readers (callbacks, or the
 /// task suspended in an async read), the senders waiting for the output to drain. Loop thread
 /// only.
@@ -52,6 +62,8 @@ final class ConnectionSource: Source {
     let transport: (any ConnectionTransport)?
     /// `transport.details`, taken when the connection was made (any thread reads it).
     let transportDetails: (any Sendable)?
+    /// A socket, or one end of a child's pipe.
+    let role: ConnectionRole
 
     /// Text written since the loop last polled, handed to libevent in one piece just before the
     /// next poll (libevent only writes while it polls, so nothing is delayed): a line protocol
@@ -169,8 +181,11 @@ final class ConnectionSource: Source {
         max(4 * chunk, options.maxLineLength + 2 + chunk)
     }
 
-    init(loop: EventLoop, fd: Int32, peer: String, options: Connection.Options) throws(EventLoopError) {
+    init(loop: EventLoop, fd: Int32, peer: String, options: Connection.Options, role: ConnectionRole = .socket)
+        throws(EventLoopError)
+    {
         _ = ignoreSIGPIPE
+        self.role = role
         self.remoteAddress = peer
         self.options = options
         self.splitter = InPlaceLineSplitter(maxLineLength: options.maxLineLength)
@@ -196,6 +211,7 @@ final class ConnectionSource: Source {
     {
         _ = ignoreSIGPIPE
         options.check("Connection (TLS)")
+        self.role = .socket
         self.remoteAddress = peer
         self.options = options
         self.splitter = InPlaceLineSplitter(maxLineLength: options.maxLineLength)
@@ -212,6 +228,7 @@ final class ConnectionSource: Source {
     init(loop: EventLoop, connectingTo host: String, port: UInt16, options: Connection.Options) throws(EventLoopError) {
         _ = ignoreSIGPIPE
         options.check("Connection.connect")
+        self.role = .socket
         self.remoteAddress = host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
         self.options = options
         self.splitter = InPlaceLineSplitter(maxLineLength: options.maxLineLength)

@@ -1,0 +1,293 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Foundation
+import Synchronization
+
+/// What every thread may do to a child: signal it, reap it, wait for its exit. One lock guards
+/// the pidfd, the status and the waiters, and reaping happens under it: a signal sent under the
+/// same lock therefore never reaches a reaped child's number, reused or not.
+final class ProcessShared: Sendable {
+    let pid: Int32
+    /// The child's process group when it leads one.
+    let group: Int32?
+    private let state: Protected<State>
+
+    private struct State {
+        /// The pidfd (-1: none, polling; or closed once reaped).
+        var descriptor: Int32
+        var status: Subprocess.ExitStatus?
+        var waiters: [UnsafeContinuation<Subprocess.ExitStatus, Never>] = []
+        var timedOut = false
+    }
+
+    /// A reap that found the child gone: its status, the tasks to resume (outside the lock) and
+    /// the pidfd to close once nothing polls it any more (-1: none).
+    struct Reaped {
+        let status: Subprocess.ExitStatus
+        let waiters: [UnsafeContinuation<Subprocess.ExitStatus, Never>]
+        let descriptor: Int32
+    }
+
+    init(pid: Int32, group: Int32?, descriptor: Int32) {
+        self.pid = pid
+        self.group = group
+        self.state = Protected(State(descriptor: descriptor))
+    }
+
+    var status: Subprocess.ExitStatus? { state.withLock { $0.status } }
+
+    /// The pidfd while the child is not reaped (-1 when polling).
+    var descriptor: Int32 { state.withLock { $0.descriptor } }
+
+    var timedOut: Bool {
+        get { state.withLock { $0.timedOut } }
+        set { state.withLock { $0.timedOut = newValue } }
+    }
+
+    /// Reaps the child if it has exited (without waiting). Returns nil while it runs, and once
+    /// it has been reaped already.
+    func reapIfExited() -> Reaped? {
+        state.withLock { state -> Reaped? in
+            guard state.status == nil else { return nil }
+            var result = state.descriptor >= 0 ? reapExited(processDescriptor: state.descriptor) : reapExited(process: pid)
+            if case .failed(let code) = result, code == EINVAL, state.descriptor >= 0 {
+                // A kernel with pidfds but without waitid's P_PIDFD (5.3): by number, which is
+                // still ours (the child is not reaped).
+                result = reapExited(process: pid)
+            }
+            let status: Subprocess.ExitStatus
+            switch result {
+            case .running: return nil
+            case .reaped(.exited(let code)): status = .exited(code)
+            case .reaped(.signaled(let signal)): status = .signaled(signal)
+            case .failed:
+                // ECHILD: reaped by someone else (SIGCHLD ignored, a waitpid(-1)). Any other
+                // failure cannot be waited out either: the exit is reported as unknown rather
+                // than never.
+                status = .reapedElsewhere
+            }
+            state.status = status
+            let waiters = state.waiters
+            state.waiters = []
+            let descriptor = state.descriptor
+            state.descriptor = -1
+            return Reaped(status: status, waiters: waiters, descriptor: descriptor)
+        }
+    }
+
+    /// Sends `signal` unless the child has been reaped. Returns 0 or the errno.
+    @discardableResult
+    func signal(_ signal: Int32) -> Int32 {
+        state.withLock { state -> Int32 in
+            guard state.status == nil else { return ESRCH }
+            return state.descriptor >= 0 ? sendSignal(signal, toProcessDescriptor: state.descriptor)
+                : sendSignal(signal, toProcess: pid)
+        }
+    }
+
+    /// Sends `signal` to the group when there is one (even once the child is reaped), otherwise
+    /// to the child.
+    func kill(_ signal: Int32) {
+        if let group { _ = sendSignal(signal, toProcessGroup: group) }
+        self.signal(signal)
+    }
+
+    /// Resumes `continuation` with the status once the child is reaped (at once if it is).
+    func awaitExit(_ continuation: UnsafeContinuation<Subprocess.ExitStatus, Never>) {
+        let known = state.withLock { state -> Subprocess.ExitStatus? in
+            if let status = state.status { return status }
+            state.waiters.append(continuation)
+            return nil
+        }
+        if let known { continuation.resume(returning: known) }
+    }
+}
+
+/// The loop side of a `Subprocess`: the watch on its pidfd (or the polling timer), the exit
+/// handlers, the termination and timeout timers. Loop thread only. Registered with the loop,
+/// which keeps it (and so the watch) until the child is reaped; when the loop shuts down first,
+/// the child goes to the process-wide `OrphanReaper`.
+final class ProcessSource: Source {
+    let shared: ProcessShared
+    private var exitHandlers: [(Subprocess.ExitStatus) -> Void] = []
+    private var pollTimer: TimerHandle?
+    private var timeoutTimer: TimerHandle?
+    private var killTimer: TimerHandle?
+    /// When the pending `SIGKILL` is due (monotonic ns), if one is.
+    private var killDeadline: UInt64?
+    /// How the exit is watched.
+    private(set) var watch: Subprocess.ExitWatch = .polling
+
+    /// How often a child is polled without a pidfd.
+    static let pollInterval: Duration = .milliseconds(10)
+
+    init(loop: EventLoop, shared: ProcessShared) {
+        self.shared = shared
+        super.init(loop: loop, priority: .input)
+        let descriptor = shared.descriptor
+        if descriptor >= 0 {
+            do {
+                let event = try NativeEvent(base: loop.base, fd: descriptor, readiness: .read, persistent: true, target: self)
+                try event.add()
+                native = event
+                watch = .processDescriptor
+            } catch {
+                // The loop refused the pidfd (out of memory): polling still reaps the child.
+                startPolling()
+            }
+        } else {
+            startPolling()
+        }
+    }
+
+    private func startPolling() {
+        watch = .polling
+        pollTimer = loop.schedule(every: Self.pollInterval) { [weak self] _ in self?.check() }
+    }
+
+    /// Stops the child after `timeout` (the configuration's): terminated with `grace`.
+    func startTimeout(_ timeout: Duration, grace: Duration) {
+        timeoutTimer = loop.schedule(after: timeout) { [weak self] in
+            guard let self, self.shared.status == nil else { return }
+            self.shared.timedOut = true
+            self.terminate(grace: grace)
+        }
+    }
+
+    override func perform(_ readiness: Readiness) { check() }
+
+    /// Reaps the child if it has exited, and reports the exit.
+    func check() {
+        guard let reaped = shared.reapIfExited() else { return }
+        pollTimer?.cancel()
+        pollTimer = nil
+        timeoutTimer?.cancel()
+        timeoutTimer = nil
+        if shared.group == nil {
+            killTimer?.cancel()  // a group's members may outlive the child: its kill stays due
+            killTimer = nil
+        }
+        let handlers = exitHandlers
+        exitHandlers = []
+        close()  // stops polling the pidfd before it is closed
+        if reaped.descriptor >= 0 { closeDescriptor(reaped.descriptor) }
+        let status = reaped.status
+        loop.resumingInput {
+            for waiter in reaped.waiters { waiter.resume(returning: status) }
+        }
+        for handler in handlers { handler(status) }
+    }
+
+    func addExitHandler(_ handler: @escaping (Subprocess.ExitStatus) -> Void) {
+        if let status = shared.status {
+            loop.execute(priority: .input, UncheckedWork { handler(status) }.run)
+        } else if !isClosed {
+            exitHandlers.append(handler)
+        }
+    }
+
+    /// `SIGTERM` now (to the group when there is one), `SIGKILL` after `grace` unless the child
+    /// (and for a group, every member) is gone by then.
+    func terminate(grace: Duration) {
+        let shared = self.shared
+        guard shared.status == nil || shared.group.map(processGroupExists) == true else { return }
+        shared.kill(SIGTERM)
+        let delay = grace.clampedNanoseconds
+        if delay == 0 {
+            shared.kill(SIGKILL)
+            return
+        }
+        let deadline = monotonicNanoseconds() &+ delay
+        if let due = killDeadline, due <= deadline { return }  // an earlier kill is due already
+        killDeadline = deadline
+        killTimer?.cancel()
+        killTimer = loop.schedule(atMonotonicNanoseconds: deadline) { [weak self] in
+            self?.killDeadline = nil
+            if shared.status == nil {
+                shared.kill(SIGKILL)
+            } else if let group = shared.group, processGroupExists(group) {
+                _ = sendSignal(SIGKILL, toProcessGroup: group)
+            }
+        }
+    }
+
+    override func didClose() {
+        exitHandlers = []
+        // Closed with the child still running: the loop is going away. Its timers go with it;
+        // the reaper thread reaps the child when it exits.
+        if shared.status == nil { OrphanReaper.shared.adopt(shared) }
+    }
+}
+
+/// One thread for the whole process that reaps the children whose loop shut down before they
+/// exited: it waits on their pidfds (and polls those without one every 10 ms), reaps each as
+/// it exits and resumes the tasks awaiting its exit. Started by the first such child; it sleeps
+/// in `poll` with nothing to do.
+final class OrphanReaper: Sendable {
+    static let shared = OrphanReaper()
+
+    private struct State {
+        var children: [ProcessShared] = []
+        var isRunning = false
+    }
+
+    private let state = Protected(State())
+    /// Wakes the thread when a child is added.
+    private let wakeup: WakeupDescriptor?
+
+    private init() {
+        do {
+            wakeup = try WakeupDescriptor()
+        } catch {
+            wakeup = nil  // no eventfd (out of descriptors): the thread polls every 10 ms instead
+        }
+    }
+
+    /// Reaps `child` once it exits.
+    func adopt(_ child: ProcessShared) {
+        let start = state.withLock { state -> Bool in
+            state.children.append(child)
+            defer { state.isRunning = true }
+            return !state.isRunning
+        }
+        if start {
+            let thread = Thread { [self] in run() }
+            thread.name = "mainspring-reaper"
+            thread.start()
+        } else {
+            wakeup?.signal()
+        }
+    }
+
+    /// How many children wait to be reaped (tests).
+    var waitingCount: Int { state.withLock { $0.children.count } }
+
+    private func run() {
+        while true {
+            let children = state.withLock { $0.children }
+            var descriptors: [(fd: Int32, events: Int16)] = []
+            if let wakeup { descriptors.append((wakeup.fd, pollReadable)) }
+            var polling = wakeup == nil
+            for child in children {
+                let fd = child.descriptor
+                if fd >= 0 { descriptors.append((fd, pollReadable)) } else { polling = true }
+            }
+            waitForReadiness(descriptors, timeoutMilliseconds: polling ? 10 : -1)
+            wakeup?.drain()
+            var reapedAny = false
+            for child in children {
+                guard let reaped = child.reapIfExited() else {
+                    if child.status != nil { reapedAny = true }  // reaped by its loop after all
+                    continue
+                }
+                reapedAny = true
+                if reaped.descriptor >= 0 { closeDescriptor(reaped.descriptor) }
+                for waiter in reaped.waiters { waiter.resume(returning: reaped.status) }
+            }
+            if reapedAny {
+                state.withLock { state in state.children.removeAll { $0.status != nil } }
+            }
+        }
+    }
+}

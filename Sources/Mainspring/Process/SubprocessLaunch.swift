@@ -1,0 +1,148 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Synchronization
+
+/// Spawning: the program found, the descriptors made, the child started, its exit watched.
+extension Subprocess {
+    /// Whether `pidfd_open` works in this process: 0 not known yet, 1 yes, 2 no (ENOSYS).
+    static let pidfdSupport = Atomic<Int>(0)
+
+    /// The spawn itself, on the loop's thread; `forcePolling` (tests) watches the exit as if
+    /// pidfds were missing.
+    static func launch(_ configuration: Configuration, on loop: EventLoop, forcePolling: Bool = false)
+        throws(EventLoopError) -> Subprocess
+    {
+        configuration.pipeOptions.check("Subprocess.spawn")
+        let name = configuration.executable
+        let path = try resolveExecutable(configuration)
+        if let directory = configuration.workingDirectory, !spawnCanChangeDirectory {
+            throw .spawnFailed(executable: name, path: directory, errno: ENOSYS)
+        }
+        var descriptors = LaunchDescriptors()
+        defer { descriptors.closeChildEnds() }
+        var stdio: [ChildDescriptor] = []
+        let redirections = [configuration.standardInput, configuration.standardOutput, configuration.standardError]
+        for (index, redirection) in redirections.enumerated() {
+            switch redirection {
+            case .inherit:
+                stdio.append(.inherit)
+            case .null:
+                stdio.append(.null)
+            case .pipe:
+                switch makeChildPipe(parentReads: index > 0) {
+                case .success(let ends):
+                    descriptors.parent[index] = ends.parent
+                    descriptors.child.append(ends.child)
+                    stdio.append(.descriptor(ends.child))
+                case .failure(let error):
+                    descriptors.closeParentEnds()
+                    throw .system(function: "pipe2 (for the \(streamNames[index]) of '\(name)')", errno: error.code)
+                }
+            case .file(let file), .appendingToFile(let file):
+                let appending = redirection == .appendingToFile(file)
+                switch openForChild(file, reading: index == 0, appending: appending) {
+                case .success(let fd):
+                    descriptors.child.append(fd)
+                    stdio.append(.descriptor(fd))
+                case .failure(let error):
+                    descriptors.closeParentEnds()
+                    throw .spawnFailed(executable: name, path: file, errno: error.code)
+                }
+            }
+        }
+        let environment = configuration.environment.map { variables in
+            variables.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }
+        }
+        let pid: Int32
+        switch spawnChild(path: path, arguments: [name] + configuration.arguments, environment: environment,
+                          directory: configuration.workingDirectory, stdio: stdio,
+                          newProcessGroup: configuration.newProcessGroup)
+        {
+        case .success(let child):
+            pid = child
+        case .failure(let error):
+            descriptors.closeParentEnds()
+            // The chdir and the exec both fail in the child with one errno: a directory that
+            // cannot be entered is named as the cause, the program otherwise.
+            if let directory = configuration.workingDirectory, let problem = workingDirectoryProblem(directory) {
+                throw .spawnFailed(executable: name, path: directory, errno: problem)
+            }
+            throw .spawnFailed(executable: name, path: path, errno: error.code)
+        }
+        descriptors.closeChildEnds()
+
+        var descriptor: Int32 = -1
+        if !forcePolling && pidfdSupport.load(ordering: .relaxed) != 2 {
+            switch openProcessDescriptor(pid) {
+            case .success(let fd):
+                descriptor = fd
+                pidfdSupport.store(1, ordering: .relaxed)
+            case .failure(let error):
+                let code = error.code
+                // Missing for good (an old kernel, a seccomp policy), or missing for this child
+                // (out of descriptors): polling reaps it either way.
+                if code == ENOSYS || code == EPERM || code == EINVAL { pidfdSupport.store(2, ordering: .relaxed) }
+            }
+        }
+        let shared = ProcessShared(pid: pid, group: configuration.newProcessGroup ? pid : nil, descriptor: descriptor)
+        let source = ProcessSource(loop: loop, shared: shared)
+        if let timeout = configuration.timeout { source.startTimeout(timeout, grace: configuration.timeoutGrace) }
+
+        var pipes: [Connection?] = [nil, nil, nil]
+        for index in 0..<3 {
+            guard let fd = descriptors.parent[index] else { continue }
+            descriptors.parent[index] = nil
+            do {
+                let made = try ConnectionSource(loop: loop, fd: fd, peer: "pid \(pid) \(streamNames[index])",
+                                                options: configuration.pipeOptions,
+                                                role: index == 0 ? .pipeWriteEnd : .pipeReadEnd)
+                pipes[index] = Connection(source: made)
+            } catch {
+                // The connection closed its descriptor. Nobody could use this child: it is
+                // killed (and reaped by its source), its other pipes closed.
+                descriptors.closeParentEnds()
+                shared.kill(SIGKILL)
+                throw error
+            }
+        }
+        return Subprocess(loop: loop, shared: shared, source: source, executablePath: path, exitWatch: source.watch,
+                          pipes: pipes)
+    }
+
+    private static let streamNames = ["stdin", "stdout", "stderr"]
+
+    /// The program's path: `executable` itself when it has a slash, otherwise the first
+    /// executable file of that name in `PATH`.
+    static func resolveExecutable(_ configuration: Configuration) throws(EventLoopError) -> String {
+        let name = configuration.executable
+        guard !name.isEmpty else { throw .spawnFailed(executable: name, path: name, errno: ENOENT) }
+        if name.contains("/") { return name }
+        let searchPath = configuration.environment?["PATH"] ?? defaultSearchPath()
+        var notExecutable: String?
+        for directory in searchPath.split(separator: ":", omittingEmptySubsequences: false) {
+            let candidate = (directory.isEmpty ? "." : String(directory)) + "/" + name
+            if isExecutableFile(candidate) { return candidate }
+            if notExecutable == nil, isExistingFile(candidate) { notExecutable = candidate }
+        }
+        if let notExecutable { throw .spawnFailed(executable: name, path: notExecutable, errno: EACCES) }
+        throw .spawnFailed(executable: name, path: "PATH=\(searchPath)", errno: ENOENT)
+    }
+}
+
+/// The descriptors of one spawn: the parent's ends of its pipes (taken over by connections)
+/// and the child's ends (closed once the child has its copies).
+private struct LaunchDescriptors {
+    var parent: [Int32?] = [nil, nil, nil]
+    var child: [Int32] = []
+
+    mutating func closeChildEnds() {
+        for fd in child { closeDescriptor(fd) }
+        child = []
+    }
+
+    mutating func closeParentEnds() {
+        for case let fd? in parent { closeDescriptor(fd) }
+        parent = [nil, nil, nil]
+    }
+}

@@ -1,0 +1,150 @@
+import Mainspring
+import Synchronization
+
+/// A pool's key: scheme, host and port.
+struct PoolKey: Sendable, Hashable {
+    let secure: Bool
+    let host: String
+    let port: UInt16
+
+    init(_ target: HTTPTarget) {
+        secure = target.secure
+        host = target.host.lowercased()
+        port = target.port
+    }
+}
+
+/// The client's keep-alive connections: per key at most `limit` open (busy and idle), waiters
+/// served in order. Any thread; the lock is held only for the bookkeeping.
+final class ConnectionPool: Sendable {
+    enum Grant: Sendable {
+        /// An idle connection (check it before use; `discard` if it is unusable).
+        case idle(Connection)
+        /// Room for a new connection (`discard` if it cannot be made).
+        case newSlot
+    }
+
+    private struct Idle {
+        let connection: Connection
+        let since: ContinuousClock.Instant
+    }
+
+    private struct Host {
+        var open = 0
+        var idle: [Idle] = []
+        var waiters: [CheckedContinuation<Result<Grant, HTTPClientError>, Never>] = []
+    }
+
+    private struct State {
+        var hosts: [PoolKey: Host] = [:]
+        var isShutDown = false
+    }
+
+    private let state = Mutex(State())
+    let limit: Int
+    let idleTimeout: Duration
+
+    init(limit: Int, idleTimeout: Duration) {
+        self.limit = limit
+        self.idleTimeout = idleTimeout
+    }
+
+    /// An idle connection (the most recent), room for a new one, or a wait for either.
+    func acquire(_ key: PoolKey) async throws(HTTPClientError) -> Grant {
+        enum Immediate { case grant(Grant), wait, closed }
+        var stale: [Connection] = []
+        let now = ContinuousClock.now
+        let immediate = state.withLock { state -> Immediate in
+            if state.isShutDown { return .closed }
+            var host = state.hosts[key, default: Host()]
+            defer { state.hosts[key] = host }
+            while let last = host.idle.popLast() {
+                if now - last.since < idleTimeout { return .grant(.idle(last.connection)) }
+                stale.append(last.connection)
+                host.open -= 1
+            }
+            if host.open < limit {
+                host.open += 1
+                return .grant(.newSlot)
+            }
+            return .wait
+        }
+        for connection in stale { connection.close() }
+        switch immediate {
+        case .grant(let grant): return grant
+        case .closed: throw .clientClosed
+        case .wait: break
+        }
+        let result: Result<Grant, HTTPClientError> = await withCheckedContinuation { continuation in
+            let resumeNow = state.withLock { state -> Result<Grant, HTTPClientError>? in
+                if state.isShutDown { return .failure(.clientClosed) }
+                var host = state.hosts[key, default: Host()]
+                defer { state.hosts[key] = host }
+                if let last = host.idle.popLast() { return .success(.idle(last.connection)) }
+                if host.open < limit {
+                    host.open += 1
+                    return .success(.newSlot)
+                }
+                host.waiters.append(continuation)
+                return nil
+            }
+            if let resumeNow { continuation.resume(returning: resumeNow) }
+        }
+        return try result.get()
+    }
+
+    /// A response done on `connection`, which stays open: to the next waiter, or idle.
+    func release(_ key: PoolKey, connection: Connection) {
+        let waiter = state.withLock { state -> CheckedContinuation<Result<Grant, HTTPClientError>, Never>? in
+            guard var host = state.hosts[key] else { return nil }
+            defer { state.hosts[key] = host }
+            if !host.waiters.isEmpty { return host.waiters.removeFirst() }
+            host.idle.append(Idle(connection: connection, since: .now))
+            return nil
+        }
+        if let waiter {
+            waiter.resume(returning: .success(.idle(connection)))
+        } else if state.withLock({ $0.isShutDown }) {
+            connection.close()
+        }
+    }
+
+    /// A connection closed (or never made): its room goes to the next waiter.
+    func discard(_ key: PoolKey) {
+        let waiter = state.withLock { state -> CheckedContinuation<Result<Grant, HTTPClientError>, Never>? in
+            guard var host = state.hosts[key] else { return nil }
+            defer { state.hosts[key] = host }
+            if !host.waiters.isEmpty { return host.waiters.removeFirst() }  // the room passes on
+            host.open -= 1
+            return nil
+        }
+        waiter?.resume(returning: .success(.newSlot))
+    }
+
+    /// Busy and idle connections of `key`.
+    func counts(for key: PoolKey) -> (busy: Int, idle: Int) {
+        state.withLock { state in
+            let host = state.hosts[key] ?? Host()
+            return (host.open - host.idle.count, host.idle.count)
+        }
+    }
+
+    /// Ends the pool: returns the idle connections (to close) and fails the waiters.
+    func shutdown() -> [Connection] {
+        let (idle, waiters) = state.withLock { state in
+            state.isShutDown = true
+            var idle: [Connection] = []
+            var waiters: [CheckedContinuation<Result<Grant, HTTPClientError>, Never>] = []
+            for key in state.hosts.keys {
+                idle += state.hosts[key]!.idle.map(\.connection)
+                waiters += state.hosts[key]!.waiters
+                state.hosts[key]!.open -= state.hosts[key]!.idle.count
+                state.hosts[key]!.idle = []
+                state.hosts[key]!.waiters = []
+            }
+            return (idle, waiters)
+        }
+        for waiter in waiters { waiter.resume(returning: .failure(.clientClosed)) }
+        return idle
+    }
+}

@@ -1,0 +1,427 @@
+import Foundation
+import Mainspring
+import Synchronization
+
+/// An HTTP/1.1 client on a loop: `GET`, `POST`, `PUT`, `DELETE`, `HEAD` (any ``HTTPMethod``)
+/// with header fields and a body; the response whole (with a size limit) or streamed; a
+/// keep-alive pool per host and port; connect and response timeouts; chunked bodies;
+/// redirects when asked, up to a limit.
+///
+/// ```swift
+/// let client = HTTPClient(loop: loop)
+/// let response = try await client.get("http://127.0.0.1:8080/healthz")
+/// print(response.status, response.text)
+/// ```
+///
+/// The client is built on `Connection` (not on evhttp's client side): its connections are the
+/// loop's connections — read at `.input` priority with the same backpressure and fairness as
+/// any other input, TLS through the same handshake as every Mainspring TLS connection (a
+/// ``Connector``), limits checked as the bytes arrive (a 100 MB header block is refused at the
+/// limit, not buffered), and failures named (``HTTPClientError``).
+///
+/// ## Connections
+/// Each `host:port` (and scheme) has a pool of at most
+/// ``Configuration/maxConnectionsPerHost`` connections; a request waits for a free one when
+/// all are busy. A connection goes back to the pool once its response has been read to the end,
+/// when both sides keep it alive (HTTP/1.1 without `Connection: close`) and nothing follows the
+/// response (a body longer than its `Content-Length` closes it); idle ones are dropped after
+/// ``Configuration/idleTimeout`` or when the server closed them. A request that fails on a
+/// reused connection before any byte of its response came (the server closed it meanwhile) is
+/// sent once more on a new connection when its method is idempotent.
+///
+/// ## Host names and HTTPS
+/// A URL's host goes through ``Configuration/resolver`` (the one place where name resolution
+/// plugs in; the default takes IP literals and `localhost`), then the connection is made by
+/// ``Configuration/connector`` (`http`) or ``Configuration/secureConnector`` (`https`, nil by
+/// default: MainspringTLS provides `.tls(_:)`).
+///
+/// ## Threads and cost
+/// `Sendable`; every method is `async` and can be called from any task. The I/O runs on
+/// `loop`; the caller's task suspends meanwhile. A request on a pooled connection costs one
+/// write and the reads its response needs; a new connection costs a connect (and a TLS
+/// handshake). The pool's bookkeeping is under a lock taken briefly per request.
+public final class HTTPClient: Sendable {
+    /// Limits, timeouts, the pool, redirects, and how connections are made.
+    public struct Configuration: Sendable {
+        /// The most connections open at once to one scheme, host and port (busy and idle).
+        public var maxConnectionsPerHost: Int
+        /// How long a connect (and its TLS handshake) may take (a wait).
+        public var connectTimeout: Duration
+        /// How long the response's head may take once the request is sent, and each later read
+        /// of its body (a wait).
+        public var responseTimeout: Duration
+        /// How long an idle connection stays in the pool.
+        public var idleTimeout: Duration
+        /// The most bytes of status line and header fields.
+        public var maxHeaderBytes: Int
+        /// The most bytes of a whole body (``HTTPClient/execute(_:)``); more is
+        /// ``HTTPClientError/bodyTooLarge(limit:)``.
+        public var maxBodyBytes: Int
+        /// How many redirects (301, 302, 303, 307, 308 with a `Location`) a request follows
+        /// unless it says otherwise; 0 (the default): none, the 3xx response is returned.
+        public var redirectLimit: Int
+        /// Sent with every request that has no `User-Agent` of its own; nil: none.
+        public var userAgent: String?
+        /// Turns a URL's host into addresses to connect to.
+        public var resolver: Resolver
+        /// Makes the connections of `http` URLs.
+        public var connector: Connector
+        /// Makes the connections of `https` URLs; nil: `https` is
+        /// ``HTTPClientError/unsupportedScheme(_:)``.
+        public var secureConnector: Connector?
+        /// The options of the client's connections (line length, output limit).
+        public var connectionOptions: Connection.Options
+
+        /// The defaults: 8 connections a host, 10 s connect, 30 s response, 60 s idle, 64 KiB of
+        /// head, 16 MiB of body, no redirects.
+        public init(maxConnectionsPerHost: Int = 8, connectTimeout: Duration = .seconds(10),
+                    responseTimeout: Duration = .seconds(30), idleTimeout: Duration = .seconds(60),
+                    maxHeaderBytes: Int = 65_536, maxBodyBytes: Int = 16 << 20, redirectLimit: Int = 0,
+                    userAgent: String? = "Mainspring", resolver: Resolver = .literalsAndLocalhost,
+                    connector: Connector = .tcp, secureConnector: Connector? = nil,
+                    connectionOptions: Connection.Options = .init())
+        {
+            self.maxConnectionsPerHost = maxConnectionsPerHost
+            self.connectTimeout = connectTimeout
+            self.responseTimeout = responseTimeout
+            self.idleTimeout = idleTimeout
+            self.maxHeaderBytes = maxHeaderBytes
+            self.maxBodyBytes = maxBodyBytes
+            self.redirectLimit = redirectLimit
+            self.userAgent = userAgent
+            self.resolver = resolver
+            self.connector = connector
+            self.secureConnector = secureConnector
+            self.connectionOptions = connectionOptions
+        }
+    }
+
+    /// Turns a host into the address to connect to: the one place where host-name resolution
+    /// plugs in.
+    public struct Resolver: Sendable {
+        /// Returns the address (an IP literal, or `localhost`) for `host`, or throws
+        /// ``HTTPClientError/unresolvedHost(_:)``.
+        public let resolve: @Sendable (_ host: String) async throws(HTTPClientError) -> String
+
+        /// A resolver from a function.
+        public init(_ resolve: @escaping @Sendable (_ host: String) async throws(HTTPClientError) -> String) {
+            self.resolve = resolve
+        }
+
+        /// IPv4 and IPv6 literals as themselves, and `localhost`; any other name is
+        /// ``HTTPClientError/unresolvedHost(_:)``.
+        public static let literalsAndLocalhost = Resolver { host throws(HTTPClientError) in
+            if host.lowercased() == "localhost" || isIPLiteral(host) { return host }
+            throw .unresolvedHost(host)
+        }
+    }
+
+    /// Makes a connection to an address and port on a loop: plain TCP (``tcp``), or TLS
+    /// (MainspringTLS's `.tls(_:)`).
+    public struct Connector: Sendable {
+        /// Connects to `address:port` on `loop`, returning once the connection is established
+        /// (and, for TLS, its handshake done, checked against `hostName`).
+        public let connect: @Sendable (_ address: String, _ port: UInt16, _ hostName: String, _ loop: EventLoop,
+                                       _ options: Connection.Options) async throws(EventLoopError) -> Connection
+
+        /// A connector from a function.
+        public init(_ connect: @escaping @Sendable (_ address: String, _ port: UInt16, _ hostName: String,
+                                                    _ loop: EventLoop, _ options: Connection.Options)
+                        async throws(EventLoopError) -> Connection)
+        {
+            self.connect = connect
+        }
+
+        /// Plain TCP: `Connection.connect(to:port:on:options:)`.
+        public static let tcp = Connector { (address: String, port: UInt16, _: String, loop: EventLoop,
+                                             options: Connection.Options) async throws(EventLoopError) -> Connection in
+            let connection: Connection = try await Connection.connect(to: address, port: port, on: loop, options: options)
+            return connection
+        }
+    }
+
+    /// The loop the client's connections live on.
+    public let loop: EventLoop
+    /// The configuration it was made with.
+    public let configuration: Configuration
+    let pool: ConnectionPool
+
+    /// A client whose connections live on `loop`. Makes no connection yet. Any thread.
+    public init(loop: EventLoop, configuration: Configuration = .init()) {
+        precondition(configuration.maxConnectionsPerHost >= 1, "HTTPClient: maxConnectionsPerHost must be at least 1")
+        self.loop = loop
+        self.configuration = configuration
+        pool = ConnectionPool(limit: configuration.maxConnectionsPerHost, idleTimeout: configuration.idleTimeout)
+    }
+
+    /// Closes the idle connections and fails requests made afterwards (and those waiting for a
+    /// connection) with ``HTTPClientError/clientClosed``; requests in flight finish. Any thread.
+    public func shutdown() {
+        for connection in pool.shutdown() { connection.close() }
+    }
+
+    /// How many connections the pool holds for `url`'s scheme, host and port: busy ones and
+    /// idle ones. Any thread. (Diagnostics and tests.)
+    public func connectionCount(for url: String) -> (busy: Int, idle: Int) {
+        guard let target = try? HTTPTarget(parsing: url) else { return (0, 0) }
+        return pool.counts(for: PoolKey(target))
+    }
+
+    // MARK: Requests
+
+    /// Sends `request` and reads its response whole (the body up to
+    /// ``Configuration/maxBodyBytes``), following redirects as the request or configuration
+    /// says. Any task; cancelling it closes the connection in use and throws.
+    public func execute(_ request: HTTPClientRequest) async throws(HTTPClientError) -> HTTPClientResponse {
+        let (head, reader) = try await send(request)
+        var body: [UInt8] = []
+        while let chunk = try await reader.next() {
+            if body.count + chunk.count > configuration.maxBodyBytes {
+                reader.abandon()
+                throw .bodyTooLarge(limit: configuration.maxBodyBytes)
+            }
+            body += chunk
+        }
+        var headers = head.headers
+        for (name, value) in reader.trailers { headers.add(name, value) }
+        return HTTPClientResponse(status: head.status, reason: head.reason, headers: headers, body: body,
+                                  url: head.url)
+    }
+
+    /// Sends `request` and returns once the response's head has arrived; its body is read as
+    /// the caller iterates ``HTTPClientStreamingResponse/body`` (no size limit). The connection
+    /// goes back to the pool when the body has been read to its end; dropping the response
+    /// before that closes it. Any task.
+    public func stream(_ request: HTTPClientRequest) async throws(HTTPClientError) -> HTTPClientStreamingResponse {
+        let (head, reader) = try await send(request)
+        return HTTPClientStreamingResponse(status: head.status, reason: head.reason, headers: head.headers,
+                                           url: head.url, reader: reader)
+    }
+
+    /// `GET url`.
+    public func get(_ url: String, headers: HTTPHeaders = [:]) async throws(HTTPClientError) -> HTTPClientResponse {
+        try await execute(HTTPClientRequest(method: .get, url: url, headers: headers))
+    }
+
+    /// `HEAD url`: the status and header fields (no body).
+    public func head(_ url: String, headers: HTTPHeaders = [:]) async throws(HTTPClientError) -> HTTPClientResponse {
+        try await execute(HTTPClientRequest(method: .head, url: url, headers: headers))
+    }
+
+    /// `POST url` with `body`.
+    public func post(_ url: String, headers: HTTPHeaders = [:], body: [UInt8]) async throws(HTTPClientError)
+        -> HTTPClientResponse
+    {
+        try await execute(HTTPClientRequest(method: .post, url: url, headers: headers, body: body))
+    }
+
+    /// `PUT url` with `body`.
+    public func put(_ url: String, headers: HTTPHeaders = [:], body: [UInt8]) async throws(HTTPClientError)
+        -> HTTPClientResponse
+    {
+        try await execute(HTTPClientRequest(method: .put, url: url, headers: headers, body: body))
+    }
+
+    /// `DELETE url`.
+    public func delete(_ url: String, headers: HTTPHeaders = [:]) async throws(HTTPClientError) -> HTTPClientResponse {
+        try await execute(HTTPClientRequest(method: .delete, url: url, headers: headers))
+    }
+
+    // MARK: The exchange
+
+    /// Sends `request` (following redirects) and reads the final response's head.
+    private func send(_ request: HTTPClientRequest) async throws(HTTPClientError) -> (ResponseHead, ResponseReader) {
+        var target = try HTTPTarget(parsing: request.url)
+        var method = request.method
+        var body = request.body
+        var headers = request.headers
+        let limit = request.redirectLimit ?? configuration.redirectLimit
+        var redirects = 0
+        while true {
+            let (head, reader) = try await exchange(method: method, target: target, headers: headers, body: body)
+            guard [301, 302, 303, 307, 308].contains(head.status), limit > 0,
+                  let location = head.headers["location"]
+            else { return (head, reader) }
+            guard redirects < limit else {
+                reader.abandon()
+                throw .tooManyRedirects(limit: limit)
+            }
+            redirects += 1
+            try await reader.discard(upTo: configuration.maxBodyBytes)
+            target = try target.resolving(location)
+            if head.status == 303 || ((head.status == 301 || head.status == 302) && method == .post) {
+                if method != .head { method = .get }
+                body = []
+                headers.remove("content-length")
+                headers.remove("content-type")
+            }
+        }
+    }
+
+    /// One request and its response's head on one connection (a second try on a new one when a
+    /// reused connection turns out closed).
+    private func exchange(method: HTTPMethod, target: HTTPTarget, headers: HTTPHeaders, body: [UInt8])
+        async throws(HTTPClientError) -> (ResponseHead, ResponseReader)
+    {
+        let bytes = requestBytes(method: method, target: target, headers: headers, body: body)
+        let idempotent = method != .post && method != .patch
+        var attempt = 0
+        while true {
+            attempt += 1
+            let lease = try await acquire(target)
+            do {
+                let head = try await sendAndReadHead(bytes, method: method, target: target, lease: lease)
+                return head
+            } catch let failure {
+                let retry = lease.reused && idempotent && attempt == 1 && failure.beforeResponse
+                if !retry { throw failure.error }
+            }
+        }
+    }
+
+    private struct Failure: Error {
+        let error: HTTPClientError
+        /// Nothing of the response had arrived.
+        let beforeResponse: Bool
+    }
+
+    private func sendAndReadHead(_ bytes: [UInt8], method: HTTPMethod, target: HTTPTarget, lease: Lease)
+        async throws(Failure) -> (ResponseHead, ResponseReader)
+    {
+        let reader = ResponseReader(client: self, lease: lease, method: method)
+        do {
+            try await lease.connection.send(bytes)
+        } catch {
+            reader.abandon()
+            throw Failure(error: .sendFailed(error), beforeResponse: true)
+        }
+        do {
+            let head = try await reader.readHead(url: target.url)
+            return (head, reader)
+        } catch {
+            let before = reader.receivedNothing
+            reader.abandon()
+            throw Failure(error: error, beforeResponse: before && !reader.timedOut)
+        }
+    }
+
+    private func requestBytes(method: HTTPMethod, target: HTTPTarget, headers: HTTPHeaders, body: [UInt8]) -> [UInt8] {
+        var head = "\(method.rawValue) \(target.pathAndQuery) HTTP/1.1\r\n"
+        if !headers.contains("host") { head += "Host: \(target.hostHeader)\r\n" }
+        if let userAgent = configuration.userAgent, !headers.contains("user-agent") {
+            head += "User-Agent: \(userAgent)\r\n"
+        }
+        if !headers.contains("content-length") && !headers.contains("transfer-encoding")
+            && (!body.isEmpty || method == .post || method == .put || method == .patch)
+        {
+            head += "Content-Length: \(body.count)\r\n"
+        }
+        for (name, value) in headers { head += "\(name): \(value)\r\n" }
+        head += "\r\n"
+        return Array(head.utf8) + body
+    }
+
+    // MARK: Connections
+
+    /// A connection from the pool, or a new one once there is room.
+    private func acquire(_ target: HTTPTarget) async throws(HTTPClientError) -> Lease {
+        let key = PoolKey(target)
+        while true {
+            switch try await pool.acquire(key) {
+            case .idle(let connection):
+                if await isReusable(connection) { return Lease(key: key, connection: connection, reused: true) }
+                connection.close()
+                pool.discard(key)
+            case .newSlot:
+                do throws(HTTPClientError) {
+                    let connection = try await connect(target)
+                    return Lease(key: key, connection: connection, reused: false)
+                } catch {
+                    pool.discard(key)
+                    throw error
+                }
+            }
+        }
+    }
+
+    /// Whether an idle connection can take a request: open, not ended by the server, nothing
+    /// unread on it.
+    private func isReusable(_ connection: Connection) async -> Bool {
+        guard connection.isOpen else { return false }
+        return (try? await loop.submit { connection.isOpen && !connection.peerHasEnded && connection.bufferedInputBytes == 0 })
+            ?? false
+    }
+
+    private func connect(_ target: HTTPTarget) async throws(HTTPClientError) -> Connection {
+        let connector: Connector
+        if target.secure {
+            guard let secure = configuration.secureConnector else { throw .unsupportedScheme("https") }
+            connector = secure
+        } else {
+            connector = configuration.connector
+        }
+        let address = try await configuration.resolver.resolve(target.host)
+        let outcome = ConnectRace()
+        let loop = self.loop
+        let options = configuration.connectionOptions
+        let timeout = configuration.connectTimeout
+        let result: Result<Connection, HTTPClientError> = await withCheckedContinuation { continuation in
+            outcome.arm(continuation)
+            Task {
+                do throws(EventLoopError) {
+                    let connection = try await connector.connect(address, target.port, target.host, loop, options)
+                    if !outcome.finish(.success(connection)) { connection.close() }  // too late
+                } catch {
+                    _ = outcome.finish(.failure(.connectFailed(host: target.host, port: target.port, error)))
+                }
+            }
+            Task {
+                try? await Task.sleep(for: timeout)
+                _ = outcome.finish(.failure(.connectTimeout(host: target.host, port: target.port, timeout)))
+            }
+        }
+        return try result.get()
+    }
+
+    /// A response read to its end (`reusable`: the connection may take another request), or
+    /// abandoned.
+    func release(_ lease: Lease, reusable: Bool) {
+        if reusable {
+            pool.release(lease.key, connection: lease.connection)
+        } else {
+            lease.connection.close()
+            pool.discard(lease.key)
+        }
+    }
+}
+
+/// A connection lent to one request.
+struct Lease: Sendable {
+    let key: PoolKey
+    let connection: Connection
+    /// It served an earlier request.
+    let reused: Bool
+}
+
+/// The first of a connect and its timeout.
+private final class ConnectRace: Sendable {
+    private let state = Mutex<(continuation: CheckedContinuation<Result<Connection, HTTPClientError>, Never>?, done: Bool)>(
+        (nil, false))
+
+    func arm(_ continuation: CheckedContinuation<Result<Connection, HTTPClientError>, Never>) {
+        state.withLock { $0.continuation = continuation }
+    }
+
+    /// Resumes the waiter with `result` if nothing did yet; false if it came too late.
+    func finish(_ result: Result<Connection, HTTPClientError>) -> Bool {
+        let continuation = state.withLock { state -> CheckedContinuation<Result<Connection, HTTPClientError>, Never>? in
+            guard !state.done else { return nil }
+            state.done = true
+            defer { state.continuation = nil }
+            return state.continuation
+        }
+        guard let continuation else { return false }
+        continuation.resume(returning: result)
+        return true
+    }
+}

@@ -1,0 +1,165 @@
+import Foundation
+import Mainspring
+
+/// A request for ``HTTPClient``: method, absolute URL, header fields, body.
+public struct HTTPClientRequest: Sendable {
+    /// The method (`GET`, `POST`, …).
+    public var method: HTTPMethod
+    /// An absolute `http://` (or, with a TLS connector, `https://`) URL. The host is an IP
+    /// literal (`127.0.0.1`, `[::1]`) or `localhost` until a resolver is configured
+    /// (``HTTPClient/Resolver``).
+    public var url: String
+    /// Header fields sent as given, after `Host` and `Content-Length` (which the client writes
+    /// unless they are here).
+    public var headers: HTTPHeaders
+    /// The body; sent with a `Content-Length` (empty: none for `GET`, `HEAD` and `DELETE`).
+    public var body: [UInt8]
+    /// How many redirects to follow for this request; nil: the client's
+    /// ``HTTPClient/Configuration/redirectLimit``. Zero returns a 3xx response as it is.
+    public var redirectLimit: Int?
+
+    /// A request.
+    public init(method: HTTPMethod = .get, url: String, headers: HTTPHeaders = [:], body: [UInt8] = [],
+                redirectLimit: Int? = nil)
+    {
+        self.method = method
+        self.url = url
+        self.headers = headers
+        self.body = body
+        self.redirectLimit = redirectLimit
+    }
+}
+
+/// A response read whole by ``HTTPClient/execute(_:)``.
+public struct HTTPClientResponse: Sendable {
+    /// The status code (200, 404, …).
+    public var status: Int
+    /// The reason phrase of the status line (`OK`), as the server sent it.
+    public var reason: String
+    /// The header fields in the order they came (trailers of a chunked body appended).
+    public var headers: HTTPHeaders
+    /// The body, at most ``HTTPClient/Configuration/maxBodyBytes``; empty for `HEAD`, 204, 304.
+    public var body: [UInt8]
+    /// The URL this response came from (the last one, after redirects).
+    public var url: String
+
+    /// The body as UTF-8 text (invalid bytes replaced).
+    public var text: String { String(decoding: body, as: UTF8.self) }
+}
+
+/// Why a request failed; each case names what failed.
+public enum HTTPClientError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// The URL could not be parsed, or is not absolute.
+    case invalidURL(String)
+    /// The URL's scheme has no connector: `https` needs ``HTTPClient/Configuration/secureConnector``
+    /// (MainspringTLS's `.tls(_:)`); others are not HTTP.
+    case unsupportedScheme(String)
+    /// The host is a name the configured resolver cannot turn into addresses (the default one
+    /// takes only IP literals and `localhost`).
+    case unresolvedHost(String)
+    /// The connect to `host:port` failed: refused (`ECONNREFUSED`), unreachable, TLS.
+    case connectFailed(host: String, port: UInt16, EventLoopError)
+    /// The connect to `host:port` did not complete within the connect timeout.
+    case connectTimeout(host: String, port: UInt16, Duration)
+    /// The response (its head, or the next part of its body) did not arrive within the
+    /// response timeout.
+    case responseTimeout(Duration)
+    /// The status line is not `HTTP/1.x NNN reason` (the start of what came instead).
+    case malformedStatusLine(String)
+    /// A header line has no colon or an invalid name (the start of the line).
+    case malformedHeader(String)
+    /// A chunk-size line of a chunked body is not hexadecimal, or a chunk lacks its CRLF.
+    case malformedChunk(String)
+    /// `Content-Length` is not a number, or there are two that differ.
+    case invalidContentLength(String)
+    /// The status line and header fields exceeded this many bytes.
+    case headersTooLarge(limit: Int)
+    /// The body exceeded this many bytes (whole responses; streamed ones have no limit).
+    case bodyTooLarge(limit: Int)
+    /// The server closed the connection before the response was complete (what was missing).
+    case closedMidResponse(String)
+    /// More redirects than the limit.
+    case tooManyRedirects(limit: Int)
+    /// A redirect without a usable `Location`.
+    case invalidRedirect(String)
+    /// Sending the request failed: the connection closed with this reason.
+    case sendFailed(Connection.CloseReason)
+    /// The client was shut down.
+    case clientClosed
+
+    public var description: String {
+        switch self {
+        case .invalidURL(let url): return "invalid URL \(url.debugDescription)"
+        case .unsupportedScheme(let scheme): return "unsupported scheme \(scheme.debugDescription) (https needs a TLS connector)"
+        case .unresolvedHost(let host): return "cannot resolve host \(host.debugDescription) (IP literals and localhost only)"
+        case .connectFailed(let host, let port, let error): return "connect to \(host):\(port) failed: \(error)"
+        case .connectTimeout(let host, let port, let limit): return "connect to \(host):\(port) timed out after \(limit)"
+        case .responseTimeout(let limit): return "no response within \(limit)"
+        case .malformedStatusLine(let line): return "malformed status line \(line.debugDescription)"
+        case .malformedHeader(let line): return "malformed header line \(line.debugDescription)"
+        case .malformedChunk(let line): return "malformed chunk \(line.debugDescription)"
+        case .invalidContentLength(let value): return "invalid Content-Length \(value.debugDescription)"
+        case .headersTooLarge(let limit): return "response head over \(limit) bytes"
+        case .bodyTooLarge(let limit): return "response body over \(limit) bytes"
+        case .closedMidResponse(let what): return "server closed the connection mid-response (\(what))"
+        case .tooManyRedirects(let limit): return "more than \(limit) redirects"
+        case .invalidRedirect(let location): return "redirect to an invalid location \(location.debugDescription)"
+        case .sendFailed(let reason): return "sending the request failed: \(reason)"
+        case .clientClosed: return "the client was shut down"
+        }
+    }
+}
+
+/// Where a request goes: the parts of its URL the client uses.
+struct HTTPTarget: Sendable, Hashable {
+    var secure: Bool
+    var host: String
+    var port: UInt16
+    /// Path and query, as sent on the request line.
+    var pathAndQuery: String
+
+    /// The `Host` header: the host as in the URL (brackets around IPv6), the port unless default.
+    var hostHeader: String {
+        let name = host.contains(":") ? "[\(host)]" : host
+        return port == (secure ? 443 : 80) ? name : "\(name):\(port)"
+    }
+
+    var url: String { "\(secure ? "https" : "http")://\(hostHeader)\(pathAndQuery)" }
+
+    init(secure: Bool, host: String, port: UInt16, pathAndQuery: String) {
+        self.secure = secure
+        self.host = host
+        self.port = port
+        self.pathAndQuery = pathAndQuery
+    }
+
+    init(parsing url: String) throws(HTTPClientError) {
+        guard let components = URLComponents(string: url), let scheme = components.scheme?.lowercased(),
+              var host = components.host, !host.isEmpty
+        else { throw .invalidURL(url) }
+        guard scheme == "http" || scheme == "https" else { throw .unsupportedScheme(scheme) }
+        if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+        secure = scheme == "https"
+        self.host = host
+        if let port = components.port {
+            guard let valid = UInt16(exactly: port), valid > 0 else { throw .invalidURL(url) }
+            self.port = valid
+        } else {
+            port = secure ? 443 : 80
+        }
+        let path = components.percentEncodedPath.isEmpty ? "/" : components.percentEncodedPath
+        pathAndQuery = components.percentEncodedQuery.map { "\(path)?\($0)" } ?? path
+    }
+
+    /// `location` (absolute, or relative to this target) as a target.
+    func resolving(_ location: String) throws(HTTPClientError) -> HTTPTarget {
+        guard let base = URL(string: url), let resolved = URL(string: location, relativeTo: base)?.absoluteString else {
+            throw .invalidRedirect(location)
+        }
+        do {
+            return try HTTPTarget(parsing: resolved)
+        } catch {
+            throw .invalidRedirect(location)
+        }
+    }
+}

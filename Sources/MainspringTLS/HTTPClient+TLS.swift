@@ -1,0 +1,24 @@
+import Mainspring
+import MainspringHTTP
+
+extension HTTPClient.Connector {
+    /// HTTPS: a TCP connect, then the TLS handshake with `context`, the server's certificate
+    /// checked against the URL's host (also sent as SNI when it is a name) as
+    /// `context.configuration.verification` says. For ``HTTPClient/Configuration/secureConnector``:
+    ///
+    /// ```swift
+    /// let tls = try TLSClientContext(configuration: .init(trustRoots: .file("ca.pem")))
+    /// let client = HTTPClient(loop: loop, configuration: .init(secureConnector: .tls(tls)))
+    /// ```
+    ///
+    /// The handshake runs on the client's loop as `.normal` work; it counts against the
+    /// client's connect timeout. A failed check is `HTTPClientError.connectFailed` with
+    /// `EventLoopError.tls` naming it.
+    public static func tls(_ context: TLSClientContext) -> Self {
+        Self { (address: String, port: UInt16, hostName: String, loop: EventLoop, options: Connection.Options)
+            async throws(EventLoopError) -> Connection in
+            try await Connection.connect(to: address, port: port, on: loop, options: options, tls: context,
+                                         serverName: hostName)
+        }
+    }
+}

@@ -1,0 +1,409 @@
+import Foundation
+import Mainspring
+import MainspringHTTP
+import MainspringTLS
+import Synchronization
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A TCP server on 127.0.0.1 that runs `script` for each connection it accepts, each on a
+/// thread of its own: for the answers no real server gives (malformed, endless, stalled).
+final class ScriptedServer: @unchecked Sendable {
+    let port: UInt16
+    private let fd: Int32
+    let accepted = Locked(0)
+
+    init(backlog: Int32 = 64, accepting: Bool = true, _ script: @escaping @Sendable (_ fd: Int32, _ index: Int) -> Void) throws {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = UInt32(0x7F00_0001).bigEndian
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let ok = withUnsafeMutablePointer(to: &address) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0
+            }
+        } && listen(fd, backlog) == 0
+        guard ok else {
+            close(fd)
+            throw POSIXError(.EADDRINUSE)
+        }
+        self.fd = fd
+        port = UInt16(bigEndian: address.sin_port)
+        guard accepting else { return }
+        let accepted = self.accepted
+        let thread = Thread {
+            while true {
+                let client = accept(fd, nil, nil)
+                if client < 0 {
+                    if errno == EINTR { continue }
+                    return
+                }
+                let index = accepted.withLock { count -> Int in
+                    count += 1
+                    return count
+                }
+                let worker = Thread {
+                    script(client, index)
+                    close(client)
+                }
+                worker.start()
+            }
+        }
+        thread.start()
+    }
+
+    /// Stops accepting (the accept thread ends).
+    func stop() {
+        shutdown(fd, Int32(SHUT_RDWR))
+        close(fd)
+    }
+
+    deinit { stop() }
+}
+
+/// Reads a request's head (to the blank line) from `fd`; nil when the client closed first.
+func readRequestHead(_ fd: Int32) -> String? {
+    var head: [UInt8] = []
+    var byte: UInt8 = 0
+    while !(head.count >= 4 && head.suffix(4) == [13, 10, 13, 10]) {
+        guard recv(fd, &byte, 1, 0) == 1 else { return nil }
+        head.append(byte)
+    }
+    return String(decoding: head, as: UTF8.self)
+}
+
+/// Writes all of `text` (false when the peer has gone).
+@discardableResult
+func writeAll(_ fd: Int32, _ text: String) -> Bool {
+    var bytes = Array(text.utf8)
+    var sent = 0
+    while sent < bytes.count {
+        let n = bytes[sent...].withUnsafeMutableBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+        if n <= 0 { return false }
+        sent += n
+    }
+    _ = bytes
+    return true
+}
+
+/// The error `body` throws (nil if none).
+func clientError(_ body: () async throws -> Void) async -> HTTPClientError? {
+    do {
+        try await body()
+        return nil
+    } catch let error as HTTPClientError {
+        return error
+    } catch {
+        Issue.record("not an HTTPClientError: \(error)")
+        return nil
+    }
+}
+
+@Suite("HTTP client", .serialized)
+struct HTTPClientTests {
+    /// An HTTPServer of a one-loop group with the routes the tests use, and a client on another loop.
+    final class Fixture: @unchecked Sendable {
+        let group: EventLoopGroup
+        let server: HTTPServer
+        var base: String { "http://127.0.0.1:\(server.port)" }
+
+        init() async throws {
+            group = try EventLoopGroup(loopCount: 2)
+            var routes = HTTPRoutes()
+            routes.on([.get, .post, .put, .delete], "/echo") { request in
+                .text("\(request.method) \(request.text) \(request.headers["x-test"] ?? "-")", headers: ["X-Reply": "yes"])
+            }
+            routes.get("/hello") { _ in .text("hello\n") }
+            routes.get("/peer") { request in .text(request.remoteAddress) }
+            routes.get("/slow-peer") { request async throws in
+                try await request.loop.sleep(for: .milliseconds(100))
+                return .text(request.remoteAddress)
+            }
+            routes.get("/big") { _ in HTTPResponse(body: [UInt8](repeating: 120, count: 1 << 20)) }
+            routes.on([.get], "/count", streaming: { _, writer in
+                for index in 0..<100 { writer.write("line \(index)\n") }
+                writer.finish()
+            })
+            routes.get("/a") { _ in .status(302, headers: ["Location": "/b"]) }
+            routes.get("/b") { _ in .text("final") }
+            routes.get("/loop") { _ in .status(301, headers: ["Location": "/loop"]) }
+            routes.post("/see-other") { _ in .status(303, headers: ["Location": "/echo"]) }
+            server = try await HTTPServer(loop: group.loops[0], routes: routes)
+        }
+
+        let clients = Locked<[HTTPClient]>([])
+
+        func client(_ configuration: HTTPClient.Configuration = .init()) -> HTTPClient {
+            let client = HTTPClient(loop: group.loops[1], configuration: configuration)
+            clients.withLock { $0.append(client) }
+            return client
+        }
+
+        func stop() async {
+            for client in clients.value { client.shutdown() }
+            await server.close()
+            await group.shutdown(gracePeriod: .seconds(2))
+        }
+    }
+
+    @Test("GET, POST, PUT, DELETE, HEAD with headers and a body: status, headers, body")
+    func methods() async throws {
+        let fixture = try await Fixture()
+        let client = fixture.client()
+        let get = try await client.get(fixture.base + "/echo", headers: ["X-Test": "one"])
+        #expect(get.status == 200 && get.reason == "OK")
+        #expect(get.text == "GET  one" && get.headers["x-reply"] == "yes")
+        #expect(try await client.post(fixture.base + "/echo", body: Array("posted".utf8)).text == "POST posted -")
+        #expect(try await client.put(fixture.base + "/echo", headers: ["X-Test": "2"], body: Array("put".utf8)).text
+            == "PUT put 2")
+        #expect(try await client.delete(fixture.base + "/echo").text == "DELETE  -")
+        let head = try await client.head(fixture.base + "/hello")
+        #expect(head.status == 200 && head.body.isEmpty && head.headers["content-length"] == "6")
+        #expect(try await client.get(fixture.base + "/nowhere").status == 404)
+        await fixture.stop()
+    }
+
+    @Test("keep-alive: sequential requests reuse one connection; the pool holds at most its maximum")
+    func keepAliveAndPool() async throws {
+        let fixture = try await Fixture()
+        let client = fixture.client()
+        var peers = Set<String>()
+        for _ in 0..<5 { peers.insert(try await client.get(fixture.base + "/peer").text) }
+        #expect(peers.count == 1, "one connection for five requests: \(peers)")
+        #expect(client.connectionCount(for: fixture.base) == (busy: 0, idle: 1))
+
+        let limited = fixture.client(.init(maxConnectionsPerHost: 2))
+        let answers = try await withThrowingTaskGroup(of: String.self) { group in
+            for _ in 0..<8 { group.addTask { try await limited.get(fixture.base + "/slow-peer").text } }
+            return try await group.reduce(into: [String]()) { $0.append($1) }
+        }
+        #expect(answers.count == 8)
+        #expect(Set(answers).count <= 2, "at most two connections: \(Set(answers))")
+        let counts = limited.connectionCount(for: fixture.base)
+        #expect(counts.busy == 0 && counts.idle <= 2)
+        limited.shutdown()
+        #expect(await clientError { _ = try await limited.get(fixture.base + "/hello") } == .clientClosed)
+        await fixture.stop()
+    }
+
+    @Test("chunked responses whole and streamed; the body limit; a streamed body has none")
+    func chunkedAndLimits() async throws {
+        let fixture = try await Fixture()
+        let client = fixture.client(.init(maxBodyBytes: 100_000))
+        let counted = try await client.get(fixture.base + "/count")
+        #expect(counted.headers["transfer-encoding"]?.lowercased() == "chunked")
+        #expect(counted.text == (0..<100).map { "line \($0)\n" }.joined())
+        #expect(await clientError { _ = try await client.get(fixture.base + "/big") } == .bodyTooLarge(limit: 100_000))
+
+        let streamed = try await client.stream(HTTPClientRequest(url: fixture.base + "/big"))
+        #expect(streamed.status == 200)
+        var total = 0
+        var pieces = 0
+        for try await piece in streamed.body {
+            total += piece.count
+            pieces += 1
+        }
+        #expect(total == 1 << 20 && pieces > 1)
+        // The connection went back: the next request reuses it.
+        #expect(try await client.get(fixture.base + "/hello").text == "hello\n")
+        await fixture.stop()
+    }
+
+    @Test("redirects only when asked, up to the limit; 303 turns a POST into a GET")
+    func redirects() async throws {
+        let fixture = try await Fixture()
+        let client = fixture.client()
+        let unfollowed = try await client.get(fixture.base + "/a")
+        #expect(unfollowed.status == 302 && unfollowed.headers["location"] == "/b")
+        let followed = try await client.execute(HTTPClientRequest(url: fixture.base + "/a", redirectLimit: 3))
+        #expect(followed.status == 200 && followed.text == "final" && followed.url == fixture.base + "/b")
+        #expect(await clientError {
+            _ = try await client.execute(HTTPClientRequest(url: fixture.base + "/loop", redirectLimit: 3))
+        } == .tooManyRedirects(limit: 3))
+        let configured = fixture.client(.init(redirectLimit: 2))
+        let seeOther = try await configured.post(fixture.base + "/see-other", body: Array("x".utf8))
+        #expect(seeOther.text == "GET  -")
+        await fixture.stop()
+    }
+
+    @Test("errors name what failed: refused, bad URL, scheme, host name")
+    func addressErrors() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        let client = HTTPClient(loop: group.loops[0])
+        let refusing = try RefusingPort()
+        let refused = await clientError { _ = try await client.get("http://127.0.0.1:\(refusing.port)/") }
+        guard case .connectFailed(let host, let port, _) = refused else {
+            Issue.record("\(String(describing: refused))")
+            return
+        }
+        #expect(host == "127.0.0.1" && port == refusing.port)
+        #expect(refused?.description.contains("127.0.0.1:\(refusing.port)") == true)
+        #expect(await clientError { _ = try await client.get("not a url") } == .invalidURL("not a url"))
+        #expect(await clientError { _ = try await client.get("ftp://127.0.0.1/") } == .unsupportedScheme("ftp"))
+        #expect(await clientError { _ = try await client.get("https://127.0.0.1/") } == .unsupportedScheme("https"))
+        #expect(await clientError { _ = try await client.get("http://example.invalid/") } == .unresolvedHost("example.invalid"))
+        await group.shutdown(gracePeriod: .seconds(2))
+    }
+
+    @Test("a malformed status line, 100 MB of headers, a body longer than its Content-Length, a server closing mid-body")
+    func badServers() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        let client = HTTPClient(loop: group.loops[0])
+        let malformed = try ScriptedServer { fd, _ in
+            _ = readRequestHead(fd)
+            writeAll(fd, "HTPP/1.1 200 OK\r\n\r\n")
+        }
+        #expect(await clientError { _ = try await client.get("http://127.0.0.1:\(malformed.port)/") }
+            == .malformedStatusLine("HTPP/1.1 200 OK"))
+
+        let written = Locked(0)
+        let endless = try ScriptedServer { fd, _ in
+            _ = readRequestHead(fd)
+            guard writeAll(fd, "HTTP/1.1 200 OK\r\n") else { return }
+            let line = "X-Filler: " + String(repeating: "a", count: 1_000) + "\r\n"
+            while written.value < 100 << 20, writeAll(fd, line) { written.withLock { $0 += line.utf8.count } }
+        }
+        #expect(await clientError { _ = try await client.get("http://127.0.0.1:\(endless.port)/") }
+            == .headersTooLarge(limit: 65_536))
+        #expect(written.value < 20 << 20, "refused at the limit, not read to the end: \(written.value) bytes written")
+
+        let longer = try ScriptedServer { fd, _ in
+            while readRequestHead(fd) != nil {
+                writeAll(fd, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhelloEXTRA-BYTES")
+            }
+        }
+        let url = "http://127.0.0.1:\(longer.port)/"
+        #expect(try await client.get(url).text == "hello")
+        #expect(try await client.get(url).text == "hello")
+        #expect(longer.accepted.value == 2, "the connection with bytes after its response was not reused")
+
+        let partial = try ScriptedServer { fd, _ in
+            _ = readRequestHead(fd)
+            writeAll(fd, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")
+        }
+        #expect(await clientError { _ = try await client.get("http://127.0.0.1:\(partial.port)/") }
+            == .closedMidResponse("7 body bytes of 100"))
+
+        let chunks = try ScriptedServer { fd, _ in
+            _ = readRequestHead(fd)
+            writeAll(fd, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6;name=value\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n")
+            _ = readRequestHead(fd)
+            writeAll(fd, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n")
+        }
+        let chunked = try await client.get("http://127.0.0.1:\(chunks.port)/")
+        #expect(chunked.text == "hello world" && chunked.headers["x-trailer"] == "t")
+        #expect(await clientError { _ = try await client.get("http://127.0.0.1:\(chunks.port)/") } == .malformedChunk("zz"))
+        client.shutdown()
+        await group.shutdown(gracePeriod: .seconds(2))
+    }
+
+    @Test("timeouts: a server that stalls forever, a connect that is never answered")
+    func timeouts() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        let client = HTTPClient(loop: group.loops[0], configuration: .init(connectTimeout: .milliseconds(300),
+                                                                            responseTimeout: .milliseconds(300)))
+        let stalling = try ScriptedServer { fd, _ in
+            _ = readRequestHead(fd)
+            var byte: UInt8 = 0
+            _ = recv(fd, &byte, 1, 0)  // until the client closes
+        }
+        var started = ContinuousClock.now
+        #expect(await clientError { _ = try await client.get("http://127.0.0.1:\(stalling.port)/") }
+            == .responseTimeout(.milliseconds(300)))
+        var waited = ContinuousClock.now - started
+        #expect(waited >= .milliseconds(290) && waited < .seconds(10), "\(waited)")
+
+        // A listener that never accepts, its queue filled: the kernel drops further SYNs.
+        let full = try ScriptedServer(backlog: 0, accepting: false) { _, _ in }
+        var fillers: [Int32] = []
+        for _ in 0..<4 {
+            let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
+            var address = sockaddr_in()
+            address.sin_family = sa_family_t(AF_INET)
+            address.sin_addr.s_addr = UInt32(0x7F00_0001).bigEndian
+            address.sin_port = full.port.bigEndian
+            _ = withUnsafePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            }
+            fillers.append(fd)
+        }
+        try await Task.sleep(for: .milliseconds(100))  // the fillers' handshakes (loopback: microseconds)
+        started = ContinuousClock.now
+        let error = await clientError { _ = try await client.get("http://127.0.0.1:\(full.port)/") }
+        waited = ContinuousClock.now - started
+        #expect(error == HTTPClientError.connectTimeout(host: "127.0.0.1", port: full.port, .milliseconds(300)))
+        #expect(waited >= .milliseconds(290) && waited < .seconds(10), "\(waited)")
+        for fd in fillers { close(fd) }
+        client.shutdown()
+        await group.shutdown(gracePeriod: .milliseconds(200))  // the abandoned connect is still trying
+    }
+
+    @Test("against Python's http.server (HTTP/1.0, a connection per request): GET, HEAD, 404, in parallel")
+    func pythonServer() async throws {
+        let directory = freshDirectory("www")
+        try "served by python\n".write(toFile: directory + "/hello.txt", atomically: true, encoding: .utf8)
+        let group = try EventLoopGroup(loopCount: 1)
+        let loop = group.loops[0]
+        var configuration = Subprocess.Configuration(
+            executable: "python3", arguments: ["-u", "-m", "http.server", "0", "--bind", "127.0.0.1", "--directory", directory])
+        configuration.standardError = .null
+        let python = try await Subprocess.spawn(configuration, on: loop)
+        guard case .line(let banner)? = try await python.standardOutput?.readLine(),
+              let portText = banner.split(separator: " ").dropFirst(5).first, let port = UInt16(portText)
+        else {
+            Issue.record("no banner from python's http.server")
+            _ = await python.terminate(grace: .seconds(2))
+            return
+        }
+        let client = HTTPClient(loop: loop)
+        let base = "http://127.0.0.1:\(port)"
+        let answers = try await withThrowingTaskGroup(of: HTTPClientResponse.self) { group in
+            for _ in 0..<4 { group.addTask { try await client.get(base + "/hello.txt") } }
+            return try await group.reduce(into: [HTTPClientResponse]()) { $0.append($1) }
+        }
+        #expect(answers.allSatisfy { $0.status == 200 && $0.text == "served by python\n" })
+        let head = try await client.head(base + "/hello.txt")
+        #expect(head.status == 200 && head.headers["content-length"] == "17" && head.body.isEmpty)
+        #expect(try await client.get(base + "/missing").status == 404)
+        #expect(await python.terminate(grace: .seconds(5)) == .signaled(SIGTERM))
+        client.shutdown()
+        await group.shutdown(gracePeriod: .milliseconds(200))  // python's stdout pipe, unread to its end
+    }
+}
+
+@Suite("HTTP client over TLS", .enabled(if: TestCertificates.shared != nil, "the openssl command is not installed (Debian: apt-get install openssl)"))
+struct HTTPClientTLSTests {
+    @Test("https through MainspringTLS's connector: the certificate checked against the URL's host; keep-alive over TLS; an untrusted server named")
+    func https() async throws {
+        let certs = try #require(TestCertificates.shared)
+        let group = try EventLoopGroup(loopCount: 2)
+        var routes = HTTPRoutes()
+        routes.get("/peer") { request in .text(request.remoteAddress) }
+        let tls = try TLSServerContext(configuration: .init(certificates: [
+            TLSCertificate(certificateFile: certs.serverCertificate, keyFile: certs.serverKey),
+        ]))
+        let server = try await HTTPServer(group: group, routes: routes, tls: tls)
+        let trusting = try TLSClientContext(configuration: .init(trustRoots: .file(certs.caCertificate)))
+        let client = HTTPClient(loop: group.loops[1], configuration: .init(secureConnector: .tls(trusting)))
+        let first = try await client.get("https://localhost:\(server.port)/peer")
+        let second = try await client.get("https://127.0.0.1:\(server.port)/peer")
+        let third = try await client.get("https://localhost:\(server.port)/peer")
+        #expect(first.status == 200 && second.status == 200)
+        #expect(first.text == third.text, "one TLS connection for localhost's requests")
+        let untrusting = HTTPClient(loop: group.loops[1], configuration: .init(secureConnector: .tls(try TLSClientContext())))
+        let refused = await clientError { _ = try await untrusting.get("https://localhost:\(server.port)/peer") }
+        guard case .connectFailed(_, _, .tls(let reason))? = refused else {
+            Issue.record("\(String(describing: refused))")
+            return
+        }
+        #expect(reason.contains("certificate"), "\(reason)")
+        client.shutdown()
+        untrusting.shutdown()
+        await server.close()
+        await group.shutdown(gracePeriod: .seconds(2))
+    }
+}

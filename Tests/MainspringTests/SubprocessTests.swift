@@ -1,0 +1,527 @@
+import Foundation
+import Synchronization
+import Testing
+@testable import Mainspring
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Runs `body` with a loop of a one-loop group, shut down afterwards.
+func withLoop<T: Sendable>(_ body: (EventLoop) async throws -> T) async throws -> T {
+    let group = try EventLoopGroup(loopCount: 1)
+    do {
+        let result = try await body(group.loops[0])
+        await group.shutdown(gracePeriod: .seconds(2))
+        return result
+    } catch {
+        await group.shutdown(gracePeriod: .seconds(2))
+        throw error
+    }
+}
+
+/// The lines of a connection until its end (the `.line` texts; other events as descriptions).
+func collectLines(_ connection: Connection?) async throws -> [String] {
+    guard let connection else { return [] }
+    var lines: [String] = []
+    for try await event in connection.lines {
+        switch event {
+        case .line(let text): lines.append(text)
+        case .endOfFile: break
+        default: lines.append("\(event)")
+        }
+    }
+    return lines
+}
+
+/// `sh -c script` as a configuration.
+func shell(_ script: String, _ arguments: [String] = []) -> Subprocess.Configuration {
+    Subprocess.Configuration(executable: "/bin/sh", arguments: ["-c", script, "sh"] + arguments)
+}
+
+/// Whether `pid` is gone (or a zombie nobody has reaped yet: killed, either way), from `/proc`.
+func processIsGoneOrDead(_ pid: Int32) -> Bool {
+    guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8) else { return true }
+    // "pid (comm) S …": the state follows the last ')'.
+    guard let close = stat.lastIndex(of: ")") else { return true }
+    let state = stat[stat.index(close, offsetBy: 2)]
+    return state == "Z" || state == "X"
+}
+
+/// Polls `condition` every 10 ms until it holds or `timeout` passes; returns whether it held.
+func eventually(timeout: Duration = .seconds(20), _ condition: () -> Bool) async -> Bool {
+    let deadline = ContinuousClock.now + timeout
+    while ContinuousClock.now < deadline {
+        if condition() { return true }
+        try? await Task.sleep(for: .milliseconds(10))  // a cancelled sleep only polls sooner
+    }
+    return condition()
+}
+
+@Suite("Subprocess: spawn, pipes, exit, signals")
+struct SubprocessTests {
+    @Test("stdout as lines, then the exit status; argv, environment and working directory as given")
+    func outputAndExit() async throws {
+        try await withLoop { loop in
+            var configuration = shell("echo one; echo \"$1 $FOO\"; pwd", ["two"])
+            configuration.environment = ["FOO": "three", "PATH": "/usr/bin:/bin"]
+            configuration.workingDirectory = "/tmp"
+            let child = try await Subprocess.spawn(configuration, on: loop)
+            #expect(child.standardInput == nil && child.standardError == nil)
+            let lines = try await collectLines(child.standardOutput)
+            #expect(lines == ["one", "two three", "/tmp"])
+            #expect(await child.exit == .exited(0))
+            #expect(child.exitStatus == .exited(0) && !child.isRunning && !child.didTimeOut)
+        }
+    }
+
+    @Test("exit codes and signals as ExitStatus; a name is looked for in PATH")
+    func statuses() async throws {
+        try await withLoop { loop in
+            var configuration = shell("exit 3")
+            configuration.standardOutput = .null
+            #expect(try await Subprocess.spawn(configuration, on: loop).exit == .exited(3))
+            configuration = shell("kill -KILL $$")
+            configuration.standardOutput = .null
+            #expect(try await Subprocess.spawn(configuration, on: loop).exit == .signaled(SIGKILL))
+            let named = try await Subprocess.spawn(.init(executable: "true", standardOutput: .null), on: loop)
+            #expect(named.executablePath.hasSuffix("/true"))
+            #expect(await named.exit == .exited(0))
+            #expect(named.exitWatch == .processDescriptor || named.exitWatch == .polling)
+        }
+    }
+
+    @Test("stdin is a write-only connection: send, then close (or shutdownOutput) ends the child's input")
+    func standardInput() async throws {
+        try await withLoop { loop in
+            for useShutdown in [false, true] {
+                let child = try await Subprocess.spawn(.init(executable: "/bin/cat", standardInput: .pipe), on: loop)
+                let input = try #require(child.standardInput)
+                for index in 0..<100 { try await input.send(line: "line \(index)") }
+                if useShutdown {
+                    try await loop.submit { input.shutdownOutput() }
+                } else {
+                    input.close()
+                }
+                let lines = try await collectLines(child.standardOutput)
+                #expect(lines == (0..<100).map { "line \($0)" })
+                #expect(await child.exit == .exited(0))
+            }
+        }
+    }
+
+    @Test("callbacks: readLines on stdout and onExit, on the loop's thread")
+    func callbacks() async throws {
+        try await withLoop { loop in
+            let outcome: (lines: [String], status: Subprocess.ExitStatus) = try await withCheckedThrowingContinuation { continuation in
+                loop.execute {
+                    do {
+                        let child = try Subprocess.spawn(shell("echo a; echo b; exit 7"), on: loop)
+                        var lines: [String] = []
+                        var status: Subprocess.ExitStatus?
+                        var ended = false
+                        func finishIfDone() {
+                            if ended, let status { continuation.resume(returning: (lines, status)) }
+                        }
+                        child.standardOutput?.readLines { event in
+                            if case .line(let text) = event { lines.append(text) }
+                            if event == .endOfFile {
+                                ended = true
+                                finishIfDone()
+                            }
+                        }
+                        child.onExit { exit in
+                            status = exit
+                            finishIfDone()
+                        }
+                    } catch {
+                        continuation.resume(throwing: error)
+                    }
+                }
+            }
+            #expect(outcome.lines == ["a", "b"])
+            #expect(outcome.status == .exited(7))
+        }
+    }
+
+    @Test("files as stdin and stdout, appending, /dev/null, and stderr as its own pipe")
+    func redirections() async throws {
+        let input = uniqueTestPath("input.txt")
+        let output = uniqueTestPath("output.txt")
+        try "from a file\n".write(toFile: input, atomically: true, encoding: .utf8)
+        try await withLoop { loop in
+            var configuration = Subprocess.Configuration(executable: "/bin/cat", standardInput: .file(input),
+                                                         standardOutput: .file(output))
+            #expect(try await Subprocess.spawn(configuration, on: loop).exit == .exited(0))
+            configuration.standardOutput = .appendingToFile(output)
+            #expect(try await Subprocess.spawn(configuration, on: loop).exit == .exited(0))
+            #expect(try String(contentsOfFile: output, encoding: .utf8) == "from a file\nfrom a file\n")
+
+            var both = shell("echo out; echo err >&2; cat")
+            both.standardError = .pipe
+            let child = try await Subprocess.spawn(both, on: loop)
+            async let errors = collectLines(child.standardError)
+            let out = try await collectLines(child.standardOutput)
+            #expect(out == ["out"], "cat read /dev/null: nothing more")
+            #expect(try await errors == ["err"])
+            #expect(await child.exit == .exited(0))
+        }
+    }
+
+    @Test("spawn failures are thrown before spawn returns, naming what failed")
+    func spawnFailures() async throws {
+        let notExecutable = uniqueTestPath("not-executable.sh")
+        try "#!/bin/sh\necho hi\n".write(toFile: notExecutable, atomically: true, encoding: .utf8)
+        let missing = uniqueTestPath("missing")
+        try await withLoop { loop in
+            func failure(_ configuration: Subprocess.Configuration) async -> EventLoopError? {
+                do {
+                    let child = try await Subprocess.spawn(configuration, on: loop)
+                    Issue.record("spawned \(configuration.executable) as pid \(child.processIdentifier)")
+                    return nil
+                } catch {
+                    return error
+                }
+            }
+            #expect(await failure(.init(executable: missing))
+                == .spawnFailed(executable: missing, path: missing, errno: ENOENT))
+            #expect(await failure(.init(executable: notExecutable))
+                == .spawnFailed(executable: notExecutable, path: notExecutable, errno: EACCES))
+            #expect(await failure(.init(executable: "/bin/true", workingDirectory: missing))
+                == .spawnFailed(executable: "/bin/true", path: missing, errno: ENOENT))
+            #expect(await failure(.init(executable: "/bin/true", workingDirectory: notExecutable))
+                == .spawnFailed(executable: "/bin/true", path: notExecutable, errno: ENOTDIR))
+            #expect(await failure(.init(executable: "/bin/cat", standardInput: .file(missing)))
+                == .spawnFailed(executable: "/bin/cat", path: missing, errno: ENOENT))
+            let notFound = await failure(.init(executable: "no-such-program-here", environment: ["PATH": "/usr/bin:/bin"]))
+            #expect(notFound == .spawnFailed(executable: "no-such-program-here", path: "PATH=/usr/bin:/bin", errno: ENOENT))
+            #expect(notFound?.description.contains("no-such-program-here") == true)
+            let described = await failure(.init(executable: missing))?.description ?? ""
+            #expect(described.contains(missing) && described.contains("No such file"), "\(described)")
+        }
+    }
+
+    @Test("terminate(grace:): SIGTERM first; a child that ignores it gets SIGKILL after the grace")
+    func terminate() async throws {
+        try await withLoop { loop in
+            let polite = try await Subprocess.spawn(.init(executable: "/bin/sleep", arguments: ["100"]), on: loop)
+            #expect(await polite.terminate(grace: .seconds(30)) == .signaled(SIGTERM))
+
+            var stubborn = shell("trap '' TERM; echo ready; while :; do sleep 0.05; done")
+            stubborn.newProcessGroup = true
+            let child = try await Subprocess.spawn(stubborn, on: loop)
+            #expect(try await child.standardOutput?.readLine() == .line("ready"), "the trap is set")
+            let started = ContinuousClock.now
+            let status = await child.terminate(grace: .milliseconds(300))
+            let waited = ContinuousClock.now - started
+            #expect(status == .signaled(SIGKILL))
+            #expect(waited >= .milliseconds(290), "SIGKILL only after the grace: \(waited)")
+            #expect(waited < .seconds(20), "\(waited)")
+        }
+    }
+
+    @Test("a timeout terminates the child; didTimeOut says so")
+    func timeout() async throws {
+        try await withLoop { loop in
+            var configuration = Subprocess.Configuration(executable: "/bin/sleep", arguments: ["100"], standardOutput: .null)
+            configuration.timeout = .milliseconds(200)
+            configuration.timeoutGrace = .seconds(10)
+            let child = try await Subprocess.spawn(configuration, on: loop)
+            #expect(await child.exit == .signaled(SIGTERM))
+            #expect(child.didTimeOut)
+        }
+    }
+}
+
+/// The volume of the `yes` tests: 1 GB optimised, less in debug builds (about 55 MB/s of
+/// 100-byte lines through a callback there) and under sanitizers.
+let yesVolume: Int = {
+    if ProcessInfo.processInfo.environment["MAINSPRING_SANITIZER"] != nil { return 32 << 20 }
+    #if DEBUG
+    return 64 << 20
+    #else
+    return 1 << 30
+    #endif
+}()
+
+/// Bytes a process has written so far (`wchar` of `/proc/<pid>/io`).
+func bytesWritten(by pid: Int32) -> Int? {
+    guard let text = try? String(contentsOfFile: "/proc/\(pid)/io", encoding: .utf8) else { return nil }
+    for line in text.split(separator: "\n") where line.hasPrefix("wchar:") {
+        return Int(line.dropFirst(6).trimmingCharacters(in: .whitespaces))
+    }
+    return nil
+}
+
+/// This process's children in state Z (exited, not reaped), from `/proc/*/stat`.
+func zombieChildren() -> [Int32] {
+    let me = getpid()
+    guard let entries = try? FileManager.default.contentsOfDirectory(atPath: "/proc") else { return [] }
+    return entries.compactMap { entry -> Int32? in
+        guard let pid = Int32(entry),
+              let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+              let close = stat.lastIndex(of: ")") else { return nil }
+        // "pid (comm) S ppid …"
+        let fields = stat[stat.index(after: close)...].split(separator: " ")
+        guard fields.count > 1, fields[0] == "Z", Int32(fields[1]) == me else { return nil }
+        return pid
+    }
+}
+
+/// How many of this process's descriptors are pidfds and pipes (`/proc/self/fd` links).
+func descriptorKinds() -> (pidfds: Int, pipes: Int) {
+    guard let entries = try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd") else { return (0, 0) }
+    var pidfds = 0
+    var pipes = 0
+    for entry in entries {
+        guard let target = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/\(entry)") else {
+            continue
+        }
+        if target == "anon_inode:[pidfd]" { pidfds += 1 } else if target.hasPrefix("pipe:") { pipes += 1 }
+    }
+    return (pidfds, pipes)
+}
+
+/// SIGCHLD's handler and flags now, as bytes.
+func sigchldDisposition() -> [UInt8] {
+    var action = sigaction()
+    sigaction(SIGCHLD, nil, &action)
+    return withUnsafeBytes(of: &action.__sigaction_handler) { Array($0) } + withUnsafeBytes(of: &action.sa_flags) { Array($0) }
+}
+
+@Suite("Subprocess: bad children, backpressure, fairness", .serialized)
+struct SubprocessBehaviourTests {
+    @Test("a child that closes stdout but keeps running: the output ends, the exit comes later")
+    func closesStdoutKeepsRunning() async throws {
+        try await withLoop { loop in
+            let child = try await Subprocess.spawn(shell("echo before; exec 1>&-; sleep 0.3; exit 4"), on: loop)
+            let lines = try await collectLines(child.standardOutput)
+            #expect(lines == ["before"])
+            #expect(child.isRunning, "the output ended while the child still runs")
+            #expect(child.standardOutput?.isOpen == false, "the read end closed itself after its end of input")
+            #expect(await child.exit == .exited(4))
+        }
+    }
+
+    @Test("a child that forks a grandchild and exits: the group kill reaches the grandchild")
+    func grandchild() async throws {
+        try await withLoop { loop in
+            var configuration = shell("sleep 1000 </dev/null >/dev/null 2>&1 & echo $!; exit 0")
+            configuration.newProcessGroup = true
+            let child = try await Subprocess.spawn(configuration, on: loop)
+            #expect(child.processGroup == child.processIdentifier)
+            guard case .line(let text)? = try await child.standardOutput?.readLine(), let grandchild = Int32(text) else {
+                Issue.record("no grandchild pid")
+                return
+            }
+            #expect(await child.exit == .exited(0))
+            #expect(!processIsGoneOrDead(grandchild), "the grandchild outlives its parent")
+            #expect(await child.terminate(grace: .seconds(10)) == .exited(0), "terminate after the exit reports that exit")
+            #expect(await eventually { processIsGoneOrDead(grandchild) }, "SIGTERM to the group ended the grandchild")
+        }
+    }
+
+    @Test("signalGroup reaches every member; signal after the exit does nothing")
+    func signalGroup() async throws {
+        try await withLoop { loop in
+            var configuration = shell("sleep 1000 & sleep 1000 & echo started; wait")
+            configuration.newProcessGroup = true
+            let child = try await Subprocess.spawn(configuration, on: loop)
+            #expect(try await child.standardOutput?.readLine() == .line("started"))
+            child.signalGroup(SIGKILL)
+            #expect(await child.exit == .signaled(SIGKILL))
+            child.signal(SIGKILL)  // reaped: nothing to send to
+        }
+    }
+
+    @Test("a dropped Subprocess is still reaped: no zombie")
+    func droppedHandleIsReaped() async throws {
+        try await withLoop { loop in
+            var pids: [Int32] = []
+            for _ in 0..<20 {
+                let child = try await Subprocess.spawn(.init(executable: "/bin/true", standardOutput: .null), on: loop)
+                pids.append(child.processIdentifier)
+            }
+            // Dropped while still running, and dropped with an unread stdout pipe.
+            for _ in 0..<5 {
+                let child = try await Subprocess.spawn(.init(executable: "/bin/sleep", arguments: ["0.2"]), on: loop)
+                pids.append(child.processIdentifier)
+                let talker = try await Subprocess.spawn(shell("echo unread"), on: loop)
+                pids.append(talker.processIdentifier)
+            }
+            #expect(await eventually { pids.allSatisfy { !FileManager.default.fileExists(atPath: "/proc/\($0)") } },
+                    "every child reaped (no /proc entry left)")
+            #expect(zombieChildren().filter(pids.contains).isEmpty)
+        }
+    }
+
+    @Test("Foundation's Process works beside Subprocess: its statuses are its own, no SIGCHLD handler installed")
+    func foundationProcessBeside() async throws {
+        let before = sigchldDisposition()
+        try await withLoop { loop in
+            async let ours: [Subprocess.ExitStatus] = withThrowingTaskGroup(of: Subprocess.ExitStatus.self) { group in
+                for code in 0..<10 {
+                    group.addTask {
+                        try await Subprocess.spawn(shell("sleep 0.05; exit \(code)"), on: loop).exit
+                    }
+                }
+                return try await group.reduce(into: []) { $0.append($1) }
+            }
+            let theirs = try await onPlainThread { () -> [Int32] in
+                var statuses: [Int32] = []
+                for code in 20..<30 {
+                    let process = Process()
+                    process.executableURL = URL(fileURLWithPath: "/bin/sh")
+                    process.arguments = ["-c", "sleep 0.02; exit \(code)"]
+                    let pipe = Foundation.Pipe()
+                    process.standardOutput = pipe
+                    try process.run()
+                    _ = pipe.fileHandleForReading.readDataToEndOfFile()
+                    process.waitUntilExit()
+                    statuses.append(process.terminationStatus)
+                }
+                return statuses
+            }
+            #expect(theirs == Array(20..<30), "Foundation reaped its own children, with their statuses")
+            #expect(try await ours.sorted { "\($0)" < "\($1)" } == (0..<10).map { Subprocess.ExitStatus.exited(Int32($0)) }
+                .sorted { "\($0)" < "\($1)" }, "and Subprocess its own")
+        }
+        #expect(sigchldDisposition() == before, "SIGCHLD's disposition is what it was")
+    }
+
+    @Test("1,000 short-lived children in parallel: no descriptor leaked, no zombie left")
+    func thousandChildren() async throws {
+        let before = descriptorKinds()
+        let statuses = try await withLoop { loop in
+            try await withThrowingTaskGroup(of: Subprocess.ExitStatus.self) { group in
+                for index in 0..<1_000 {
+                    group.addTask {
+                        let configuration = index % 2 == 0 ? Subprocess.Configuration(executable: "/bin/true")
+                            : shell("echo \(index)")
+                        let child = try await Subprocess.spawn(configuration, on: loop)
+                        if index % 2 == 1 {
+                            #expect(try await collectLines(child.standardOutput) == ["\(index)"])
+                        }
+                        return await child.exit
+                    }
+                }
+                return try await group.reduce(into: [Subprocess.ExitStatus]()) { $0.append($1) }
+            }
+        }
+        #expect(statuses.count == 1_000 && statuses.allSatisfy(\.isSuccess))
+        // Other suites open descriptors meanwhile: wait until the counts are back where they were.
+        var after = descriptorKinds()
+        let back = await eventually {
+            after = descriptorKinds()
+            return after.pidfds <= before.pidfds && after.pipes <= before.pipes
+        }
+        #expect(back, "pidfds \(before.pidfds) -> \(after.pidfds), pipes \(before.pipes) -> \(after.pipes)")
+        #expect(await eventually { zombieChildren().isEmpty }, "zombies: \(zombieChildren())")
+    }
+
+    @Test("children still running when their loop shuts down are reaped by the reaper thread; exit still resumes")
+    func orphanedChildren() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        let child = try await Subprocess.spawn(.init(executable: "/bin/sleep", arguments: ["0.3"], standardOutput: .null),
+                                               on: group.loops[0])
+        await group.shutdown(gracePeriod: .zero)
+        #expect(child.isRunning)
+        #expect(await child.exit == .exited(0))
+        #expect(await eventually { !FileManager.default.fileExists(atPath: "/proc/\(child.processIdentifier)") })
+    }
+
+    @Test("without pidfds the exit is polled (waitpid WNOHANG on a timer), with the same results")
+    func pollingFallback() async throws {
+        try await withLoop { loop in
+            let child = try await loop.submit {
+                try Subprocess.launch(shell("echo polled; exit 9"), on: loop, forcePolling: true)
+            }
+            #expect(child.exitWatch == .polling)
+            #expect(try await collectLines(child.standardOutput) == ["polled"])
+            #expect(await child.exit == .exited(9))
+            let sleeper = try await loop.submit {
+                try Subprocess.launch(.init(executable: "/bin/sleep", arguments: ["100"]), on: loop, forcePolling: true)
+            }
+            #expect(await sleeper.terminate(grace: .seconds(10)) == .signaled(SIGTERM))
+        }
+    }
+
+    @Test("backpressure: a child's output waits in its pipe until it is read; then all of it arrives")
+    func backpressure() async throws {
+        try await withLoop { loop in
+            let total = 64 << 20
+            let child = try await Subprocess.spawn(
+                .init(executable: "/bin/dd", arguments: ["if=/dev/zero", "bs=65536", "count=\(total / 65_536)", "status=none"]),
+                on: loop)
+            try await Task.sleep(for: .milliseconds(300))
+            let early = bytesWritten(by: child.processIdentifier) ?? 0
+            #expect(early <= 1 << 20, "nobody reads: the child is held back by its pipe (wrote \(early) bytes)")
+            let output = try #require(child.standardOutput)
+            var read = 0
+            for _ in 0..<10 {
+                read += try await output.read(upTo: 65_536)?.count ?? 0
+                try await Task.sleep(for: .milliseconds(20))
+            }
+            let slow = bytesWritten(by: child.processIdentifier) ?? 0
+            #expect(slow <= read + (2 << 20), "a slow reader slows the child: read \(read), written \(slow)")
+            while let chunk = try await output.read(upTo: 1 << 20) { read += chunk.count }
+            #expect(read == total)
+            #expect(await child.exit == .exited(0))
+        }
+    }
+
+    @Test("fairness: reading a child that writes as fast as it can (yes) holds neither a probe's input nor a timer back beyond the poll-interval rule")
+    func yesFairness() async throws {
+        let volume = yesVolume
+        let line = String(repeating: "y", count: 99)  // 100-byte lines
+        try await inSomeAttempt {
+            let outcome = try await withLoop { loop in
+                try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<(bytes: Int, lines: Int, p99: Duration, probes: Int, timerP99: Duration, timerRuns: Int, status: Subprocess.ExitStatus), any Error>) in
+                    loop.execute {
+                        do {
+                            let probe = try InputSimulator(loop: loop, pattern: .steady(every: .milliseconds(5)))
+                            let child = try Subprocess.spawn(.init(executable: "/usr/bin/yes", arguments: [line]), on: loop)
+                            var bytes = 0
+                            var lines = 0
+                            // A timer due every 10 ms meanwhile: how late each run is.
+                            var timerLateness = LatencyHistogram()
+                            var timerRunning = true
+                            func arm() {
+                                let due = ContinuousClock.now + .milliseconds(10)
+                                loop.schedule(after: .milliseconds(10)) {
+                                    timerLateness.record(max(.zero, ContinuousClock.now - due))
+                                    if timerRunning { arm() }
+                                }
+                            }
+                            arm()
+                            probe.start()
+                            child.standardOutput?.readLines { event in
+                                guard case .line(let text) = event else { return }
+                                bytes += text.utf8.count + 1
+                                lines += 1
+                                if bytes >= volume && bytes - text.utf8.count - 1 < volume { child.terminate(grace: .seconds(5)) }
+                            }
+                            child.onExit { status in
+                                probe.stop()
+                                timerRunning = false
+                                continuation.resume(returning: (bytes, lines, probe.latencies.percentile(0.99),
+                                                                probe.latencies.count, timerLateness.percentile(0.99),
+                                                                timerLateness.count, status))
+                            }
+                        } catch {
+                            continuation.resume(throwing: error)
+                        }
+                    }
+                }
+            }
+            #expect(outcome.bytes >= volume && outcome.lines >= volume / 100)
+            #expect(outcome.status == .signaled(SIGTERM) || outcome.status == .signaled(SIGPIPE))
+            #expect(outcome.probes > 0 && outcome.timerRuns > 0)
+            if outcome.p99 > .milliseconds(20) { return "probe p99 \(outcome.p99) over 20 ms (\(outcome.probes) probes)" }
+            if outcome.timerP99 > .milliseconds(20) {
+                return "timer lateness p99 \(outcome.timerP99) over 20 ms (\(outcome.timerRuns) runs)"
+            }
+            return nil
+        }
+    }
+}
