@@ -294,11 +294,16 @@ struct SubprocessBehaviourTests {
     @Test("a child that closes stdout but keeps running: the output ends, the exit comes later")
     func closesStdoutKeepsRunning() async throws {
         try await withLoop { loop in
-            let child = try await Subprocess.spawn(shell("echo before; exec 1>&-; sleep 0.3; exit 4"), on: loop)
+            // The child waits for its stdin to end before it exits, so the test decides when
+            // (no race with a sleep on a loaded machine).
+            var configuration = shell("echo before; exec 1>&-; read x; exit 4")
+            configuration.standardInput = .pipe
+            let child = try await Subprocess.spawn(configuration, on: loop)
             let lines = try await collectLines(child.standardOutput)
             #expect(lines == ["before"])
             #expect(child.isRunning, "the output ended while the child still runs")
             #expect(child.standardOutput?.isOpen == false, "the read end closed itself after its end of input")
+            child.standardInput?.close()
             #expect(await child.exit == .exited(4))
         }
     }
