@@ -40,7 +40,7 @@ final class ConnectionPool: Sendable {
         var isShutDown = false
     }
 
-    private let state = Mutex(State())
+    private let state = ClientLock(State())
     let limit: Int
     let idleTimeout: Duration
 

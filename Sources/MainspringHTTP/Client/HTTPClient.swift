@@ -405,7 +405,7 @@ struct Lease: Sendable {
 
 /// The first of a connect and its timeout.
 private final class ConnectRace: Sendable {
-    private let state = Mutex<(continuation: CheckedContinuation<Result<Connection, HTTPClientError>, Never>?, done: Bool)>(
+    private let state = ClientLock<(continuation: CheckedContinuation<Result<Connection, HTTPClientError>, Never>?, done: Bool)>(
         (nil, false))
 
     func arm(_ continuation: CheckedContinuation<Result<Connection, HTTPClientError>, Never>) {
