@@ -58,7 +58,8 @@ func bindUnixListeningSocket(_ path: String, mode: UInt16?, backlog: Int32)
     }
     do throws(EventLoopError) {
         try removeStaleSocket(path)
-        // A temporary name beside it, if it fits sun_path; else bind in place and chmod after.
+        // A temporary name beside it, if it fits sun_path (`unixSocketAddress` fails on it only when
+        // it is too long: `path` itself was checked); else bind in place and chmod after.
         let temporary = temporaryName(beside: path)
         if let temporary, let temporaryAddress = try? unixSocketAddress(temporary) {
             unlink(temporary)

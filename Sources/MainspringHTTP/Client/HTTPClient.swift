@@ -163,6 +163,7 @@ public final class HTTPClient: Sendable {
     /// How many connections the pool holds for `url`'s scheme, host and port: busy ones and
     /// idle ones. Any thread. (Diagnostics and tests.)
     public func connectionCount(for url: String) -> (busy: Int, idle: Int) {
+        // A URL that does not parse names no pool entry: nothing is held for it.
         guard let target = try? HTTPTarget(parsing: url) else { return (0, 0) }
         return pool.counts(for: PoolKey(target))
     }
@@ -345,8 +346,8 @@ public final class HTTPClient: Sendable {
     }
 
     /// Whether an idle connection can take a request: open, not ended by the server, nothing
-    /// unread on it.
-    private func isReusable(_ connection: Connection) async -> Bool {
+    /// unread on it. (`submit` throws only when the loop has shut down: then it cannot.)
+    func isReusable(_ connection: Connection) async -> Bool {
         guard connection.isOpen else { return false }
         return (try? await loop.submit { connection.isOpen && !connection.peerHasEnded && connection.bufferedInputBytes == 0 })
             ?? false

@@ -107,12 +107,7 @@ final class ResponseReader: @unchecked Sendable {
     private func finish() async {
         framing = .done
         var reusable = keepAlive
-        if reusable {
-            let connection = self.connection
-            reusable = (try? await client.loop.submit {
-                connection.isOpen && !connection.peerHasEnded && connection.bufferedInputBytes == 0
-            }) ?? false
-        }
+        if reusable { reusable = await client.isReusable(connection) }
         guard !settled.exchange(true, ordering: .acquiringAndReleasing) else { return }
         client.release(lease, reusable: reusable)
     }
