@@ -264,30 +264,36 @@ final class OrphanReaper: Sendable {
     var waitingCount: Int { state.withLock { $0.children.count } }
 
     private func run() {
-        while true {
-            let children = state.withLock { $0.children }
-            var descriptors: [(fd: Int32, events: Int16)] = []
-            if let wakeup { descriptors.append((wakeup.fd, pollReadable)) }
-            var polling = wakeup == nil
-            for child in children {
-                let fd = child.descriptor
-                if fd >= 0 { descriptors.append((fd, pollReadable)) } else { polling = true }
+        while true { waitAndReap() }
+    }
+
+    /// One round of `run`: waits for a child to exit (or a new child) and reaps what exited.
+    /// A function of its own, not inlined, because the optimiser's loop-invariant code motion
+    /// took 15–30 minutes over these loops nested in `run`'s endless one (Swift 6.3.1, -O).
+    @inline(never)
+    private func waitAndReap() {
+        let children = state.withLock { $0.children }
+        var descriptors: [(fd: Int32, events: Int16)] = []
+        if let wakeup { descriptors.append((wakeup.fd, pollReadable)) }
+        var polling = wakeup == nil
+        for child in children {
+            let fd = child.descriptor
+            if fd >= 0 { descriptors.append((fd, pollReadable)) } else { polling = true }
+        }
+        waitForReadiness(descriptors, timeoutMilliseconds: polling ? 10 : -1)
+        wakeup?.drain()
+        var reapedAny = false
+        for child in children {
+            guard let reaped = child.reapIfExited() else {
+                if child.status != nil { reapedAny = true }  // reaped by its loop after all
+                continue
             }
-            waitForReadiness(descriptors, timeoutMilliseconds: polling ? 10 : -1)
-            wakeup?.drain()
-            var reapedAny = false
-            for child in children {
-                guard let reaped = child.reapIfExited() else {
-                    if child.status != nil { reapedAny = true }  // reaped by its loop after all
-                    continue
-                }
-                reapedAny = true
-                if reaped.descriptor >= 0 { closeDescriptor(reaped.descriptor) }
-                for waiter in reaped.waiters { waiter.resume(returning: reaped.status) }
-            }
-            if reapedAny {
-                state.withLock { state in state.children.removeAll { $0.status != nil } }
-            }
+            reapedAny = true
+            if reaped.descriptor >= 0 { closeDescriptor(reaped.descriptor) }
+            for waiter in reaped.waiters { waiter.resume(returning: reaped.status) }
+        }
+        if reapedAny {
+            state.withLock { state in state.children.removeAll { $0.status != nil } }
         }
     }
 }
