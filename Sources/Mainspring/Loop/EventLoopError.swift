@@ -35,6 +35,12 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
     /// A TLS handshake failed (`MainspringTLS`): `reason` is OpenSSL's account, naming the
     /// certificate check that failed when one did.
     case tls(reason: String)
+    /// The socket is closed (a ``DatagramSocket`` after `close()` or its loop's shutdown).
+    case socketClosed
+    /// A datagram of `size` bytes is larger than UDP allows: `limit` is the family's payload
+    /// limit (65,507 bytes for IPv4, 65,527 for IPv6), or nil when the kernel refused it with
+    /// EMSGSIZE (a smaller socket buffer or path MTU with fragmentation forbidden).
+    case datagramTooLarge(size: Int, limit: Int?)
 
     public var description: String {
         switch self {
@@ -66,6 +72,11 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
             return "descriptor \(descriptor) is not a listening stream socket: it is \(reason)"
         case .tls(let reason):
             return "TLS: \(reason)"
+        case .socketClosed:
+            return "the socket is closed"
+        case .datagramTooLarge(let size, let limit):
+            return limit.map { "a datagram of \(size) bytes is larger than UDP's \($0)-byte limit" }
+                ?? "a datagram of \(size) bytes is too large for the socket (EMSGSIZE)"
         }
     }
 }
