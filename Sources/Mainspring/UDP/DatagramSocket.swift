@@ -43,7 +43,7 @@ public enum DatagramEvent: Sendable, Hashable {
 }
 
 /// A UDP socket on one loop: IPv4 or IPv6, bound, optionally connected. Datagrams come in as a
-/// callback (``onReceive(_:)``) or an async sequence (``datagrams()``), read in batches of
+/// callback (``onReceive(_:)``) or an async sequence (`datagrams()`), read in batches of
 /// ``Options/receiveBatchSize`` with one `recvmmsg(2)` each; they go out with ``trySend(_:)``
 /// (loop thread, never blocks: an outcome says whether the kernel took it, queued it, or
 /// refused it because the queue is full) or ``send(_:)`` (async, any task: suspends while the
@@ -67,7 +67,7 @@ public enum DatagramEvent: Sendable, Hashable {
 ///
 /// **Threads.** The handle is `Sendable`; its synchronous members are for the loop's thread
 /// (they throw `.wrongThread` elsewhere), its async ones hop there. The loop keeps the socket
-/// open until ``close()`` (dropping the handle does not close it) or the loop's shutdown.
+/// open until `close()` (dropping the handle does not close it) or the loop's shutdown.
 public final class DatagramSocket: Sendable {
     /// How a socket is made and how it reads and queues.
     public struct Options: Sendable {
@@ -140,7 +140,7 @@ public final class DatagramSocket: Sendable {
     /// (`"0.0.0.0"`, `"::"` — dual-stack, `"127.0.0.1"`, `"::1"`), `"localhost"` (127.0.0.1) or
     /// a name (its first address, looked up once, blocking, on the calling thread); port 0 lets
     /// the kernel choose (read ``localAddress``). Datagrams wait in the kernel until
-    /// ``onReceive(_:)`` or ``datagrams()`` starts reading. Loop thread only.
+    /// ``onReceive(_:)`` or `datagrams()` starts reading. Loop thread only.
     /// - Throws: `.wrongThread`, `.invalidAddress`, `.hostNotFound`, `.system` (the `bind`'s
     ///   errno: EADDRINUSE, EACCES…), `.libevent`.
     public init(bindingTo host: String, port: UInt16, on loop: EventLoop, options: Options = Options())
@@ -188,7 +188,7 @@ public final class DatagramSocket: Sendable {
     }
 
     /// Calls `handler` on the loop, at ``Options/priority``, for each datagram and each error
-    /// met, until ``close()``. One consumer per socket: either this or ``datagrams()``. Loop
+    /// met, until `close()`. One consumer per socket: either this or `datagrams()`. Loop
     /// thread only.
     /// - Throws: `.wrongThread`, `.socketClosed`, `.libevent`; a precondition failure when the
     ///   socket already has a consumer.
@@ -214,7 +214,7 @@ public final class DatagramSocket: Sendable {
         return Datagrams(feed: feed)
     }
 
-    /// ``datagrams()`` from any task.
+    /// `datagrams()` from any task.
     public nonisolated(nonsending) func datagrams() async throws(EventLoopError) -> Datagrams {
         try await loop.onLoop { () throws(EventLoopError) in try self.datagrams() }
     }
@@ -292,7 +292,7 @@ public final class DatagramSocket: Sendable {
         return source.queue.count
     }
 
-    /// Whether the socket is closed (by ``close()`` or the loop's shutdown). Loop thread only.
+    /// Whether the socket is closed (by `close()` or the loop's shutdown). Loop thread only.
     public var isClosed: Bool {
         loop.preconditionOnLoop("DatagramSocket.isClosed")
         return source.isClosed
@@ -306,7 +306,7 @@ public final class DatagramSocket: Sendable {
         source.close()
     }
 
-    /// ``close()`` from any task.
+    /// `close()` from any task.
     public nonisolated(nonsending) func close() async {
         let state = self.state
         _ = try? await loop.onLoop { state.value.close() }
@@ -332,7 +332,7 @@ public final class DatagramSocket: Sendable {
         }
     }
 
-    /// ``DatagramSocket/datagrams()``: an `AsyncSequence` of ``DatagramEvent``s.
+    /// `datagrams()`: an `AsyncSequence` of ``DatagramEvent``s.
     public struct Datagrams: AsyncSequence, Sendable {
         public typealias Element = DatagramEvent
         public typealias Failure = Never
