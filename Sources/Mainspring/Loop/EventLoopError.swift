@@ -44,6 +44,12 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
     /// (`ENOENT`), cannot be searched (`EACCES`), or the kernel's limit on inotify watches or
     /// instances is reached (`ENOSPC`, `EMFILE`).
     case watchFailed(path: String, errno: Int32)
+    /// The socket is closed (a ``DatagramSocket`` after `close()` or its loop's shutdown).
+    case socketClosed
+    /// A datagram of `size` bytes is larger than UDP allows: `limit` is the family's payload
+    /// limit (65,507 bytes for IPv4, 65,527 for IPv6), or nil when the kernel refused it with
+    /// EMSGSIZE (a smaller socket buffer or path MTU with fragmentation forbidden).
+    case datagramTooLarge(size: Int, limit: Int?)
 
     public var description: String {
         switch self {
@@ -80,6 +86,11 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
             return "cannot start '\(executable)'\(what): \(String(cString: strerror(code))) (errno \(code))"
         case .watchFailed(let path, let code):
             return "cannot watch '\(path)': \(String(cString: strerror(code))) (errno \(code))"
+        case .socketClosed:
+            return "the socket is closed"
+        case .datagramTooLarge(let size, let limit):
+            return limit.map { "a datagram of \(size) bytes is larger than UDP's \($0)-byte limit" }
+                ?? "a datagram of \(size) bytes is too large for the socket (EMSGSIZE)"
         }
     }
 }

@@ -20,6 +20,14 @@ public struct SocketAddress: Sendable, Hashable, CustomStringConvertible {
     /// The `sockaddr_in` or `sockaddr_in6` itself, as `connect(2)` takes it.
     let storage: [UInt8]
 
+    /// The address of an IPv4 or IPv6 literal ("127.0.0.1", "::1", "fe80::1%eth0") and `port`.
+    /// Never looks anything up (use `EventLoop.resolve(_:port:timeout:)` for names).
+    /// - Throws: `.invalidAddress` when `host` is not a literal.
+    public init(ipAddress host: String, port: UInt16) throws(EventLoopError) {
+        guard let address = numericAddress(host, port: port) else { throw .invalidAddress(host) }
+        self = address
+    }
+
     init(family: Family, host: String, port: UInt16, storage: [UInt8]) {
         self.family = family
         self.host = host
