@@ -637,10 +637,14 @@ struct KVServerTests {
             let others = try (0..<2).map { _ in try RESPClient(port: server.port) }
             #expect(first.call("PING") == .simple("PONG"))
             for other in others { #expect(other.call("PING") == .simple("PONG")) }
-            let refused = try RESPClient(port: server.port, timeoutSeconds: 10)
-            #expect(refused.read() == .error("ERR max number of clients reached"))
-            #expect(refused.isClosedByServer())
-            #expect(infoField(first, "stats", "rejected_connections") == "1")
+            // `others` must stay open until the refusal (an optimised build would otherwise
+            // release them, closing their sockets, right after their last use above).
+            try withExtendedLifetime(others) {
+                let refused = try RESPClient(port: server.port, timeoutSeconds: 10)
+                #expect(refused.read() == .error("ERR max number of clients reached"))
+                #expect(refused.isClosedByServer())
+                #expect(infoField(first, "stats", "rejected_connections") == "1")
+            }
             // CONFIG SET maxclients raises it at once.
             #expect(first.call("CONFIG", "SET", "maxclients", "10") == .simple("OK"))
             let admitted = try RESPClient(port: server.port)
