@@ -4,7 +4,7 @@ import MainspringHTTP
 extension HTTPClient.Connector {
     /// HTTPS: a TCP connect, then the TLS handshake with `context`, the server's certificate
     /// checked against the URL's host (also sent as SNI when it is a name) as
-    /// `context.configuration.verification` says. For ``HTTPClient/Configuration/secureConnector``:
+    /// `context.configuration.verification` says. For `HTTPClient.Configuration.secureConnector` (MainspringHTTP):
     ///
     /// ```swift
     /// let tls = try TLSClientContext(configuration: .init(trustRoots: .file("ca.pem")))
