@@ -260,10 +260,13 @@ extension Connection {
 
     // MARK: Connecting
 
-    /// Connects to `host:port` (an IPv4 or IPv6 literal, or "localhost") from `loop`, and
+    /// Connects to `host:port` (an IPv4 or IPv6 literal, or a host name, resolved and tried as
+    /// `connect(to:port:on:options:)` does: off the loop, then Happy Eyeballs) from `loop`, and
     /// returns once the connection is established. Any task.
-    /// - Throws: `EventLoopError.system` with the `errno` of a failed connect (`ECONNREFUSED`,
-    ///   …), `.invalidAddress`, `.loopClosed` if the loop shut down meanwhile.
+    /// - Throws: `EventLoopError.system` with the `errno` of a failed connect to a literal
+    ///   (`ECONNREFUSED`, …); for a name `.hostNotFound`, `.resolveTimedOut`, or
+    ///   `.connectFailed` naming every address tried; `.invalidAddress`, `.loopClosed` if the
+    ///   loop shut down meanwhile.
     public static func connect(to host: String, port: UInt16, on loop: EventLoop, options: Options = .init()) async
         throws(EventLoopError) -> Connection
     {
