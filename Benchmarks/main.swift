@@ -23,6 +23,9 @@ let scenarios: [Scenario] = [
     connectionsScenario,
     httpScenario,
     tlsScenario,
+    spawnScenario,
+    childOutputScenario,
+    httpClientScenario,
 ]
 
 /// Scenarios that run only when named (minutes long).

@@ -1,5 +1,5 @@
 import Foundation
-import Mainspring
+@testable import Mainspring
 import MainspringHTTP
 import MainspringTLS
 import Synchronization
@@ -247,6 +247,54 @@ struct HTTPClientTests {
         #expect(await clientError { _ = try await client.get("https://127.0.0.1/") } == .unsupportedScheme("https"))
         #expect(await clientError { _ = try await client.get("http://example.invalid/") } == .unresolvedHost("example.invalid"))
         await group.shutdown(gracePeriod: .seconds(2))
+    }
+
+    @Test("host names by default: localhost and an /etc/hosts name reach the server; an unknown or stalled name is unresolvedHost; literalsAndLocalhost refuses names")
+    func hostNames() async throws {
+        let fixture = try await Fixture()
+        let client = fixture.client()
+        let port = fixture.server.port
+        let names = ["localhost"] + (NameTests.hostsFileName().map { [$0] } ?? [])
+        for name in names {
+            let base = "http://\(name):\(port)"
+            let response = try await client.get(base + "/hello")
+            #expect(response.status == 200 && response.text == "hello\n", "\(name)")
+            #expect(response.url == base + "/hello")
+            // Pooled under the name: the second request reuses the connection.
+            let first = try await client.get(base + "/peer").text
+            let second = try await client.get(base + "/peer").text
+            #expect(first == second, "\(name): one connection for both")
+            #expect(client.connectionCount(for: base) == (busy: 0, idle: 1), "\(name)")
+        }
+
+        let unknown = await clientError { _ = try await client.get("http://no-such-host.invalid:\(port)/hello") }
+        #expect(unknown == .unresolvedHost("no-such-host.invalid"))
+        #expect(unknown?.description.contains("\"no-such-host.invalid\"") == true, "\(String(describing: unknown))")
+        #expect(client.connectionCount(for: "http://no-such-host.invalid:\(port)/") == (busy: 0, idle: 0))
+
+        // A resolver that never answers: unresolvedHost once the resolve timeout has passed,
+        // well before the connect timeout.
+        let stalled = "stalled-http-\(getpid()).test"
+        let release = DispatchSemaphore(value: 0)
+        HostResolver.overrides.withLock { $0[stalled] = { _, _ in release.wait(); return .success([]) } }
+        defer {
+            release.signal()
+            HostResolver.overrides.withLock { $0[stalled] = nil }
+        }
+        let impatient = fixture.client(.init(connectTimeout: .seconds(60),
+                                             connectionOptions: .init(resolveTimeout: .milliseconds(200))))
+        let started = ContinuousClock.now
+        #expect(await clientError { _ = try await impatient.get("http://\(stalled):\(port)/hello") }
+            == .unresolvedHost(stalled))
+        #expect(ContinuousClock.now - started < .seconds(30))
+
+        let literalOnly = fixture.client(.init(resolver: .literalsAndLocalhost))
+        #expect(try await literalOnly.get("http://localhost:\(port)/hello").text == "hello\n")
+        if let name = names.dropFirst().first {
+            #expect(await clientError { _ = try await literalOnly.get("http://\(name):\(port)/hello") }
+                == .unresolvedHost(name))
+        }
+        await fixture.stop()
     }
 
     @Test("a malformed status line, 100 MB of headers, a body longer than its Content-Length, a server closing mid-body")

@@ -77,4 +77,27 @@ void *ms_count_http_start(uint16_t *port);
 /// One unit of /work: the same arithmetic as ExampleServices' `WorkUnit.run`.
 uint64_t ms_baseline_work_unit(uint64_t seed, uint64_t checksum);
 
+/* ---- Processes (process_baseline.c) and the HTTP client (http_client_baseline.c) ---- */
+
+/// spawn: `posix_spawn` of `path` (no arguments; stdin and stdout /dev/null, stderr inherited)
+/// and `waitpid` for it, one child after the other, for `duration_ms`. No libevent: a C program
+/// that runs children one at a time needs none. Returns the children that exited with status 0
+/// (-1 if a spawn or an exit status failed); `*seconds` receives the time taken.
+int64_t ms_baseline_spawn(const char *path, int64_t duration_ms, double *seconds);
+
+/// child-output: spawns `path argument` (`yes <line>`) with stdout a pipe, reads the pipe
+/// through a bufferevent on an event_base of its own and splits it with `evbuffer_readln`
+/// (a malloc'd line each, freed) until `volume` bytes of lines have arrived; then closes the
+/// pipe, sends SIGTERM and reaps the child. Returns the seconds from the spawn to the last
+/// line (-1 on failure); `*lines` receives the lines read.
+double ms_baseline_child_output(const char *path, const char *argument, int64_t volume, int64_t *lines);
+
+/// http-client: `connections` evhttp_connections to 127.0.0.1:`port` on an event_base of the
+/// calling thread, each keeping one `GET /hello` in flight (the next made in the previous
+/// one's completion callback, keep-alive). Counts the responses with status 200 completed in
+/// the `duration_ms` after `warmup_ms`; `*seconds` receives the measured time, `*failures` the
+/// requests that failed (whole run).
+int64_t ms_baseline_http_client(uint16_t port, int connections, int warmup_ms, int duration_ms, double *seconds,
+                                int64_t *failures);
+
 #endif

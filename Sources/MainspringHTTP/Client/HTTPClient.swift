@@ -30,10 +30,13 @@ import Synchronization
 /// sent once more on a new connection when its method is idempotent.
 ///
 /// ## Host names and HTTPS
-/// A URL's host goes through ``Configuration/resolver`` (the one place where name resolution
-/// plugs in; the default takes IP literals and `localhost`), then the connection is made by
+/// A URL's host goes through ``Configuration/resolver``, then the connection is made by
 /// ``Configuration/connector`` (`http`) or ``Configuration/secureConnector`` (`https`, nil by
-/// default: MainspringTLS provides `.tls(_:)`).
+/// default: MainspringTLS provides `.tls(_:)`). The default resolver, ``Resolver/system``,
+/// hands names to the connector as they are: the core library resolves them off the loop
+/// (`getaddrinfo`: /etc/hosts, then DNS) and tries their IPv4 and IPv6 addresses with Happy
+/// Eyeballs (RFC 8305). A name that does not resolve is ``HTTPClientError/unresolvedHost(_:)``.
+/// ``Resolver/literalsAndLocalhost`` refuses every name but `localhost` without a lookup.
 ///
 /// ## Threads and cost
 /// `Sendable`; every method is `async` and can be called from any task. The I/O runs on
@@ -45,7 +48,8 @@ public final class HTTPClient: Sendable {
     public struct Configuration: Sendable {
         /// The most connections open at once to one scheme, host and port (busy and idle).
         public var maxConnectionsPerHost: Int
-        /// How long a connect (and its TLS handshake) may take (a wait).
+        /// How long a connect (resolving a host name, and the TLS handshake, included) may
+        /// take (a wait).
         public var connectTimeout: Duration
         /// How long the response's head may take once the request is sent, and each later read
         /// of its body (a wait).
@@ -62,7 +66,8 @@ public final class HTTPClient: Sendable {
         public var redirectLimit: Int
         /// Sent with every request that has no `User-Agent` of its own; nil: none.
         public var userAgent: String?
-        /// Turns a URL's host into addresses to connect to.
+        /// Turns a URL's host into what the connector connects to; ``Resolver/system`` (names
+        /// resolved by the connect, with Happy Eyeballs) by default.
         public var resolver: Resolver
         /// Makes the connections of `http` URLs.
         public var connector: Connector
@@ -73,11 +78,11 @@ public final class HTTPClient: Sendable {
         public var connectionOptions: Connection.Options
 
         /// The defaults: 8 connections a host, 10 s connect, 30 s response, 60 s idle, 64 KiB of
-        /// head, 16 MiB of body, no redirects.
+        /// head, 16 MiB of body, no redirects, host names through the system's resolver.
         public init(maxConnectionsPerHost: Int = 8, connectTimeout: Duration = .seconds(10),
                     responseTimeout: Duration = .seconds(30), idleTimeout: Duration = .seconds(60),
                     maxHeaderBytes: Int = 65_536, maxBodyBytes: Int = 16 << 20, redirectLimit: Int = 0,
-                    userAgent: String? = "Mainspring", resolver: Resolver = .literalsAndLocalhost,
+                    userAgent: String? = "Mainspring", resolver: Resolver = .system,
                     connector: Connector = .tcp, secureConnector: Connector? = nil,
                     connectionOptions: Connection.Options = .init())
         {
@@ -96,10 +101,11 @@ public final class HTTPClient: Sendable {
         }
     }
 
-    /// Turns a host into the address to connect to: the one place where host-name resolution
-    /// plugs in.
+    /// Turns a URL's host into what the connector connects to: the one place where host-name
+    /// resolution plugs in (a fixed table, a service registry, a policy that refuses names).
     public struct Resolver: Sendable {
-        /// Returns the address (an IP literal, or `localhost`) for `host`, or throws
+        /// Returns what to connect to for `host` — an IP literal, or a name that the connector
+        /// resolves (``Connector/tcp`` and MainspringTLS's `.tls(_:)` take both) — or throws
         /// ``HTTPClientError/unresolvedHost(_:)``.
         public let resolve: @Sendable (_ host: String) async throws(HTTPClientError) -> String
 
@@ -108,8 +114,17 @@ public final class HTTPClient: Sendable {
             self.resolve = resolve
         }
 
+        /// The default: every host as it is. The connector resolves names with the system's
+        /// resolver (`getaddrinfo` on a resolver thread, never on the loop, within
+        /// `Connection.Options.resolveTimeout`) and tries each of their addresses with Happy
+        /// Eyeballs; a name that does not resolve, or not in time, is
+        /// ``HTTPClientError/unresolvedHost(_:)``. The lookup counts against the connect
+        /// timeout. One lookup per new connection: a pooled connection is reused without one.
+        public static let system = Resolver { host throws(HTTPClientError) in host }
+
         /// IPv4 and IPv6 literals as themselves, and `localhost`; any other name is
-        /// ``HTTPClientError/unresolvedHost(_:)``.
+        /// ``HTTPClientError/unresolvedHost(_:)`` at once, without a lookup (for a client that
+        /// must not reach anything by name).
         public static let literalsAndLocalhost = Resolver { host throws(HTTPClientError) in
             if host.lowercased() == "localhost" || isIPLiteral(host) { return host }
             throw .unresolvedHost(host)
@@ -373,7 +388,7 @@ public final class HTTPClient: Sendable {
                     let connection = try await connector.connect(address, target.port, target.host, loop, options)
                     if !outcome.finish(.success(connection)) { connection.close() }  // too late
                 } catch {
-                    _ = outcome.finish(.failure(.connectFailed(host: target.host, port: target.port, error)))
+                    _ = outcome.finish(.failure(Self.connectError(error, target: target)))
                 }
             }
             Task {
@@ -382,6 +397,15 @@ public final class HTTPClient: Sendable {
             }
         }
         return try result.get()
+    }
+
+    /// A failed connect as the client reports it: a name that did not resolve (or not in time)
+    /// is `unresolvedHost`, anything else `connectFailed`.
+    private static func connectError(_ error: EventLoopError, target: HTTPTarget) -> HTTPClientError {
+        switch error {
+        case .hostNotFound, .resolveTimedOut: return .unresolvedHost(target.host)
+        default: return .connectFailed(host: target.host, port: target.port, error)
+        }
     }
 
     /// A response read to its end (`reusable`: the connection may take another request), or

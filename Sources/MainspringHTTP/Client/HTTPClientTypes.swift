@@ -6,8 +6,9 @@ public struct HTTPClientRequest: Sendable {
     /// The method (`GET`, `POST`, …).
     public var method: HTTPMethod
     /// An absolute `http://` (or, with a TLS connector, `https://`) URL. The host is an IP
-    /// literal (`127.0.0.1`, `[::1]`) or `localhost` until a resolver is configured
-    /// (``HTTPClient/Resolver``).
+    /// literal (`127.0.0.1`, `[::1]`) or a name, which the client's
+    /// ``HTTPClient/Configuration/resolver`` (``HTTPClient/Resolver/system`` by default)
+    /// turns into addresses.
     public var url: String
     /// Header fields sent as given, after `Host` and `Content-Length` (which the client writes
     /// unless they are here).
@@ -54,8 +55,10 @@ public enum HTTPClientError: Error, Sendable, Equatable, CustomStringConvertible
     /// The URL's scheme has no connector: `https` needs ``HTTPClient/Configuration/secureConnector``
     /// (MainspringTLS's `.tls(_:)`); others are not HTTP.
     case unsupportedScheme(String)
-    /// The host is a name the configured resolver cannot turn into addresses (the default one
-    /// takes only IP literals and `localhost`).
+    /// The host is a name that did not resolve: no address for it (`getaddrinfo` found none,
+    /// or no nameserver answered), the lookup did not finish within
+    /// `Connection.Options.resolveTimeout`, or the configured resolver refused it
+    /// (``HTTPClient/Resolver/literalsAndLocalhost`` refuses every name but `localhost`).
     case unresolvedHost(String)
     /// The connect to `host:port` failed: refused (`ECONNREFUSED`), unreachable, TLS.
     case connectFailed(host: String, port: UInt16, EventLoopError)
@@ -91,7 +94,7 @@ public enum HTTPClientError: Error, Sendable, Equatable, CustomStringConvertible
         switch self {
         case .invalidURL(let url): return "invalid URL \(url.debugDescription)"
         case .unsupportedScheme(let scheme): return "unsupported scheme \(scheme.debugDescription) (https needs a TLS connector)"
-        case .unresolvedHost(let host): return "cannot resolve host \(host.debugDescription) (IP literals and localhost only)"
+        case .unresolvedHost(let host): return "cannot resolve host \(host.debugDescription)"
         case .connectFailed(let host, let port, let error): return "connect to \(host):\(port) failed: \(error)"
         case .connectTimeout(let host, let port, let limit): return "connect to \(host):\(port) timed out after \(limit)"
         case .responseTimeout(let limit): return "no response within \(limit)"

@@ -1,0 +1,104 @@
+import CBaselines
+import Foundation
+import Mainspring
+import MainspringHTTP
+
+/// http-client: requests per second of three clients against one server — the plain-C evhttp
+/// server of the `http` scenario (`ms_baseline_http_start`, one thread), `GET /hello` — with 32
+/// keep-alive requests in flight, so that only the client differs:
+///
+/// - `mainspring`: one `HTTPClient` on a loop of its own (`maxConnectionsPerHost` 32), 32 tasks
+///   that prefer that loop, each `get` after `get`.
+/// - `wrk`: `wrk -t1 -c32` (one thread of epoll and a request prepared once: a load
+///   generator, the ceiling of a client).
+/// - `libevent-c`: 32 evhttp_connections on one event_base, each re-issuing its request from the
+///   completion callback (`ms_baseline_http_client`).
+///
+/// Each counts the responses completed in 3 s after a 300 ms warm-up (wrk: its own 3 s run,
+/// connects included). `server_busy_pct`: the server thread's CPU time over the measured time —
+/// near 100 the server is the limit, not the client.
+let httpClientScenario = Scenario(
+    name: "http-client",
+    summary: "HTTPClient vs wrk vs C evhttp client: GET /hello, 32 keep-alive requests in flight, one C evhttp server"
+) { runs in
+    let wrk = findExecutable("wrk")
+    if wrk == nil {
+        FileHandle.standardError.write(Data("http-client: wrk is missing (make bench installs it): its variant is skipped\n".utf8))
+    }
+    var samples = Samples()
+    for _ in 0..<runs {
+        samples.add("mainspring", againstCServer { port in httpClientRequests(port: port) })
+        if let wrk {
+            samples.add("wrk", againstCServer { port in
+                let started = nowNanoseconds()
+                let result = runWrk(wrk, ["-t1", "-c\(clientConcurrency)", "-d\(clientMilliseconds / 1000)s",
+                                          "http://127.0.0.1:\(port)/hello"])
+                return (result.rate, Double(nowNanoseconds() - started) / 1e9)
+            })
+        }
+        samples.add("libevent-c", againstCServer { port in
+            var seconds = 0.0
+            var failures: Int64 = 0
+            let count = ms_baseline_http_client(port, Int32(clientConcurrency), Int32(clientWarmupMilliseconds),
+                                                Int32(clientMilliseconds), &seconds, &failures)
+            return (failures == 0 && count > 0 ? Double(count) / seconds : .nan,
+                    Double(clientWarmupMilliseconds + clientMilliseconds) / 1e3)
+        })
+    }
+    return samples.records(scenario: "http-client")
+}
+
+private let clientConcurrency = 32
+private let clientWarmupMilliseconds = 300
+private let clientMilliseconds = 3_000
+
+/// Starts the C server, runs `client` against its port (which returns its rate and the seconds
+/// it ran), stops the server: the figures and the server's share of one core meanwhile.
+private func againstCServer(_ client: (UInt16) -> (rate: Double, seconds: Double)) -> [(String, Double)] {
+    var port: UInt16 = 0
+    let server = ms_baseline_http_start(&port)
+    let cpuBefore = ms_baseline_http_cpu_ns(server)
+    let (rate, seconds) = client(port)
+    let busy = Double(ms_baseline_http_cpu_ns(server) &- cpuBefore) / 1e9 / seconds * 100
+    ms_baseline_http_stop(server)
+    return [("requests_per_s", rate), ("server_busy_pct", busy)]
+}
+
+/// HTTPClient: `clientConcurrency` tasks on the client's loop, `get` after `get`; the responses
+/// completed after the warm-up and before the end, per second. Nan if any request failed.
+private func httpClientRequests(port: UInt16) -> (rate: Double, seconds: Double) {
+    let group = try! EventLoopGroup(loopCount: 1)
+    defer { group.shutdown(gracePeriod: .seconds(2)) }
+    let loop = group.loops[0]
+    let client = HTTPClient(loop: loop, configuration: .init(maxConnectionsPerHost: clientConcurrency))
+    let url = "http://127.0.0.1:\(port)/hello"
+    let started = nowNanoseconds()
+    let measuredFrom = started + UInt64(clientWarmupMilliseconds) * 1_000_000
+    let end = measuredFrom + UInt64(clientMilliseconds) * 1_000_000
+    let (completed, failed) = blockingAwait {
+        await withTaskGroup(of: (Int, Int).self) { tasks in
+            for _ in 0..<clientConcurrency {
+                tasks.addTask(executorPreference: loop) {
+                    var completed = 0
+                    var failed = 0
+                    while true {
+                        do {
+                            let response = try await client.get(url)
+                            if response.status != 200 { failed += 1 }
+                        } catch {
+                            failed += 1
+                        }
+                        let now = nowNanoseconds()
+                        if now >= end { break }
+                        if now >= measuredFrom { completed += 1 }
+                    }
+                    return (completed, failed)
+                }
+            }
+            return await tasks.reduce(into: (0, 0)) { $0.0 += $1.0; $0.1 += $1.1 }
+        }
+    }
+    client.shutdown()
+    let seconds = Double(clientMilliseconds) / 1e3
+    return (failed == 0 && completed > 0 ? Double(completed) / seconds : .nan, Double(end - started) / 1e9)
+}
