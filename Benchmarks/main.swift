@@ -23,6 +23,9 @@ let scenarios: [Scenario] = [
     connectionsScenario,
     httpScenario,
     tlsScenario,
+    udpScenario,
+    unixScenario,
+    resolveScenario,
 ]
 
 /// Scenarios that run only when named (minutes long).
