@@ -45,7 +45,7 @@ let daemonScenario = Scenario(
     return samples.records(scenario: "daemon")
 }
 
-private struct LoadResult {
+struct LoadResult {
     let rate: Double
     let p99: Double
     /// Process CPU time (all threads: clients and server) per request, in microseconds.
@@ -64,6 +64,15 @@ private func processCPUSeconds() -> Double {
 private func loadTest(port: UInt16, duration: Duration, connections: Int = 32, window: Int = 16,
                       workClient: Bool = false) -> LoadResult
 {
+    loadTest(connect: { BenchClient(port: port) }, duration: duration, connections: connections, window: window,
+             workClient: workClient)
+}
+
+/// The daemon's load over any stream socket: `connect` makes each client's connection (TCP
+/// loopback, a Unix socket).
+func loadTest(connect: @escaping @Sendable () -> BenchClient?, duration: Duration, connections: Int = 32,
+              window: Int = 16, workClient: Bool = false) -> LoadResult
+{
     let results = Guarded<(count: Int, latencies: [Double])>((0, []))
     let cpuBefore = processCPUSeconds()
     let deadline = nowNanoseconds() + UInt64(duration.components.seconds) * 1_000_000_000
@@ -74,7 +83,7 @@ private func loadTest(port: UInt16, duration: Duration, connections: Int = 32, w
         finished.enter()
         Thread {
             defer { finished.leave() }
-            guard let client = BenchClient(port: port) else { return }
+            guard let client = connect() else { return }
             while !stopWork.withLock({ $0 }) {
                 client.send("WORK 200\n")
                 guard client.readLine() != nil else { return }
@@ -87,7 +96,7 @@ private func loadTest(port: UInt16, duration: Duration, connections: Int = 32, w
         echoes.enter()
         Thread {
             defer { echoes.leave() }
-            guard let client = BenchClient(port: port) else { return }
+            guard let client = connect() else { return }
             var latencies: [Double] = []
             var count = 0
             var sequence = 0
@@ -142,6 +151,28 @@ final class BenchClient {
         }
         var one: Int32 = 1
         setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
+    }
+
+    /// A blocking client of the Unix stream socket at `path`.
+    init?(unixPath path: String) {
+        fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        let bytes = Array(path.utf8)
+        guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else {
+            close(fd)
+            return nil
+        }
+        withUnsafeMutableBytes(of: &address.sun_path) { sunPath in
+            for (index, byte) in bytes.enumerated() { sunPath[index] = byte }
+        }
+        let rc = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        if rc != 0 {
+            close(fd)
+            return nil
+        }
     }
 
     deinit { close(fd) }

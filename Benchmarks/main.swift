@@ -26,6 +26,9 @@ let scenarios: [Scenario] = [
     spawnScenario,
     childOutputScenario,
     httpClientScenario,
+    udpScenario,
+    unixScenario,
+    resolveScenario,
 ]
 
 /// Scenarios that run only when named (minutes long).

@@ -4,7 +4,7 @@ import Mainspring
 import MainspringHTTP
 import MainspringTLS
 
-// The daemon's HTTP side (`--http-port`): /metrics, /healthz, POST /echo, /work?n=… on the same
+// The daemon's HTTP side (`--http-port`, `--http-unix`): /metrics, /healthz, POST /echo, /work?n=… on the same
 // loops as the line service. Self-contained: give it the group and the address.
 
 /// Starts the HTTP side on `group` and prints its bound port. Exits the process (status 1) when
@@ -24,6 +24,28 @@ func startHTTPSide(group: EventLoopGroup, host: String, port: UInt16, tls: TLSSe
         return server
     } catch {
         FileHandle.standardError.write(Data("mainspring-daemon: cannot listen for HTTP on \(host):\(port): \(error)\n".utf8))
+        exit(1)
+    }
+}
+
+/// Starts the HTTP side on a Unix stream socket at `path` (`--http-unix`) and prints where.
+/// Exits the process (status 1) when it cannot listen (a live socket or another kind of file
+/// there, say).
+func startHTTPSide(group: EventLoopGroup, unixPath path: String, tls: TLSServerContext?) async -> HTTPServer {
+    let exporter = LoopMetricsExporter(group: group)
+    let routes = HTTPService.routes(group: group, exporter: exporter)
+    do {
+        var configuration = HTTPServer.Configuration()
+        configuration.unixPath = path
+        let server = if let tls {
+            try await HTTPServer(group: group, configuration: configuration, routes: routes, tls: tls)
+        } else {
+            try await HTTPServer(group: group, configuration: configuration, routes: routes)
+        }
+        FileHandle.standardOutput.write(Data("\(tls == nil ? "http" : "https") listening on \(path)\n".utf8))
+        return server
+    } catch {
+        FileHandle.standardError.write(Data("mainspring-daemon: cannot listen for HTTP on \(path): \(error)\n".utf8))
         exit(1)
     }
 }

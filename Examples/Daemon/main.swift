@@ -7,7 +7,8 @@ import MainspringTLS
 // mainspring-daemon: a line service on loopback, written with async/await, its connections
 // spread over an EventLoopGroup (AsyncLineService; see LineService for the protocol).
 // SIGINT/SIGTERM drain gracefully and exit 0; SIGHUP prints the counters to stderr. With
-// --http-port, an HTTP side (HTTPSide.swift: /metrics, /healthz, /echo, /work). Under systemd
+// --unix, the same service on a Unix stream socket too (or only). With --http-port and/or
+// --http-unix, an HTTP side (HTTPSide.swift: /metrics, /healthz, /echo, /work). Under systemd
 // (Systemd.swift): socket activation, readiness, status and reload notifications, a watchdog fed
 // by the loops' health, journal priorities.
 
@@ -15,8 +16,14 @@ let usage = """
     usage: mainspring-daemon [options]
       --host <address>       address to listen on (default 127.0.0.1; ::1 for IPv6)
       --port <n>             port (default 0: any free port; the bound one is printed)
+      --unix <path>          serve the line protocol on a Unix stream socket at this path
+                             ("@name": abstract namespace) — instead of TCP, or beside it when
+                             --port is given too; a stale socket file there is replaced, the
+                             file is removed at exit
       --http-port <n>        also serve HTTP (/metrics, /healthz, POST /echo, /work?n=) on this
                              port (0: any free port; the bound one is printed)
+      --http-unix <path>     also serve HTTP on a Unix stream socket at this path (beside
+                             --http-port when both are given); removed at exit
       --loops <n>            event loops / threads (default: the number of cores)
       --max-line <bytes>     longest request line (default 4096)
       --output-limit <bytes> output buffered per connection before reading pauses (default 262144)
@@ -29,7 +36,8 @@ let usage = """
       --tls-certificate <file>  serve the line protocol over TLS (and HTTPS on --http-port) with
       --tls-key <file>          this PEM certificate chain and key; SIGHUP reloads both files
       --help                 this text
-    Sockets passed by socket activation (LISTEN_FDS) take the place of --host/--port.
+    Sockets passed by socket activation (LISTEN_FDS) take the place of --host/--port (--unix
+    still adds its socket).
     Exit status: 0 after a clean shutdown, 1 when it cannot listen, 2 for a bad command line,
     78 when the sockets or environment passed by the service manager cannot be used.
     """
@@ -48,7 +56,10 @@ func say(_ text: String, to handle: FileHandle = .standardOutput) {
 
 var host = "127.0.0.1"
 var port: UInt16 = 0
+var portGiven = false
 var httpPort: UInt16?
+var unixPath: String?
+var httpUnixPath: String?
 var loops = ProcessInfo.processInfo.activeProcessorCount
 var options = LineService.Options()
 var grace = Duration.seconds(5)
@@ -71,8 +82,16 @@ while !arguments.isEmpty {
     }
     switch flag {
     case "--host": host = value
-    case "--port": port = UInt16(number(0...65_535))
+    case "--port":
+        port = UInt16(number(0...65_535))
+        portGiven = true
     case "--http-port": httpPort = UInt16(number(0...65_535))
+    case "--unix":
+        guard !value.isEmpty else { fail("--unix needs a path") }
+        unixPath = value
+    case "--http-unix":
+        guard !value.isEmpty else { fail("--http-unix needs a path") }
+        httpUnixPath = value
     case "--loops": loops = number(1...256)
     case "--max-line": options.maxLineLength = number(16...(16 << 20))
     case "--output-limit": options.outputLimit = number(1_024...(1 << 30))
@@ -91,6 +110,10 @@ while !arguments.isEmpty {
     case "--tls-key": tlsKey = value
     default: fail("unknown option \(flag)")
     }
+}
+
+if unixPath != nil && tlsCertificate != nil {
+    fail("--unix serves the line protocol in plaintext only: not with --tls-certificate (HTTPS on --http-unix is fine)")
 }
 
 // TLS: both files or neither; read now, so a bad pair is a clear error before anything starts.
@@ -138,7 +161,7 @@ do {
 
 /// The STATUS= line: where the daemon serves and its counters.
 @MainActor func status(of service: AsyncLineService) -> String {
-    "serving \(service.localAddress) on \(service.group.loops.count) loop(s): \(service.currentStats)"
+    "serving \(service.localAddresses.joined(separator: " and ")) on \(service.group.loops.count) loop(s): \(service.currentStats)"
         + manager.watchdogSummary
 }
 
@@ -147,26 +170,37 @@ do {
 // drain and end it; SIGHUP prints the counters (the manager hears RELOADING=1 … READY=1 around
 // it: the daemon has no configuration to re-read).
 Task { @MainActor in
+    // The endpoints: the activated socket or host:port (not when --unix is given without
+    // --port), then the unix socket.
+    var endpoints: [LineService.Endpoint] = []
+    if let activated {
+        endpoints.append(.activated(activated))
+    } else if unixPath == nil || portGiven {
+        endpoints.append(.address(host: host, port: port))
+    }
+    if let unixPath { endpoints.append(.unix(path: unixPath)) }
     let service: AsyncLineService
     do {
-        if let activated {
-            do {
-                service = try await AsyncLineService(group: group, endpoint: .activated(activated), options: options, tls: tls)
-            } catch {
-                log(.error, "mainspring-daemon: cannot serve on the activated \(activated): \(error)")
-                exit(exitConfigurationError)
-            }
-        } else {
-            service = try await AsyncLineService(group: group, host: host, port: port, options: options, tls: tls)
-        }
+        service = try await AsyncLineService(group: group, endpoints: endpoints, options: options, tls: tls)
     } catch {
-        log(.error, "mainspring-daemon: cannot listen on \(host):\(port): \(error)")
+        // The activated socket is unusable (78), unless the failure is the unix socket's (its
+        // errors name its path): that one is an ordinary "cannot listen" (1).
+        let unixFailed = unixPath.map { "\(error)".contains($0) } ?? false
+        if let activated, !unixFailed {
+            log(.error, "mainspring-daemon: cannot serve on the activated \(activated): \(error)")
+            exit(exitConfigurationError)
+        }
+        log(.error, "mainspring-daemon: cannot listen: \(error)")
         exit(1)
     }
-    let how = activated.map { " (socket activation: \($0))" } ?? ""
-    say("listening on \(service.localAddress)\(how) with \(loops) loop(s)")
-    var http: HTTPServer?
-    if let httpPort { http = await startHTTPSide(group: group, host: host, port: httpPort, tls: tls) }
+    // One line per endpoint: "listening on <address> with <n> loop(s)".
+    for (index, address) in service.localAddresses.enumerated() {
+        let how = index == 0 ? activated.map { " (socket activation: \($0))" } ?? "" : ""
+        say("listening on \(address)\(how) with \(loops) loop(s)")
+    }
+    var https: [HTTPServer] = []
+    if let httpPort { https.append(await startHTTPSide(group: group, host: host, port: httpPort, tls: tls)) }
+    if let httpUnixPath { https.append(await startHTTPSide(group: group, unixPath: httpUnixPath, tls: tls)) }
 
     // Accepting: tell the service manager, keep it posted, and feed its watchdog while the
     // group's loops are healthy.
@@ -191,7 +225,7 @@ Task { @MainActor in
         let name = signal == SIGINT ? "SIGINT" : "SIGTERM"
         manager.stopping(status: "\(name): draining (up to \(grace)): \(service.currentStats)")
         log(.info, "\(name): draining (up to \(grace))…")
-        await http?.close()
+        for http in https { await http.close() }
         let report = await service.shutdown(gracePeriod: grace)
         log(.info, "stopped: \(service.currentStats); \(report)")
         break

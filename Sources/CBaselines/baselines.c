@@ -238,6 +238,7 @@ int64_t ms_baseline_timers(int interval_us, int duration_ms, int64_t *lateness_n
 #include <netinet/tcp.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 
 struct echo_service {
     struct event_base *base;
@@ -271,11 +272,13 @@ static void echo_event_cb(struct bufferevent *bev, short what, void *ctx) {
 
 static void echo_accept_cb(struct evconnlistener *listener, evutil_socket_t fd, struct sockaddr *address,
                            int length, void *ctx) {
-    (void)listener; (void)address; (void)length;
+    (void)listener; (void)length;
     struct echo_service *service = ctx;
-    /* As Mainspring does on every TCP connection it accepts. */
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    /* As Mainspring does on every TCP connection it accepts (not on a Unix socket). */
+    if (address->sa_family != AF_UNIX) {
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    }
     struct bufferevent *bev = bufferevent_socket_new(service->base, fd, BEV_OPT_CLOSE_ON_FREE);
     bufferevent_setcb(bev, echo_read_cb, NULL, echo_event_cb, service);
     bufferevent_enable(bev, EV_READ | EV_WRITE);
@@ -296,24 +299,45 @@ static void *counted_echo_thread(void *ctx) {
     return NULL;
 }
 
-static void *echo_start(uint16_t *port, int counted) {
+static void *echo_start_on(struct sockaddr *address, socklen_t length, int counted) {
     struct echo_service *service = calloc(1, sizeof *service);
     service->base = new_base(0);
-    struct sockaddr_in address;
-    memset(&address, 0, sizeof address);
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     service->listener = evconnlistener_new_bind(service->base, echo_accept_cb, service,
-        LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE, 511, (struct sockaddr *)&address, sizeof address);
-    struct sockaddr_in bound;
-    socklen_t bound_length = sizeof bound;
-    getsockname(evconnlistener_get_fd(service->listener), (struct sockaddr *)&bound, &bound_length);
-    *port = ntohs(bound.sin_port);
+        LEV_OPT_CLOSE_ON_FREE | (address->sa_family == AF_UNIX ? 0 : LEV_OPT_REUSEABLE), 511, address, (int)length);
+    if (service->listener == NULL) {
+        event_base_free(service->base);
+        free(service);
+        return NULL;
+    }
     if (pipe(service->stop_pipe) != 0) abort();
     service->stop_event = event_new(service->base, service->stop_pipe[0], EV_READ, echo_stop_cb, service);
     event_add(service->stop_event, NULL);
     pthread_create(&service->thread, NULL, counted ? counted_echo_thread : echo_thread, service);
     return service;
+}
+
+static void *echo_start(uint16_t *port, int counted) {
+    struct sockaddr_in address;
+    memset(&address, 0, sizeof address);
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    struct echo_service *service = echo_start_on((struct sockaddr *)&address, sizeof address, counted);
+    if (service == NULL) abort();
+    struct sockaddr_in bound;
+    socklen_t bound_length = sizeof bound;
+    getsockname(evconnlistener_get_fd(service->listener), (struct sockaddr *)&bound, &bound_length);
+    *port = ntohs(bound.sin_port);
+    return service;
+}
+
+void *ms_baseline_echo_start_unix(const char *path) {
+    struct sockaddr_un address;
+    memset(&address, 0, sizeof address);
+    address.sun_family = AF_UNIX;
+    if (strlen(path) >= sizeof address.sun_path) return NULL;
+    strcpy(address.sun_path, path);
+    unlink(path);
+    return echo_start_on((struct sockaddr *)&address, sizeof address, 0);
 }
 
 void *ms_baseline_echo_start(uint16_t *port) {

@@ -16,14 +16,17 @@ import Synchronization
 public final class AsyncLineService: Sendable {
     public let group: EventLoopGroup
     public let options: LineService.Options
-    /// The port the service listens on (0 on a unix socket).
+    /// The port the service listens on (its first endpoint's; 0 on a unix socket).
     public let port: UInt16
-    /// The address the service listens on ("127.0.0.1:7000", a unix socket's path).
-    public var localAddress: String { listener.localAddress }
-    private let listener: Listener
+    /// The address the service listens on ("127.0.0.1:7000", a unix socket's path): its first
+    /// endpoint's.
+    public var localAddress: String { listeners[0].localAddress }
+    /// Every address the service listens on, in the order of its endpoints.
+    public var localAddresses: [String] { listeners.map(\.localAddress) }
+    private let listeners: [Listener]
     private let registry: SessionRegistry
     private let stats: StatsCounters
-    private let serving: Task<Void, Never>
+    private let serving: [Task<Void, Never>]
 
     /// Starts listening on `host:port` (0: any free port, see `port`) and serving; connections
     /// are spread over the group's loops. Any task.
@@ -35,53 +38,85 @@ public final class AsyncLineService: Sendable {
 
     /// Starts serving on `endpoint` — a new socket, or one passed by socket activation —, over
     /// TLS when `tls` is given. Connections are spread over the group's loops. Any task.
-    public init(group: EventLoopGroup, endpoint: LineService.Endpoint, options: LineService.Options = .init(),
+    public convenience init(group: EventLoopGroup, endpoint: LineService.Endpoint, options: LineService.Options = .init(),
+                            tls: TLSServerContext? = nil) async throws
+    {
+        try await self.init(group: group, endpoints: [endpoint], options: options, tls: tls)
+    }
+
+    /// Starts serving on every one of `endpoints` (at least one: a TCP address and a unix
+    /// socket, say), one listener each, with the same counters, limits and loops. `tls` applies
+    /// to the TCP and activated endpoints; a unix endpoint with `tls` is
+    /// `LineServiceError.tlsOnUnixSocket`. If one endpoint cannot listen, those already
+    /// listening are closed and the error is thrown. Any task.
+    public init(group: EventLoopGroup, endpoints: [LineService.Endpoint], options: LineService.Options = .init(),
                 tls: TLSServerContext? = nil) async throws
     {
+        precondition(!endpoints.isEmpty, "AsyncLineService needs at least one endpoint")
         self.group = group
         self.options = options
         let stats = StatsCounters()
         let registry = SessionRegistry()
         let connectionOptions = Connection.Options(maxLineLength: options.maxLineLength,
                                                    outputLimit: options.outputLimit, idleTimeout: options.idleTimeout)
-        let listener = switch (endpoint, tls) {
-        case (.address(let host, let port), nil):
-            try await Listener(host: host, port: port, on: group.loops[0], group: group, options: connectionOptions)
-        case (.activated(let socket), nil):
-            try await Listener(activatedSocket: socket, on: group.loops[0], group: group, options: connectionOptions)
-        case (.address(let host, let port), let tls?):
-            try await Listener(host: host, port: port, on: group.loops[0], group: group, options: connectionOptions, tls: tls)
-        case (.activated(let socket), let tls?):
-            try await Listener(activatedSocket: socket, on: group.loops[0], group: group, options: connectionOptions, tls: tls)
+        var listeners: [Listener] = []
+        do {
+            for endpoint in endpoints {
+                listeners.append(try await Self.listen(on: endpoint, group: group, options: connectionOptions, tls: tls))
+            }
+        } catch {
+            for listener in listeners { listener.close() }
+            throw error
         }
         let feeders = group.loops.map { Feeder(loop: $0, priority: .background, pacing: options.workPacing) }
         let loops = group.loops
         let startTime = Date()
-        self.serving = Task(executorPreference: group.loops[0]) {
-            await withDiscardingTaskGroup { tasks in
-                do {
-                    for try await connection in listener.connections {
-                        stats.accepted.add(1, ordering: .relaxed)
-                        stats.open.add(1, ordering: .relaxed)
-                        let feeder = feeders[loops.firstIndex { $0 === connection.loop } ?? 0]
-                        tasks.addTask(executorPreference: connection.loop) {
-                            let session = AsyncSession(connection: connection, feeder: feeder, options: options,
-                                                       stats: stats, startTime: startTime)
-                            if registry.add(session) { await session.drain() }
-                            await session.run()
-                            registry.remove(session)
-                            stats.open.subtract(1, ordering: .relaxed)
+        self.serving = listeners.map { listener in
+            Task(executorPreference: loops[0]) {
+                await withDiscardingTaskGroup { tasks in
+                    do {
+                        for try await connection in listener.connections {
+                            stats.accepted.add(1, ordering: .relaxed)
+                            stats.open.add(1, ordering: .relaxed)
+                            let feeder = feeders[loops.firstIndex { $0 === connection.loop } ?? 0]
+                            tasks.addTask(executorPreference: connection.loop) {
+                                let session = AsyncSession(connection: connection, feeder: feeder, options: options,
+                                                           stats: stats, startTime: startTime)
+                                if registry.add(session) { await session.drain() }
+                                await session.run()
+                                registry.remove(session)
+                                stats.open.subtract(1, ordering: .relaxed)
+                            }
                         }
+                    } catch {
+                        // Cancelled: the listener is closed; the sessions finish on their own.
                     }
-                } catch {
-                    // Cancelled: the listener is closed; the sessions finish on their own.
                 }
             }
         }
-        self.listener = listener
+        self.listeners = listeners
         self.registry = registry
         self.stats = stats
-        self.port = listener.port
+        self.port = listeners[0].port
+    }
+
+    private static func listen(on endpoint: LineService.Endpoint, group: EventLoopGroup, options: Connection.Options,
+                               tls: TLSServerContext?) async throws -> Listener
+    {
+        switch (endpoint, tls) {
+        case (.address(let host, let port), nil):
+            try await Listener(host: host, port: port, on: group.loops[0], group: group, options: options)
+        case (.activated(let socket), nil):
+            try await Listener(activatedSocket: socket, on: group.loops[0], group: group, options: options)
+        case (.address(let host, let port), let tls?):
+            try await Listener(host: host, port: port, on: group.loops[0], group: group, options: options, tls: tls)
+        case (.activated(let socket), let tls?):
+            try await Listener(activatedSocket: socket, on: group.loops[0], group: group, options: options, tls: tls)
+        case (.unix(let path, let mode), nil):
+            try await Listener(unixPath: path, mode: mode, on: group.loops[0], group: group, options: options)
+        case (.unix(let path, _), _?):
+            throw LineServiceError.tlsOnUnixSocket(path: path)
+        }
     }
 
     /// A snapshot of the counters. Any thread.
@@ -93,10 +128,10 @@ public final class AsyncLineService: Sendable {
     /// the group's loops.
     @discardableResult
     public func shutdown(gracePeriod: Duration = .seconds(5)) async -> EventLoopGroup.ShutdownReport {
-        listener.close()
+        for listener in listeners { listener.close() }
         for session in registry.startDraining() { await session.drain() }
         let report = await group.shutdown(gracePeriod: gracePeriod)
-        await serving.value
+        for task in serving { await task.value }
         return report
     }
 }

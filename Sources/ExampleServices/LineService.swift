@@ -63,6 +63,12 @@ public final class LineService: Sendable {
         case address(host: String, port: UInt16)
         /// A listening socket passed by the service manager (socket activation).
         case activated(ActivatedSockets.Socket)
+        /// A new Unix stream socket at `path` (a file with `mode`, nil: the umask's; or "@name"
+        /// in the abstract namespace), with `Listener(unixPath:mode:on:)`'s rules: a stale
+        /// socket file is replaced, a live one or another kind of file is an error, the file
+        /// goes when the service stops. Plaintext only: with TLS it is
+        /// `LineServiceError.tlsOnUnixSocket`.
+        case unix(path: String, mode: UInt16? = nil)
     }
 
     public let group: EventLoopGroup
@@ -116,6 +122,11 @@ public final class LineService: Sendable {
             case (.activated(let socket), let tls?):
                 try Listener(activatedSocket: socket, on: acceptor, group: group, options: connectionOptions, tls: tls,
                              accept: accept)
+            case (.unix(let path, let mode), nil):
+                try Listener(unixPath: path, mode: mode, on: acceptor, group: group, options: connectionOptions,
+                             accept: accept)
+            case (.unix(let path, _), _?):
+                throw LineServiceError.tlsOnUnixSocket(path: path)
             }
         }
         listenerBox = UncheckedBox(made)
@@ -138,6 +149,19 @@ public final class LineService: Sendable {
             context.loop.execute { context.drain() }
         }
         return group.shutdown(gracePeriod: gracePeriod)
+    }
+}
+
+/// What a line service cannot be asked to do.
+public enum LineServiceError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// TLS on a Unix socket endpoint: Mainspring's TLS listeners take TCP addresses and
+    /// activated sockets only.
+    case tlsOnUnixSocket(path: String)
+
+    public var description: String {
+        switch self {
+        case .tlsOnUnixSocket(let path): return "TLS is not offered on a unix socket (\(path)); serve it in plaintext"
+        }
     }
 }
 

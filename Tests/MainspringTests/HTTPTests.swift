@@ -92,6 +92,73 @@ struct HTTPTests {
         #expect(server.server.statistics.snapshot.connectionsAccepted == 1)
     }
 
+    @Test("on a Unix socket: curl --unix-socket gets answers; the file has its mode and goes at close()")
+    func unixSocket() async throws {
+        let path = uniqueTestPath("http.sock")
+        var configuration = HTTPServer.Configuration()
+        configuration.unixPath = path
+        configuration.unixMode = 0o600
+        let server = try TestServer(configuration: configuration)
+        var status = stat()
+        #expect(lstat(path, &status) == 0 && status.st_mode & S_IFMT == S_IFSOCK && status.st_mode & 0o777 == 0o600,
+                "mode \(String(status.st_mode, radix: 8))")
+        #expect(server.port == 0)
+        // Several requests on one connection, then a second connection: both loops serve it.
+        let result = try await curl(["--unix-socket", path, "http://localhost/hello", "http://localhost/healthz"])
+        #expect(result.status == 0, "\(result.summary)")
+        #expect(result.stdout == "hello\nok\n")
+        let later = try await curl(["--unix-socket", path, "http://localhost/later"])
+        #expect(later.stdout.hasSuffix("on its loop: true true\n"), "\(later.summary)")
+        // A live socket is not replaced: a second server on the path is refused, naming it.
+        let live = #expect(throws: HTTPServerError.self) { _ = try TestServer(loops: 1, configuration: configuration) }
+        if case .unixSocketPathInUse(let failedPath, let reason)? = live {
+            #expect(failedPath == path && reason.contains("listening"), "\(reason)")
+        } else {
+            Issue.record("not unixSocketPathInUse: \(String(describing: live))")
+        }
+        #expect(lstat(path, &status) == 0, "the refused server removed the live server's file")
+        await server.server.close()
+        #expect(access(path, F_OK) != 0, "the socket file outlived close()")
+        await server.group.shutdown(gracePeriod: .seconds(2))
+    }
+
+    @Test("on a Unix socket: a stale socket file is replaced, a regular file is left alone, a shutdown removes the file")
+    func unixSocketFiles() async throws {
+        // A stale socket: bound, then its socket closed (nobody listens; the file stays).
+        let path = uniqueTestPath("stale-http.sock")
+        let stale = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &address.sun_path) { bytes in
+            for (i, byte) in path.utf8.enumerated() { bytes[i] = byte }
+        }
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(stale, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        try #require(bound == 0 && listen(stale, 1) == 0)
+        close(stale)
+        var configuration = HTTPServer.Configuration()
+        configuration.unixPath = path
+        let server = try TestServer(loops: 1, configuration: configuration)
+        let result = try await curl(["--unix-socket", path, "http://localhost/hello"])
+        #expect(result.stdout == "hello\n", "\(result.summary)")
+        // A group shutdown without close(): the file goes with the server's last loop.
+        await server.group.shutdown(gracePeriod: .seconds(2))
+        #expect(access(path, F_OK) != 0, "the socket file outlived the group's shutdown")
+
+        // A regular file at the path is neither replaced nor removed.
+        let regular = uniqueTestPath("not-a-socket")
+        try "keep me".write(toFile: regular, atomically: false, encoding: .utf8)
+        configuration.unixPath = regular
+        let refused = #expect(throws: HTTPServerError.self) { _ = try TestServer(loops: 1, configuration: configuration) }
+        if case .unixSocketPathInUse(_, let reason)? = refused {
+            #expect(reason.contains("regular file"), "\(reason)")
+        } else {
+            Issue.record("not unixSocketPathInUse: \(String(describing: refused))")
+        }
+        #expect(try String(contentsOfFile: regular, encoding: .utf8) == "keep me")
+    }
+
     @Test("streaming: /work sends chunked progress lines and the right checksum")
     func streaming() async throws {
         let server = try TestServer()

@@ -25,7 +25,12 @@ int64_t ms_baseline_timers(int interval_us, int duration_ms, int64_t *lateness_n
 /// "<text>\n", anything else with "ERR\n". Returns a handle for `ms_baseline_echo_stop`.
 void *ms_baseline_echo_start(uint16_t *port);
 
-/// Stops the service started by `ms_baseline_echo_start` and waits for its thread.
+/// unix: the same line service on a Unix stream socket at `path` (a stale file there is
+/// removed first). Returns a handle for `ms_baseline_echo_stop`, or NULL when it cannot listen.
+/// The caller removes the file after stopping it.
+void *ms_baseline_echo_start_unix(const char *path);
+
+/// Stops the service started by `ms_baseline_echo_start` (or `_unix`) and waits for its thread.
 void ms_baseline_echo_stop(void *handle);
 
 /// actor-hop's floor: two threads, each with its own event_base (precise timers, like
@@ -99,5 +104,24 @@ double ms_baseline_child_output(const char *path, const char *argument, int64_t 
 /// requests that failed (whole run).
 int64_t ms_baseline_http_client(uint16_t port, int connections, int warmup_ms, int duration_ms, double *seconds,
                                 int64_t *failures);
+
+/* ---- udp (socket_baselines.c) ---- */
+
+/// udp: a plain-C libevent UDP echo server on 127.0.0.1 (an ephemeral port, written to `*port`)
+/// on a thread of its own: a persistent read event; each readiness echoes up to 64 datagrams —
+/// one `recvfrom` and one `sendto` each when `use_mmsg` is 0, batches of 32 per `recvmmsg` and
+/// one `sendmmsg` per batch otherwise. Returns a handle for `ms_baseline_udp_echo_stop`.
+void *ms_baseline_udp_echo_start(int use_mmsg, uint16_t *port);
+
+/// Stops the server started by `ms_baseline_udp_echo_start` and waits for its thread.
+void ms_baseline_udp_echo_stop(void *handle);
+
+/// udp's load, the same for every server: a connected UDP socket on the calling thread keeps
+/// `window` datagrams of `payload` bytes in flight to 127.0.0.1:`port` for `duration_ms`
+/// (`sendmmsg` to refill, `recvmmsg` to take echoes). Loopback drops under overload: after 5 ms
+/// without an echo the window counts as lost and is sent again (`*timeouts_out` counts those).
+/// Returns the echoes received; `*sent_out` receives the datagrams sent.
+int64_t ms_udp_echo_client(uint16_t port, int window, int payload, int duration_ms, int64_t *sent_out,
+                           int64_t *timeouts_out);
 
 #endif

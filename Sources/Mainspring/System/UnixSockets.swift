@@ -24,13 +24,13 @@ func unixSocketAddress(_ path: String) throws(EventLoopError) -> [UInt8] {
 }
 
 /// The file a listener bound (dev, inode), to remove on close only if it is still that file.
-struct UnixSocketFile: Sendable {
+package struct UnixSocketFile: Sendable {
     let path: String
     let device: UInt64
     let inode: UInt64
 
     /// Removes the socket file if it is still the one bound (not a newer server's).
-    func remove() {
+    package func remove() {
         var status = stat()
         guard lstat(path, &status) == 0, UInt64(status.st_dev) == device, UInt64(status.st_ino) == inode else { return }
         unlink(path)
@@ -42,7 +42,7 @@ struct UnixSocketFile: Sendable {
 /// linked into place, which fails rather than replace a file that appeared meanwhile). An
 /// existing file at `path` is replaced only if it is a socket nobody listens on (a stale one):
 /// a live socket or a file of another kind is an error naming it.
-func bindUnixListeningSocket(_ path: String, mode: UInt16?, backlog: Int32)
+package func bindUnixListeningSocket(_ path: String, mode: UInt16?, backlog: Int32)
     throws(EventLoopError) -> (fd: Int32, file: UnixSocketFile?)
 {
     let address = try unixSocketAddress(path)

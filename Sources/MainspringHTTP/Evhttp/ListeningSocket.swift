@@ -1,15 +1,39 @@
-// The listening side of an HTTP server: one TCP socket bound once, shared by every loop of the
+// The listening side of an HTTP server: one TCP (or Unix stream) socket bound once, shared by every loop of the
 // server. Each loop's evhttp accepts from a duplicate of it (see `EvhttpServer.accept(on:)`).
 #if canImport(Glibc)
 import Glibc
 #endif
+import Mainspring
 
-/// A listening TCP socket shared by every loop of a server: each loop's evhttp accepts from its
-/// own duplicate of it, so a loop that is stuck in a long callback simply stops taking new
-/// connections and the others take them.
+/// A listening socket (TCP, or Unix stream) shared by every loop of a server: each loop's evhttp
+/// accepts from its own duplicate of it, so a loop that is stuck in a long callback simply stops
+/// taking new connections and the others take them. This object goes once every loop has its
+/// duplicate; the duplicates listen on.
 final class ListeningSocket: @unchecked Sendable {
     let fd: Int32
     let port: UInt16
+    /// A Unix socket's file (nil for TCP and abstract names). Not removed here: this object
+    /// goes right after the server starts, while the loops' duplicates still listen; the server
+    /// removes the file when it closes (`ServerShared.removeSocketFile`).
+    let unixFile: UnixSocketFile?
+
+    /// A Unix domain stream socket at `path` (a file with `mode`, or "@name"), listening — bound
+    /// by the core's `bindUnixListeningSocket`, with its rules: a stale socket file is replaced,
+    /// a live socket or another kind of file is an error.
+    init(unixPath path: String, mode: UInt16?, backlog: Int32) throws(HTTPServerError) {
+        do throws(EventLoopError) {
+            let (fd, file) = try bindUnixListeningSocket(path, mode: mode, backlog: backlog)
+            self.fd = fd
+            self.port = 0
+            self.unixFile = file
+        } catch {
+            switch error {
+            case .system(let function, let code): throw .system(function: function, errno: code)
+            case .unixSocketPathInUse(let path, let reason): throw .unixSocketPathInUse(path: path, reason: reason)
+            default: throw .invalidAddress("\(path): \(error)")
+            }
+        }
+    }
 
     init(host: String, port: UInt16, backlog: Int32) throws(HTTPServerError) {
         var hints = addrinfo()
@@ -49,6 +73,7 @@ final class ListeningSocket: @unchecked Sendable {
         }
         self.fd = fd
         self.port = boundPort
+        self.unixFile = nil
     }
 
     /// A close-on-exec duplicate of the socket, for one loop's evhttp (which closes it).

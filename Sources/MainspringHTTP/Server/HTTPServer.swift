@@ -62,6 +62,18 @@ public final class HTTPServer: Sendable {
         public var bodyTimeout: Duration
         /// The listen backlog. Default 511.
         public var backlog: Int32
+        /// A Unix domain stream socket to listen on instead of `host` and `port`: a file path,
+        /// or "@name" in Linux's abstract namespace (no file). The rules of Mainspring's
+        /// `Listener(unixPath:mode:on:)`, whose code binds it: an existing file there is
+        /// replaced only if it is a socket nobody listens on (a stale one); a live socket or a
+        /// file of another kind is left alone and reported
+        /// (`HTTPServerError.unixSocketPathInUse`). The file is removed when `close()` is called
+        /// (or when the group's loops shut down without it), if it is still the one this
+        /// server made. `HTTPServer.port` is then 0. Default nil.
+        public var unixPath: String? = nil
+        /// The socket file's mode (`0o660`, say) when `unixPath` is a file path; nil leaves it
+        /// to the umask. Default nil.
+        public var unixMode: UInt16? = nil
 
         public init(host: String = "127.0.0.1", port: UInt16 = 0, maxHeaderBytes: Int = 8 * 1024,
                     maxBodyBytes: Int = 1 << 20, maxConnections: Int = 10_000, idleTimeout: Duration = .seconds(60),
@@ -79,7 +91,7 @@ public final class HTTPServer: Sendable {
         }
     }
 
-    /// The bound port.
+    /// The bound port (0 on a Unix socket).
     public let port: UInt16
     /// The loops that serve requests.
     public let loops: [EventLoop]
@@ -154,9 +166,15 @@ public final class HTTPServer: Sendable {
             maxHeaderBytes: max(256, configuration.maxHeaderBytes), maxBodyBytes: max(0, configuration.maxBodyBytes),
             idleTimeout: max(floor, configuration.idleTimeout), headerTimeout: max(floor, configuration.headerTimeout),
             bodyTimeout: max(floor, configuration.bodyTimeout), acceptBurst: 16, layer: layer)
-        let socket = try ListeningSocket(host: configuration.host, port: configuration.port, backlog: configuration.backlog)
+        let socket: ListeningSocket
+        if let path = configuration.unixPath {
+            socket = try ListeningSocket(unixPath: path, mode: configuration.unixMode, backlog: configuration.backlog)
+        } else {
+            socket = try ListeningSocket(host: configuration.host, port: configuration.port, backlog: configuration.backlog)
+        }
         return Plan(limits: limits, socket: socket, statistics: HTTPServerStatistics(),
-                    shared: ServerShared(maxConnections: max(1, configuration.maxConnections)))
+                    shared: ServerShared(maxConnections: max(1, configuration.maxConnections),
+                                         socketFile: socket.unixFile))
     }
 
     private convenience init(loops: [EventLoop], configuration: Configuration, routes: HTTPRoutes,
@@ -193,6 +211,7 @@ public final class HTTPServer: Sendable {
         }
         if let failure {
             for endpoint in endpoints { endpoint.loop.execute(priority: .input) { endpoint.close() } }
+            plan.shared.removeSocketFile()
             throw failure
         }
         self.init(loops: loops, plan: plan, endpoints: endpoints)
@@ -212,6 +231,7 @@ public final class HTTPServer: Sendable {
                 endpoints.append(try onLoop(loop, index: endpoints.count, make))
             } catch {
                 for endpoint in endpoints { endpoint.loop.execute(priority: .input) { endpoint.close() } }
+                plan.shared.removeSocketFile()
                 throw error
             }
         }
@@ -231,9 +251,11 @@ public final class HTTPServer: Sendable {
     /// accepted after it returns — a new connection is refused (the listening socket is closed
     /// once the last loop lets go of it), and a request that arrives on an open connection gets
     /// `503` and `Connection: close`. Requests in flight finish (`Connection: close`), then the
-    /// server's connections close (see `isClosed`). Any task; a loop busy in a long callback
+    /// server's connections close (see `isClosed`). On a Unix socket (`unixPath`) the socket
+    /// file is removed at once, when this is called. Any task; a loop busy in a long callback
     /// makes it wait until that callback returns.
     public func close() async {
+        shared.removeSocketFile()
         await withTaskGroup(of: Void.self) { tasks in
             for endpoint in shared.endpoints {
                 tasks.addTask {
@@ -252,8 +274,10 @@ public final class HTTPServer: Sendable {
 
     /// Stops accepting connections, without waiting: each loop stops when it next runs (`await
     /// close()` waits for that). Requests in flight finish, then the server's connections close.
-    /// Any thread; returns at once (see `isClosed`).
+    /// On a Unix socket (`unixPath`) the socket file is removed at once. Any thread; returns at
+    /// once (see `isClosed`).
     public func close() {
+        shared.removeSocketFile()
         for endpoint in shared.endpoints {
             if endpoint.loop.isCurrent {
                 endpoint.close()

@@ -91,6 +91,9 @@ public enum HTTPServerError: Error, Sendable, Equatable, CustomStringConvertible
     /// initialiser's wait (it is not running, or stuck in a callback); `index` is its place in
     /// the server's loops. The async initialiser waits as long as it takes instead.
     case loopNotRunning(index: Int, waited: Duration)
+    /// `Configuration.unixPath` names a file that exists and is not a stale socket: a socket a
+    /// server listens on, or a file of another kind (`reason` says which). It is left alone.
+    case unixSocketPathInUse(path: String, reason: String)
 
     public var description: String {
         switch self {
@@ -102,6 +105,8 @@ public enum HTTPServerError: Error, Sendable, Equatable, CustomStringConvertible
         case .closed: return "the server is closed"
         case .loopNotRunning(let index, let waited):
             return "loop \(index) of the server did not set up its share within \(waited) (not running, or stuck in a callback)"
+        case .unixSocketPathInUse(let path, let reason):
+            return "cannot listen on unix socket \(path): it exists and is \(reason)"
         }
     }
 }

@@ -228,14 +228,17 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
     var connectionCount: Int { evhttp?.connectionCount ?? 0 }
 }
 
-/// What the loops of one server share: the connection limit.
+/// What the loops of one server share: the connection limit, and a Unix socket's file.
 final class ServerShared: @unchecked Sendable {
     let maxConnections: Int
+    /// The Unix socket file the server listens on (nil for TCP and abstract names).
+    private let socketFile: UnixSocketFile?
     private let lock = NSLock()
     private var state = State()
     private struct State {
         var limitReached = false
         var openEndpoints = 0
+        var socketFileRemoved = false
     }
 
     private func withState<T>(_ body: (inout State) -> T) -> T {
@@ -245,7 +248,21 @@ final class ServerShared: @unchecked Sendable {
     }
     var endpoints: [LoopEndpoint] = []
 
-    init(maxConnections: Int) { self.maxConnections = maxConnections }
+    init(maxConnections: Int, socketFile: UnixSocketFile?) {
+        self.maxConnections = maxConnections
+        self.socketFile = socketFile
+    }
+
+    /// Removes the Unix socket file, once (and only if it is still the one the server bound,
+    /// not a newer server's): when `close()` is called, or when the last loop lets go of the
+    /// server (a group shutdown without `close()`), or when starting fails. Any thread.
+    func removeSocketFile() {
+        guard let socketFile, withState({ state -> Bool in
+            defer { state.socketFileRemoved = true }
+            return !state.socketFileRemoved
+        }) else { return }
+        socketFile.remove()
+    }
 
     func setEndpointCount(_ count: Int) { withState { $0.openEndpoints = count } }
 
@@ -267,7 +284,13 @@ final class ServerShared: @unchecked Sendable {
         }
     }
 
-    func endpointClosed() { withState { $0.openEndpoints -= 1 } }
+    func endpointClosed() {
+        let open = withState { state -> Int in
+            state.openEndpoints -= 1
+            return state.openEndpoints
+        }
+        if open == 0 { removeSocketFile() }
+    }
 
     var openEndpoints: Int { withState { $0.openEndpoints } }
 }
