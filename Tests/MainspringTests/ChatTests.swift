@@ -10,8 +10,9 @@ import Glibc
 /// order, one after the other, and counts them.
 private final class SequenceReader: @unchecked Sendable {
     let client: TestClient
+    /// A pthread mutex (`Locked`): ThreadSanitizer does not see `Synchronization.Mutex`'s futex.
     private final class Progress: Sendable {
-        let state = Mutex<(received: Int, problem: String?)>((0, nil))
+        let state = Locked<(received: Int, problem: String?)>((0, nil))
     }
 
     private let progress = Progress()
@@ -166,12 +167,12 @@ struct ChatTests {
 
 /// Samples a process's resident memory every 20 ms on a thread of its own; `stop` returns the peak.
 private final class MemorySampler: Sendable {
-    private let peak: Mutex<Int>
+    private let peak: Locked<Int>
     private let running = Atomic<Bool>(true)
     private let stopped = DispatchSemaphore(value: 0)
 
     init(pid: pid_t, baseline: Int) {
-        peak = Mutex(baseline)
+        peak = Locked(baseline)
         Thread { [self] in
             while running.load(ordering: .relaxed) {
                 let now = residentBytes(of: pid)
