@@ -30,28 +30,6 @@ static inline uint64_t ms_cycle_counter(void) {
     return value;
 #else
     return 0;
-// Datagrams in batches: recvmmsg(2) and sendmmsg(2), which glibc declares only under
-// _GNU_SOURCE (datagrams.c defines it). Used only by System/DatagramCalls.swift.
-#include <stddef.h>
-#define MS_DATAGRAM_ADDRESS_SIZE 128  /* sizeof(struct sockaddr_storage) */
-
-/// Receives up to `count` datagrams (at most 64) with one recvmmsg(2), non-blocking. Datagram
-/// i goes to `buffers + i * size`; its real length (the sender's, even when longer than
-/// `size`: MSG_TRUNC is asked for) to `lengths[i]`, 1 to `truncated[i]` when it was cut; its
-/// sender to `addresses + i * MS_DATAGRAM_ADDRESS_SIZE` with length `address_lengths[i]`.
-/// The number received, or -1 with errno (EAGAIN when none is waiting).
-int ms_receive_datagrams(int fd, unsigned char *_Nonnull buffers, size_t size, unsigned count,
-                         size_t *_Nonnull lengths, unsigned char *_Nonnull truncated,
-                         unsigned char *_Nonnull addresses, unsigned *_Nonnull address_lengths);
-
-/// Sends up to `count` datagrams (at most 64) with one sendmmsg(2), non-blocking: datagram i is
-/// `sizes[i]` bytes of `payload` after the previous ones, to the address at
-/// `addresses + i * MS_DATAGRAM_ADDRESS_SIZE` of length `address_lengths[i]` (0: the connected
-/// peer). The number sent (fewer when the socket's buffer filled), or -1 with errno for the
-/// first datagram (EAGAIN: the buffer is full; EMSGSIZE: too large).
-int ms_send_datagrams(int fd, const unsigned char *_Nonnull payload, const size_t *_Nonnull sizes, unsigned count,
-                      const unsigned char *_Nonnull addresses, const unsigned *_Nonnull address_lengths);
-
 #endif
 }
 
