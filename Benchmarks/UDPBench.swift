@@ -54,20 +54,15 @@ let udpScenario = Scenario(
             group.shutdown(gracePeriod: .seconds(1))
             return figures
         }())
-        samples.add("libevent-c", {
-            var port: UInt16 = 0
-            let handle = ms_baseline_udp_echo_start(0, &port)
-            let figures = drive(port)
-            ms_baseline_udp_echo_stop(handle)
-            return figures
-        }())
-        samples.add("libevent-c-mmsg", {
-            var port: UInt16 = 0
-            let handle = ms_baseline_udp_echo_start(1, &port)
-            let figures = drive(port)
-            ms_baseline_udp_echo_stop(handle)
-            return figures
-        }())
+        for (variant, useBatches) in [("libevent-c", Int32(0)), ("libevent-c-mmsg", Int32(1))] {
+            samples.add(variant, {
+                var port: UInt16 = 0
+                let handle = ms_baseline_udp_echo_start(useBatches, &port)
+                let figures = drive(port)
+                ms_baseline_udp_echo_stop(handle)
+                return figures
+            }())
+        }
     }
     return samples.records(scenario: "udp")
 }

@@ -309,6 +309,7 @@ public final class DatagramSocket: Sendable {
     /// `close()` from any task.
     public nonisolated(nonsending) func close() async {
         let state = self.state
+        // `try?`: `onLoop` fails only when the loop has shut down, which closed the socket already.
         _ = try? await loop.onLoop { state.value.close() }
     }
 
