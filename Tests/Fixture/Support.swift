@@ -19,9 +19,20 @@ func check(_ condition: Bool, _ message: @autoclosure () -> String) {
 }
 
 /// Ends a hung scenario with status 3 after `seconds`.
+///
+/// The watchdog's thread blocks every signal, so a signal the test sends the process is never
+/// delivered to it: a handled signal interrupts `sleep`, which once made the watchdog fire 0.04 s
+/// into a 30 s wait (the scenario's SIGTERM had landed on this thread). It also sleeps to a
+/// deadline, not for a count that an interruption would cut short.
 func startWatchdog(seconds: UInt32) {
     Thread.detachNewThread {
-        sleep(seconds)
+        var all = sigset_t()
+        sigfillset(&all)
+        pthread_sigmask(SIG_BLOCK, &all, nil)
+        let deadline = ContinuousClock.now + .seconds(Int(seconds))
+        while ContinuousClock.now < deadline {
+            usleep(500_000)
+        }
         FileHandle.standardError.write(Data("FAIL: watchdog: the scenario hung for \(seconds) s\n".utf8))
         exit(3)
     }
