@@ -20,10 +20,10 @@ func check(_ condition: Bool, _ message: @autoclosure () -> String) {
 
 /// Ends a hung scenario with status 3 after `seconds`.
 ///
-/// The watchdog's thread blocks every signal, so a signal the test sends the process is never
-/// delivered to it: a handled signal interrupts `sleep`, which once made the watchdog fire 0.04 s
-/// into a 30 s wait (the scenario's SIGTERM had landed on this thread). It also sleeps to a
-/// deadline, not for a count that an interruption would cut short.
+/// The watchdog's thread blocks every signal, so that a signal the test sends the process is
+/// never delivered to it: a handled signal interrupts `sleep`, and a watchdog that sleeps for a
+/// count would fire at once when a scenario's SIGTERM lands on its thread. It sleeps to a
+/// deadline, which an interruption cannot cut short.
 func startWatchdog(seconds: UInt32) {
     Thread.detachNewThread {
         var all = sigset_t()

@@ -26,6 +26,7 @@ var scenarios: [String: @MainActor () throws -> Void] = [
     "async-second-consumer": asyncSecondConsumerScenario,
     "group-takeover": groupTakeoverScenario,
     "duration-misuse": durationMisuseScenario,
+    "thousand-children": thousandChildrenScenario,
 ]
 #if MAINSPRING_MAIN_EXECUTOR
 scenarios["main-executor"] = mainExecutorScenario
@@ -36,7 +37,8 @@ guard let name = arguments.first, let scenario = scenarios[name] else {
     FileHandle.standardError.write(Data("usage: mainspring-fixture <\(scenarios.keys.sorted().joined(separator: "|"))>\n".utf8))
     exit(2)
 }
-startWatchdog(seconds: 30)
+// 1,000 children take longer than the rest under the sanitizers.
+startWatchdog(seconds: name == "thousand-children" ? 150 : 30)
 do {
     try scenario()
 } catch {
