@@ -121,6 +121,7 @@ demo: deps
 bench: deps bench-tools
 	$(SWIFT) build -c release --product mainspring-bench
 	$(SWIFT) build -c release --product mainspring-kv
+	$(SWIFT) build -c release --product mainspring-daemon
 	$(SWIFT) run -c release --skip-build mainspring-bench $(ARGS)
 
 ## Deterministic per-item costs (instructions, retains/releases, heap allocations) of post-local,

@@ -73,15 +73,20 @@ public final class AsyncLineService: Sendable {
         let startTime = Date()
         self.serving = listeners.map { listener in
             Task(executorPreference: loops[0]) {
-                await withDiscardingTaskGroup { tasks in
+                // A throwing group, though no session throws: its child closures are then
+                // `async throws` as the runtime calls them, with no reabstraction thunk (two
+                // more frames in every idle connection's task).
+                try? await withThrowingDiscardingTaskGroup { tasks in
                     do {
                         for try await connection in listener.connections {
                             stats.accepted.add(1, ordering: .relaxed)
                             stats.open.add(1, ordering: .relaxed)
                             let feeder = feeders[loops.firstIndex { $0 === connection.loop } ?? 0]
-                            tasks.addTask(executorPreference: connection.loop) {
-                                let session = AsyncSession(connection: connection, feeder: feeder, options: options,
-                                                           stats: stats, startTime: startTime)
+                            // Made here, so that the task's closure captures three references
+                            // (its context is part of every idle connection's task).
+                            let session = AsyncSession(connection: connection, feeder: feeder, options: options,
+                                                       stats: stats, startTime: startTime)
+                            tasks.addTask(executorPreference: connection.loop) { () async throws in
                                 if registry.add(session) { await session.drain() }
                                 await session.run()
                                 registry.remove(session)
@@ -172,7 +177,10 @@ private actor AsyncSession {
     let connection: Connection
     nonisolated var unownedExecutor: UnownedSerialExecutor { connection.loop.asUnownedSerialExecutor() }
     private let feeder: Feeder
-    private let options: LineService.Options
+    /// The two limits a session checks (not the whole `Options`: every idle connection holds
+    /// its session).
+    private let maxPendingReplies: Int
+    private let maxLineLength: Int
     private let stats: StatsCounters
     private let startTime: Date
     /// Replies in request order (`nil` while the request is in flight); `first` is the next to
@@ -192,7 +200,8 @@ private actor AsyncSession {
     init(connection: Connection, feeder: Feeder, options: LineService.Options, stats: StatsCounters, startTime: Date) {
         self.connection = connection
         self.feeder = feeder
-        self.options = options
+        self.maxPendingReplies = options.maxPendingReplies
+        self.maxLineLength = options.maxLineLength
         self.stats = stats
         self.startTime = startTime
     }
@@ -202,26 +211,39 @@ private actor AsyncSession {
     /// Serves the connection until it closes; requests still in flight finish first.
     ///
     /// The common request — an immediate reply with nothing in flight ahead of it — is handled
-    /// synchronously and its reply sent right here: no other async call per request (each one
-    /// into an actor-isolated method costs the runtime an executor check).
+    /// synchronously and its reply sent by one call, `reply`. The loop itself keeps nothing
+    /// else across its suspension: an idle connection's task holds this function's frame while
+    /// it waits for the next line, and every async call inlined here would add its own locals
+    /// to that frame (so `reply` and `finish` are not inlined).
     func run() async {
         do {
             for try await event in connection.lines {
-                guard let text = handle(event) else { continue }
-                if pending == 0 && !isWriting {
-                    isWriting = true
-                    await send(text)
-                    isWriting = false
-                    if pending > 0 { await flush() }
-                } else {
-                    place(reserve(), text)
-                    await flush()
-                }
-                closeIfDone()
+                if let text = handle(event) { await reply(text) }
             }
         } catch {
             // Closed under us (reset, idle timeout, cancelled): nothing more to read.
         }
+        await finish()
+    }
+
+    /// Sends `text` now if nothing is in flight ahead of it, else puts it in its place.
+    @inline(never)
+    private func reply(_ text: String) async {
+        if pending == 0 && !isWriting {
+            isWriting = true
+            await send(text)
+            isWriting = false
+            if pending > 0 { await flush() }
+        } else {
+            place(reserve(), text)
+            await flush()
+        }
+        closeIfDone()
+    }
+
+    /// The input ended: waits for the requests in flight, then closes.
+    @inline(never)
+    private func finish() async {
         if inFlight > 0 { await withUnsafeContinuation { allLanded = $0 } }
         connection.close()
     }
@@ -257,12 +279,12 @@ private actor AsyncSession {
         case .line(let text):
             stats.requests.add(1, ordering: .relaxed)
             if isDraining || isQuitting { return "ERR shutting down" }
-            if pending >= options.maxPendingReplies {
-                return "ERR too many requests in flight (\(options.maxPendingReplies))"
+            if pending >= maxPendingReplies {
+                return "ERR too many requests in flight (\(maxPendingReplies))"
             }
             return serve(text)
         case .tooLong(let bytes):
-            return "ERR line too long (\(bytes) bytes; the limit is \(options.maxLineLength))"
+            return "ERR line too long (\(bytes) bytes; the limit is \(maxLineLength))"
         case .invalidUTF8(let bytes):
             return "ERR invalid UTF-8 (\(bytes) bytes)"
         case .endOfFile, .error:

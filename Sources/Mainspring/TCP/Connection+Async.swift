@@ -50,8 +50,14 @@ extension Connection {
 
         /// The iterator: use it from one task.
         public struct Iterator: AsyncIteratorProtocol {
-            let connection: Connection
+            @usableFromInline let connection: Connection
 
+            init(connection: Connection) { self.connection = connection }
+
+            /// `readLine()`. Inlinable, so that a loop over `lines` calls `readLine` itself: no
+            /// frame of its own in the task while it waits (an idle connection's task holds
+            /// every frame of the call it is suspended in).
+            @inlinable
             public nonisolated(nonsending) mutating func next() async throws(CloseReason) -> LineEvent? {
                 try await connection.readLine()
             }
@@ -59,11 +65,15 @@ extension Connection {
             /// `next()`, on the caller's executor. (Not isolated to `actor`: a function isolated
             /// to a parameter switches to it on entry and back after each call it awaits, two
             /// runtime calls per element that `nonisolated(nonsending)` does not need.)
+            @inlinable
             public nonisolated(nonsending) mutating func next(isolation actor: (any Actor)?) async throws(CloseReason) -> LineEvent? {
                 try await connection.readLine()
             }
         }
     }
+
+    /// The most that one step of `bytes` gives (for the inlinable iterator).
+    @usableFromInline static let bytesChunk = ConnectionSource.chunk
 
     /// `Connection.bytes`: an `AsyncSequence` of byte chunks that throws `CloseReason`.
     public struct Bytes: AsyncSequence, Sendable {
@@ -75,17 +85,22 @@ extension Connection {
 
         /// The iterator: use it from one task.
         public struct Iterator: AsyncIteratorProtocol {
-            let connection: Connection
+            @usableFromInline let connection: Connection
 
+            init(connection: Connection) { self.connection = connection }
+
+            /// `read(upTo:)` 64 KiB (`ConnectionSource.chunk`). Inlinable, as `Lines.Iterator.next()` is.
+            @inlinable
             public nonisolated(nonsending) mutating func next() async throws(CloseReason) -> [UInt8]? {
-                try await connection.read(upTo: ConnectionSource.chunk)
+                try await connection.read(upTo: Connection.bytesChunk)
             }
 
             /// `next()`, on the caller's executor. (Not isolated to `actor`: a function isolated
             /// to a parameter switches to it on entry and back after each call it awaits, two
             /// runtime calls per element that `nonisolated(nonsending)` does not need.)
+            @inlinable
             public nonisolated(nonsending) mutating func next(isolation actor: (any Actor)?) async throws(CloseReason) -> [UInt8]? {
-                try await connection.read(upTo: ConnectionSource.chunk)
+                try await connection.read(upTo: Connection.bytesChunk)
             }
         }
     }
@@ -315,6 +330,12 @@ extension Connection {
     /// connection. Cancelling the task meanwhile closes the connection (`.cancelled`), which
     /// resumes it. A task that was cancelled before it got here closes the connection and does
     /// not suspend.
+    ///
+    /// Inlined into each read: a task suspended in one holds every frame of the call, and the
+    /// read and this as one frame are some 90 bytes smaller than as two — which is what lets an
+    /// idle connection's task fit in one slab of the task allocator (see BENCHMARKS.md, "Memory of
+    /// an idle async connection").
+    @inline(__always)
     private func suspend<T: Sendable>(
         isolation: isolated (any Actor)?,
         _ body: @escaping @Sendable (ConnectionSource, UnsafeContinuation<Result<T, CloseReason>, Never>) -> Void

@@ -110,7 +110,9 @@ public final class Connection: @unchecked Sendable {
         /// A connect by name failed before the connection was established: the name did not
         /// resolve (`EventLoopError.hostNotFound`, `.resolveTimedOut`), or every address refused
         /// (`.connectFailed`, naming each). A connect to a literal address reports `.error(errno)`.
-        case connectFailed(EventLoopError)
+        /// (Boxed: it keeps `CloseReason` the size of a `String`, which every async read and
+        /// send carries in its frame as the error it may throw.)
+        indirect case connectFailed(EventLoopError)
 
         public var description: String {
             switch self {
@@ -139,7 +141,7 @@ public final class Connection: @unchecked Sendable {
         self.source = source
         self.loop = source.loop
         self.remoteAddress = source.remoteAddress
-        self.outputLimit = source.options.outputLimit
+        self.outputLimit = source.kept.outputLimit
     }
 
     deinit {

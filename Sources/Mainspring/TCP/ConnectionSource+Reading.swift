@@ -61,7 +61,7 @@ extension ConnectionSource {
 
     /// Back to the input limit after a read that raised it.
     func restoreReadLimit() {
-        let normal = Self.inputLimit(for: options)
+        let normal = Self.inputLimit(maxLineLength: splitter.maxLineLength)
         guard readLimit != normal, let socket else { return }
         readLimit = normal
         socket.setReadHighWatermark(normal)

@@ -86,7 +86,7 @@ extension ConnectionSource {
     /// Output is handed to libevent before the loop next polls, or at once past 64 KiB or past
     /// the output limit (so that backpressure sees it).
     func scheduleFlush() {
-        if pendingOutput.count >= Self.chunk || pendingOutput.count + (socket?.outputLength ?? 0) > options.outputLimit {
+        if pendingOutput.count >= Self.chunk || pendingOutput.count + (socket?.outputLength ?? 0) > kept.outputLimit {
             flushPendingOutput()
         } else if !flushScheduled {
             flushScheduled = true
@@ -105,17 +105,17 @@ extension ConnectionSource {
             return
         }
         pendingOutput.removeAll(keepingCapacity: pendingOutput.capacity <= Self.retainedCapacity)
-        if state.outputGrew(to: socket.outputLength, limit: options.outputLimit) {
+        if state.outputGrew(to: socket.outputLength, limit: kept.outputLimit) {
             shared.isOutputPaused.store(true, ordering: .relaxed)
             applyReadChange()
-            socket.setWriteLowWatermark(options.outputLimit / 2)
+            socket.setWriteLowWatermark(kept.outputLimit / 2)
         }
     }
 
     /// The output drained to the low watermark (libevent's write callback).
     func drained() {
         guard let socket else { return }
-        let actions = state.outputDrained(to: socket.outputLength, limit: options.outputLimit)
+        let actions = state.outputDrained(to: socket.outputLength, limit: kept.outputLimit)
         if actions.contains(.finishClosing) {
             finish(.closed)
             return
@@ -245,7 +245,7 @@ extension ConnectionSource {
             finish(.closed)
         case .flush:
             socket.setWriteLowWatermark(0)
-            socket.setTimeouts(readNanoseconds: nil, writeNanoseconds: max(1, options.closeTimeout.clampedNanoseconds))
+            socket.setTimeouts(readNanoseconds: nil, writeNanoseconds: kept.closeTimeoutNanoseconds)
         }
     }
 
