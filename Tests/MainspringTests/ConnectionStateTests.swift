@@ -146,4 +146,11 @@ struct ConnectionStateTests {
         let v40 = closing.peerDidEnd()
         #expect(!v40)
     }
+
+    @Test("CloseReason is no bigger than a String and a tag: every async read's frame holds one, and an idle connection's task holds those frames")
+    func closeReasonStaysSmall() {
+        let size = MemoryLayout<Connection.CloseReason>.size
+        #expect(size <= MemoryLayout<String>.size + 1,
+                "CloseReason is \(size) bytes (EventLoopError: \(MemoryLayout<EventLoopError>.size)); box its large payloads")
+    }
 }
