@@ -9,7 +9,7 @@ import MainspringTLS
 
 /// Starts the HTTP side on `group` and prints its bound port. Exits the process (status 1) when
 /// it cannot listen.
-func startHTTPSide(group: EventLoopGroup, host: String, port: UInt16, tls: TLSServerContext?) async -> HTTPServer {
+func startHTTPSide(group: EventLoopGroup, host: String, port: UInt16, tls: TLSServerContext?) async -> HTTPServer? {
     let exporter = LoopMetricsExporter(group: group)
     let routes = HTTPService.routes(group: group, exporter: exporter)
     do {
@@ -24,14 +24,14 @@ func startHTTPSide(group: EventLoopGroup, host: String, port: UInt16, tls: TLSSe
         return server
     } catch {
         FileHandle.standardError.write(Data("mainspring-daemon: cannot listen for HTTP on \(host):\(port): \(error)\n".utf8))
-        exit(1)
+        return nil
     }
 }
 
-/// Starts the HTTP side on a Unix stream socket at `path` (`--http-unix`) and prints where.
-/// Exits the process (status 1) when it cannot listen (a live socket or another kind of file
+/// Starts the HTTP side on a Unix stream socket at `path` (`--http-unix`) and prints where; nil
+/// (after saying why on stderr) when it cannot listen (a live socket or another kind of file
 /// there, say).
-func startHTTPSide(group: EventLoopGroup, unixPath path: String, tls: TLSServerContext?) async -> HTTPServer {
+func startHTTPSide(group: EventLoopGroup, unixPath path: String, tls: TLSServerContext?) async -> HTTPServer? {
     let exporter = LoopMetricsExporter(group: group)
     let routes = HTTPService.routes(group: group, exporter: exporter)
     do {
@@ -46,6 +46,6 @@ func startHTTPSide(group: EventLoopGroup, unixPath path: String, tls: TLSServerC
         return server
     } catch {
         FileHandle.standardError.write(Data("mainspring-daemon: cannot listen for HTTP on \(path): \(error)\n".utf8))
-        exit(1)
+        return nil
     }
 }

@@ -199,8 +199,27 @@ Task { @MainActor in
         say("listening on \(address)\(how) with \(loops) loop(s)")
     }
     var https: [HTTPServer] = []
-    if let httpPort { https.append(await startHTTPSide(group: group, host: host, port: httpPort, tls: tls)) }
-    if let httpUnixPath { https.append(await startHTTPSide(group: group, unixPath: httpUnixPath, tls: tls)) }
+    var httpFailed = false
+    if let httpPort {
+        if let server = await startHTTPSide(group: group, host: host, port: httpPort, tls: tls) {
+            https.append(server)
+        } else {
+            httpFailed = true
+        }
+    }
+    if let httpUnixPath, !httpFailed {
+        if let server = await startHTTPSide(group: group, unixPath: httpUnixPath, tls: tls) {
+            https.append(server)
+        } else {
+            httpFailed = true
+        }
+    }
+    if httpFailed {
+        // What did start goes, so that no socket file is left behind (`--unix`'s, an HTTP one).
+        for http in https { await http.close() }
+        await service.shutdown(gracePeriod: .zero)
+        exit(1)
+    }
 
     // Accepting: tell the service manager, keep it posted, and feed its watchdog while the
     // group's loops are healthy.

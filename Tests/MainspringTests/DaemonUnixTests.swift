@@ -135,12 +135,15 @@ struct DaemonUnixTests {
         #expect(third.waitForExit(timeout: .seconds(30)).status == 0)
         #expect(access(path, F_OK) != 0)
 
-        // A regular file at --http-unix's path: exit 1, the file untouched.
+        // A regular file at --http-unix's path: exit 1, the file untouched, and the line
+        // protocol's socket, which was listening by then, removed.
         let regular = uniqueTestPath("not-a-socket")
         try "keep".write(toFile: regular, atomically: false, encoding: .utf8)
         let refused = try await runExecutable("mainspring-daemon", arguments: ["--unix", path, "--http-unix", regular, "--loops", "1"])
         #expect(refused.status == 1 && refused.stderr.contains("regular file"), "\(refused.summary)")
+        #expect(refused.stdout.contains("listening on \(path)"), "the line socket was up first: \(refused.summary)")
         #expect(try String(contentsOfFile: regular, encoding: .utf8) == "keep")
+        #expect(access(path, F_OK) != 0, "--unix's socket file is gone")
 
         let tls = try await runExecutable("mainspring-daemon", arguments: [
             "--unix", path, "--tls-certificate", "/nonexistent.pem", "--tls-key", "/nonexistent.key",
