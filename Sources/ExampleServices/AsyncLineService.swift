@@ -75,7 +75,8 @@ public final class AsyncLineService: Sendable {
             Task(executorPreference: loops[0]) {
                 // A throwing group, though no session throws: its child closures are then
                 // `async throws` as the runtime calls them, with no reabstraction thunk (two
-                // more frames in every idle connection's task).
+                // more frames in every idle connection's task). `try?` drops nothing: the
+                // sessions never throw and the loop below catches its own end.
                 try? await withThrowingDiscardingTaskGroup { tasks in
                     do {
                         for try await connection in listener.connections {
