@@ -16,6 +16,23 @@ struct DatagramTests {
         loop.spin(until: condition, timeout: .seconds(10))
     }
 
+    /// A free UDP port on 127.0.0.1 below `ip_local_port_range`: the kernel never hands it to a
+    /// socket bound to port 0, so a parallel test cannot take it between the probe and its use
+    /// (a port freed from the ephemeral range could be).
+    static func unusedPortBelowEphemeralRange(on loop: EventLoop) throws -> SocketAddress {
+        let range = (try? String(contentsOfFile: "/proc/sys/net/ipv4/ip_local_port_range", encoding: .utf8)) ?? ""
+        let lowest = range.split(whereSeparator: \.isWhitespace).first.flatMap { Int($0) } ?? 32_768
+        let candidates = 20_000..<max(20_001, min(lowest, 30_000))
+        for _ in 0..<50 {
+            let port = UInt16(Int.random(in: candidates))
+            guard let probe = try? DatagramSocket(bindingTo: "127.0.0.1", port: port, on: loop) else { continue }
+            let address = probe.localAddress
+            probe.close()
+            return address
+        }
+        throw EventLoopError.invalidAddress("no free UDP port in \(candidates)")
+    }
+
     @Test("echo over IPv4 and IPv6 with sender addresses; zero-length and truncated datagrams; EMSGSIZE; closed and wrong-thread errors")
     func echoAndErrors() async throws {
         let (socket, results) = try await onLoopThread { loop -> (UncheckedBox<DatagramSocket>, [String]) in
@@ -68,11 +85,9 @@ struct DatagramTests {
     @Test("a connected socket reports ICMP port unreachable as ECONNREFUSED")
     func portUnreachable() async throws {
         let events = try await onLoopThread { loop -> [DatagramEvent] in
-            // A port nobody listens on: bound, read, closed. (Were it taken again meanwhile, the
-            // datagram would simply be lost; the test then sees no error and says so.)
-            let probe = try DatagramSocket(bindingTo: "127.0.0.1", port: 0, on: loop)
-            let deadPort = probe.localAddress
-            probe.close()
+            // A port nobody listens on: one below the kernel's ephemeral range (so that no test
+            // binding port 0 can be given it), bound once to see that it is free, then closed.
+            let deadPort = try Self.unusedPortBelowEphemeralRange(on: loop)
             let socket = try DatagramSocket(bindingTo: "127.0.0.1", port: 0, on: loop)
             var events: [DatagramEvent] = []
             try socket.onReceive { events.append($0) }

@@ -325,10 +325,23 @@ final class BufferedSocket {
         return found.pos < 0 ? nil : found.pos
     }
 
-    /// Appends bytes to the output buffer (libevent writes them as the socket allows).
-    func write(_ bytes: [UInt8]) throws(EventLoopError) {
-        let rc = bytes.withUnsafeBytes { bufferevent_write(raw, $0.baseAddress, $0.count) }
+    /// Appends bytes to the output buffer (libevent writes them as the socket allows), from
+    /// `offset` on.
+    func write(_ bytes: [UInt8], from offset: Int = 0) throws(EventLoopError) {
+        let rc = bytes.withUnsafeBytes { bufferevent_write(raw, $0.baseAddress! + offset, $0.count - offset) }
         try check(rc, "bufferevent_write")
+    }
+
+    /// Writes what the kernel takes at once of `bytes` straight to the socket, past the output
+    /// buffer — only while that buffer is empty, so that the order of the bytes is kept. A small
+    /// reply then costs one `send(2)`: no buffer chain allocated, no write event added, polled
+    /// and deleted. Returns the bytes written; the caller buffers the rest (all of them when the
+    /// socket would block, or failed: libevent's own write then reports the failure). For a
+    /// plain socket only (a TLS bufferevent writes records, a pipe has no `send`).
+    func writeNow(_ bytes: [UInt8]) -> Int {
+        guard evbuffer_get_length(bufferevent_get_output(raw)) == 0 else { return 0 }
+        let fd = bufferevent_getfd(raw)
+        return bytes.withUnsafeBytes { sendWithoutBlocking(fd, $0) }
     }
 
     /// The drain callback fires when the output buffer falls to `bytes` or below.

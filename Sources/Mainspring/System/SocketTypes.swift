@@ -24,3 +24,15 @@ func disableNagle(_ fd: Int32) {
     var one: Int32 = 1
     _ = setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
 }
+
+/// Sends what the kernel takes at once of `bytes` on the connected stream socket `fd`: never
+/// blocks, never raises SIGPIPE. Returns the bytes sent — 0 when the socket would block or the
+/// send failed (the caller then buffers them, and the buffered write reports the failure).
+func sendWithoutBlocking(_ fd: Int32, _ bytes: UnsafeRawBufferPointer) -> Int {
+    guard let base = bytes.baseAddress, !bytes.isEmpty, fd >= 0 else { return 0 }
+    while true {
+        let sent = send(fd, base, bytes.count, Int32(MSG_NOSIGNAL) | Int32(MSG_DONTWAIT))
+        if sent >= 0 { return sent }
+        if errno != EINTR { return 0 }
+    }
+}

@@ -94,11 +94,13 @@ extension ConnectionSource {
         }
     }
 
-    /// Hands the buffered output to libevent.
+    /// Hands the buffered output to the socket: straight to the kernel while libevent's output
+    /// buffer is empty (a plain, connected socket), what it does not take to libevent.
     func flushPendingOutput() {
         guard !pendingOutput.isEmpty, let socket else { return }
+        let written = writesDirectly && state.isConnected ? socket.writeNow(pendingOutput) : 0
         do {
-            try socket.write(pendingOutput)
+            if written < pendingOutput.count { try socket.write(pendingOutput, from: written) }
         } catch {
             pendingOutput.removeAll()
             finish(.error(error.errnoCode))
@@ -111,6 +113,10 @@ extension ConnectionSource {
             socket.setWriteLowWatermark(kept.outputLimit / 2)
         }
     }
+
+    /// Whether output may bypass libevent's buffer (`flushPendingOutput`): a socket without a
+    /// transport layer.
+    var writesDirectly: Bool { role == .socket && transport == nil }
 
     /// The output drained to the low watermark (libevent's write callback).
     func drained() {
