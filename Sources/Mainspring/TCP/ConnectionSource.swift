@@ -82,10 +82,10 @@ final class ConnectionSource: Source {
     /// A socket, or one end of a child's pipe.
     let role: ConnectionRole
 
-    /// Text written since the loop last polled, handed to libevent in one piece just before the
-    /// next poll (libevent only writes while it polls, so nothing is delayed): a line protocol
-    /// writes a reply per request, and this makes a batch of pipelined requests one buffer
-    /// append instead of one per reply.
+    /// Text written since the loop last polled, written in one piece just before the next poll
+    /// (`flushPendingOutput`: one `send(2)`, or one append to libevent's buffer, which writes
+    /// only while it polls — so nothing is delayed): a line protocol writes a reply per request,
+    /// and this makes a batch of pipelined requests one write instead of one per reply.
     @exclusivity(unchecked) var pendingOutput: [UInt8] = []
     @exclusivity(unchecked) var flushScheduled = false
     @exclusivity(unchecked) var closeHandler: ((Connection.CloseReason) -> Void)?
