@@ -89,6 +89,7 @@ private let countedScenarios: [(name: String, item: String)] = [
     ("post-local", "one closure posted on the loop's own thread and run (a chain: each item posts the next)"),
     ("post-remote", "one closure posted from another thread and run (the producer posts all before the loop drains; -interleaved: both at once)"),
     ("daemon", "one `ECHO` request read, parsed and answered over loopback TCP (one client, one request at a time)"),
+    ("daemon-pipelined", "one `ECHO` request, as `daemon`, sent in windows of 16 (one write of 16 requests, then the 16 replies), as the timed scenario's clients send them"),
     ("http", "one keep-alive `GET /hello` read, routed and answered over loopback TCP (one client, one request at a time)"),
     ("feeder", "one chunk of a `Feeder.feed(chunks:)` job (the chunk adds its index to a sum; no C baseline)"),
 ]
@@ -136,6 +137,16 @@ private let countedVariants: [CountedVariant] = [
     },
     CountedVariant(scenario: "daemon", variant: "libevent-c", small: 1_000, large: 4_000) { items in
         try countedEchoC(items)
+    },
+    // daemon-pipelined: the same, with the timed scenario's windows of 16 requests.
+    CountedVariant(scenario: "daemon-pipelined", variant: "mainspring", small: 1_024, large: 4_096) { items in
+        try countedEchoMainspring(items, window: pipelineWindow)
+    },
+    CountedVariant(scenario: "daemon-pipelined", variant: "mainspring-async", small: 1_024, large: 4_096) { items in
+        try countedEchoMainspringAsync(items, window: pipelineWindow)
+    },
+    CountedVariant(scenario: "daemon-pipelined", variant: "libevent-c", small: 1_024, large: 4_096) { items in
+        try countedEchoC(items, window: pipelineWindow)
     },
     // http: the server of the `http` scenario vs the C evhttp server (HTTPBench.swift).
     CountedVariant(scenario: "http", variant: "mainspring", small: 1_000, large: 4_000) { items in
@@ -204,35 +215,41 @@ private let echoRequest = "ECHO c0 1234567\n"
 private let echoWarmup = 200
 
 /// Sends `count` requests one at a time, checking each reply.
-private func echoRequests(_ client: BenchClient, _ count: Int) throws {
-    for _ in 0..<count {
-        client.send(echoRequest)
-        guard client.readLine() == "c0 1234567" else { throw BenchError.usage("daemon counts: bad or no reply") }
+private func echoRequests(_ client: BenchClient, _ count: Int, window: Int = 1) throws {
+    let requests = String(repeating: echoRequest, count: window)
+    for _ in 0..<(count / window) {
+        client.send(requests)
+        for _ in 0..<window {
+            guard client.readLine() == "c0 1234567" else { throw BenchError.usage("daemon counts: bad or no reply") }
+        }
     }
 }
+
+/// Requests per write in `daemon-pipelined` (the timed `daemon` scenario's window).
+private let pipelineWindow = 16
 
 /// The daemon's `LineService` (as the `daemon` scenario runs it: one loop, no idle timeout),
 /// one client: warm-up requests, then `items` requests while the loop spins inside the counted
 /// region (a nested spin in a posted closure: only the loop's thread is counted, not the client).
-private func countedEchoMainspring(_ items: Int) throws -> [String: Double] {
+private func countedEchoMainspring(_ items: Int, window: Int = 1) throws -> [String: Double] {
     let group = try EventLoopGroup(loopCount: 1)
     let service = try LineService(group: group, options: .init(idleTimeout: nil))
     defer { service.shutdown(gracePeriod: .seconds(5)) }
-    return try countedEcho(items, port: service.port, loop: group.loops[0])
+    return try countedEcho(items, window: window, port: service.port, loop: group.loops[0])
 }
 
 /// The same with the daemon's async core (`AsyncLineService`: the connection's task and actor
 /// run as jobs on the loop, inside the counted spin).
-private func countedEchoMainspringAsync(_ items: Int) throws -> [String: Double] {
+private func countedEchoMainspringAsync(_ items: Int, window: Int = 1) throws -> [String: Double] {
     let group = try EventLoopGroup(loopCount: 1)
     let service = blockingAwait { try! await AsyncLineService(group: group, options: .init(idleTimeout: nil)) }
     defer { _ = blockingAwait { await service.shutdown(gracePeriod: .seconds(5)) } }
-    return try countedEcho(items, port: service.port, loop: group.loops[0])
+    return try countedEcho(items, window: window, port: service.port, loop: group.loops[0])
 }
 
 /// One client of a Mainspring line service on `loop`: warm-up requests, then `items` requests
 /// while the loop spins inside the counted region.
-private func countedEcho(_ items: Int, port: UInt16, loop: EventLoop) throws -> [String: Double] {
+private func countedEcho(_ items: Int, window: Int, port: UInt16, loop: EventLoop) throws -> [String: Double] {
     guard let client = BenchClient(port: port) else { throw BenchError.usage("daemon counts: no connection") }
     try echoRequests(client, echoWarmup)
     final class Flag: @unchecked Sendable { var done = false }
@@ -251,7 +268,7 @@ private func countedEcho(_ items: Int, port: UInt16, loop: EventLoop) throws -> 
         finished.signal()
     }
     started.wait()
-    try echoRequests(client, items)
+    try echoRequests(client, items, window: window)
     loop.execute { flag.done = true }
     finished.wait()
     return ["polls": Double(polls.withLock { $0 } - pollsBefore.withLock { $0 })]
@@ -259,13 +276,13 @@ private func countedEcho(_ items: Int, port: UInt16, loop: EventLoop) throws -> 
 
 /// The C bufferevent line service, one client; its thread's whole dispatch is counted (the
 /// connection's set-up and the warm-up cost the same with either size, so they cancel out).
-private func countedEchoC(_ items: Int) throws -> [String: Double] {
+private func countedEchoC(_ items: Int, window: Int = 1) throws -> [String: Double] {
     var port: UInt16 = 0
     let handle = ms_count_echo_start(&port)
     defer { ms_baseline_echo_stop(handle) }
     guard let client = BenchClient(port: port) else { throw BenchError.usage("daemon counts: no connection") }
     try echoRequests(client, echoWarmup)
-    try echoRequests(client, items)
+    try echoRequests(client, items, window: window)
     return [:]
 }
 
