@@ -211,15 +211,18 @@ private actor AsyncSession {
 
     /// Serves the connection until it closes; requests still in flight finish first.
     ///
-    /// The common request — an immediate reply with nothing in flight ahead of it — is handled
-    /// synchronously and its reply sent by one call, `reply`. The loop itself keeps nothing
-    /// else across its suspension: an idle connection's task holds this function's frame while
-    /// it waits for the next line, and every async call inlined here would add its own locals
-    /// to that frame (so `reply` and `finish` are not inlined).
+    /// The common request — an immediate reply with nothing in flight ahead of it and room in
+    /// the output — is handled and answered synchronously, with no async call: each call into
+    /// one of this actor's async methods costs the runtime an executor switch, which reads the
+    /// task's executor preference under a lock. Other replies go through `reply`. The loop
+    /// itself keeps nothing else across its suspension: an idle connection's task holds this
+    /// function's frame while it waits for the next line, and every async call inlined here
+    /// would add its own locals to that frame (so `reply` and `finish` are not inlined).
     func run() async {
         do {
             for try await event in connection.lines {
-                if let text = handle(event) { await reply(text) }
+                guard let text = handle(event), !answeredNow(text) else { continue }
+                await reply(text)
             }
         } catch {
             // Closed under us (reset, idle timeout, cancelled): nothing more to read.
@@ -227,9 +230,21 @@ private actor AsyncSession {
         await finish()
     }
 
+    /// Queues `text` at once when nothing is in flight ahead of it and the output has room (on
+    /// the loop's thread `trySend` is exact); false when the reply has to go through `reply`
+    /// (or the connection closed: `reply` then finds out). Not inlined, so that none of its
+    /// temporaries end up in `run`'s frame.
+    @inline(never)
+    private func answeredNow(_ text: String) -> Bool {
+        guard pending == 0 && !isWriting && connection.trySend(line: text) else { return false }
+        if text.hasPrefix("ERR") { stats.errors.add(1, ordering: .relaxed) }
+        closeIfDone()
+        return true
+    }
+
     /// Sends `text` now if nothing is in flight ahead of it, else puts it in its place.
     @inline(never)
-    private func reply(_ text: String) async {
+    private func reply(_ text: consuming String) async {
         if pending == 0 && !isWriting {
             isWriting = true
             await send(text)
