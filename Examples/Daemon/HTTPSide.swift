@@ -7,8 +7,8 @@ import MainspringTLS
 // The daemon's HTTP side (`--http-port`, `--http-unix`): /metrics, /healthz, POST /echo, /work?n=… on the same
 // loops as the line service. Self-contained: give it the group and the address.
 
-/// Starts the HTTP side on `group` and prints its bound port. Exits the process (status 1) when
-/// it cannot listen.
+/// Starts the HTTP side on `group` and prints its bound port; nil (after saying why on stderr)
+/// when it cannot listen.
 func startHTTPSide(group: EventLoopGroup, host: String, port: UInt16, tls: TLSServerContext?) async -> HTTPServer? {
     let exporter = LoopMetricsExporter(group: group)
     let routes = HTTPService.routes(group: group, exporter: exporter)

@@ -199,26 +199,20 @@ Task { @MainActor in
         say("listening on \(address)\(how) with \(loops) loop(s)")
     }
     var https: [HTTPServer] = []
-    var httpFailed = false
-    if let httpPort {
-        if let server = await startHTTPSide(group: group, host: host, port: httpPort, tls: tls) {
-            https.append(server)
-        } else {
-            httpFailed = true
-        }
-    }
-    if let httpUnixPath, !httpFailed {
-        if let server = await startHTTPSide(group: group, unixPath: httpUnixPath, tls: tls) {
-            https.append(server)
-        } else {
-            httpFailed = true
-        }
-    }
-    if httpFailed {
-        // What did start goes, so that no socket file is left behind (`--unix`'s, an HTTP one).
+    /// An HTTP side could not listen (it said why): what did start goes, so that no socket file
+    /// is left behind (`--unix`'s, an HTTP one), then exit 1.
+    func abandon() async -> Never {
         for http in https { await http.close() }
         await service.shutdown(gracePeriod: .zero)
         exit(1)
+    }
+    if let httpPort {
+        guard let server = await startHTTPSide(group: group, host: host, port: httpPort, tls: tls) else { await abandon() }
+        https.append(server)
+    }
+    if let httpUnixPath {
+        guard let server = await startHTTPSide(group: group, unixPath: httpUnixPath, tls: tls) else { await abandon() }
+        https.append(server)
     }
 
     // Accepting: tell the service manager, keep it posted, and feed its watchdog while the
