@@ -30,9 +30,7 @@ func disableNagle(_ fd: Int32) {
 /// send failed (the caller then buffers them, and the buffered write reports the failure).
 func sendWithoutBlocking(_ fd: Int32, _ bytes: UnsafeRawBufferPointer) -> Int {
     guard let base = bytes.baseAddress, !bytes.isEmpty, fd >= 0 else { return 0 }
-    while true {
-        let sent = send(fd, base, bytes.count, Int32(MSG_NOSIGNAL) | Int32(MSG_DONTWAIT))
-        if sent >= 0 { return sent }
-        if errno != EINTR { return 0 }
-    }
+    let flags = Int32(MSG_NOSIGNAL) | Int32(MSG_DONTWAIT)
+    guard case .bytes(let sent) = retryingInterrupts({ send(fd, base, bytes.count, flags) }) else { return 0 }
+    return sent
 }
