@@ -194,10 +194,6 @@ final class ConnectionSource: Source {
     static let retainedCapacity = 4_096
     /// Input buffered beyond this stops libevent reading the socket until a reader takes some
     /// (at least 256 KiB, and room for a whole line of `maxLineLength`).
-    static func inputLimit(for options: Connection.Options) -> Int {
-        inputLimit(maxLineLength: options.maxLineLength)
-    }
-
     static func inputLimit(maxLineLength: Int) -> Int {
         max(4 * chunk, maxLineLength + 2 + chunk)
     }
@@ -211,7 +207,7 @@ final class ConnectionSource: Source {
         self.kept = KeptOptions(options)
         self.splitter = InPlaceLineSplitter(maxLineLength: options.maxLineLength)
         self.state = ConnectionState(connected: true)
-        self.readLimit = Self.inputLimit(for: options)
+        self.readLimit = Self.inputLimit(maxLineLength: options.maxLineLength)
         self.transport = nil
         self.transportDetails = nil
         super.init(loop: loop, priority: .input, keepsLoopBusy: true)
@@ -237,7 +233,7 @@ final class ConnectionSource: Source {
         self.kept = KeptOptions(options)
         self.splitter = InPlaceLineSplitter(maxLineLength: options.maxLineLength)
         self.state = ConnectionState(connected: true)
-        self.readLimit = Self.inputLimit(for: options)
+        self.readLimit = Self.inputLimit(maxLineLength: options.maxLineLength)
         self.transport = transport
         self.transportDetails = transport.details
         super.init(loop: loop, priority: .input, keepsLoopBusy: true)
@@ -254,7 +250,7 @@ final class ConnectionSource: Source {
         self.kept = KeptOptions(options)
         self.splitter = InPlaceLineSplitter(maxLineLength: options.maxLineLength)
         self.state = ConnectionState(connected: false)
-        self.readLimit = Self.inputLimit(for: options)
+        self.readLimit = Self.inputLimit(maxLineLength: options.maxLineLength)
         self.transport = nil
         self.transportDetails = nil
         super.init(loop: loop, priority: .input, keepsLoopBusy: true)
