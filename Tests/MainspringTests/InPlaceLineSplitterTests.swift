@@ -142,4 +142,45 @@ struct InPlaceLineSplitterTests {
         #expect(queue.take() == .tooLong(18))
         #expect(queue.take() == .line("next"))
     }
+
+    @Test("the line queue keeps its order whether a line waits inline or behind others (random appends, takes, settles and abandons against an array)")
+    func queueOrderAgainstModel() {
+        var generator = SplitMix(state: 24)
+        for round in 0..<200 {
+            let input = PieceInput()
+            var queue = LineQueue()
+            var model: [String] = []
+            var nextLine = 0
+            var takenBytes = 0
+            for _ in 0..<60 {
+                switch Int.random(in: 0..<10, using: &generator) {
+                case 0..<4:
+                    let text = "line\(nextLine)"
+                    nextLine += 1
+                    input.append(Array((text + "\n").utf8))
+                    queue.append(SplitLine(event: .line(text), length: text.utf8.count + 1))
+                    model.append(text)
+                case 4..<8:
+                    let got = queue.take()
+                    let want = model.isEmpty ? nil : model.removeFirst()
+                    #expect(got == want.map { .line($0) }, "round \(round)")
+                    if let want { takenBytes += want.utf8.count + 1 }
+                case 8:
+                    let before = input.count
+                    queue.settle(input)
+                    #expect(input.count == before - takenBytes, "round \(round): settle drains what was taken")
+                    takenBytes = 0
+                default:
+                    queue.abandon(input)
+                    takenBytes = 0
+                    // The lines not taken are forgotten by the queue, and still in the input.
+                    let rest = model.map { (line: String) in line + "\n" }.joined()
+                    #expect(input.bytes == Array(rest.utf8), "round \(round): abandon keeps what was not taken")
+                    model = []
+                    input.drain(input.count)
+                }
+                #expect(queue.count == model.count && queue.isEmpty == model.isEmpty, "round \(round)")
+            }
+        }
+    }
 }

@@ -187,23 +187,45 @@ private func findNewline(_ start: UnsafePointer<UInt8>, count: Int) -> UnsafePoi
 
 /// Lines split but not yet taken, and the bytes of those taken but not yet drained from the
 /// input. Taking a line is an index step; `settle` drains what was taken, in one call.
+///
+/// The first line waiting is held inline: a reader that takes each line as it comes (one
+/// request at a time) never needs the array, so an idle connection holds no buffer for it. The
+/// array holds the lines behind that one (a pipelined burst) and keeps its capacity, up to 256
+/// lines, so that bursts allocate nothing either.
 struct LineQueue {
-    private var lines: [SplitLine] = []
+    /// The next line to take, when it is ahead of every line in `rest`.
+    private var head: SplitLine?
+    /// Lines behind `head`, from `next` on.
+    private var rest: [SplitLine] = []
     private var next = 0
     /// Bytes of the lines taken since the last `settle`.
     private(set) var taken = 0
 
-    var isEmpty: Bool { next == lines.count }
+    var isEmpty: Bool { head == nil && next == rest.count }
 
     /// Lines waiting to be taken.
-    var count: Int { lines.count - next }
+    var count: Int { (head == nil ? 0 : 1) + rest.count - next }
 
-    mutating func append(_ line: SplitLine) { lines.append(line) }
+    /// The capacity of the array behind the inline line (0 until a burst needed one).
+    var arrayCapacity: Int { rest.capacity }
+
+    mutating func append(_ line: SplitLine) {
+        if head == nil && next == rest.count {
+            head = line
+        } else {
+            rest.append(line)
+        }
+    }
 
     /// The next line, if any (its bytes are drained at the next `settle`).
     mutating func take() -> LineEvent? {
-        guard next < lines.count else { return nil }
-        let line = lines[next]
+        if let line = head {
+            head = nil
+            taken &+= line.length
+            return line.event
+        }
+        guard next < rest.count else { return nil }
+        let line = rest[next]
         next += 1
         taken &+= line.length
         return line.event
@@ -216,8 +238,8 @@ struct LineQueue {
             input.drain(taken)
             taken = 0
         }
-        if next == lines.count && next > 0 {
-            lines.removeAll(keepingCapacity: lines.capacity <= 256)
+        if head == nil && next == rest.count && next > 0 {
+            rest.removeAll(keepingCapacity: rest.capacity <= 256)
             next = 0
         }
     }
@@ -226,13 +248,15 @@ struct LineQueue {
     /// input, for a reader of another kind.
     mutating func abandon(_ input: some SplittableInput) {
         settle(input)
-        lines.removeAll(keepingCapacity: lines.capacity <= 256)
+        head = nil
+        rest.removeAll(keepingCapacity: rest.capacity <= 256)
         next = 0
     }
 
     /// Forgets everything (the input is gone).
     mutating func clear() {
-        lines = []
+        head = nil
+        rest = []
         next = 0
         taken = 0
     }
