@@ -68,9 +68,12 @@ public final class AsyncLineService: Sendable {
             for listener in listeners { listener.close() }
             throw error
         }
-        let feeders = group.loops.map { Feeder(loop: $0, priority: .background, pacing: options.workPacing) }
         let loops = group.loops
         let startTime = Date()
+        let hosts = loops.map { loop in
+            SessionHost(feeder: Feeder(loop: loop, priority: .background, pacing: options.workPacing), stats: stats,
+                        registry: registry, startTime: startTime, options: options)
+        }
         self.serving = listeners.map { listener in
             Task(executorPreference: loops[0]) {
                 // A throwing group, though no session throws: its child closures are then
@@ -82,16 +85,12 @@ public final class AsyncLineService: Sendable {
                         for try await connection in listener.connections {
                             stats.accepted.add(1, ordering: .relaxed)
                             stats.open.add(1, ordering: .relaxed)
-                            let feeder = feeders[loops.firstIndex { $0 === connection.loop } ?? 0]
-                            // Made here, so that the task's closure captures three references
-                            // (its context is part of every idle connection's task).
-                            let session = AsyncSession(connection: connection, feeder: feeder, options: options,
-                                                       stats: stats, startTime: startTime)
+                            let host = hosts[loops.firstIndex { $0 === connection.loop } ?? 0]
+                            // Made here, so that the task's closure captures one reference,
+                            // which is then its context: no box in every idle connection.
+                            let session = AsyncSession(connection: connection, host: host)
                             tasks.addTask(executorPreference: connection.loop) { () async throws in
-                                if registry.add(session) { await session.drain() }
                                 await session.run()
-                                registry.remove(session)
-                                stats.open.subtract(1, ordering: .relaxed)
                             }
                         }
                     } catch {
@@ -173,41 +172,91 @@ private final class SessionRegistry: Sendable {
     }
 }
 
+/// What the sessions of one loop share: one per loop, so that an idle connection's session
+/// holds one reference for all of it.
+private final class SessionHost: Sendable {
+    let feeder: Feeder
+    let stats: StatsCounters
+    let registry: SessionRegistry
+    let startTime: Date
+    let maxPendingReplies: Int
+    let maxLineLength: Int
+
+    init(feeder: Feeder, stats: StatsCounters, registry: SessionRegistry, startTime: Date,
+         options: LineService.Options)
+    {
+        self.feeder = feeder
+        self.stats = stats
+        self.registry = registry
+        self.startTime = startTime
+        self.maxPendingReplies = options.maxPendingReplies
+        self.maxLineLength = options.maxLineLength
+    }
+}
+
+/// What a session needs beyond reading a line and answering it at once: replies waiting or in
+/// flight (a `SLEEP`, a `WORK`, a reply behind another), a send under way, the end (a `QUIT`, a
+/// drain). Made on first use: most connections never need one, and an idle connection holds its
+/// session (three references, the smallest object but one).
+private final class SessionBacklog {
+    /// Replies in request order (`nil` while the request is in flight); `first` is the next to
+    /// send. A slot is `base + index`.
+    var replies: [String?] = []
+    var first = 0
+    var base = 0
+    var checksums: [Int: UInt64] = [:]
+    /// `SLEEP`s and `WORK`s in flight, and `run` waiting for the last of them once the input ended.
+    var inFlight = 0
+    var allLanded: UnsafeContinuation<Void, Never>?
+    /// Whether a task is sending replies (only one does, so that they go out in order).
+    var isWriting = false
+    var isDraining = false
+    var isQuitting = false
+
+    var count: Int { replies.count - first }
+}
+
 /// One connection, on its loop: requests in, replies out in request order.
 private actor AsyncSession {
     let connection: Connection
     nonisolated var unownedExecutor: UnownedSerialExecutor { connection.loop.asUnownedSerialExecutor() }
-    private let feeder: Feeder
-    /// The two limits a session checks (not the whole `Options`: every idle connection holds
-    /// its session).
-    private let maxPendingReplies: Int
-    private let maxLineLength: Int
-    private let stats: StatsCounters
-    private let startTime: Date
-    /// Replies in request order (`nil` while the request is in flight); `first` is the next to
-    /// send. A slot is `base + index`.
-    private var replies: [String?] = []
-    private var first = 0
-    private var base = 0
-    /// Whether a task is sending replies (only one does, so that they go out in order).
-    private var isWriting = false
-    private var isDraining = false
-    private var isQuitting = false
-    private var checksums: [Int: UInt64] = [:]
-    /// `SLEEP`s and `WORK`s in flight, and `run` waiting for the last of them once the input ended.
-    private var inFlight = 0
-    private var allLanded: UnsafeContinuation<Void, Never>?
+    private let host: SessionHost
+    /// Made on first use (see `SessionBacklog`).
+    private var later: SessionBacklog?
 
-    init(connection: Connection, feeder: Feeder, options: LineService.Options, stats: StatsCounters, startTime: Date) {
+    init(connection: Connection, host: SessionHost) {
         self.connection = connection
-        self.feeder = feeder
-        self.maxPendingReplies = options.maxPendingReplies
-        self.maxLineLength = options.maxLineLength
-        self.stats = stats
-        self.startTime = startTime
+        self.host = host
     }
 
-    private var pending: Int { replies.count - first }
+    private nonisolated var stats: StatsCounters { host.stats }
+
+    /// `later`, made now if it was not yet.
+    private var pendingReplies: SessionBacklog {
+        if let later { return later }
+        let made = SessionBacklog()
+        later = made
+        return made
+    }
+
+    // `later`'s flags under their own names: false while there is none; setting one false
+    // makes none.
+    private var isWriting: Bool {
+        get { later?.isWriting ?? false }
+        set { if later != nil || newValue { pendingReplies.isWriting = newValue } }
+    }
+
+    private var isDraining: Bool {
+        get { later?.isDraining ?? false }
+        set { if later != nil || newValue { pendingReplies.isDraining = newValue } }
+    }
+
+    private var isQuitting: Bool {
+        get { later?.isQuitting ?? false }
+        set { if later != nil || newValue { pendingReplies.isQuitting = newValue } }
+    }
+
+    private var pending: Int { later?.count ?? 0 }
 
     /// Serves the connection until it closes; requests still in flight finish first.
     ///
@@ -218,7 +267,12 @@ private actor AsyncSession {
     /// itself keeps nothing else across its suspension: an idle connection's task holds this
     /// function's frame while it waits for the next line, and every async call inlined here
     /// would add its own locals to that frame (so `reply` and `finish` are not inlined).
+    ///
+    /// The session registers itself with the service (for a shutdown's drain) and leaves the
+    /// registry at the end: the task's closure is then a single call, capturing the session
+    /// alone.
     func run() async {
+        if host.registry.add(self) { drain() }
         do {
             for try await event in connection.lines {
                 guard let text = handle(event), !answeredNow(text) else { continue }
@@ -260,15 +314,17 @@ private actor AsyncSession {
     /// The input ended: waits for the requests in flight, then closes.
     @inline(never)
     private func finish() async {
-        if inFlight > 0 { await withUnsafeContinuation { allLanded = $0 } }
+        if let later, later.inFlight > 0 { await withUnsafeContinuation { later.allLanded = $0 } }
         connection.close()
+        host.registry.remove(self)
+        stats.open.subtract(1, ordering: .relaxed)
     }
 
     /// A `SLEEP` or `WORK` of this session, in a task of its own (isolated to the session, so
     /// on its loop). Not a task group around `run`: a group costs every idle connection some
     /// 560 bytes and frames in its task, and most connections never make one of these requests.
     private func startInFlight(_ body: @escaping @Sendable (isolated AsyncSession) async -> Void) {
-        inFlight += 1
+        pendingReplies.inFlight += 1
         Task {
             await body(self)
             self.landed()
@@ -276,9 +332,10 @@ private actor AsyncSession {
     }
 
     private func landed() {
-        inFlight -= 1
-        if inFlight == 0, let waiting = allLanded {
-            allLanded = nil
+        let later = pendingReplies
+        later.inFlight -= 1
+        if later.inFlight == 0, let waiting = later.allLanded {
+            later.allLanded = nil
             waiting.resume()
         }
     }
@@ -295,12 +352,12 @@ private actor AsyncSession {
         case .line(let text):
             stats.requests.add(1, ordering: .relaxed)
             if isDraining || isQuitting { return "ERR shutting down" }
-            if pending >= maxPendingReplies {
-                return "ERR too many requests in flight (\(maxPendingReplies))"
+            if pending >= host.maxPendingReplies {
+                return "ERR too many requests in flight (\(host.maxPendingReplies))"
             }
             return serve(text)
         case .tooLong(let bytes):
-            return "ERR line too long (\(bytes) bytes; the limit is \(maxLineLength))"
+            return "ERR line too long (\(bytes) bytes; the limit is \(host.maxLineLength))"
         case .invalidUTF8(let bytes):
             return "ERR invalid UTF-8 (\(bytes) bytes)"
         case .endOfFile, .error:
@@ -321,7 +378,7 @@ private actor AsyncSession {
         case .success(.stats):
             let metrics = connection.loop.metrics
             let wait = metrics.queueWait[.input]?.percentile(0.99) ?? .zero
-            return "STATS \(stats.snapshot) uptime_s=\(Int(Date().timeIntervalSince(startTime))) "
+            return "STATS \(stats.snapshot) uptime_s=\(Int(Date().timeIntervalSince(host.startTime))) "
                 + "loop_callbacks=\(metrics.totalCallbacks) loop_stalls=\(metrics.stalls) "
                 + "loop_input_wait_p99_us=\(wait.components.attoseconds / 1_000_000_000_000)"
         case .success(.quit):
@@ -340,11 +397,13 @@ private actor AsyncSession {
         case .success(.work(let chunks)):
             let slot = reserve()
             stats.workJobs.add(1, ordering: .relaxed)
-            checksums[slot] = 0
+            let later = pendingReplies
+            later.checksums[slot] = 0
             // The chunks run on this loop, between its callbacks: the session's own thread.
-            let job = feeder.feed(chunks: chunks) { index in
+            let job = host.feeder.feed(chunks: chunks) { index in
                 self.assumeIsolated { session in
-                    session.checksums[slot] = WorkUnit.run(seed: UInt64(index), into: session.checksums[slot] ?? 0)
+                    let later = session.pendingReplies
+                    later.checksums[slot] = WorkUnit.run(seed: UInt64(index), into: later.checksums[slot] ?? 0)
                 }
             }
             startInFlight { session in
@@ -356,20 +415,22 @@ private actor AsyncSession {
     }
 
     private func finishWork(_ slot: Int, chunks: Int, outcome: FeedOutcome) async {
-        let checksum = checksums.removeValue(forKey: slot) ?? 0
+        let checksum = pendingReplies.checksums.removeValue(forKey: slot) ?? 0
         await fill(slot, outcome == .completed ? "DONE \(chunks) \(checksum)" : "ERR work cancelled")
     }
 
     private func reserve() -> Int {
-        replies.append(nil)
-        return base + replies.count - 1
+        let later = pendingReplies
+        later.replies.append(nil)
+        return later.base + later.replies.count - 1
     }
 
     /// Puts a reply in its slot (a slot of a finished connection is gone: ignored).
     private func place(_ slot: Int, _ text: String) {
-        let index = slot - base
-        guard index >= first, index < replies.count else { return }
-        replies[index] = text
+        guard let later else { return }
+        let index = slot - later.base
+        guard index >= later.first, index < later.replies.count else { return }
+        later.replies[index] = text
     }
 
     /// A reply of a request that was in flight (`SLEEP`, `WORK`).
@@ -381,16 +442,16 @@ private actor AsyncSession {
 
     /// Sends the replies that are ready, in order, unless another task is sending already.
     private func flush() async {
-        guard !isWriting else { return }
+        guard !isWriting, let later else { return }
         isWriting = true
-        while first < replies.count, let ready = replies[first] {
-            first += 1
+        while later.first < later.replies.count, let ready = later.replies[later.first] {
+            later.first += 1
             await send(ready)
         }
-        if first == replies.count {
-            base += replies.count
-            replies.removeAll(keepingCapacity: replies.capacity <= 64)
-            first = 0
+        if later.first == later.replies.count {
+            later.base += later.replies.count
+            later.replies.removeAll(keepingCapacity: later.replies.capacity <= 64)
+            later.first = 0
         }
         isWriting = false
     }
