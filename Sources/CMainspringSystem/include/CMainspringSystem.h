@@ -1,7 +1,8 @@
 // The operating-system calls Mainspring needs that Swift cannot call directly: variadic
 // functions (`syscall`, `prctl`), an inline instruction (the cycle counter), and libdispatch's
 // main-queue hooks, which are exported but declared only in libdispatch's private headers.
-// Only Sources/Mainspring/System/ imports this module (and the tests, for `mallinfo2`).
+// Only Sources/Mainspring/System/ imports this module (and the tests, for `mallinfo2` and
+// `malloc_usable_size`).
 #ifndef MAINSPRING_SYSTEM_SHIM_H
 #define MAINSPRING_SYSTEM_SHIM_H
 

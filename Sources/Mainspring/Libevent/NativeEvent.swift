@@ -34,8 +34,17 @@ struct Readiness: OptionSet, Sendable {
 
 /// Receives the readiness of a `NativeEvent`. Called from inside `event_base_loop`, so an
 /// implementation must only record the readiness (append a ready record) and never run user code.
+///
+/// A `BufferedSocket` calls its target too (the `socket…` methods): one base class for both, so
+/// that a connection's source is its socket's target itself, with no object in between.
 class NativeEventTarget {
     func nativeEventFired(_ readiness: Readiness) {}
+    /// A bufferevent's new input is buffered.
+    func socketReadable() {}
+    /// A bufferevent's output buffer drained to the low watermark.
+    func socketDrained() {}
+    /// A bufferevent's EOF, error (with `errno`), timeout, or finished connect.
+    func socketEvent(_ event: SocketEvent, errno: Int32) {}
 }
 
 /// One libevent `struct event`, owned by a Swift object (its target's source).

@@ -145,16 +145,6 @@ struct SocketEvent: OptionSet, Sendable {
     }
 }
 
-/// Receives a bufferevent's callbacks.
-class BufferedSocketTarget {
-    /// New input is buffered.
-    func socketReadable() {}
-    /// The output buffer drained to the low watermark.
-    func socketDrained() {}
-    /// EOF, an error (with `errno`), a timeout, or a finished connect.
-    func socketEvent(_ event: SocketEvent, errno: Int32) {}
-}
-
 /// A socket with libevent's input and output buffers (`bufferevent_socket_new`). Owns the fd:
 /// `deinit` frees the bufferevent and closes it.
 final class BufferedSocket {
@@ -162,7 +152,7 @@ final class BufferedSocket {
     private let base: EventBase
 
     /// Wraps a connected, non-blocking socket.
-    init(base: EventBase, fd: Int32, target: BufferedSocketTarget) throws(EventLoopError) {
+    init(base: EventBase, fd: Int32, target: NativeEventTarget) throws(EventLoopError) {
         guard let bev = bufferevent_socket_new(base.raw, fd, Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)) else {
             throw .libevent(function: "bufferevent_socket_new", errno: errno)
         }
@@ -175,7 +165,7 @@ final class BufferedSocket {
     /// Takes over `bufferevent`, made elsewhere in the package on `base` (a TLS bufferevent over
     /// an established session, say): its callbacks go to `target` from now on, and `deinit`
     /// frees it (closing its socket, if it was made with `BEV_OPT_CLOSE_ON_FREE`).
-    init(adopting bufferevent: OpaquePointer, base: EventBase, target: BufferedSocketTarget) {
+    init(adopting bufferevent: OpaquePointer, base: EventBase, target: NativeEventTarget) {
         self.raw = bufferevent
         self.base = base
         let arg = callbackArgument(for: target)
@@ -188,7 +178,7 @@ final class BufferedSocket {
     /// A bufferevent without a socket yet (a connect by name, still resolving or trying
     /// addresses): writes are buffered in its output until `attach(fd:)` (libevent's own
     /// `bufferevent_socket_connect_hostname` works this way).
-    init(unconnectedOn base: EventBase, target: BufferedSocketTarget) throws(EventLoopError) {
+    init(unconnectedOn base: EventBase, target: NativeEventTarget) throws(EventLoopError) {
         guard let bev = bufferevent_socket_new(base.raw, -1, Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)) else {
             throw .libevent(function: "bufferevent_socket_new", errno: errno)
         }
@@ -200,7 +190,7 @@ final class BufferedSocket {
 
     /// Starts a non-blocking connect to `address` (a literal's one address); `socketEvent(.connected)`
     /// or an error follows.
-    init(connectingTo address: SocketAddress, base: EventBase, target: BufferedSocketTarget) throws(EventLoopError) {
+    init(connectingTo address: SocketAddress, base: EventBase, target: NativeEventTarget) throws(EventLoopError) {
         guard let bev = bufferevent_socket_new(base.raw, -1, Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)) else {
             throw .libevent(function: "bufferevent_socket_new", errno: errno)
         }
@@ -417,16 +407,16 @@ extension BufferedSocket: SplittableInput {
 }
 
 private let socketReadTrampoline: bufferevent_data_cb = { _, arg in
-    callbackTarget(arg, as: BufferedSocketTarget.self).socketReadable()
+    callbackTarget(arg, as: NativeEventTarget.self).socketReadable()
 }
 
 private let socketWriteTrampoline: bufferevent_data_cb = { _, arg in
-    callbackTarget(arg, as: BufferedSocketTarget.self).socketDrained()
+    callbackTarget(arg, as: NativeEventTarget.self).socketDrained()
 }
 
 private let socketEventTrampoline: bufferevent_event_cb = { _, what, arg in
     let code = errno
-    callbackTarget(arg, as: BufferedSocketTarget.self)
+    callbackTarget(arg, as: NativeEventTarget.self)
         .socketEvent(SocketEvent(libevent: what), errno: code)
 }
 

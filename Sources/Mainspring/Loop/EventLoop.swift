@@ -62,6 +62,10 @@ public final class EventLoop: @unchecked Sendable {
     /// The other half of a double buffer with `prePollParticipants`: the list being run, so that
     /// participants added meanwhile go to the next poll and neither array ever reallocates.
     @exclusivity(unchecked) private var preparingParticipants: [any PollPreparing] = []
+    /// Emptied output buffers of connections that wrote everything they had (see
+    /// `ConnectionSource.flushPendingOutput`): a connection takes one when it next writes, so
+    /// that an idle connection holds no buffer and a request allocates none.
+    @exclusivity(unchecked) var spareOutputBuffers: [[UInt8]] = []
     /// The stamp of sources fired during the current poll (0: not read yet).
     @exclusivity(unchecked) var pollStamp: UInt64 = 0
     /// How many `run`/`spin` calls are on the stack.

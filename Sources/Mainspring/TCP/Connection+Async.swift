@@ -225,11 +225,11 @@ extension Connection {
     /// - Throws: the `CloseReason` when the connection closes otherwise (`.error`, …).
     public nonisolated(nonsending) func waitUntilWritable(timeout: Duration? = nil) async throws(CloseReason) -> Bool {
         let source = self.source
-        if loop.isCurrent && source.state.isOpen && !source.state.isOutputPaused && source.firstSender == source.senders.count {
+        if loop.isCurrent && source.state.isOpen && !source.state.isOutputPaused && !source.hasWaitingSenders {
             return true
         }
         if Task.isCancelled { return false }
-        let ticket = source.shared.nextWaitTicket.wrappingAdd(1, ordering: .relaxed).oldValue
+        let ticket = source.nextWaitTicket.wrappingAdd(1, ordering: .relaxed).oldValue
         let unchecked = UncheckedSource(source)
         let loop = self.loop
         let result: Result<Bool, CloseReason> = await withTaskCancellationHandler(operation: {

@@ -140,13 +140,11 @@ public final class Connection: @unchecked Sendable {
     init(source: ConnectionSource) {
         self.source = source
         self.loop = source.loop
-        self.remoteAddress = source.remoteAddress
-        self.outputLimit = source.kept.outputLimit
     }
 
     deinit {
         // Nobody can use the connection any more: close it, unless callbacks still hold it.
-        guard !source.shared.isClosed.load(ordering: .acquiring) else { return }
+        guard !source.closedFlag.load(ordering: .acquiring) else { return }
         // Posted, even on the loop's thread: the handle may go away in the middle of the
         // source's own work (a handler that captured it being released).
         let source = UncheckedSource(source)
@@ -177,11 +175,11 @@ public final class Connection: @unchecked Sendable {
     public let loop: EventLoop
 
     /// The peer's address ("127.0.0.1:5000"), or the address connected to. Any thread.
-    public let remoteAddress: String
+    public var remoteAddress: String { source.remoteAddress }
 
     /// Whether the connection is still open. Any thread (on another thread the answer may be
     /// a moment old).
-    public var isOpen: Bool { !source.shared.isClosed.load(ordering: .acquiring) }
+    public var isOpen: Bool { !source.closedFlag.load(ordering: .acquiring) }
 
     /// Bytes written but not yet sent to the peer: what the connection holds for a peer that
     /// reads slowly. Loop thread only.
@@ -192,7 +190,7 @@ public final class Connection: @unchecked Sendable {
 
     /// Buffered output above which the connection stops reading and `send` suspends, until half
     /// of it has drained (`Options.outputLimit`). Any thread.
-    public let outputLimit: Int
+    public var outputLimit: Int { source.kept.outputLimit }
 
     /// Input received and not yet taken by a reader. Loop thread only. (A keep-alive client
     /// checks that nothing follows a response before it reuses the connection.)
@@ -313,7 +311,7 @@ public final class Connection: @unchecked Sendable {
     /// not over `outputLimit`. Any thread (elsewhere than the loop the answer may be a moment
     /// old).
     public var isWritable: Bool {
-        !source.shared.isClosed.load(ordering: .acquiring) && !source.shared.isOutputPaused.load(ordering: .relaxed)
+        !source.closedFlag.load(ordering: .acquiring) && !source.outputPausedFlag.load(ordering: .relaxed)
     }
 
     /// Queues `bytes` unless the output is over `outputLimit` (or the connection is closing or
@@ -339,22 +337,23 @@ public final class Connection: @unchecked Sendable {
 
     private func offer(_ payload: ConnectionSource.Payload) -> Bool {
         if loop.isCurrent { return source.offer(payload) }
-        let shared = source.shared
-        guard !shared.isClosed.load(ordering: .acquiring), !shared.isOutputPaused.load(ordering: .relaxed) else {
+        let source = self.source
+        guard !source.closedFlag.load(ordering: .acquiring), !source.outputPausedFlag.load(ordering: .relaxed) else {
             return false
         }
         let size = payload.count
-        let inFlight = shared.inFlightBytes.add(size, ordering: .relaxed).newValue
+        let inFlight = source.inFlightBytes.add(size, ordering: .relaxed).newValue
         if inFlight > outputLimit && inFlight > size {
-            shared.inFlightBytes.subtract(size, ordering: .relaxed)
+            source.inFlightBytes.subtract(size, ordering: .relaxed)
             return false
         }
-        let source = UncheckedSource(source)
+        let unchecked = UncheckedSource(source)
         let posted = UncheckedPayload(payload)
         loop.execute(priority: .input) {
-            source.value.deliverOffered(posted.value, accounted: size)
+            unchecked.value.deliverOffered(posted.value, accounted: size)
         } orElse: {
-            shared.inFlightBytes.subtract(size, ordering: .relaxed)
+            // Only the atomic counter, which any thread may touch.
+            unchecked.value.inFlightBytes.subtract(size, ordering: .relaxed)
         }
         return true
     }

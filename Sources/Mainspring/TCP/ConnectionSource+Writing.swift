@@ -9,6 +9,7 @@ extension ConnectionSource {
     func write(_ bytes: [UInt8]) {
         requireWritable()
         guard state.isOpen, socket != nil, !bytes.isEmpty else { return }
+        if pendingOutput.capacity == 0 { takeSpareOutputBuffer() }
         pendingOutput.append(contentsOf: bytes)
         scheduleFlush()
     }
@@ -16,6 +17,7 @@ extension ConnectionSource {
     func write(text: String, newline: Bool) {
         requireWritable()
         guard state.isOpen, socket != nil else { return }
+        if pendingOutput.capacity == 0 { takeSpareOutputBuffer() }
         pendingOutput.append(contentsOf: text.utf8)
         if newline { pendingOutput.append(0x0A) }
         scheduleFlush()
@@ -40,7 +42,7 @@ extension ConnectionSource {
     func trySend(_ payload: Payload) -> Pull<Void> {
         if let reason = state.closeReason { return .failed(reason) }
         if !state.isOpen || socket == nil { return .failed(.closed) }
-        if state.isOutputPaused || firstSender < senders.count { return .wait }
+        if state.isOutputPaused || hasWaitingSenders { return .wait }
         write(payload)
         if let reason = state.closeReason { return .failed(reason) }
         return .element(())
@@ -49,7 +51,7 @@ extension ConnectionSource {
     /// `Connection.trySend` on the loop's thread: written unless the output is over its limit,
     /// senders are waiting, or the connection is not open.
     func offer(_ payload: Payload) -> Bool {
-        guard state.isOpen, socket != nil, !state.isOutputPaused, firstSender == senders.count else { return false }
+        guard state.isOpen, socket != nil, !state.isOutputPaused, !hasWaitingSenders else { return false }
         write(payload)
         return state.isOpen
     }
@@ -57,7 +59,7 @@ extension ConnectionSource {
     /// A `trySend` accepted on another thread arrives: written (its bytes leave the in-flight
     /// count), unless the connection closed meanwhile.
     func deliverOffered(_ payload: Payload, accounted: Int) {
-        shared.inFlightBytes.subtract(accounted, ordering: .relaxed)
+        inFlightBytes.subtract(accounted, ordering: .relaxed)
         write(payload)
     }
 
@@ -70,16 +72,17 @@ extension ConnectionSource {
     /// Output drained below half the limit: the waiting senders write, in order, until the
     /// output is over the limit again.
     func resumeSenders() {
-        while firstSender < senders.count, !state.isOutputPaused, state.isOpen {
-            let sender = senders[firstSender]
-            firstSender += 1
+        guard let rare else { return }
+        while rare.firstSender < rare.senders.count, !state.isOutputPaused, state.isOpen {
+            let sender = rare.senders[rare.firstSender]
+            rare.firstSender += 1
             write(sender.payload)
             let result: Result<Void, Connection.CloseReason> = state.closeReason.map { .failure($0) } ?? .success(())
             loop.resumingInput { sender.continuation.resume(returning: result) }
         }
-        if firstSender == senders.count {
-            senders.removeAll(keepingCapacity: senders.capacity <= 16)
-            firstSender = 0
+        if rare.firstSender == rare.senders.count {
+            rare.senders.removeAll(keepingCapacity: rare.senders.capacity <= 16)
+            rare.firstSender = 0
         }
     }
 
@@ -106,13 +109,40 @@ extension ConnectionSource {
             finish(.error(error.errnoCode))
             return
         }
-        pendingOutput.removeAll(keepingCapacity: pendingOutput.capacity <= Self.retainedCapacity)
+        if pendingOutput.capacity <= Self.retainedCapacity {
+            pendingOutput.removeAll(keepingCapacity: true)
+            giveBackOutputBuffer()
+        } else {
+            pendingOutput = []
+        }
         if state.outputGrew(to: socket.outputLength, limit: kept.outputLimit) {
-            shared.isOutputPaused.store(true, ordering: .relaxed)
+            outputPausedFlag.store(true, ordering: .relaxed)
             applyReadChange()
             socket.setWriteLowWatermark(kept.outputLimit / 2)
         }
     }
+
+    /// Takes an emptied buffer of another connection of this loop, if one is spare, for
+    /// `pendingOutput` (which has no capacity).
+    private func takeSpareOutputBuffer() {
+        withLoop { loop in
+            if let spare = loop.spareOutputBuffers.popLast() { pendingOutput = spare }
+        }
+    }
+
+    /// Hands the emptied `pendingOutput` to the loop's spares (at most `maxSpareOutputBuffers`
+    /// of them; past that the connection keeps it).
+    private func giveBackOutputBuffer() {
+        withLoop { loop in
+            guard loop.spareOutputBuffers.count < Self.maxSpareOutputBuffers else { return }
+            var emptied: [UInt8] = []
+            swap(&emptied, &pendingOutput)
+            loop.spareOutputBuffers.append(emptied)
+        }
+    }
+
+    /// Spare output buffers a loop keeps (each at most `retainedCapacity` bytes).
+    static let maxSpareOutputBuffers = 64
 
     /// Whether output may bypass libevent's buffer (`flushPendingOutput`): a socket without a
     /// transport layer.
@@ -129,7 +159,7 @@ extension ConnectionSource {
         if actions.contains(.shutdownWrite) { socket.shutdownWrite() }
         if actions.contains(.resumeFlow) {
             socket.setWriteLowWatermark(0)
-            shared.isOutputPaused.store(false, ordering: .relaxed)
+            outputPausedFlag.store(false, ordering: .relaxed)
             resumeSenders()
             resumeWritable()
             guard !state.isOutputPaused, state.isOpen else { return }
@@ -164,7 +194,7 @@ extension ConnectionSource {
             continuation.resume(returning: .success(false))
             return
         }
-        if !state.isOutputPaused && firstSender == senders.count {
+        if !state.isOutputPaused && !hasWaitingSenders {
             continuation.resume(returning: .success(true))
             return
         }
@@ -243,7 +273,7 @@ extension ConnectionSource {
     func closeGracefully() {
         flushPendingOutput()
         guard let socket, let step = state.closeRequested(outputLength: socket.outputLength) else { return }
-        shared.isOutputPaused.store(true, ordering: .relaxed)
+        outputPausedFlag.store(true, ordering: .relaxed)
         applyReadChange()
         endAsyncOperationsForClosing()
         switch step {

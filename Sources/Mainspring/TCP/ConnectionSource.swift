@@ -3,20 +3,6 @@ import Glibc
 #endif
 import Synchronization
 
-/// What a connection's `Connection` handles may read from any thread.
-final class ConnectionShared: Sendable {
-    /// Set once the connection has closed (any reason).
-    let isClosed = Atomic<Bool>(false)
-    /// Whether the output is over its limit (or the connection is closing): mirrors the loop's
-    /// state at each change, for `isWritable` and `trySend` from other threads.
-    let isOutputPaused = Atomic<Bool>(false)
-    /// Bytes that `trySend` from other threads accepted and posted, not yet written on the loop:
-    /// counted against the limit so that a fast poster cannot queue without bound.
-    let inFlightBytes = Atomic<Int>(0)
-    /// Tickets of `waitUntilWritable` calls (so that a cancellation finds its own waiter).
-    let nextWaitTicket = Atomic<Int>(0)
-}
-
 /// The parts of `Connection.Options` that a connection uses after it is made.
 struct KeptOptions {
     let outputLimit: Int
@@ -60,37 +46,56 @@ enum ConnectionRole: Equatable {
 /// Nothing of the input outlives a read: lines become the strings of their events, chunks are
 /// copied into arrays of their exact size. An unfinished line waits in the input buffer (at
 /// most `maxLineLength` + 1 bytes; a longer one is skipped as it arrives). Output is coalesced
-/// in `pendingOutput` until the loop next polls; buffers give back their capacity after a burst
-/// (above `retainedCapacity`), so an idle connection holds no buffer of its own.
+/// in `pendingOutput` until the loop next polls; once written, an emptied buffer goes to the
+/// loop's spares for the next connection that writes (one larger than `retainedCapacity`, after
+/// a burst, is freed), so an idle connection holds no buffer of its own. The first line waiting
+/// to be taken is held inline (`LineQueue`), and what few connections use is in `rare`.
 ///
 /// Its mutable state is touched only on the loop's thread, by one handler at a time: it is
 /// declared `@exclusivity(unchecked)`, which saves a runtime access check (some 80
 /// instructions) on every access.
 final class ConnectionSource: Source {
     @exclusivity(unchecked) var socket: BufferedSocket?
-    let target = Target()
     let remoteAddress: String
     /// What the connection keeps of its `Connection.Options` (the rest is used once, as it is
     /// made): 24 bytes, where a copy of the whole value would be 88 in every connection.
     let kept: KeptOptions
-    let shared = ConnectionShared()
     @exclusivity(unchecked) var state: ConnectionState
-    /// The layer between the connection and its socket (TLS), if any.
-    let transport: (any ConnectionTransport)?
-    /// `transport.details`, taken when the connection was made (any thread reads it).
-    let transportDetails: (any Sendable)?
+    /// The layer between the connection and its socket (TLS), if any: boxed, one word where
+    /// the optional existential would be two in every connection.
+    let layer: TransportLayer?
+    /// The layer (`layer`'s transport), if any.
+    var transport: (any ConnectionTransport)? { layer?.transport }
+    /// `transport.details` (any thread reads it).
+    var transportDetails: (any Sendable)? { layer?.transport.details }
     /// A socket, or one end of a child's pipe.
     let role: ConnectionRole
+
+    // MARK: Read from any thread (by `Connection` handles)
+
+    /// Set once the connection has closed (any reason).
+    let closedFlag = Atomic<Bool>(false)
+    /// Whether the output is over its limit (or the connection is closing): mirrors the loop's
+    /// state at each change, for `isWritable` and `trySend` from other threads.
+    let outputPausedFlag = Atomic<Bool>(false)
+    // Two loop-thread members here, beside the one-byte ones before them: a class's members are
+    // laid out in the order they are declared, and this fills what would be padding.
+    @exclusivity(unchecked) var flushScheduled = false
+    @exclusivity(unchecked) var pendingErrno: Int32 = 0
+    /// Bytes that `trySend` from other threads accepted and posted, not yet written on the loop:
+    /// counted against the limit so that a fast poster cannot queue without bound.
+    let inFlightBytes = Atomic<Int>(0)
+    /// Tickets of `waitUntilWritable` calls (so that a cancellation finds its own waiter).
+    let nextWaitTicket = Atomic<Int>(0)
 
     /// Text written since the loop last polled, written in one piece just before the next poll
     /// (`flushPendingOutput`: one `send(2)`, or one append to libevent's buffer, which writes
     /// only while it polls — so nothing is delayed): a line protocol writes a reply per request,
     /// and this makes a batch of pipelined requests one write instead of one per reply.
     @exclusivity(unchecked) var pendingOutput: [UInt8] = []
-    @exclusivity(unchecked) var flushScheduled = false
     @exclusivity(unchecked) var closeHandler: ((Connection.CloseReason) -> Void)?
-    /// Handlers waiting for the output to drain below half its limit (`onWritable`), once each.
-    @exclusivity(unchecked) var writableHandlers: [() -> Void] = []
+    /// The state that few connections ever use (see `RareState`), made on first use.
+    @exclusivity(unchecked) var rare: RareState?
 
     // MARK: Readers
 
@@ -103,6 +108,7 @@ final class ConnectionSource: Source {
     }
 
     @exclusivity(unchecked) var callbackReader: CallbackReader?
+    @exclusivity(unchecked) var pendingEvent: SocketEvent = []
     /// Changes whenever the reader changes: a delivery loop stops when its reader is gone.
     @exclusivity(unchecked) var readerGeneration: UInt32 = 0
     /// The callback reader that was given `.endOfFile` (each reader is told once).
@@ -110,10 +116,6 @@ final class ConnectionSource: Source {
     @exclusivity(unchecked) var splitter: InPlaceLineSplitter
     /// Lines split (in place) and not yet delivered; the bytes of those delivered, to drain.
     @exclusivity(unchecked) var lines = LineQueue()
-    /// Input bytes known to hold no delimiter for the pending `read(until:)`.
-    @exclusivity(unchecked) var delimiterScanned = 0
-    /// What a `read(exactly:)` longer than the input limit has gathered so far.
-    @exclusivity(unchecked) var gathered: [UInt8] = []
     /// libevent stops reading the socket at this much buffered input (the input limit, or more
     /// while a read needs to see more at once).
     @exclusivity(unchecked) var readLimit: Int
@@ -122,22 +124,53 @@ final class ConnectionSource: Source {
 
     /// The task suspended in a read (one at a time), with what it waits for.
     @exclusivity(unchecked) var asyncRead: PendingRead?
-    /// Tasks waiting in `send` for the output to drain, in order, each with what it sends.
-    @exclusivity(unchecked) var senders: [Sender] = []
-    @exclusivity(unchecked) var firstSender = 0
-    /// Tasks awaiting `closed` or an async `close()`.
-    @exclusivity(unchecked) var closeWaiters: [UnsafeContinuation<Connection.CloseReason, Never>] = []
-    /// The task awaiting an async `connect`.
-    @exclusivity(unchecked) var connectWaiter: ((Result<Void, EventLoopError>) -> Void)?
-    /// Tasks in `waitUntilWritable`, by ticket (a timeout removes its own).
-    @exclusivity(unchecked) var writableWaiters: [Int: UnsafeContinuation<Result<Bool, Connection.CloseReason>, Never>] = [:]
-    /// Tickets whose task was cancelled before its wait reached the loop.
-    @exclusivity(unchecked) var cancelledWaitTickets: Set<Int> = []
 
-    /// `shutdownOutput()` came, with nothing to send, before the connect finished.
-    @exclusivity(unchecked) var shutdownWhenConnected = false
-    @exclusivity(unchecked) var pendingEvent: SocketEvent = []
-    @exclusivity(unchecked) var pendingErrno: Int32 = 0
+    /// A connection's transport layer, in a box of its own (see `layer`).
+    final class TransportLayer {
+        let transport: any ConnectionTransport
+        init(_ transport: any ConnectionTransport) { self.transport = transport }
+    }
+
+    /// What a connection needs only for the less common calls — senders waiting for the output
+    /// to drain, `onWritable` handlers, `waitUntilWritable` and `closed` waiters, an async
+    /// connect, `read(until:)` and `read(exactly:)` in progress — kept apart so that the common
+    /// connection (reading and answering, its output draining) carries one reference for all
+    /// of it, not some 80 bytes of empty collections. Loop thread only.
+    final class RareState {
+        /// Handlers waiting for the output to drain below half its limit (`onWritable`), once each.
+        var writableHandlers: [() -> Void] = []
+        /// Input bytes known to hold no delimiter for the pending `read(until:)`.
+        var delimiterScanned = 0
+        /// What a `read(exactly:)` longer than the input limit has gathered so far.
+        var gathered: [UInt8] = []
+        /// Tasks waiting in `send` for the output to drain, in order, each with what it sends.
+        var senders: [Sender] = []
+        var firstSender = 0
+        /// Tasks awaiting `closed` or an async `close()`.
+        var closeWaiters: [UnsafeContinuation<Connection.CloseReason, Never>] = []
+        /// The task awaiting an async `connect`.
+        var connectWaiter: ((Result<Void, EventLoopError>) -> Void)?
+        /// Tasks in `waitUntilWritable`, by ticket (a timeout removes its own).
+        var writableWaiters: [Int: UnsafeContinuation<Result<Bool, Connection.CloseReason>, Never>] = [:]
+        /// Tickets whose task was cancelled before its wait reached the loop.
+        var cancelledWaitTickets: Set<Int> = []
+        /// `shutdownOutput()` came, with nothing to send, before the connect finished.
+        var shutdownWhenConnected = false
+    }
+
+    /// `rare`, made now if it was not yet (for a write to one of its members).
+    var rareState: RareState {
+        if let rare { return rare }
+        let made = RareState()
+        rare = made
+        return made
+    }
+
+    /// Whether tasks wait in `send` (false without looking further when none ever did).
+    var hasWaitingSenders: Bool {
+        guard let rare else { return false }
+        return rare.firstSender < rare.senders.count
+    }
 
     /// A read a task is suspended in.
     enum PendingRead {
@@ -208,12 +241,10 @@ final class ConnectionSource: Source {
         self.splitter = InPlaceLineSplitter(maxLineLength: options.maxLineLength)
         self.state = ConnectionState(connected: true)
         self.readLimit = Self.inputLimit(maxLineLength: options.maxLineLength)
-        self.transport = nil
-        self.transportDetails = nil
+        self.layer = nil
         super.init(loop: loop, priority: .input, keepsLoopBusy: true)
-        target.source = self
         do {
-            socket = try BufferedSocket(base: loop.base, fd: fd, target: target)
+            socket = try BufferedSocket(base: loop.base, fd: fd, target: self)
         } catch {
             closeDescriptor(fd)
             close()
@@ -234,11 +265,9 @@ final class ConnectionSource: Source {
         self.splitter = InPlaceLineSplitter(maxLineLength: options.maxLineLength)
         self.state = ConnectionState(connected: true)
         self.readLimit = Self.inputLimit(maxLineLength: options.maxLineLength)
-        self.transport = transport
-        self.transportDetails = transport.details
+        self.layer = TransportLayer(transport)
         super.init(loop: loop, priority: .input, keepsLoopBusy: true)
-        target.source = self
-        socket = BufferedSocket(adopting: bufferevent, base: loop.base, target: target)
+        socket = BufferedSocket(adopting: bufferevent, base: loop.base, target: self)
         configureSocket()
     }
 
@@ -251,14 +280,12 @@ final class ConnectionSource: Source {
         self.splitter = InPlaceLineSplitter(maxLineLength: options.maxLineLength)
         self.state = ConnectionState(connected: false)
         self.readLimit = Self.inputLimit(maxLineLength: options.maxLineLength)
-        self.transport = nil
-        self.transportDetails = nil
+        self.layer = nil
         super.init(loop: loop, priority: .input, keepsLoopBusy: true)
-        target.source = self
         if let literal = numericAddress(host, port: port) {
             // One address: libevent connects the socket itself, which exists from now on.
             do {
-                socket = try BufferedSocket(connectingTo: literal, base: loop.base, target: target)
+                socket = try BufferedSocket(connectingTo: literal, base: loop.base, target: self)
             } catch {
                 close()
                 throw error
@@ -271,7 +298,7 @@ final class ConnectionSource: Source {
             throw .invalidAddress(host)
         }
         do {
-            socket = try BufferedSocket(unconnectedOn: loop.base, target: target)
+            socket = try BufferedSocket(unconnectedOn: loop.base, target: self)
         } catch {
             close()
             throw error
@@ -382,8 +409,8 @@ final class ConnectionSource: Source {
         let graceful = reason == .closed && state.isClosing
         guard state.finish(reason) else { return }
         if graceful, socket != nil { transport?.willClose() }
-        shared.isClosed.store(true, ordering: .releasing)
-        shared.isOutputPaused.store(true, ordering: .relaxed)
+        closedFlag.store(true, ordering: .releasing)
+        outputPausedFlag.store(true, ordering: .relaxed)
         pendingOutput = []
         lines.clear()
         gathered = []
@@ -406,8 +433,8 @@ final class ConnectionSource: Source {
             // Closed by the loop going away: no handler runs; suspended tasks see `.cancelled`.
             socket = nil
         }
-        shared.isClosed.store(true, ordering: .releasing)
-        shared.isOutputPaused.store(true, ordering: .relaxed)
+        closedFlag.store(true, ordering: .releasing)
+        outputPausedFlag.store(true, ordering: .relaxed)
         callbackReader = nil
         closeHandler = nil
         writableHandlers = []
@@ -427,26 +454,23 @@ final class ConnectionSource: Source {
         }
     }
 
-    /// Receives libevent's callbacks and fires the source (no user code inside the poll).
-    ///
-    /// Its reference to the source is `unowned(unsafe)`: the source owns the target and the
-    /// socket whose callbacks reach it, and frees the socket (so the callbacks end) before it
-    /// goes. A weak reference would give the source a side table, and every retain and release
-    /// of it the slow path (some 75 instead of 20 instructions each, several per request).
-    final class Target: BufferedSocketTarget {
-        unowned(unsafe) var source: ConnectionSource?
-        override func socketReadable() {
-            guard let source else { return }
-            source.inputArrived()
-            source.fire(.read)
-        }
-        override func socketDrained() { source?.fire(.write) }
-        override func socketEvent(_ event: SocketEvent, errno: Int32) {
-            guard let source else { return }
-            source.pendingEvent.formUnion(event)
-            if event.contains(.error) { source.pendingErrno = errno }
-            source.fire(.signal)
-        }
+    // MARK: The socket's callbacks (inside the poll: they only record and fire)
+
+    // The socket's callback argument is this source, unretained: the source frees the socket
+    // (so the callbacks end) before it goes. (A weak reference, through an object in between,
+    // would cost a side table and every retain and release of the source the slow path.)
+
+    override func socketReadable() {
+        inputArrived()
+        fire(.read)
+    }
+
+    override func socketDrained() { fire(.write) }
+
+    override func socketEvent(_ event: SocketEvent, errno: Int32) {
+        pendingEvent.formUnion(event)
+        if event.contains(.error) { pendingErrno = errno }
+        fire(.signal)
     }
 }
 
@@ -463,5 +487,66 @@ extension ConnectionSource: PollPreparing {
     func prepareForPoll() {
         flushScheduled = false
         flushPendingOutput()
+    }
+}
+
+// The members of `RareState`, under their own names: reading one of a connection that never
+// used it makes nothing (an empty value); assigning an empty value to one makes nothing either;
+// any other write makes the box.
+extension ConnectionSource {
+    var writableHandlers: [() -> Void] {
+        get { rare?.writableHandlers ?? [] }
+        set { if rare != nil || !newValue.isEmpty { rareState.writableHandlers = newValue } }
+        _modify { yield &rareState.writableHandlers }
+    }
+
+    var delimiterScanned: Int {
+        get { rare?.delimiterScanned ?? 0 }
+        set { if rare != nil || newValue != 0 { rareState.delimiterScanned = newValue } }
+    }
+
+    var gathered: [UInt8] {
+        get { rare?.gathered ?? [] }
+        set { if rare != nil || !newValue.isEmpty { rareState.gathered = newValue } }
+        _modify { yield &rareState.gathered }
+    }
+
+    var senders: [Sender] {
+        get { rare?.senders ?? [] }
+        set { if rare != nil || !newValue.isEmpty { rareState.senders = newValue } }
+        _modify { yield &rareState.senders }
+    }
+
+    var firstSender: Int {
+        get { rare?.firstSender ?? 0 }
+        set { if rare != nil || newValue != 0 { rareState.firstSender = newValue } }
+    }
+
+    var closeWaiters: [UnsafeContinuation<Connection.CloseReason, Never>] {
+        get { rare?.closeWaiters ?? [] }
+        set { if rare != nil || !newValue.isEmpty { rareState.closeWaiters = newValue } }
+        _modify { yield &rareState.closeWaiters }
+    }
+
+    var connectWaiter: ((Result<Void, EventLoopError>) -> Void)? {
+        get { rare?.connectWaiter }
+        set { if rare != nil || newValue != nil { rareState.connectWaiter = newValue } }
+    }
+
+    var writableWaiters: [Int: UnsafeContinuation<Result<Bool, Connection.CloseReason>, Never>] {
+        get { rare?.writableWaiters ?? [:] }
+        set { if rare != nil || !newValue.isEmpty { rareState.writableWaiters = newValue } }
+        _modify { yield &rareState.writableWaiters }
+    }
+
+    var cancelledWaitTickets: Set<Int> {
+        get { rare?.cancelledWaitTickets ?? [] }
+        set { if rare != nil || !newValue.isEmpty { rareState.cancelledWaitTickets = newValue } }
+        _modify { yield &rareState.cancelledWaitTickets }
+    }
+
+    var shutdownWhenConnected: Bool {
+        get { rare?.shutdownWhenConnected ?? false }
+        set { if rare != nil || newValue { rareState.shutdownWhenConnected = newValue } }
     }
 }
