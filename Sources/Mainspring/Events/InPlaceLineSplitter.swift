@@ -172,7 +172,7 @@ struct InPlaceLineSplitter {
     }
 
     private static func event(for bytes: UnsafeBufferPointer<UInt8>) -> LineEvent {
-        if let text = String(validating: bytes, as: UTF8.self) { return .line(text) }
+        if let text = utf8String(validating: bytes) { return .line(text) }
         return .invalidUTF8(bytes.count)
     }
 }
