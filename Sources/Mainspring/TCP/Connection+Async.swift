@@ -54,12 +54,15 @@ extension Connection {
 
             init(connection: Connection) { self.connection = connection }
 
-            /// `readLine()`. Inlinable, so that a loop over `lines` calls `readLine` itself: no
-            /// frame of its own in the task while it waits (an idle connection's task holds
-            /// every frame of the call it is suspended in).
+            /// `readLine()`. Inlinable, so that a loop over `lines` takes a line that is there
+            /// already with a plain call (an async call allocates its callee's frame in the
+            /// task, even when it does not suspend), and calls `readLine` itself when it must
+            /// wait: no frame of its own in the task while it waits (an idle connection's task
+            /// holds every frame of the call it is suspended in).
             @inlinable
             public nonisolated(nonsending) mutating func next() async throws(CloseReason) -> LineEvent? {
-                try await connection.readLine()
+                if let ready = connection.lineIfReady() { return try ready.get() }
+                return try await connection.waitForLine()
             }
 
             /// `next()`, on the caller's executor. (Not isolated to `actor`: a function isolated
@@ -67,7 +70,8 @@ extension Connection {
             /// runtime calls per element that `nonisolated(nonsending)` does not need.)
             @inlinable
             public nonisolated(nonsending) mutating func next(isolation actor: (any Actor)?) async throws(CloseReason) -> LineEvent? {
-                try await connection.readLine()
+                if let ready = connection.lineIfReady() { return try ready.get() }
+                return try await connection.waitForLine()
             }
         }
     }
@@ -121,7 +125,15 @@ extension Connection {
     /// - Throws: the `CloseReason` when the connection closes otherwise (`.idleTimeout`,
     ///   `.error`, `.cancelled`; see the errors above).
     public nonisolated(nonsending) func readLine() async throws(CloseReason) -> LineEvent? {
-        if loop.isCurrent && !Task.isCancelled, let outcome = source.pullLine().outcome { return try outcome.get() }
+        if let outcome = lineIfReady() { return try outcome.get() }
+        return try await waitForLine()
+    }
+
+    /// `readLine()` past its check for a line that is there already (`lineIfReady`): the
+    /// inlinable iterator has made that check. On the loop the line is looked for once more,
+    /// from inside the suspension (it may have come meanwhile, on another thread's call).
+    @usableFromInline
+    nonisolated(nonsending) func waitForLine() async throws(CloseReason) -> LineEvent? {
         let result: Result<LineEvent?, CloseReason> = await suspend(isolation: #isolation) { source, continuation in
             if let outcome = source.pullLine().outcome {
                 continuation.resume(returning: outcome)
@@ -130,6 +142,15 @@ extension Connection {
             }
         }
         return try result.get()
+    }
+
+    /// `readLine()`'s answer when it needs no wait — the next line event, nil at the end, or the
+    /// close reason — on the connection's loop, from a task that is not cancelled; nil when the
+    /// read must wait (or go through `readLine`). Synchronous, for the inlinable iterator.
+    @usableFromInline
+    func lineIfReady() -> Result<LineEvent?, CloseReason>? {
+        guard loop.isCurrent && !Task.isCancelled else { return nil }
+        return source.pullLine().outcome
     }
 
     /// Up to `maxCount` bytes of input (at least 1): what is buffered now, or, when nothing is,
