@@ -361,8 +361,13 @@ private actor AsyncSession {
         case .invalidUTF8(let bytes):
             return "ERR invalid UTF-8 (\(bytes) bytes)"
         case .endOfFile, .error:
-            isQuitting = true
-            closeIfDone()
+            if later == nil {
+                // Nothing in flight or being written: close now (and make no backlog for it).
+                connection.close()
+            } else {
+                isQuitting = true
+                closeIfDone()
+            }
             return nil
         }
     }
