@@ -64,7 +64,8 @@ public final class EventLoop: @unchecked Sendable {
     @exclusivity(unchecked) private var preparingParticipants: [any PollPreparing] = []
     /// Emptied output buffers of connections that wrote everything they had (see
     /// `ConnectionSource.flushPendingOutput`): a connection takes one when it next writes, so
-    /// that an idle connection holds no buffer and a request allocates none.
+    /// that an idle connection holds no buffer and a request allocates none. At most
+    /// `ConnectionSource.maxSpareOutputBuffers`; past that, a connection keeps its own.
     @exclusivity(unchecked) var spareOutputBuffers: [[UInt8]] = []
     /// The stamp of sources fired during the current poll (0: not read yet).
     @exclusivity(unchecked) var pollStamp: UInt64 = 0

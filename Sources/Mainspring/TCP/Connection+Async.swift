@@ -56,7 +56,7 @@ extension Connection {
 
             /// `readLine()`. Inlinable, so that a loop over `lines` takes a line that is there
             /// already with a plain call (an async call allocates its callee's frame in the
-            /// task, even when it does not suspend), and calls `readLine` itself when it must
+            /// task, even when it does not suspend), and calls `waitForLine` itself when it must
             /// wait: no frame of its own in the task while it waits (an idle connection's task
             /// holds every frame of the call it is suspended in).
             @inlinable

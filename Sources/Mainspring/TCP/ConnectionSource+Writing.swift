@@ -16,7 +16,7 @@ extension ConnectionSource {
 
     func write(text: String, newline: Bool) {
         requireWritable()
-        guard state.isOpen, socket != nil else { return }
+        guard state.isOpen, socket != nil, newline || !text.isEmpty else { return }
         if pendingOutput.capacity == 0 { takeSpareOutputBuffer() }
         pendingOutput.append(contentsOf: text.utf8)
         if newline { pendingOutput.append(0x0A) }
@@ -182,7 +182,7 @@ extension ConnectionSource {
     func awaitWritable(ticket: Int, timeout: Duration?,
                        _ continuation: UnsafeContinuation<Result<Bool, Connection.CloseReason>, Never>)
     {
-        if cancelledWaitTickets.remove(ticket) != nil {
+        if rare?.cancelledWaitTickets.remove(ticket) != nil {
             continuation.resume(returning: .success(false))
             return
         }
@@ -202,7 +202,7 @@ extension ConnectionSource {
         if let timeout {
             withLoop { loop in
                 _ = loop.schedule(after: timeout) { [weak self] in
-                    guard let self, let waiter = self.writableWaiters.removeValue(forKey: ticket) else { return }
+                    guard let self, let waiter = self.rare?.writableWaiters.removeValue(forKey: ticket) else { return }
                     waiter.resume(returning: .success(false))
                 }
             }
@@ -211,7 +211,7 @@ extension ConnectionSource {
 
     /// The task of `ticket` was cancelled: its wait ends (false), the connection stays open.
     func cancelWritableWait(ticket: Int) {
-        if let waiter = writableWaiters.removeValue(forKey: ticket) {
+        if let waiter = rare?.writableWaiters.removeValue(forKey: ticket) {
             waiter.resume(returning: .success(false))
         } else if !isClosed {
             // Its wait has not arrived yet (or has ended already: then the entry is never used;

@@ -48,12 +48,13 @@ enum ConnectionRole: Equatable {
 /// most `maxLineLength` + 1 bytes; a longer one is skipped as it arrives). Output is coalesced
 /// in `pendingOutput` until the loop next polls; once written, an emptied buffer goes to the
 /// loop's spares for the next connection that writes (one larger than `retainedCapacity`, after
-/// a burst, is freed), so an idle connection holds no buffer of its own. The first line waiting
+/// a burst, is freed; while the spares are full, at most `maxSpareOutputBuffers`, a connection
+/// keeps its emptied buffer), so an idle connection holds no buffer of its own. The first line waiting
 /// to be taken is held inline (`LineQueue`), and what few connections use is in `rare`.
 ///
 /// Its mutable state is touched only on the loop's thread, by one handler at a time: it is
 /// declared `@exclusivity(unchecked)`, which saves a runtime access check (some 80
-/// instructions) on every access.
+/// instructions) on every access (`RareState`'s members too).
 final class ConnectionSource: Source {
     @exclusivity(unchecked) var socket: BufferedSocket?
     let remoteAddress: String
@@ -138,24 +139,24 @@ final class ConnectionSource: Source {
     /// of it, not some 80 bytes of empty collections. Loop thread only.
     final class RareState {
         /// Handlers waiting for the output to drain below half its limit (`onWritable`), once each.
-        var writableHandlers: [() -> Void] = []
+        @exclusivity(unchecked) var writableHandlers: [() -> Void] = []
         /// Input bytes known to hold no delimiter for the pending `read(until:)`.
-        var delimiterScanned = 0
+        @exclusivity(unchecked) var delimiterScanned = 0
         /// What a `read(exactly:)` longer than the input limit has gathered so far.
-        var gathered: [UInt8] = []
+        @exclusivity(unchecked) var gathered: [UInt8] = []
         /// Tasks waiting in `send` for the output to drain, in order, each with what it sends.
-        var senders: [Sender] = []
-        var firstSender = 0
+        @exclusivity(unchecked) var senders: [Sender] = []
+        @exclusivity(unchecked) var firstSender = 0
         /// Tasks awaiting `closed` or an async `close()`.
-        var closeWaiters: [UnsafeContinuation<Connection.CloseReason, Never>] = []
+        @exclusivity(unchecked) var closeWaiters: [UnsafeContinuation<Connection.CloseReason, Never>] = []
         /// The task awaiting an async `connect`.
-        var connectWaiter: ((Result<Void, EventLoopError>) -> Void)?
+        @exclusivity(unchecked) var connectWaiter: ((Result<Void, EventLoopError>) -> Void)?
         /// Tasks in `waitUntilWritable`, by ticket (a timeout removes its own).
-        var writableWaiters: [Int: UnsafeContinuation<Result<Bool, Connection.CloseReason>, Never>] = [:]
+        @exclusivity(unchecked) var writableWaiters: [Int: UnsafeContinuation<Result<Bool, Connection.CloseReason>, Never>] = [:]
         /// Tickets whose task was cancelled before its wait reached the loop.
-        var cancelledWaitTickets: Set<Int> = []
+        @exclusivity(unchecked) var cancelledWaitTickets: Set<Int> = []
         /// `shutdownOutput()` came, with nothing to send, before the connect finished.
-        var shutdownWhenConnected = false
+        @exclusivity(unchecked) var shutdownWhenConnected = false
     }
 
     /// `rare`, made now if it was not yet (for a write to one of its members).
