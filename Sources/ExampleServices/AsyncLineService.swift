@@ -221,8 +221,8 @@ private actor AsyncSession {
     let connection: Connection
     nonisolated var unownedExecutor: UnownedSerialExecutor { connection.loop.asUnownedSerialExecutor() }
     private let host: SessionHost
-    /// Made on first use (see `SessionBacklog`).
-    private var later: SessionBacklog?
+    /// The backlog, once made (see `SessionBacklog`; `backlog` makes it).
+    private var madeBacklog: SessionBacklog?
 
     init(connection: Connection, host: SessionHost) {
         self.connection = connection
@@ -231,32 +231,32 @@ private actor AsyncSession {
 
     private nonisolated var stats: StatsCounters { host.stats }
 
-    /// `later`, made now if it was not yet.
-    private var pendingReplies: SessionBacklog {
-        if let later { return later }
+    /// The backlog, made now if it was not yet.
+    private var backlog: SessionBacklog {
+        if let madeBacklog { return madeBacklog }
         let made = SessionBacklog()
-        later = made
+        madeBacklog = made
         return made
     }
 
-    // `later`'s flags under their own names: false while there is none; setting one false
+    // The backlog's flags under their own names: false while there is none; setting one false
     // makes none.
     private var isWriting: Bool {
-        get { later?.isWriting ?? false }
-        set { if later != nil || newValue { pendingReplies.isWriting = newValue } }
+        get { madeBacklog?.isWriting ?? false }
+        set { if madeBacklog != nil || newValue { backlog.isWriting = newValue } }
     }
 
     private var isDraining: Bool {
-        get { later?.isDraining ?? false }
-        set { if later != nil || newValue { pendingReplies.isDraining = newValue } }
+        get { madeBacklog?.isDraining ?? false }
+        set { if madeBacklog != nil || newValue { backlog.isDraining = newValue } }
     }
 
     private var isQuitting: Bool {
-        get { later?.isQuitting ?? false }
-        set { if later != nil || newValue { pendingReplies.isQuitting = newValue } }
+        get { madeBacklog?.isQuitting ?? false }
+        set { if madeBacklog != nil || newValue { backlog.isQuitting = newValue } }
     }
 
-    private var pending: Int { later?.count ?? 0 }
+    private var pending: Int { madeBacklog?.count ?? 0 }
 
     /// Serves the connection until it closes; requests still in flight finish first.
     ///
@@ -314,7 +314,7 @@ private actor AsyncSession {
     /// The input ended: waits for the requests in flight, then closes.
     @inline(never)
     private func finish() async {
-        if let later, later.inFlight > 0 { await withUnsafeContinuation { later.allLanded = $0 } }
+        if let backlog = madeBacklog, backlog.inFlight > 0 { await withUnsafeContinuation { backlog.allLanded = $0 } }
         connection.close()
         host.registry.remove(self)
         stats.open.subtract(1, ordering: .relaxed)
@@ -324,7 +324,7 @@ private actor AsyncSession {
     /// on its loop). Not a task group around `run`: a group costs every idle connection some
     /// 560 bytes and frames in its task, and most connections never make one of these requests.
     private func startInFlight(_ body: @escaping @Sendable (isolated AsyncSession) async -> Void) {
-        pendingReplies.inFlight += 1
+        backlog.inFlight += 1
         Task {
             await body(self)
             self.landed()
@@ -332,10 +332,10 @@ private actor AsyncSession {
     }
 
     private func landed() {
-        let later = pendingReplies
-        later.inFlight -= 1
-        if later.inFlight == 0, let waiting = later.allLanded {
-            later.allLanded = nil
+        let backlog = self.backlog
+        backlog.inFlight -= 1
+        if backlog.inFlight == 0, let waiting = backlog.allLanded {
+            backlog.allLanded = nil
             waiting.resume()
         }
     }
@@ -361,7 +361,7 @@ private actor AsyncSession {
         case .invalidUTF8(let bytes):
             return "ERR invalid UTF-8 (\(bytes) bytes)"
         case .endOfFile, .error:
-            if later == nil {
+            if madeBacklog == nil {
                 // Nothing in flight or being written: close now (and make no backlog for it).
                 connection.close()
             } else {
@@ -402,13 +402,12 @@ private actor AsyncSession {
         case .success(.work(let chunks)):
             let slot = reserve()
             stats.workJobs.add(1, ordering: .relaxed)
-            let later = pendingReplies
-            later.checksums[slot] = 0
+            backlog.checksums[slot] = 0
             // The chunks run on this loop, between its callbacks: the session's own thread.
             let job = host.feeder.feed(chunks: chunks) { index in
                 self.assumeIsolated { session in
-                    let later = session.pendingReplies
-                    later.checksums[slot] = WorkUnit.run(seed: UInt64(index), into: later.checksums[slot] ?? 0)
+                    let backlog = session.backlog
+                    backlog.checksums[slot] = WorkUnit.run(seed: UInt64(index), into: backlog.checksums[slot] ?? 0)
                 }
             }
             startInFlight { session in
@@ -420,22 +419,22 @@ private actor AsyncSession {
     }
 
     private func finishWork(_ slot: Int, chunks: Int, outcome: FeedOutcome) async {
-        let checksum = pendingReplies.checksums.removeValue(forKey: slot) ?? 0
+        let checksum = backlog.checksums.removeValue(forKey: slot) ?? 0
         await fill(slot, outcome == .completed ? "DONE \(chunks) \(checksum)" : "ERR work cancelled")
     }
 
     private func reserve() -> Int {
-        let later = pendingReplies
-        later.replies.append(nil)
-        return later.base + later.replies.count - 1
+        let backlog = self.backlog
+        backlog.replies.append(nil)
+        return backlog.base + backlog.replies.count - 1
     }
 
     /// Puts a reply in its slot (a slot of a finished connection is gone: ignored).
     private func place(_ slot: Int, _ text: String) {
-        guard let later else { return }
-        let index = slot - later.base
-        guard index >= later.first, index < later.replies.count else { return }
-        later.replies[index] = text
+        guard let backlog = madeBacklog else { return }
+        let index = slot - backlog.base
+        guard index >= backlog.first, index < backlog.replies.count else { return }
+        backlog.replies[index] = text
     }
 
     /// A reply of a request that was in flight (`SLEEP`, `WORK`).
@@ -447,16 +446,16 @@ private actor AsyncSession {
 
     /// Sends the replies that are ready, in order, unless another task is sending already.
     private func flush() async {
-        guard !isWriting, let later else { return }
+        guard !isWriting, let backlog = madeBacklog else { return }
         isWriting = true
-        while later.first < later.replies.count, let ready = later.replies[later.first] {
-            later.first += 1
+        while backlog.first < backlog.replies.count, let ready = backlog.replies[backlog.first] {
+            backlog.first += 1
             await send(ready)
         }
-        if later.first == later.replies.count {
-            later.base += later.replies.count
-            later.replies.removeAll(keepingCapacity: later.replies.capacity <= 64)
-            later.first = 0
+        if backlog.first == backlog.replies.count {
+            backlog.base += backlog.replies.count
+            backlog.replies.removeAll(keepingCapacity: backlog.replies.capacity <= 64)
+            backlog.first = 0
         }
         isWriting = false
     }
