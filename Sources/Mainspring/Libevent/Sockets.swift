@@ -318,6 +318,7 @@ final class BufferedSocket {
     /// Appends bytes to the output buffer (libevent writes them as the socket allows), from
     /// `offset` on.
     func write(_ bytes: [UInt8], from offset: Int = 0) throws(EventLoopError) {
+        guard offset < bytes.count else { return }
         let rc = bytes.withUnsafeBytes { bufferevent_write(raw, $0.baseAddress! + offset, $0.count - offset) }
         try check(rc, "bufferevent_write")
     }

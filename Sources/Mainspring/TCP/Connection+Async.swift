@@ -146,7 +146,7 @@ extension Connection {
 
     /// `readLine()`'s answer when it needs no wait — the next line event, nil at the end, or the
     /// close reason — on the connection's loop, from a task that is not cancelled; nil when the
-    /// read must wait (or go through `readLine`). Synchronous, for the inlinable iterator.
+    /// read must wait (`waitForLine`). Synchronous, for the inlinable iterator.
     @usableFromInline
     func lineIfReady() -> Result<LineEvent?, CloseReason>? {
         guard loop.isCurrent && !Task.isCancelled else { return nil }

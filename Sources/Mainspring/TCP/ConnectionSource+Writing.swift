@@ -146,7 +146,7 @@ extension ConnectionSource {
 
     /// Whether output may bypass libevent's buffer (`flushPendingOutput`): a socket without a
     /// transport layer.
-    var writesDirectly: Bool { role == .socket && transport == nil }
+    var writesDirectly: Bool { role == .socket && layer == nil }
 
     /// The output drained to the low watermark (libevent's write callback).
     func drained() {
