@@ -12,6 +12,7 @@ let package = Package(
         .library(name: "Mainspring", targets: ["Mainspring"]),
         .library(name: "MainspringHTTP", targets: ["MainspringHTTP"]),
         .library(name: "MainspringTLS", targets: ["MainspringTLS"]),
+        .library(name: "MainspringTesting", targets: ["MainspringTesting"]),
         .executable(name: "mainspring-demo", targets: ["mainspring-demo"]),
         .executable(name: "mainspring-daemon", targets: ["mainspring-daemon"]),
         .executable(name: "mainspring-bench", targets: ["mainspring-bench"]),
@@ -39,6 +40,13 @@ let package = Package(
             dependencies: ["CLibevent", "CMainspringSystem"],
             path: "Sources/Mainspring",
             swiftSettings: experimentalMainExecutor
+        ),
+        // Deterministic simulation for tests: virtual time, modelled CPU, seeded order. Depends
+        // on the library alone (it reaches the loop through the `Simulation` SPI).
+        .target(
+            name: "MainspringTesting",
+            dependencies: ["Mainspring"],
+            path: "Sources/MainspringTesting"
         ),
         // OpenSSL 3 and libevent's OpenSSL bufferevents through pkg-config (`libevent_openssl`
         // brings `openssl`); `make` installs libssl-dev when it is missing. Only MainspringTLS
@@ -166,6 +174,11 @@ let package = Package(
                            "CMainspringSystem", "KVCore"],
             path: "Tests/MainspringTests",
             swiftSettings: experimentalMainExecutor
+        ),
+        .testTarget(
+            name: "MainspringTestingTests",
+            dependencies: ["Mainspring", "MainspringTesting"],
+            path: "Tests/MainspringTestingTests"
         ),
     ],
     swiftLanguageModes: [.v6]

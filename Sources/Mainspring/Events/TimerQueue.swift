@@ -108,22 +108,32 @@ final class TimerQueue: NativeEventTarget {
     /// while it runs callbacks.
     override func nativeEventFired(_ readiness: Readiness) {
         nativeDeadline = nil
-        let now = monotonicNanoseconds()
-        while let first = heap.first, first.deadline <= now {
-            let source = first.source
-            remove(at: 0)
-            source.fire(.timeout)
-        }
+        fireDue(now: monotonicNanoseconds())
         if !heap.isEmpty && !rearmIsQueued {
             rearmIsQueued = true
             loop.beforeNextPoll(self)
         }
     }
 
+    /// Queues every source whose deadline is at or before `now`, in (deadline, creation) order.
+    /// A simulated loop calls this at each virtual instant; a real one when libevent's timer
+    /// fires.
+    func fireDue(now: UInt64) {
+        while let first = heap.first, first.deadline <= now {
+            let source = first.source
+            remove(at: 0)
+            source.fire(.timeout)
+        }
+    }
+
+    /// The earliest armed deadline, if any.
+    var nextDeadline: UInt64? { heap.first?.deadline }
+
     /// Makes libevent's timer pending for the earliest deadline, or not pending when none is
-    /// armed. Nothing to do when it already is.
+    /// armed. Nothing to do when it already is, or on a simulated loop (whose simulation reads
+    /// `nextDeadline` instead).
     private func updateNative() {
-        guard !rearmIsQueued else { return }
+        guard !rearmIsQueued, !loop.base.refusesDescriptors else { return }
         guard let first = heap.first else {
             if nativeDeadline != nil {
                 native?.delete()
@@ -132,7 +142,7 @@ final class TimerQueue: NativeEventTarget {
             return
         }
         guard nativeDeadline != first.deadline else { return }
-        let now = monotonicNanoseconds()
+        let now = monotonicNanoseconds()  // a real loop's: a simulated one never gets here
         // event_add on a timer fails only when libevent runs out of memory; there is no way on.
         do {
             try nativeEvent().add(timeoutNanoseconds: first.deadline > now ? first.deadline - now : 0)

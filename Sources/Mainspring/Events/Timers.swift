@@ -60,7 +60,7 @@ final class TimerSource: DeadlineSource {
         // Re-arm a repeating timer at the first deadline after now on its original grid:
         // missed ticks are skipped, not burst.
         guard let interval else { return }
-        let now = monotonicNanoseconds()
+        let now = withLoop { $0.monotonicNow() }
         var next = deadline
         if interval == 0 {
             next = now
@@ -94,7 +94,7 @@ extension EventLoop {
     @discardableResult
     public func schedule(after delay: Duration, _ work: @escaping () -> Void) -> TimerHandle {
         preconditionOnLoop("EventLoop.schedule(after:_:)")
-        return makeTimer(deadline: monotonicNanoseconds() &+ delay.clampedNanoseconds, interval: nil, oneShot: work,
+        return makeTimer(deadline: monotonicNow() &+ delay.clampedNanoseconds, interval: nil, oneShot: work,
                          repeating: nil)
     }
 
@@ -123,7 +123,7 @@ extension EventLoop {
         preconditionOnLoop("EventLoop.schedule(every:_:)")
         let nanoseconds = max(requirePositive(interval, "EventLoop.schedule(every:_:)'s interval"),
                               Self.minimumRepeatInterval.clampedNanoseconds)
-        return makeTimer(deadline: monotonicNanoseconds() &+ nanoseconds, interval: nanoseconds, oneShot: nil,
+        return makeTimer(deadline: monotonicNow() &+ nanoseconds, interval: nanoseconds, oneShot: nil,
                          repeating: work)
     }
 

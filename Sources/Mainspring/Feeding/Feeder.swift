@@ -271,7 +271,7 @@ public final class Feeder: Sendable {
     /// either queues the next turn (after the next poll) or goes idle.
     private func turn() {
         let line = local.value
-        let clock = loop.clock
+        let clock = loop.timeSource
         var now = clock.now()
         let deadline = now &+ budgetNanoseconds
         var ranAny = false
@@ -345,7 +345,7 @@ public final class Feeder: Sendable {
             jobLocal.pausesSeen = pausesNow
             jobLocal.previousEnd = 0
         }
-        let clock = loop.clock
+        let clock = loop.timeSource
         var chunkTime: UInt64 = 0
         var ranAny = false
         while true {

@@ -19,6 +19,17 @@ final class EventBase {
     /// the loop's back. Loop thread only; 0 in normal operation.
     var injectedRegistrationFailures = 0
 
+    /// Set on a simulated loop's base (`MainspringTesting`): every descriptor, socket, listener
+    /// and signal event is refused with `EventLoopError.simulatedLoop`, so that nothing real is
+    /// mixed into a simulation silently. (The loop's own eventfd is made before it is set.)
+    var refusesDescriptors = false
+
+    /// Throws `EventLoopError.simulatedLoop` for `what` on a simulated loop's base.
+    @inline(__always)
+    func refuseIfSimulated(_ what: @autoclosure () -> String) throws(EventLoopError) {
+        if refusesDescriptors { throw .simulatedLoop(refused: what()) }
+    }
+
     /// Consumes one injected failure, if any is left (see `injectedRegistrationFailures`).
     @inline(__always)
     func takeInjectedFailure(_ function: StaticString) throws(EventLoopError) {

@@ -66,6 +66,9 @@ final class NativeEvent {
     init(base: EventBase, fd: Int32, readiness: Readiness, persistent: Bool, target: NativeEventTarget)
         throws(EventLoopError)
     {
+        if fd >= 0 {
+            try base.refuseIfSimulated(readiness.contains(.signal) ? "signal \(fd)" : "file descriptor \(fd)")
+        }
         var flags = readiness.libeventFlags
         if persistent { flags |= Int16(EV_PERSIST) }
         guard let event = event_new(base.raw, fd, flags, nativeEventTrampoline, callbackArgument(for: target)) else {

@@ -31,6 +31,7 @@ final class SocketListener {
     init(base: EventBase, host: String, port: UInt16, backlog: Int32, target: SocketListenerTarget)
         throws(EventLoopError)
     {
+        try base.refuseIfSimulated("a TCP listener on \(host):\(port)")
         let address = try listeningAddress(for: host, port: port)
         let fd = try bindListeningSocket(address, backlog: backlog).get()
         let arg = callbackArgument(for: target)
@@ -52,6 +53,7 @@ final class SocketListener {
     /// From then on the listener owns it; when this throws, `fd` is left open, still the
     /// caller's.
     init(base: EventBase, adopting fd: Int32, target: SocketListenerTarget) throws(EventLoopError) {
+        try base.refuseIfSimulated("a listener adopting descriptor \(fd)")
         if let problem = listeningStreamSocketProblem(fd) {
             throw .notListeningSocket(descriptor: fd, reason: problem)
         }
@@ -74,6 +76,7 @@ final class SocketListener {
     init(base: EventBase, unixPath path: String, mode: UInt16?, backlog: Int32, target: SocketListenerTarget)
         throws(EventLoopError)
     {
+        try base.refuseIfSimulated("a unix socket listener on \(path)")
         let (fd, file) = try bindUnixListeningSocket(path, mode: mode, backlog: backlog)
         let arg = callbackArgument(for: target)
         let flags = UInt32(LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC)
@@ -153,6 +156,7 @@ final class BufferedSocket {
 
     /// Wraps a connected, non-blocking socket.
     init(base: EventBase, fd: Int32, target: NativeEventTarget) throws(EventLoopError) {
+        try base.refuseIfSimulated("a connection on descriptor \(fd)")
         guard let bev = bufferevent_socket_new(base.raw, fd, Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)) else {
             throw .libevent(function: "bufferevent_socket_new", errno: errno)
         }
@@ -179,6 +183,7 @@ final class BufferedSocket {
     /// addresses): writes are buffered in its output until `attach(fd:)` (libevent's own
     /// `bufferevent_socket_connect_hostname` works this way).
     init(unconnectedOn base: EventBase, target: NativeEventTarget) throws(EventLoopError) {
+        try base.refuseIfSimulated("a connection")
         guard let bev = bufferevent_socket_new(base.raw, -1, Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)) else {
             throw .libevent(function: "bufferevent_socket_new", errno: errno)
         }
@@ -191,6 +196,7 @@ final class BufferedSocket {
     /// Starts a non-blocking connect to `address` (a literal's one address); `socketEvent(.connected)`
     /// or an error follows.
     init(connectingTo address: SocketAddress, base: EventBase, target: NativeEventTarget) throws(EventLoopError) {
+        try base.refuseIfSimulated("a connection to \(address)")
         guard let bev = bufferevent_socket_new(base.raw, -1, Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)) else {
             throw .libevent(function: "bufferevent_socket_new", errno: errno)
         }

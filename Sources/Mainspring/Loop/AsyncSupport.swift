@@ -26,7 +26,7 @@ extension EventLoop {
     /// `CancellationError` (and cancels the timer); should the timer be dropped unfired (its loop
     /// freed), it throws `EventLoopError.loopClosed`.
     public func sleep(for duration: Duration) async throws {
-        let deadline = monotonicNanoseconds() &+ duration.clampedNanoseconds
+        let deadline = monotonicNow() &+ duration.clampedNanoseconds
         let sleeper = Sleeper()
         try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, Error>) in

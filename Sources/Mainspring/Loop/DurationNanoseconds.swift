@@ -40,3 +40,15 @@ package func requirePositive(_ duration: Duration, _ parameter: @autoclosure () 
                  file: file, line: line)
     return max(1, duration.clampedNanoseconds)
 }
+
+extension Duration {
+    /// The duration in whole nanoseconds, signed, clamped to `Int64`'s range (for instants,
+    /// which move both ways).
+    var clampedSignedNanoseconds: Int64 {
+        let (seconds, attoseconds) = components
+        let (scaled, overflow) = seconds.multipliedReportingOverflow(by: 1_000_000_000)
+        if overflow { return seconds < 0 ? .min : .max }
+        return scaled.addingReportingOverflow(attoseconds / 1_000_000_000).overflow
+            ? (seconds < 0 ? .min : .max) : scaled + attoseconds / 1_000_000_000
+    }
+}

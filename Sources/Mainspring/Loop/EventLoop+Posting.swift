@@ -30,7 +30,7 @@ extension EventLoop {
         var item = Optional(RemoteItem(work: consume work, stamp: 0))
         // (`configuration`, which nobody writes, not the scheduler's counters: the loop writes
         // their cache lines after every callback, so reading them here costs both threads a miss.)
-        let clock = configuration.collectsMetrics ? self.clock : nil
+        let clock = configuration.collectsMetrics ? self.timeSource : nil
         let outcome = remote.withLock { queue in queue.post(&item, priority, clock: clock) }
         if outcome == .queued(wake: true) { wakeup.signal() }
     }
@@ -52,7 +52,7 @@ extension EventLoop {
     /// Queues a fired source (at most once: `Source.fire` guards it).
     @inline(__always)
     func enqueue(source: Source) {
-        if pollStamp == 0 { pollStamp = clock.now() }
+        if pollStamp == 0 { pollStamp = timeSource.now() }
         scheduler.enqueue(ReadyRecord(source: source, stamp: pollStamp, priority: source.priority), source.priority)
     }
 

@@ -18,7 +18,7 @@ extension EventLoop {
     /// `unwindLimit` while those tasks unwind; then shuts down for good.
     func shutDown(deadline: UInt64) -> ShutdownOutcome {
         var outcome = ShutdownOutcome()
-        let now = monotonicNanoseconds()
+        let now = monotonicNow()
         let quiet = spin(until: { isQuiescent }, timeout: .nanoseconds(Int64(clamping: deadline > now ? deadline - now : 0)))
         if !quiet {
             outcome.timedOut = true

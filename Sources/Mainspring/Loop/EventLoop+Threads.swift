@@ -72,6 +72,12 @@ extension EventLoop {
         let me = currentThreadID()
         let owner = ownerThread.load(ordering: .acquiring)
         if owner == me { return true }
+        if let simulation {
+            // A simulated loop belongs to whichever thread drives its simulation: a test's body
+            // may resume on another thread between two steps.
+            guard !isOrphaned, simulation.adoptCallingThread(for: self) else { return false }
+            return ownerThread.load(ordering: .acquiring) == me
+        }
         guard owner == 0 else { return false }
         if isMainLoop && !isProcessMainThread() { return false }
         let (exchanged, actual) = ownerThread.compareExchange(

@@ -50,9 +50,12 @@ public final class EventLoop: @unchecked Sendable {
     let base: EventBase
     /// The ready queues and the fairness policy.
     let scheduler: Scheduler
-    /// The dispatcher's clock (a calibrated cycle counter): every stamp and deadline of the
-    /// scheduler uses it. Timers and spin timeouts use `monotonicNanoseconds()` instead.
-    let clock = FastClock.shared
+    /// The loop's clock seam (LoopClock.swift): the dispatcher's stamps and deadlines on the
+    /// calibrated cycle counter, timers and spin timeouts on `CLOCK_MONOTONIC` (`monotonicNow()`)
+    /// — or both on the simulation's virtual clock when the loop is simulated.
+    let timeSource: DispatchClock
+    /// The simulation that drives this loop (`MainspringTesting`); nil for a real loop.
+    let simulation: (any LoopSimulating)?
     private var wakeupTarget: WakeupTarget?
     /// Target of the timer that bounds a blocking poll in `spin(until:timeout:)`: does nothing.
     private let timeoutTarget = NativeEventTarget()
@@ -101,13 +104,27 @@ public final class EventLoop: @unchecked Sendable {
         try self.init(configuration: configuration, isMainLoop: false)
     }
 
-    init(configuration: Configuration, isMainLoop: Bool) throws(EventLoopError) {
+    /// Creates a loop driven by `simulation` (`MainspringTesting`): its time is the simulation's
+    /// virtual clock, it runs on the thread that drives the simulation, and it refuses real
+    /// descriptors (`EventLoopError.simulatedLoop`).
+    @_spi(Simulation)
+    public convenience init(simulation: any LoopSimulating, configuration: Configuration = .init())
+        throws(EventLoopError)
+    {
+        try self.init(configuration: configuration, isMainLoop: false, simulation: simulation)
+    }
+
+    init(configuration: Configuration, isMainLoop: Bool, simulation: (any LoopSimulating)? = nil)
+        throws(EventLoopError)
+    {
         self.configuration = configuration
         self.isMainLoop = isMainLoop
+        self.simulation = simulation
+        self.timeSource = DispatchClock(fast: FastClock.shared, virtual: simulation?.clock)
         self.base = try EventBase()
         self.wakeup = try WakeupDescriptor()
         self.scheduler = Scheduler(policy: .init(configuration), collectsQueueWait: configuration.collectsMetrics,
-                                   now: FastClock.shared.now())
+                                   now: timeSource.now())
         let target = WakeupTarget()
         let event = try NativeEvent(base: base, fd: wakeup.fd, readiness: .read, persistent: true, target: target)
         try event.add()
@@ -115,6 +132,8 @@ public final class EventLoop: @unchecked Sendable {
         target.descriptor = wakeup
         wakeupTarget = target
         actorExecutor.loop = self
+        // Only the loop's own eventfd is real on a simulated loop.
+        base.refusesDescriptors = simulation != nil
     }
 
     deinit {
@@ -143,7 +162,9 @@ public final class EventLoop: @unchecked Sendable {
         try installMainQueueBridgeIfNeeded()
         try whileRunning { () throws(EventLoopError) in
             while !stopRequested.exchange(false, ordering: .acquiring) {
-                _ = try iterate(blocking: true, deadline: nil, condition: { false })
+                if try iterate(blocking: true, deadline: nil, condition: { false }) < 0 {
+                    throw .simulatedLoop(refused: "to wait forever: nothing is runnable and no deadline is armed (deadlock)")
+                }
             }
         }
     }
@@ -183,15 +204,17 @@ public final class EventLoop: @unchecked Sendable {
         preconditionOnLoop("EventLoop.spin(until:timeout:)")
         installMainQueueBridgeOrDie()
         if condition() { return true }
-        let deadline = timeout.map { monotonicNanoseconds() &+ $0.clampedNanoseconds }
+        let deadline = timeout.map { monotonicNow() &+ $0.clampedNanoseconds }
         return whileRunning {
             while true {
                 if stopRequested.load(ordering: .acquiring) {
                     if runDepth == 1 { stopRequested.store(false, ordering: .relaxed) }
                     return condition()
                 }
-                if let deadline, monotonicNanoseconds() >= deadline { return condition() }
-                iterateOrDie(blocking: true, deadline: deadline, condition: condition)
+                if let deadline, monotonicNow() >= deadline { return condition() }
+                if iterateOrDie(blocking: true, deadline: deadline, condition: condition) < 0 {
+                    return condition()  // a simulated loop that can never make progress
+                }
                 if condition() { return true }
             }
         }
@@ -214,7 +237,7 @@ public final class EventLoop: @unchecked Sendable {
         let depth = nested ? 1 : 0
         runDepth += depth
         let outermost = previousRunning !== self
-        if outermost { activityStamp.set(clock.now()) }
+        if outermost { activityStamp.set(timeSource.now()) }
         defer {
             runDepth -= depth
             Self.runningLoop.set(previousRunning)
@@ -235,12 +258,14 @@ public final class EventLoop: @unchecked Sendable {
         }
     }
 
-    /// Polls once, then dispatches. `deadline` (monotonic ns) bounds a blocking poll.
+    /// Polls once, then dispatches. `deadline` (monotonic ns) bounds a blocking poll. Returns
+    /// how many callbacks ran; -1 only on a simulated loop that can never make progress.
     ///
     /// (Kept small, with the rare and the per-pass parts in functions of their own, so that the
     /// optimiser inlines the dispatch pass, `Scheduler.runPass`, here: otherwise the closure
     /// below retains and releases the loop once per callback.)
     private func iterate(blocking: Bool, deadline: UInt64?, condition: () -> Bool) throws(EventLoopError) -> Int {
+        if let simulation { return iterateSimulated(simulation, blocking: blocking, deadline: deadline, condition: condition) }
         // One lock per pass: either take the cross-thread posts, or (nothing to do at all)
         // declare the loop asleep so that the next producer writes the eventfd.
         let mightSleep = blocking && !scheduler.hasReadyWork
@@ -249,12 +274,12 @@ public final class EventLoop: @unchecked Sendable {
         let timeoutEvent = mayBlock && deadline != nil ? try armPollTimeout(deadline: deadline!) : nil
         defer { timeoutEvent?.delete() }
         runPrePollActions()
-        let pollStart = mayBlock ? clock.now() : 0
+        let pollStart = mayBlock ? timeSource.fast.now() : 0
         scheduler.counters.polls += 1
         if mayBlock { activityStamp.set(0) }
         pollStamp = 0
         try base.poll(blocking: mayBlock)
-        let polled = clock.now()
+        let polled = timeSource.fast.now()
         activityStamp.set(polled)
         if mayBlock { scheduler.accountPoll(nanoseconds: polled &- pollStart) }
         if let target = wakeupTarget, target.didFire {
@@ -262,8 +287,63 @@ public final class EventLoop: @unchecked Sendable {
             scheduler.counters.wakeups += 1
         }
         if !tookRemote { _ = takeRemoteWork(orSleep: false) }
+        scheduler.promoteNextTurn(clock: timeSource.fast)
+        return scheduler.runPass(clock: timeSource.fast) { stopRequested.load(ordering: .relaxed) || condition() }
+    }
+
+    /// `iterate` on a simulated loop: no poll. Due timers fire at the virtual now; when
+    /// `blocking` and nothing is runnable, the simulation runs its other loops and moves virtual
+    /// time to the next deadline (no later than `deadline`) first. Returns -1 when nothing can
+    /// ever become runnable.
+    @inline(never)
+    private func iterateSimulated(_ simulation: any LoopSimulating, blocking: Bool, deadline: UInt64?,
+                                  condition: () -> Bool) -> Int
+    {
+        if blocking && !hasRunnableWork {
+            guard simulation.waitForWork(on: self, until: deadline) else { return -1 }
+        }
+        return runSimulatedIteration(condition: condition)
+    }
+
+    /// One iteration of a simulated loop, never waiting: the pre-poll actions, the timers due at
+    /// the virtual now, the cross-thread posts, the next turn, then one dispatch pass (each
+    /// dispatch told to the simulation for its trace). Returns how many callbacks ran.
+    @_spi(Simulation)
+    public func runSimulatedIteration(condition: () -> Bool = { false }) -> Int {
+        guard let simulation else { return 0 }
+        let clock = SimulatedDispatchClock(loop: self, simulation: simulation)
+        runPrePollActions()
+        scheduler.counters.polls += 1
+        pollStamp = 0
+        activityStamp.set(max(clock.now(), 1))
+        timerQueue.fireDue(now: timeSource.now())
+        _ = takeRemoteWork(orSleep: false)
         scheduler.promoteNextTurn(clock: clock)
-        return scheduler.runPass(clock: clock) { stopRequested.load(ordering: .relaxed) || condition() }
+        return whileRunning(nested: false) {
+            scheduler.runPass(clock: clock) { stopRequested.load(ordering: .relaxed) || condition() }
+        }
+    }
+
+    /// Whether a simulated loop has something to do at the current virtual instant: ready work,
+    /// cross-thread posts, work for the next turn, output to flush, or a timer that is due.
+    @_spi(Simulation)
+    public var hasRunnableWork: Bool {
+        if scheduler.hasReadyWork || !prePollParticipants.isEmpty || !remote.withLock({ $0.isEmpty }) { return true }
+        if let due = timerQueue.nextDeadline, due <= monotonicNow() { return true }
+        return false
+    }
+
+    /// The earliest armed deadline of the loop's timers (virtual ns on a simulated loop).
+    @_spi(Simulation)
+    public var nextDeadline: UInt64? { timerQueue.nextDeadline }
+
+    /// What is still open on the loop, one line per kind of source with a count ("2
+    /// TimerSource"), for a simulation's deadlock report. Loop thread only.
+    @_spi(Simulation)
+    public var openSourceSummary: [String] {
+        var counts: [String: Int] = [:]
+        for source in sources.values { counts[source.traceLabel, default: 0] += 1 }
+        return counts.sorted { $0.key < $1.key }.map { "\($0.value) \($0.key)" }
     }
 
     /// Takes the cross-thread posts into the scheduler (one lock). With `orSleep`, an empty queue
@@ -273,7 +353,7 @@ public final class EventLoop: @unchecked Sendable {
     private func takeRemoteWork(orSleep: Bool) -> Bool {
         // After a poll the clock is read before the lock, so that a poster waits as briefly as
         // possible; before one, only if there is something to take (usually there is not).
-        let polled = orSleep ? 0 : pollStamp == 0 ? clock.now() : pollStamp
+        let polled = orSleep ? 0 : pollStamp == 0 ? timeSource.now() : pollStamp
         let taken = remote.withLock { queue -> Int in
             if orSleep {
                 if queue.sleepIfEmpty() { return 0 }
@@ -281,7 +361,7 @@ public final class EventLoop: @unchecked Sendable {
                 queue.wake()
                 if queue.isEmpty { return 0 }
             }
-            return scheduler.takeRemote(from: &queue, now: orSleep ? clock.now() : polled)
+            return scheduler.takeRemote(from: &queue, now: orSleep ? timeSource.now() : polled)
         }
         scheduler.counters.remoteItems &+= taken
         return taken > 0
@@ -290,7 +370,7 @@ public final class EventLoop: @unchecked Sendable {
     /// A timer that ends a blocking poll at `deadline` (monotonic ns), for `spin(until:timeout:)`.
     @inline(never)
     private func armPollTimeout(deadline: UInt64) throws(EventLoopError) -> NativeEvent {
-        let now = monotonicNanoseconds()
+        let now = monotonicNow()
         let event = try NativeEvent(timerOn: base, target: timeoutTarget)
         try event.add(timeoutNanoseconds: deadline > now ? deadline - now : 0)
         return event

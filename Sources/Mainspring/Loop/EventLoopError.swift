@@ -50,6 +50,10 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
     /// limit (65,507 bytes for IPv4, 65,527 for IPv6), or nil when the kernel refused it with
     /// EMSGSIZE (a smaller socket buffer or path MTU with fragmentation forbidden).
     case datagramTooLarge(size: Int, limit: Int?)
+    /// A simulated loop (`MainspringTesting`) was asked for something real — a descriptor, a
+    /// socket, a listener, a signal, a child process — or can never make progress (a deadlock).
+    /// `refused` says what. Nothing real is mixed into a simulation silently.
+    case simulatedLoop(refused: String)
 
     public var description: String {
         switch self {
@@ -91,6 +95,8 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
         case .datagramTooLarge(let size, let limit):
             return limit.map { "a datagram of \(size) bytes is larger than UDP's \($0)-byte limit" }
                 ?? "a datagram of \(size) bytes is too large for the socket (EMSGSIZE)"
+        case .simulatedLoop(let refused):
+            return "a simulated loop refuses \(refused); simulated loops run on virtual time with nothing real in them"
         }
     }
 }

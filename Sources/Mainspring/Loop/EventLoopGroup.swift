@@ -21,6 +21,8 @@ public final class EventLoopGroup: Sendable {
     private let threads: ThreadsEnded
     private let phase = Protected<Phase>(.running)
     private let result = ReportSlot()
+    /// Whether the loops are simulated (`MainspringTesting`): no threads of the group's own.
+    private let isSimulated: Bool
 
     private enum Phase {
         case running
@@ -75,6 +77,7 @@ public final class EventLoopGroup: Sendable {
             loops.append(try EventLoop(configuration: configuration))
         }
         self.loops = loops
+        self.isSimulated = false
         let threads = ThreadsEnded(count: count)
         self.threads = threads
         // Each thread binds its loop before anything else, then the loop's first callback says
@@ -100,6 +103,17 @@ public final class EventLoopGroup: Sendable {
             thread.start()
         }
         for _ in loops { started.wait() }
+    }
+
+    /// A group of simulated loops (`MainspringTesting`): they run on the thread that drives
+    /// their simulation, so the group starts no threads; `shutdown` posts each loop's shutdown
+    /// and returns without waiting (the loops end when the simulation next runs them).
+    @_spi(Simulation)
+    public init(simulatedLoops loops: [EventLoop]) {
+        precondition(!loops.isEmpty && loops.allSatisfy(\.isSimulated), "a simulated group needs simulated loops")
+        self.loops = loops
+        self.isSimulated = true
+        self.threads = ThreadsEnded(count: 0)
     }
 
     /// The next loop, round robin. Any thread.
@@ -183,7 +197,7 @@ public final class EventLoopGroup: Sendable {
 
     private func finish(ended: Int) -> ShutdownReport {
         var report = partial.withLock { $0 }
-        report.stuckLoops = loops.count - ended
+        report.stuckLoops = isSimulated ? 0 : loops.count - ended
         phase.withLock { $0 = .done }
         result.publish(report)
         return report

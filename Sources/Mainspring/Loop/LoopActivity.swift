@@ -58,5 +58,5 @@ struct ActivityStamp: ~Copyable {
 extension EventLoop {
     /// What the loop is doing right now. Any thread; a few nanoseconds (one atomic load and a
     /// clock read). See `LoopActivity`.
-    public var activity: LoopActivity { activityStamp.activity(now: clock.now()) }
+    public var activity: LoopActivity { activityStamp.activity(now: timeSource.now()) }
 }

@@ -2,6 +2,13 @@
 /// uses `FastClock`; tests drive the scheduler with a clock they advance by hand.
 protocol SchedulerClock {
     func now() -> UInt64
+    /// Called just before a record runs (a simulation's trace); nothing on a real loop.
+    func willRun(_ job: borrowing ReadyRecord.Job)
+}
+
+extension SchedulerClock {
+    @inline(__always)
+    func willRun(_ job: borrowing ReadyRecord.Job) {}
 }
 
 extension FastClock: SchedulerClock {}
@@ -259,6 +266,7 @@ final class Scheduler {
             // Background work waits while this runs if it is ready, or queued for the next turn
             // (fed work between two turns): either way this callback's time earns it credit.
             let backgroundWaited = priority != .background && backgroundIsWaiting
+            clock.willRun(record.job)
             record.run()
             now = clock.now()
             cachedNow = now

@@ -107,6 +107,9 @@ class Source: NativeEventTarget {
 
     // MARK: For subclasses
 
+    /// The source's kind in a simulation's trace and deadlock report: its type's name.
+    var traceLabel: String { String(describing: type(of: self)) }
+
     /// What an always-ready source (queued each turn with `enqueueNextTurn`) reports.
     var turnReadiness: Readiness = .read
 

@@ -104,7 +104,7 @@ public enum Queue: Sendable {
         let nanoseconds = delay.clampedNanoseconds
         switch target {
         case .loop(let loop):
-            let deadline = monotonicNanoseconds() &+ nanoseconds
+            let deadline = loop.monotonicNow() &+ nanoseconds
             loop.execute { loop.schedule(atMonotonicNanoseconds: deadline, work) }
         case .dispatch(let queue, _):
             queue.asyncAfter(deadline: .now() + .nanoseconds(Int(clamping: nanoseconds)), execute: work)

@@ -198,7 +198,7 @@ final class ProcessSource: Source {
             shared.kill(SIGKILL)
             return
         }
-        let deadline = monotonicNanoseconds() &+ delay
+        let deadline = loop.monotonicNow() &+ delay
         if let due = killDeadline, due <= deadline { return }  // an earlier kill is due already
         killDeadline = deadline
         killTimer?.cancel()

@@ -19,7 +19,7 @@ final class FrameTimer: DeadlineSource {
     override func perform(_ readiness: Readiness) {
         // Re-armed after it fired and before it ran: the new deadline decides.
         guard !isArmed else { return }
-        handler?(monotonicNanoseconds())
+        handler?(withLoop { $0.monotonicNow() })
     }
 
     override func didClose() {

@@ -132,7 +132,7 @@ public final class Timeline {
         // The timer holds the timeline strongly: a running timeline lives as long as its loop
         // keeps the timer; `finish` closes the timer, which drops the handler (and the cycle).
         timer = FrameTimer(loop: loop) { now in self.timerFired(at: now) }
-        enterStep(at: monotonicNanoseconds())
+        enterStep(at: loop.monotonicNow())
     }
 
     /// Stops the timeline: no `update` runs after this returns, and `completion(false)` runs
@@ -188,7 +188,7 @@ public final class Timeline {
                 return
             }
             if beginAnimating(step, at: now) { return }
-            now = monotonicNanoseconds()
+            now = loop.monotonicNow()
         }
     }
 
@@ -210,14 +210,14 @@ public final class Timeline {
         let step = steps[index]
         switch phase {
         case .delaying:
-            if !beginAnimating(step, at: now) { enterStep(at: monotonicNanoseconds()) }
+            if !beginAnimating(step, at: now) { enterStep(at: loop.monotonicNow()) }
         case let .animating(start):
             let elapsed = now &- start
             if elapsed >= step.duration {
                 step.update(1.0)
                 guard state == .running else { return }
                 index += 1
-                enterStep(at: monotonicNanoseconds())
+                enterStep(at: loop.monotonicNow())
                 return
             }
             step.update(step.curve.value(at: Double(elapsed) / Double(step.duration)))
@@ -225,7 +225,7 @@ public final class Timeline {
             // The next frame: the first grid point at least half an interval after now (read
             // again: the update may have taken a while), so late frames are dropped, never
             // delivered back to back; the step's end comes last, on time.
-            let after = monotonicNanoseconds() &- start
+            let after = loop.monotonicNow() &- start
             let frame = firstFrame(after: after &+ gridOffset(1) / 2)
             timer?.arm(at: start &+ min(gridOffset(frame), step.duration))
         }

@@ -1,0 +1,174 @@
+import Synchronization
+
+/// The one clock seam of a loop: every instant the library reads for a loop — its timers, its
+/// scheduler's stamps and pass deadlines, feeder budgets, spin timeouts, sleeps — comes from
+/// here.
+///
+/// A real loop reads the calibrated cycle counter (`FastClock`) for its dispatcher's
+/// bookkeeping and `CLOCK_MONOTONIC` for deadlines, as before: the seam costs one predictable
+/// branch on a nil reference. A simulated loop (`MainspringTesting`) reads its simulation's
+/// `VirtualClock` for both, so that time moves only when the simulation moves it.
+struct DispatchClock: SchedulerClock {
+    let fast: FastClock
+    /// The simulation's clock; nil on a real loop. Unowned: the loop keeps its simulation's
+    /// clock alive (`EventLoop.simulation`).
+    unowned(unsafe) let virtual: VirtualClock?
+
+    /// Now, on the dispatcher's scale (`FastClock`, or virtual nanoseconds).
+    @inline(__always)
+    func now() -> UInt64 {
+        if let virtual { return virtual.nanoseconds }
+        return fast.now()
+    }
+
+    /// Now, on the deadlines' scale (`CLOCK_MONOTONIC`, or virtual nanoseconds).
+    @inline(__always)
+    func monotonicNow() -> UInt64 {
+        if let virtual { return virtual.nanoseconds }
+        return monotonicNanoseconds()
+    }
+}
+
+/// The virtual time of a simulation: nanoseconds since the simulation started, moved only by
+/// the simulation (`advance`, jumping to the next deadline, modelled CPU).
+///
+/// Any thread reads it (an atomic load); the thread that drives the simulation moves it.
+@_spi(Simulation)
+public final class VirtualClock: Sendable {
+    private let storage = Atomic<UInt64>(0)
+
+    public init() {}
+
+    /// Nanoseconds since the simulation started.
+    @inline(__always)
+    public var nanoseconds: UInt64 { storage.load(ordering: .relaxed) }
+
+    /// Moves the clock forward to `instant`; an instant in the past leaves it where it is
+    /// (virtual time never goes back).
+    public func advance(to instant: UInt64) {
+        if instant > nanoseconds { storage.store(instant, ordering: .relaxed) }
+    }
+
+    /// Moves the clock forward by `nanoseconds`.
+    public func advance(by nanoseconds: UInt64) {
+        storage.store(self.nanoseconds &+ nanoseconds, ordering: .relaxed)
+    }
+}
+
+extension EventLoop {
+    /// Now, on the deadlines' scale: `CLOCK_MONOTONIC` nanoseconds on a real loop, virtual ones
+    /// on a simulated loop. Any thread.
+    @inline(__always)
+    func monotonicNow() -> UInt64 { timeSource.monotonicNow() }
+
+    /// Whether this loop is simulated (`MainspringTesting`): its time is virtual and it refuses
+    /// real descriptors.
+    @_spi(Simulation)
+    public var isSimulated: Bool { simulation != nil }
+}
+
+/// What drives simulated loops (`MainspringTesting`'s `Simulation`): owns their virtual clock,
+/// decides what happens when a loop waits with nothing runnable, and records every dispatch.
+@_spi(Simulation)
+public protocol LoopSimulating: AnyObject, Sendable {
+    /// The simulation's virtual clock, shared by all its loops.
+    var clock: VirtualClock { get }
+
+    /// `loop` waits (it runs or spins) with nothing runnable at the current instant: run the
+    /// simulation's other loops and move virtual time to the next deadline, no later than
+    /// `deadline` (virtual ns; nil: no limit). Returns false when nothing can ever become
+    /// runnable: no loop has work, and no deadline is armed.
+    func waitForWork(on loop: EventLoop, until deadline: UInt64?) -> Bool
+
+    /// One dispatch on `loop`, about to run at the current virtual instant: `kind` is what runs
+    /// ("work", "task", "actor", or a source's kind) and `label` says which.
+    func willDispatch(on loop: EventLoop, kind: String, label: String)
+
+    /// A loop-thread-only call on `loop` from a thread that does not own it: whether the
+    /// calling thread may take the simulation's loops over (nothing drives them right now).
+    func adoptCallingThread(for loop: EventLoop) -> Bool
+}
+
+/// The scheduler's clock on a simulated loop: virtual time, and every dispatch told to the
+/// simulation (its trace).
+struct SimulatedDispatchClock: SchedulerClock {
+    unowned(unsafe) let loop: EventLoop
+    unowned(unsafe) let simulation: any LoopSimulating
+
+    @inline(__always)
+    func now() -> UInt64 { simulation.clock.nanoseconds }
+
+    func willRun(_ job: borrowing ReadyRecord.Job) {
+        switch job {
+        case .work, .loopWork: simulation.willDispatch(on: loop, kind: "work", label: "execute")
+        case .source(let source): simulation.willDispatch(on: loop, kind: "source", label: source.traceLabel)
+        case .taskJob: simulation.willDispatch(on: loop, kind: "task", label: "job")
+        case .actorJob: simulation.willDispatch(on: loop, kind: "actor", label: "job")
+        case .done: break
+        }
+    }
+}
+
+extension EventLoop {
+    /// This loop's time as a Swift `Clock`: monotonic time on a real loop, the simulation's
+    /// virtual time on a simulated one (`MainspringTesting`). Any thread.
+    ///
+    /// Inject it wherever your code would read `ContinuousClock` or call `Task.sleep`: those
+    /// read the machine's time, which a simulation cannot see or move, so code that uses them
+    /// waits for real in a test and is not deterministic. `clock.sleep(for:)` is
+    /// ``sleep(for:)`` on this loop (one of its timers).
+    public var clock: LoopClock { LoopClock(loop: self) }
+
+    /// Takes a simulated loop over for the calling thread (`MainspringTesting`: the thread that
+    /// drives the simulation right now). Does nothing on a real loop.
+    @_spi(Simulation)
+    public func adoptCallingThreadForSimulation() {
+        guard simulation != nil, !isOrphaned else { return }
+        ownerThread.store(currentThreadID(), ordering: .releasing)
+    }
+}
+
+/// A loop's time as a Swift `Clock` (see ``EventLoop/clock``): `CLOCK_MONOTONIC` on a real loop,
+/// virtual time on a simulated one. Sleeping is one of the loop's timers, so it only ends while
+/// the loop runs; it throws `CancellationError` when the task is cancelled.
+public struct LoopClock: Clock, Sendable {
+    /// An instant on a loop's clock: nanoseconds on its scale (since boot on a real loop, since
+    /// the simulation started on a simulated one). Instants of different loops compare only
+    /// when the loops share a clock (real loops do; loops of one simulation do).
+    public struct Instant: InstantProtocol, Sendable, Hashable, Comparable {
+        /// Nanoseconds on the clock's scale.
+        public let nanoseconds: UInt64
+
+        public init(nanoseconds: UInt64) { self.nanoseconds = nanoseconds }
+
+        public func advanced(by duration: Duration) -> Instant {
+            let step = duration.clampedSignedNanoseconds
+            if step >= 0 { return Instant(nanoseconds: nanoseconds &+ UInt64(step)) }
+            let back = step.magnitude
+            return Instant(nanoseconds: nanoseconds > back ? nanoseconds - back : 0)
+        }
+
+        public func duration(to other: Instant) -> Duration {
+            other.nanoseconds >= nanoseconds
+                ? .nanoseconds(Int64(clamping: other.nanoseconds - nanoseconds))
+                : .nanoseconds(-Int64(clamping: nanoseconds - other.nanoseconds))
+        }
+
+        public static func < (lhs: Instant, rhs: Instant) -> Bool { lhs.nanoseconds < rhs.nanoseconds }
+    }
+
+    /// The loop whose time this is.
+    public let loop: EventLoop
+
+    public var now: Instant { Instant(nanoseconds: loop.monotonicNow()) }
+
+    /// One nanosecond: deadlines keep their nanoseconds (libevent's own timer has microseconds,
+    /// and a real timer fires within tens of microseconds of its deadline).
+    public var minimumResolution: Duration { .nanoseconds(1) }
+
+    /// Suspends the calling task until `deadline` on this loop's clock (one of the loop's
+    /// timers; `tolerance` is ignored). Throws `CancellationError` when the task is cancelled.
+    public func sleep(until deadline: Instant, tolerance: Duration? = nil) async throws {
+        try await loop.sleep(for: now.duration(to: deadline))
+    }
+}

@@ -1,0 +1,213 @@
+@_spi(Simulation) import Mainspring
+import Synchronization
+
+/// The engine of a `Simulation`: its virtual clock, its loops, the seeded choices, the trace.
+///
+/// Everything but the clock and the driver's thread is touched only by the thread that drives
+/// the simulation (`withDriving`), which is why it is `@unchecked Sendable`: the loops call it
+/// back on that thread, from inside their dispatch.
+final class SimulationCore: LoopSimulating, @unchecked Sendable {
+    let clock = VirtualClock()
+
+    /// The simulation's loops, by index (held weakly: the `Simulation` and its groups hold them).
+    private var loops: [WeakLoop] = []
+    private var indices: [ObjectIdentifier: Int] = [:]
+    /// Loops whose dispatch pass the driver is inside of (their thread is busy): not run again
+    /// until it returns, except by a nested spin of their own.
+    private var dispatching: Set<Int> = []
+    private var random: SplitMix64
+    private(set) var trace: [SimulationTrace.Entry] = []
+    /// Whether dispatches are traced (on by default; off for long soak runs).
+    var isTracing = true
+
+    /// The thread driving the simulation right now, and how deeply.
+    private let driver = Mutex(Driver())
+
+    private struct Driver {
+        var thread: UInt = 0
+        var depth = 0
+    }
+
+    private struct WeakLoop {
+        weak var loop: EventLoop?
+    }
+
+    init(seed: UInt64) {
+        random = SplitMix64(seed: seed)
+    }
+
+    // MARK: Loops
+
+    func add(_ loop: EventLoop) -> Int {
+        let index = loops.count
+        loops.append(WeakLoop(loop: loop))
+        indices[ObjectIdentifier(loop)] = index
+        return index
+    }
+
+    func index(of loop: EventLoop) -> Int { indices[ObjectIdentifier(loop)] ?? -1 }
+
+    private var liveLoops: [(Int, EventLoop)] {
+        loops.enumerated().compactMap { index, entry in entry.loop.map { (index, $0) } }
+    }
+
+    // MARK: Driving
+
+    /// Runs `body` as the simulation's driver on the calling thread: every loop is bound to it
+    /// for the duration. One thread at a time (precondition); nested calls are fine.
+    func withDriving<T>(_ body: () throws -> T) rethrows -> T {
+        let me = Self.threadID()
+        let (claimed, outermost) = driver.withLock { driver -> (Bool, Bool) in
+            guard driver.thread == 0 || driver.thread == me else { return (false, false) }
+            driver.thread = me
+            driver.depth += 1
+            return (true, driver.depth == 1)
+        }
+        precondition(claimed, "MainspringTesting: a simulation is driven by one thread at a time; another thread is driving it now")
+        if outermost { for (_, loop) in liveLoops { loop.adoptCallingThreadForSimulation() } }
+        defer {
+            driver.withLock { driver in
+                driver.depth -= 1
+                if driver.depth == 0 { driver.thread = 0 }
+            }
+        }
+        return try body()
+    }
+
+    func adoptCallingThread(for loop: EventLoop) -> Bool {
+        let me = Self.threadID()
+        let free = driver.withLock { $0.thread == 0 || $0.thread == me }
+        guard free else { return false }
+        for (_, loop) in liveLoops { loop.adoptCallingThreadForSimulation() }
+        return true
+    }
+
+    private static func threadID() -> UInt { UInt(bitPattern: Int(bitPattern: pthreadSelf())) }
+
+    /// Runs every loop's runnable work at the current instant, loop by loop in a seeded order,
+    /// until none is left. Returns how many callbacks ran.
+    /// With `limit`, stops once modelled CPU has taken the clock past it (what is still
+    /// runnable then runs at the next step).
+    @discardableResult
+    func runUntilIdle(notPast limit: UInt64? = nil) -> Int {
+        var ran = 0
+        while clock.nanoseconds <= (limit ?? .max), let (index, loop) = pickRunnable() {
+            ran += iterate(index, loop)
+        }
+        return ran
+    }
+
+    /// One iteration of `loop`, marked as dispatching.
+    private func iterate(_ index: Int, _ loop: EventLoop) -> Int {
+        dispatching.insert(index)
+        defer { dispatching.remove(index) }
+        return loop.runSimulatedIteration()
+    }
+
+    /// A loop with work at the current instant that is not inside a dispatch pass already
+    /// (`allowing` is: it is the one spinning); the seed chooses among several.
+    private func pickRunnable(allowing spinning: Int? = nil) -> (Int, EventLoop)? {
+        var candidates: [(Int, EventLoop)] = []
+        for (index, loop) in liveLoops where (index == spinning || !dispatching.contains(index)) && loop.hasRunnableWork {
+            candidates.append((index, loop))
+        }
+        switch candidates.count {
+        case 0: return nil
+        case 1: return candidates[0]
+        default: return candidates[Int(random.next() % UInt64(candidates.count))]
+        }
+    }
+
+    /// The earliest deadline armed on any loop that may run (not inside a dispatch pass, or
+    /// `allowing`).
+    func earliestDeadline(allowing spinning: Int? = nil) -> UInt64? {
+        var earliest: UInt64?
+        for (index, loop) in liveLoops where index == spinning || !dispatching.contains(index) {
+            if let deadline = loop.nextDeadline, deadline < (earliest ?? .max) { earliest = deadline }
+        }
+        return earliest
+    }
+
+    /// Runs everything due up to `target`, in deadline order, each callback seeing the clock
+    /// at its own deadline; then leaves the clock at `target` (or later, if modelled CPU took
+    /// it past).
+    func advance(to target: UInt64) {
+        runUntilIdle(notPast: target)
+        while clock.nanoseconds < target, let next = earliestDeadline(), next <= target {
+            clock.advance(to: next)
+            runUntilIdle(notPast: target)
+        }
+        clock.advance(to: target)
+        runUntilIdle(notPast: target)
+    }
+
+    // MARK: LoopSimulating
+
+    func waitForWork(on loop: EventLoop, until deadline: UInt64?) -> Bool {
+        let spinning = index(of: loop)
+        while true {
+            if loop.hasRunnableWork { return true }
+            if let deadline, clock.nanoseconds >= deadline { return true }
+            if let (index, other) = pickRunnable(allowing: spinning), index != spinning {
+                _ = iterate(index, other)
+                continue
+            }
+            guard let next = earliestDeadline(allowing: spinning) else {
+                guard let deadline else { return waitForCrossThreadWork() }
+                clock.advance(to: deadline)
+                return true
+            }
+            clock.advance(to: deadline.map { min($0, next) } ?? next)
+        }
+    }
+
+    func willDispatch(on loop: EventLoop, kind: String, label: String) {
+        guard isTracing else { return }
+        trace.append(SimulationTrace.Entry(instant: .nanoseconds(Int64(clamping: clock.nanoseconds)),
+                                           loop: index(of: loop), kind: kind, label: label))
+    }
+
+    /// Nothing is runnable and no deadline is armed: before calling it a deadlock, give work
+    /// posted from outside the simulation (a task that hopped to another executor and is on its
+    /// way back) a moment of real time to arrive. Returns whether some arrived.
+    func waitForCrossThreadWork(extra done: () -> Bool = { false }) -> Bool {
+        for attempt in 0..<Self.crossThreadGraceSteps {
+            if done() || liveLoops.contains(where: { $0.1.hasRunnableWork }) { return true }
+            if attempt > 0 { usleep(1_000) }
+        }
+        return false
+    }
+
+    /// 250 steps of 1 ms: the real time a deadlock verdict waits for cross-thread work.
+    static let crossThreadGraceSteps = 250
+
+    /// What is still open on each loop, for a deadlock report.
+    func openSourcesReport() -> String {
+        let parts = liveLoops.compactMap { index, loop -> String? in
+            let open = loop.openSourceSummary
+            return open.isEmpty ? nil : "loop \(index): \(open.joined(separator: ", "))"
+        }
+        return parts.isEmpty ? "no open sources" : parts.joined(separator: "; ")
+    }
+}
+
+/// The seeded generator of a simulation's choices: SplitMix64 (Steele, Lea and Flood), small,
+/// fast and the same on every platform, so a seed replays anywhere.
+struct SplitMix64 {
+    private var state: UInt64
+
+    init(seed: UInt64) { state = seed }
+
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
+
+#if canImport(Glibc)
+import Glibc
+@inline(__always) private func pthreadSelf() -> pthread_t { pthread_self() }
+#endif
