@@ -111,6 +111,21 @@ public final class Simulation: @unchecked Sendable {
         set { core.isTracing = newValue }
     }
 
+    /// Registers `body` as the program `Subprocess.spawn` runs, on this simulation's loops, for
+    /// the executable `name` (matched as given, or by its last path component): it gets its
+    /// ``SimulatedProcess`` (arguments, output, virtual-time sleep, signals) and returns its
+    /// exit code. A spawn of a name nobody registered fails as a missing program does
+    /// (`EventLoopError.spawnFailed`, `ENOENT`). Registering a name again replaces it.
+    public func register(program name: String,
+                         _ body: @escaping @Sendable (SimulatedProcess) async throws -> Int32)
+    {
+        core.withDriving { core.programs[name] = body }
+    }
+
+    /// Every program spawned on the simulation so far, in order. Read it on the driving thread,
+    /// between steps.
+    public var processes: [SimulatedProcess] { core.processes }
+
     /// An `EventLoopGroup` of `loopCount` loops simulated on the driving thread: code written
     /// for a group — listeners on it, actors pinned to its loops, `Task(executorPreference:)`,
     /// `submit`, posts between loops — runs unchanged, and the seed decides which loop runs

@@ -32,8 +32,27 @@ final class SimulationCore: LoopSimulating, @unchecked Sendable {
         weak var loop: EventLoop?
     }
 
+    /// The programs `Subprocess.spawn` runs on the simulation's loops, by executable name.
+    var programs: [String: @Sendable (SimulatedProcess) async throws -> Int32] = [:]
+    /// Every program spawned so far, in order.
+    private(set) var processes: [SimulatedProcess] = []
+    private var nextProcessIdentifier: Int32 = 1_000_000
+
     init(seed: UInt64) {
         random = SplitMix64(seed: seed)
+    }
+
+    func makeProgram(executable: String, arguments: [String], environment: [String: String]?,
+                     on loop: EventLoop) -> (any SimulatedChild)?
+    {
+        let name = executable.split(separator: "/").last.map(String.init) ?? executable
+        guard let body = programs[executable] ?? programs[name] else { return nil }
+        nextProcessIdentifier += 1
+        let process = SimulatedProcess(executable: executable, arguments: arguments, environment: environment,
+                                       processIdentifier: nextProcessIdentifier, loop: loop, simulation: self,
+                                       body: body)
+        processes.append(process)
+        return SimulatedChildProcess(process)
     }
 
     // MARK: Loops

@@ -87,6 +87,11 @@ public protocol LoopSimulating: AnyObject, Sendable {
     /// A loop-thread-only call on `loop` from a thread that does not own it: whether the
     /// calling thread may take the simulation's loops over (nothing drives them right now).
     func adoptCallingThread(for loop: EventLoop) -> Bool
+
+    /// The program registered under `executable` for a spawn on `loop`, not started yet; nil
+    /// when none is (the spawn then fails as for a missing program).
+    func makeProgram(executable: String, arguments: [String], environment: [String: String]?,
+                     on loop: EventLoop) -> (any SimulatedChild)?
 }
 
 /// The scheduler's clock on a simulated loop: virtual time, and every dispatch told to the
@@ -170,5 +175,27 @@ public struct LoopClock: Clock, Sendable {
     /// timers; `tolerance` is ignored). Throws `CancellationError` when the task is cancelled.
     public func sleep(until deadline: Instant, tolerance: Duration? = nil) async throws {
         try await loop.sleep(for: now.duration(to: deadline))
+    }
+}
+
+/// A program that stands in for a child process on a simulated loop (`MainspringTesting`).
+@_spi(Simulation)
+public protocol SimulatedChild: AnyObject, Sendable {
+    /// The process ID the simulation gave it (never a real process's: signals go to the
+    /// program, not to `kill(2)`).
+    var processIdentifier: Int32 { get }
+    /// Starts the program; `exited` is called once, with how it ended.
+    func start(exited: @escaping @Sendable (Subprocess.ExitStatus) -> Void)
+    /// Delivers `signal` to the program. Any thread; must not call back into the process
+    /// synchronously (post to the loop).
+    func deliver(signal: Int32)
+}
+
+extension LoopSimulating {
+    /// No programs: every spawn on the simulation's loops fails as a missing program does.
+    public func makeProgram(executable: String, arguments: [String], environment: [String: String]?,
+                            on loop: EventLoop) -> (any SimulatedChild)?
+    {
+        nil
     }
 }

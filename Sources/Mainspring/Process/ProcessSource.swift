@@ -11,6 +11,9 @@ final class ProcessShared: Sendable {
     let pid: Int32
     /// The child's process group when it leads one.
     let group: Int32?
+    /// The program that stands in for the child on a simulated loop (`MainspringTesting`):
+    /// signals go to it, and its exit is the child's. Nil for a real child.
+    let simulated: (any SimulatedChild)?
     private let state: Protected<State>
 
     private struct State {
@@ -19,6 +22,8 @@ final class ProcessShared: Sendable {
         var status: Subprocess.ExitStatus?
         var waiters: [UnsafeContinuation<Subprocess.ExitStatus, Never>] = []
         var timedOut = false
+        /// A simulated program's exit, until the loop reaps it.
+        var simulatedExit: Subprocess.ExitStatus?
     }
 
     /// A reap that found the child gone: its status, the tasks to resume (outside the lock) and
@@ -29,9 +34,10 @@ final class ProcessShared: Sendable {
         let descriptor: Int32
     }
 
-    init(pid: Int32, group: Int32?, descriptor: Int32) {
+    init(pid: Int32, group: Int32?, descriptor: Int32, simulated: (any SimulatedChild)? = nil) {
         self.pid = pid
         self.group = group
+        self.simulated = simulated
         self.state = Protected(State(descriptor: descriptor))
     }
 
@@ -50,6 +56,12 @@ final class ProcessShared: Sendable {
     func reapIfExited() -> Reaped? {
         state.withLock { state -> Reaped? in
             guard state.status == nil else { return nil }
+            if simulated != nil {
+                guard let status = state.simulatedExit else { return nil }
+                state.status = status
+                defer { state.waiters = [] }
+                return Reaped(status: status, waiters: state.waiters, descriptor: -1)
+            }
             var result = state.descriptor >= 0 ? reapExited(processDescriptor: state.descriptor) : reapExited(process: pid)
             if case .failed(let code) = result, code == EINVAL, state.descriptor >= 0 {
                 // A kernel with pidfds but without waitid's P_PIDFD (5.3): by number, which is
@@ -81,6 +93,10 @@ final class ProcessShared: Sendable {
     func signal(_ signal: Int32) -> Int32 {
         state.withLock { state -> Int32 in
             guard state.status == nil else { return ESRCH }
+            if let simulated {
+                simulated.deliver(signal: signal)
+                return 0
+            }
             return state.descriptor >= 0 ? sendSignal(signal, toProcessDescriptor: state.descriptor)
                 : sendSignal(signal, toProcess: pid)
         }
@@ -89,8 +105,17 @@ final class ProcessShared: Sendable {
     /// Sends `signal` to the group when there is one (even once the child is reaped), otherwise
     /// to the child.
     func kill(_ signal: Int32) {
+        if simulated != nil {
+            self.signal(signal)
+            return
+        }
         if let group { _ = sendSignal(signal, toProcessGroup: group) }
         self.signal(signal)
+    }
+
+    /// A simulated program ended with `status`: the loop reaps it at its next check.
+    func simulatedProgramExited(_ status: Subprocess.ExitStatus) {
+        state.withLock { $0.simulatedExit = status }
     }
 
     /// Resumes `continuation` with the status once the child is reaped (at once if it is).
@@ -126,7 +151,9 @@ final class ProcessSource: Source {
         self.shared = shared
         super.init(loop: loop, priority: .input)
         let descriptor = shared.descriptor
-        if descriptor >= 0 {
+        if shared.simulated != nil {
+            watch = .simulated  // the program reports its exit (`Subprocess.launchSimulated`)
+        } else if descriptor >= 0 {
             do {
                 let event = try NativeEvent(base: loop.base, fd: descriptor, readiness: .read, persistent: true, target: self)
                 try event.add()
@@ -216,7 +243,7 @@ final class ProcessSource: Source {
         exitHandlers = []
         // Closed with the child still running: the loop is going away. Its timers go with it;
         // the reaper thread reaps the child when it exits.
-        if shared.status == nil { OrphanReaper.shared.adopt(shared) }
+        if shared.status == nil && shared.simulated == nil { OrphanReaper.shared.adopt(shared) }
     }
 }
 

@@ -100,6 +100,8 @@ public final class Subprocess: @unchecked Sendable {
         case processDescriptor
         /// `waitpid(pid, WNOHANG)` every 10 ms on a loop timer (pidfds are missing).
         case polling
+        /// A program simulated on a simulated loop (`MainspringTesting`) reports its own exit.
+        case simulated
     }
 
     /// What to run and how. A value: make one, change what you need, spawn it as often as you

@@ -14,6 +14,7 @@ extension Subprocess {
         throws(EventLoopError) -> Subprocess
     {
         configuration.pipeOptions.check("Subprocess.spawn")
+        if loop.isSimulated { return try launchSimulated(configuration, on: loop) }
         let name = configuration.executable
         let path = try resolveExecutable(configuration)
         if let directory = configuration.workingDirectory, !spawnCanChangeDirectory {
@@ -111,6 +112,43 @@ extension Subprocess {
     }
 
     private static let streamNames = ["stdin", "stdout", "stderr"]
+
+    /// The spawn on a simulated loop: the program registered with the simulation under the
+    /// executable's name runs instead (an unregistered one fails as a missing program does).
+    /// Its standard streams are not connections (yet): a `.pipe` gives a nil connection and the
+    /// program's lines are kept in the simulation's record of it; a file is refused.
+    private static func launchSimulated(_ configuration: Configuration, on loop: EventLoop) throws(EventLoopError)
+        -> Subprocess
+    {
+        let name = configuration.executable
+        let redirections = [configuration.standardInput, configuration.standardOutput, configuration.standardError]
+        for (index, redirection) in redirections.enumerated() {
+            guard case .file(let path) = redirection else { continue }
+            throw .simulatedLoop(refused: "the file \(path) for the \(streamNames[index]) of '\(name)'")
+        }
+        for (index, redirection) in redirections.enumerated() {
+            guard case .appendingToFile(let path) = redirection else { continue }
+            throw .simulatedLoop(refused: "the file \(path) for the \(streamNames[index]) of '\(name)'")
+        }
+        guard let simulation = loop.simulation,
+            let child = simulation.makeProgram(executable: name, arguments: configuration.arguments,
+                                               environment: configuration.environment, on: loop)
+        else {
+            throw .spawnFailed(executable: name, path: name, errno: ENOENT)
+        }
+        let pid = child.processIdentifier
+        let shared = ProcessShared(pid: pid, group: configuration.newProcessGroup ? pid : nil, descriptor: -1,
+                                   simulated: child)
+        let source = ProcessSource(loop: loop, shared: shared)
+        if let timeout = configuration.timeout { source.startTimeout(timeout, grace: configuration.timeoutGrace) }
+        let checked = UncheckedProcessSource(source)
+        child.start { status in
+            shared.simulatedProgramExited(status)
+            loop.execute(priority: .input) { checked.value.check() }
+        }
+        return Subprocess(loop: loop, shared: shared, source: source, executablePath: name, exitWatch: .simulated,
+                          pipes: [nil, nil, nil])
+    }
 
     /// The program's path: `executable` itself when it has a slash, otherwise the first
     /// executable file of that name in `PATH`.

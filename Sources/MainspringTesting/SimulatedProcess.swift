@@ -1,0 +1,154 @@
+@_spi(Simulation) import Mainspring
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A program run by `Subprocess.spawn` on a simulated loop: the async closure registered with
+/// ``Simulation/register(program:_:)`` under the executable's name, given this handle.
+///
+/// It runs as a task on the loop it was spawned on, on virtual time. Signals reach it as they
+/// would a real process with default dispositions: `SIGTERM` (and `SIGINT`, `SIGHUP`,
+/// `SIGQUIT`) makes every ``sleep(for:)`` throw from then on — return an exit code to exit
+/// cleanly, or let the error out to die of the signal — unless the program called
+/// ``ignoreTerminationSignals()``; `SIGKILL` ends it at once, whatever it does
+/// (`.signaled(SIGKILL)`). Other signals are recorded in ``receivedSignals``.
+///
+/// Its lines are kept in ``output`` (standard streams cannot be pipes on a simulated loop yet).
+/// Loop-thread state: use it from the program's own code, or from the test between steps.
+public final class SimulatedProcess: @unchecked Sendable {
+    /// The executable's name, as spawned.
+    public let executable: String
+    /// The arguments, without the program's name.
+    public let arguments: [String]
+    /// The environment it was given, if the configuration set one.
+    public let environment: [String: String]?
+    /// Its process ID in the simulation (never a real process's).
+    public let processIdentifier: Int32
+    /// The loop it runs on.
+    public let loop: EventLoop
+
+    /// The lines it wrote with ``write(line:)``, in order.
+    public private(set) var output: [String] = []
+    /// Every signal it was sent, in order.
+    public private(set) var receivedSignals: [Int32] = []
+    /// How it ended; nil while it runs.
+    public private(set) var exitStatus: Subprocess.ExitStatus?
+    /// The virtual instant it ended at.
+    public private(set) var exitedAt: Duration?
+
+    /// Thrown by ``sleep(for:)`` once the process is being ended.
+    public struct Terminated: Error, Sendable, Equatable {
+        /// The signal that ends it.
+        public let signal: Int32
+    }
+
+    private let body: @Sendable (SimulatedProcess) async throws -> Int32
+    private let simulation: SimulationCore
+    private var ignoresTermination = false
+    private var terminating: Int32?
+    private var sleeper: (timer: TimerHandle, continuation: UnsafeContinuation<Void, Error>)?
+    private var task: Task<Void, Never>?
+    private var exited: (@Sendable (Subprocess.ExitStatus) -> Void)?
+
+    init(executable: String, arguments: [String], environment: [String: String]?, processIdentifier: Int32,
+         loop: EventLoop, simulation: SimulationCore, body: @escaping @Sendable (SimulatedProcess) async throws -> Int32)
+    {
+        self.executable = executable
+        self.arguments = arguments
+        self.environment = environment
+        self.processIdentifier = processIdentifier
+        self.loop = loop
+        self.simulation = simulation
+        self.body = body
+    }
+
+    /// Writes a line to its standard output (kept in ``output``).
+    public func write(line: String) { output.append(line) }
+
+    /// Makes the termination signals (`SIGTERM`, `SIGINT`, `SIGHUP`, `SIGQUIT`) do nothing, as
+    /// `trap '' TERM` does: only `SIGKILL` ends the program then.
+    public func ignoreTerminationSignals() { ignoresTermination = true }
+
+    /// Suspends the program for `duration` of virtual time (negative counts as zero). Throws
+    /// ``Terminated`` from a termination signal on (unless ignored), and when `SIGKILL` ends it.
+    public func sleep(for duration: Duration) async throws {
+        if let signal = terminating { throw Terminated(signal: signal) }
+        try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<Void, Error>) in
+            let timer = loop.schedule(after: duration) { [self] in
+                guard let sleeper else { return }
+                self.sleeper = nil
+                sleeper.continuation.resume()
+            }
+            sleeper = (timer, continuation)
+        }
+    }
+
+    // MARK: The simulation's side
+
+    func start(exited: @escaping @Sendable (Subprocess.ExitStatus) -> Void) {
+        self.exited = exited
+        task = Task(executorPreference: loop) { [self] in
+            let status: Subprocess.ExitStatus
+            do {
+                status = .exited(try await body(self))
+            } catch let error as Terminated {
+                status = .signaled(error.signal)
+            } catch {
+                status = .exited(1)
+            }
+            finish(status)
+        }
+    }
+
+    /// On the loop: the signal's effect.
+    func receive(_ signal: Int32) {
+        guard exitStatus == nil else { return }
+        receivedSignals.append(signal)
+        switch signal {
+        case SIGKILL:
+            interruptSleep(with: Terminated(signal: SIGKILL))
+            finish(.signaled(SIGKILL))
+            task?.cancel()
+        case SIGTERM, SIGINT, SIGHUP, SIGQUIT:
+            guard !ignoresTermination else { break }
+            if terminating == nil { terminating = signal }
+            interruptSleep(with: Terminated(signal: signal))
+        default:
+            break
+        }
+    }
+
+    private func interruptSleep(with error: Terminated) {
+        guard let sleeper else { return }
+        self.sleeper = nil
+        sleeper.timer.cancel()
+        sleeper.continuation.resume(throwing: error)
+    }
+
+    private func finish(_ status: Subprocess.ExitStatus) {
+        guard exitStatus == nil else { return }
+        exitStatus = status
+        exitedAt = .nanoseconds(Int64(clamping: simulation.clock.nanoseconds))
+        let exited = self.exited
+        self.exited = nil
+        exited?(status)
+    }
+}
+
+/// The `SimulatedChild` the library sees: signals posted to the program's loop.
+final class SimulatedChildProcess: SimulatedChild, @unchecked Sendable {
+    let process: SimulatedProcess
+
+    init(_ process: SimulatedProcess) { self.process = process }
+
+    var processIdentifier: Int32 { process.processIdentifier }
+
+    func start(exited: @escaping @Sendable (Subprocess.ExitStatus) -> Void) { process.start(exited: exited) }
+
+    func deliver(signal: Int32) {
+        let process = self.process
+        process.loop.execute(priority: .input) { process.receive(signal) }
+    }
+}
