@@ -8,6 +8,7 @@ DOCC ?= docc
 DOCS_OUTPUT ?= .build/docs
 DOCS_HTTP_OUTPUT ?= .build/docs-http
 DOCS_TLS_OUTPUT ?= .build/docs-tls
+DOCS_TESTING_OUTPUT ?= .build/docs-testing
 DOCS_SYMBOL_GRAPHS := .build/docs-symbol-graphs
 
 FUZZ_RUNS ?= 200000
@@ -67,7 +68,8 @@ test-release: deps test-tools
 ## The documentation: DocC renders Sources/Mainspring/Mainspring.docc (the landing page and the
 ## articles) and the library's doc comments, from its symbol graphs, into $(DOCS_OUTPUT) (a
 ## static site), Sources/MainspringHTTP/MainspringHTTP.docc into $(DOCS_HTTP_OUTPUT) and
-## Sources/MainspringTLS/MainspringTLS.docc into $(DOCS_TLS_OUTPUT). Any docc warning (an unresolved symbol link, a parameter
+## Sources/MainspringTLS/MainspringTLS.docc into $(DOCS_TLS_OUTPUT), and
+## Sources/MainspringTesting/MainspringTesting.docc into $(DOCS_TESTING_OUTPUT). Any docc warning (an unresolved symbol link, a parameter
 ## documented that does not exist or one left undocumented, ...) fails the target, so that CI
 ## keeps the documentation clean. The log is in .build/docs.log. The symbol graphs come from
 ## the debug build that make test uses (after it, this takes seconds); dump-symbol-graph needs
@@ -110,7 +112,18 @@ docs: deps
 		status=$$?; cat .build/docs-tls.log; \
 		if [ $$status -ne 0 ] || grep -qE "(warning|error):" .build/docs-tls.log; then \
 			echo "make docs: docc reported problems in MainspringTLS (above); fix them, warnings included"; exit 1; fi
-	@echo "documentation written to $(DOCS_OUTPUT), $(DOCS_HTTP_OUTPUT) and $(DOCS_TLS_OUTPUT) (open documentation/<module>/index.html in each through a web server)"
+	@rm -rf $(DOCS_SYMBOL_GRAPHS)-testing $(DOCS_TESTING_OUTPUT) && mkdir -p $(DOCS_SYMBOL_GRAPHS)-testing && \
+		graphs="$$(dirname "$$($(SWIFT) build --show-bin-path)")/symbolgraph"; \
+		cp "$$graphs"/MainspringTesting.symbols.json $(DOCS_SYMBOL_GRAPHS)-testing/; \
+		cp "$$graphs"/MainspringTesting@*.symbols.json $(DOCS_SYMBOL_GRAPHS)-testing/ 2>/dev/null || true
+	@$(DOCC) convert Sources/MainspringTesting/MainspringTesting.docc --additional-symbol-graph-dir $(DOCS_SYMBOL_GRAPHS)-testing \
+		--output-path $(DOCS_TESTING_OUTPUT) --fallback-display-name MainspringTesting \
+		--fallback-bundle-identifier mainspring.MainspringTesting --fallback-default-module-kind Library \
+		--warnings-as-errors > .build/docs-testing.log 2>&1; \
+		status=$$?; cat .build/docs-testing.log; \
+		if [ $$status -ne 0 ] || grep -qE "(warning|error):" .build/docs-testing.log; then \
+			echo "make docs: docc reported problems in MainspringTesting (above); fix them, warnings included"; exit 1; fi
+	@echo "documentation written to $(DOCS_OUTPUT), $(DOCS_HTTP_OUTPUT), $(DOCS_TLS_OUTPUT) and $(DOCS_TESTING_OUTPUT) (open documentation/<module>/index.html in each through a web server)"
 
 ## Builds and runs the interactive example (simulated input when stdin is not a terminal).
 demo: deps

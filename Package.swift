@@ -156,7 +156,8 @@ let package = Package(
         ),
         .executableTarget(
             name: "mainspring-bench",
-            dependencies: ["Mainspring", "MainspringHTTP", "MainspringTLS", "CBaselines", "CTLSBaselines", "ExampleServices"],
+            dependencies: ["Mainspring", "MainspringHTTP", "MainspringTLS", "MainspringTesting", "CBaselines", "CTLSBaselines",
+                           "ExampleServices"],
             path: "Benchmarks",
             swiftSettings: experimentalMainExecutor
         ),

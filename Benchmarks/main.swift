@@ -29,6 +29,7 @@ let scenarios: [Scenario] = [
     udpScenario,
     unixScenario,
     resolveScenario,
+    simulationScenario,
 ]
 
 /// Scenarios that run only when named (minutes long).

@@ -80,6 +80,10 @@ public protocol LoopSimulating: AnyObject, Sendable {
     /// runnable: no loop has work, and no deadline is armed.
     func waitForWork(on loop: EventLoop, until deadline: UInt64?) -> Bool
 
+    /// Whether `willDispatch` wants to hear of dispatches (the trace is on): when it is off, no
+    /// label is made.
+    var isTracing: Bool { get }
+
     /// One dispatch on `loop`, about to run at the current virtual instant: `kind` is what runs
     /// ("work", "task", "actor", or a source's kind) and `label` says which.
     func willDispatch(on loop: EventLoop, kind: String, label: String)
@@ -104,6 +108,7 @@ struct SimulatedDispatchClock: SchedulerClock {
     func now() -> UInt64 { simulation.clock.nanoseconds }
 
     func willRun(_ job: borrowing ReadyRecord.Job) {
+        guard simulation.isTracing else { return }
         switch job {
         case .work, .loopWork: simulation.willDispatch(on: loop, kind: "work", label: "execute")
         case .source(let source): simulation.willDispatch(on: loop, kind: "source", label: source.traceLabel)
