@@ -172,7 +172,7 @@ let package = Package(
         .testTarget(
             name: "MainspringTests",
             dependencies: ["Mainspring", "MainspringHTTP", "MainspringTLS", "MainspringFuzzing", "ExampleServices",
-                           "CMainspringSystem", "KVCore"],
+                           "CMainspringSystem", "KVCore", "MainspringTesting"],
             path: "Tests/MainspringTests",
             swiftSettings: experimentalMainExecutor
         ),

@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 @testable import Mainspring
+import MainspringTesting
 
 #if canImport(Glibc)
 import Glibc
@@ -362,128 +363,99 @@ struct TimelineTests {
 
     // MARK: Timing
 
-    @Test("pacing on an idle loop: a 200 ms step at 60 fps gets about 12 frames and ends on time")
-    func idlePacing() async throws {
-        try await inSomeAttempt {
-            let (updates, stepStart) = try await onLoopThread { loop -> ([Update], Duration) in
-                nonisolated(unsafe) var updates: [Update] = []
-                nonisolated(unsafe) var done = false
-                let start = ContinuousClock.now
-                let timeline = Timeline(loop: loop, framesPerSecond: 60)
-                timeline.step(duration: .milliseconds(200), curve: .linear) { p in
-                    updates.append(Update(step: 0, progress: p, at: ContinuousClock.now - start))
-                }
-                let stepStart = ContinuousClock.now - start
-                timeline.start { _ in done = true }
-                loop.spin(until: { done }, timeout: .seconds(10))
-                return (updates, stepStart)
-            }
-            // Grid points at k × 16.67 ms for k = 1...11, then the end at 200 ms: 12 at most, and
-            // never early, on every run.
-            #expect(updates.count <= 12, "\(updates.count) frames")
-            let end = try #require(updates.last)
-            #expect(end.progress == 1.0)
-            #expect(end.at - stepStart >= .milliseconds(200), "ended early: \(end.at - stepStart)")
-            // On an undisturbed run: most frames, and the end within one frame interval of the
-            // planned end, plus slack.
-            if updates.count < 8 { return "only \(updates.count) frames" }
-            return end.at - stepStart < .milliseconds(200 + 17 + 40) ? nil : "ended late: \(end.at - stepStart)"
+    // Timing, on virtual time: exact frames, exact instants.
+
+    /// The grid of a 60 fps timeline started at 0: frame k is due at k × 1/60 s, in whole
+    /// nanoseconds (the timeline's own arithmetic truncates).
+    private static func gridPoint(_ frame: Int) -> Duration {
+        .nanoseconds(Int64(frame) * 1_000_000_000 / 60)
+    }
+
+    @Test("pacing on an idle loop: a 200 ms step at 60 fps gets its 11 grid frames and ends at 200 ms exactly")
+    func idlePacing() throws {
+        let simulation = try Simulation()
+        var updates: [Update] = []
+        var done = false
+        let timeline = Timeline(loop: simulation.loop, framesPerSecond: 60)
+        timeline.step(duration: .milliseconds(200), curve: .linear) { p in
+            updates.append(Update(step: 0, progress: p, at: simulation.now))
         }
+        timeline.start { _ in done = true }
+        simulation.advance(by: .seconds(1))
+        #expect(done)
+        #expect(updates.count == 12)
+        #expect(updates.last?.progress == 1.0)
+        #expect(updates.last?.at == .milliseconds(200))
+        #expect(updates.dropLast().map(\.at) == (1...11).map(Self.gridPoint))
     }
 
     @Test("no drift: frames stay on the grid from the step's start even when updates are slow")
-    func noDrift() async throws {
-        let duration = Duration.milliseconds(300)
-        try await inSomeAttempt {
-            let values = try await onLoopThread { loop -> [Double] in
-                nonisolated(unsafe) var values: [Double] = []
-                nonisolated(unsafe) var done = false
-                let timeline = Timeline(loop: loop, framesPerSecond: 60)
-                timeline.step(duration: duration, curve: .linear) { p in
-                    values.append(p)
-                    usleep(4_000)  // a slow update: scheduling from its end would drift 4 ms a frame
-                }
-                timeline.start { _ in done = true }
-                loop.spin(until: { done }, timeout: .seconds(10))
-                return values
-            }
-            #expect(values.last == 1.0, "\(values)")
-            let interval = 1e9 / 60
-            // How late each intermediate frame was relative to its grid point, as the timeline saw it.
-            let lateness = values.dropLast().map { p -> Double in
-                let elapsed = elapsedNanoseconds(p, of: duration)
-                return elapsed - (elapsed / interval).rounded(.down) * interval
-            }.sorted()
-            // On an undisturbed run: most frames, tens of microseconds late. Drifting by 4 ms a
-            // frame would spread the lateness over the whole interval (median ~8 ms) on every run.
-            guard values.count >= 10 else { return "\(values.count) frames" }
-            let median = lateness[lateness.count / 2]
-            return median < 3e6 ? nil : "median lateness \(median / 1e6) ms: \(lateness.map { $0 / 1e6 })"
+    func noDrift() throws {
+        let simulation = try Simulation()
+        var times: [Duration] = []
+        var done = false
+        let timeline = Timeline(loop: simulation.loop, framesPerSecond: 60)
+        timeline.step(duration: .milliseconds(300), curve: .linear) { _ in
+            times.append(simulation.now)
+            simulation.consume(.milliseconds(4))  // a slow update: scheduling from its end would drift
         }
+        timeline.start { _ in done = true }
+        simulation.advance(by: .seconds(1))
+        #expect(done)
+        // Every intermediate frame exactly on its grid point, though each update took 4 ms.
+        #expect(times.count == 18)
+        #expect(times.dropLast() == (1...17).map(Self.gridPoint)[...])
+        #expect(times.last == .milliseconds(300))
     }
 
     @Test("a busy loop drops frames: never two updates back to back after a stall")
-    func busyLoopDropsFrames() async throws {
-        let duration = Duration.milliseconds(400)
-        let values = try await onLoopThread { loop -> [Double] in
-            nonisolated(unsafe) var values: [Double] = []
-            nonisolated(unsafe) var done = false
-            let timeline = Timeline(loop: loop, framesPerSecond: 60)
-            timeline.step(duration: duration, curve: .linear) { values.append($0) }
-            timeline.start { _ in done = true }
-            loop.schedule(after: .milliseconds(100)) { usleep(150_000) }  // ~9 frames missed
-            loop.spin(until: { done }, timeout: .seconds(10))
-            return values
-        }
-        let times = values.dropLast().map { elapsedNanoseconds($0, of: duration) }
+    func busyLoopDropsFrames() throws {
+        let simulation = try Simulation()
+        var times: [Duration] = []
+        var done = false
+        let timeline = Timeline(loop: simulation.loop, framesPerSecond: 60)
+        timeline.step(duration: .milliseconds(400), curve: .linear) { _ in times.append(simulation.now) }
+        timeline.start { _ in done = true }
+        simulation.loop.schedule(after: .milliseconds(100)) { simulation.consume(.milliseconds(150)) }
+        simulation.advance(by: .seconds(1))
+        #expect(done)
         let gaps = zip(times, times.dropFirst()).map { $1 - $0 }
-        let halfInterval = 1e9 / 60 / 2
-        #expect(values.last == 1.0)
-        #expect(gaps.contains { $0 >= 140e6 }, "the stall is not visible: \(gaps.map { $0 / 1e6 })")
-        #expect(gaps.allSatisfy { $0 >= halfInterval - 1_000 }, "frames back to back: \(gaps.map { $0 / 1e6 })")
-        // 24 grid points in 400 ms; about 9 fall in the stall and are dropped, not delivered late.
-        #expect(values.count <= 19, "\(values.count) frames: missed frames were queued")
+        // Frames 1 to 6, then the stall (100 to 250 ms): the frame due at 116.7 ms comes once,
+        // late, at 250 ms, and the next is the first grid point at least half an interval after
+        // it — no burst of the eight missed ones. Then the grid again, and the end at 400 ms.
+        #expect(times == (1...6).map(Self.gridPoint) + [.milliseconds(250)] + (16...23).map(Self.gridPoint)
+                    + [.milliseconds(400)])
+        #expect(gaps.allSatisfy { $0 >= Self.gridPoint(1) / 2 }, "\(gaps)")
     }
 
     @Test("frames keep coming while chained .background work saturates the loop")
-    func framesUnderBackgroundLoad() async throws {
-        let (frames, chunks, backgroundShare) = try await onLoopThread { loop -> (Int, Int, Double) in
-            nonisolated(unsafe) var frames = 0
-            nonisolated(unsafe) var done = false
-            nonisolated(unsafe) var chunks = 0
-            nonisolated(unsafe) var stopChain = false
-            nonisolated(unsafe) var chainEnded = false
-            @Sendable func chunk() {
-                let end = ContinuousClock.now + .milliseconds(1)
-                while ContinuousClock.now < end {}  // 1 ms of real work
-                chunks += 1
-                if stopChain {
-                    chainEnded = true
-                } else {
-                    loop.execute(priority: .background, chunk)
-                }
-            }
-            loop.execute(priority: .background, chunk)
-            let timeline = Timeline(loop: loop, framesPerSecond: 60)
-            timeline.step(duration: .milliseconds(300), curve: .linear) { _ in frames += 1 }
-            timeline.start { _ in done = true }
-            loop.spin(until: { done }, timeout: .seconds(10))
-            let chunksDuringStep = chunks
-            let metrics = loop.metrics
-            let share = metrics.busyTime[.background]!.milliseconds / metrics.totalBusyTime.milliseconds
-            stopChain = true
-            loop.spin(until: { chainEnded }, timeout: .seconds(10))
-            return (frames, chunksDuringStep, share)
+    func framesUnderBackgroundLoad() throws {
+        let simulation = try Simulation()
+        let loop = simulation.loop
+        var frames = 0
+        var done = false
+        nonisolated(unsafe) var chunks = 0
+        nonisolated(unsafe) var stopChain = false
+        @Sendable func chunk() {
+            simulation.consume(.milliseconds(1))
+            chunks += 1
+            if !stopChain { loop.execute(priority: .background, chunk) }
         }
-        // 18 frames requested (17 on the grid, then the end). Frames starved by the background
-        // chain would show as one final frame; a third is a bound a loaded CI box still meets
-        // (the benchmark holds the tighter half-rate target).
-        #expect(frames >= 6, "only \(frames) frames")
-        #expect(frames <= 18)
-        // The setup itself: the chain kept the loop busy (a share of busy time, not a chunk
-        // count, so a slow sanitizer build or a loaded machine does not matter).
-        #expect(chunks >= 20, "the background chain hardly ran: \(chunks) chunks")
-        #expect(backgroundShare > 0.8, "the background chain did not saturate the loop: \(backgroundShare)")
+        loop.execute(priority: .background, chunk)
+        let timeline = Timeline(loop: loop, framesPerSecond: 60)
+        timeline.step(duration: .milliseconds(300), curve: .linear) { _ in frames += 1 }
+        timeline.start { _ in done = true }
+        simulation.advance(by: .milliseconds(301))
+        stopChain = true
+        simulation.runUntilIdle()
+        #expect(done)
+        // Every one of the 18 frames (17 grid points, then the end), each after at most the
+        // 1 ms chunk in progress; and the chain had all the rest of the loop: a chunk per
+        // millisecond up to and including the one that starts at the 301 ms mark (302), and the
+        // one already queued when the chain was told to stop.
+        #expect(frames == 18)
+        #expect(chunks == 303)
+        #expect(loop.metrics.busyTime[.background] == .milliseconds(303))
     }
 
     // MARK: README

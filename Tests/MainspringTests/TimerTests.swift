@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 @testable import Mainspring
+import MainspringTesting
 
 @Suite("Timers", .serialized)
 struct TimerTests {
@@ -44,64 +45,39 @@ struct TimerTests {
         #expect(fired == ["c", "b"])
     }
 
-    @Test("a 10 ms repeating timer fires about 50 times in 500 ms and can cancel itself")
-    func repeatingCount() async throws {
-        try await inSomeAttempt {
-            let (count, elapsed) = try await onLoopThread { loop -> (Int, Duration) in
-                nonisolated(unsafe) var count = 0
-                let start = ContinuousClock.now
-                let timer = loop.schedule(every: .milliseconds(10)) { _ in count += 1 }
-                loop.spin(until: { false }, timeout: .milliseconds(500))
-                timer.cancel()
-                return (count, ContinuousClock.now - start)
-            }
-            // On the grid: floor(elapsed / 10 ms) ticks at most (never early, never a burst), on
-            // every run; all but a few of them on an undisturbed one (a descheduled loop skips
-            // the ticks it missed).
-            let expected = Int(elapsed.milliseconds / 10)
-            #expect(count <= expected, "\(count) ticks in \(elapsed)")
-            #expect(count >= 1, "it never fired in \(elapsed)")
-            return count >= 40 ? nil : "only \(count) ticks in \(elapsed)"
+    @Test("a 10 ms repeating timer fires 50 times in 500 ms, each on its grid point, and can cancel itself")
+    func repeatingCount() throws {
+        let simulation = try Simulation()
+        let loop = simulation.loop
+        var ticks: [Duration] = []
+        let timer = loop.schedule(every: .milliseconds(10)) { _ in ticks.append(simulation.now) }
+        simulation.advance(by: .milliseconds(505))
+        timer.cancel()
+        #expect(ticks == (1...50).map { Duration.milliseconds(10 * $0) })
+        // And one that cancels itself on its third tick: twenty more intervals, no fourth.
+        var own = 0
+        loop.schedule(every: .milliseconds(1)) { handle in
+            own += 1
+            if own == 3 { handle.cancel() }
         }
-        // And one that cancels itself on its third tick.
-        let ticks = try await onLoopThread { loop -> Int in
-            nonisolated(unsafe) var ticks = 0
-            loop.schedule(every: .milliseconds(1)) { handle in
-                ticks += 1
-                if ticks == 3 { handle.cancel() }
-            }
-            #expect(loop.spin(until: { ticks >= 3 }, timeout: .seconds(10)), "\(ticks) ticks")
-            // Twenty more intervals: a timer still scheduled would tick again.
-            loop.spin(until: { ticks > 3 }, timeout: .milliseconds(20))
-            return ticks
-        }
-        #expect(ticks == 3)
+        simulation.advance(by: .milliseconds(23))
+        #expect(own == 3)
     }
 
     @Test("a repeating timer skips missed ticks instead of bursting, and stays on its grid")
-    func noBurstNoDrift() async throws {
-        try await inSomeAttempt {
-            let times = try await onLoopThread { loop -> [Duration] in
-                let start = ContinuousClock.now
-                nonisolated(unsafe) var times: [Duration] = []
-                let timer = loop.schedule(every: .milliseconds(20)) { _ in
-                    times.append(ContinuousClock.now - start)
-                    if times.count == 2 { usleep(70_000) }  // miss three ticks
-                }
-                loop.spin(until: { times.count == 5 }, timeout: .seconds(30))
-                timer.cancel()
-                return times
-            }
-            try #require(times.count == 5, "\(times)")
-            // Tick 2 at ~40 ms blocks until ~110 ms: ticks at 60/80/100 are skipped, next is 120.
-            // Never early, on any run: a burst of the missed ticks would come at ~110 ms.
-            #expect(times[2] >= .milliseconds(120), "\(times)")
-            #expect(times[3] >= .milliseconds(140), "\(times)")
-            #expect(times[4] >= .milliseconds(160), "\(times)")
-            // Deadlines stay on the 20 ms grid: no accumulated drift (on an undisturbed run).
-            if times[3] - times[2] < .milliseconds(15) { return "ticks 2 and 3 close together: \(times)" }
-            return times[4] < .milliseconds(160) + .milliseconds(40) ? nil : "drifted: \(times)"
+    func noBurstNoDrift() throws {
+        let simulation = try Simulation()
+        var times: [Duration] = []
+        let timer = simulation.loop.schedule(every: .milliseconds(20)) { _ in
+            times.append(simulation.now)
+            if times.count == 2 { simulation.consume(.milliseconds(70)) }  // miss three ticks
         }
+        simulation.advance(by: .milliseconds(170))
+        timer.cancel()
+        // Tick 2 at 40 ms computes until 110 ms: the ticks at 60, 80 and 100 are skipped (not
+        // burst at 110), and the grid holds: 120, 140, 160.
+        #expect(times == [.milliseconds(20), .milliseconds(40), .milliseconds(120), .milliseconds(140),
+                          .milliseconds(160)])
     }
 
     @Test("negative delays count as zero")
