@@ -67,7 +67,7 @@ public final class Simulation: @unchecked Sendable {
     }
 
     /// Virtual time since the simulation started.
-    public var now: Duration { .nanoseconds(Int64(clamping: core.clock.nanoseconds)) }
+    public var now: Duration { .nanoseconds(Int64(clamping: core.clock.elapsed)) }
 
     /// Moves virtual time forward by `duration`, running everything that falls due on the way
     /// **in deadline order, each callback seeing the clock at its own deadline** (a timer due at

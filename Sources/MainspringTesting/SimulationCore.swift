@@ -182,7 +182,7 @@ final class SimulationCore: LoopSimulating, @unchecked Sendable {
 
     func willDispatch(on loop: EventLoop, kind: String, label: String) {
         guard isTracing else { return }
-        trace.append(SimulationTrace.Entry(instant: .nanoseconds(Int64(clamping: clock.nanoseconds)),
+        trace.append(SimulationTrace.Entry(instant: .nanoseconds(Int64(clamping: clock.elapsed)),
                                            loop: index(of: loop), kind: kind, label: label))
     }
 

@@ -29,19 +29,29 @@ struct DispatchClock: SchedulerClock {
     }
 }
 
-/// The virtual time of a simulation: nanoseconds since the simulation started, moved only by
-/// the simulation (`advance`, jumping to the next deadline, modelled CPU).
+/// The virtual time of a simulation, moved only by the simulation (`advance`, jumping to the
+/// next deadline, modelled CPU).
+///
+/// Its readings start at ``epoch``, not at zero, so that no reading of a simulated loop is ever
+/// 0: the library uses 0 for "not stamped yet" in a few places, as a real clock (time since
+/// boot) never reads it. `elapsed` is the time since the simulation started.
 ///
 /// Any thread reads it (an atomic load); the thread that drives the simulation moves it.
 @_spi(Simulation)
 public final class VirtualClock: Sendable {
-    private let storage = Atomic<UInt64>(0)
+    /// The first reading: 1,000 s.
+    public static let epoch: UInt64 = 1_000_000_000_000
+
+    private let storage = Atomic<UInt64>(VirtualClock.epoch)
 
     public init() {}
 
-    /// Nanoseconds since the simulation started.
+    /// Now, on the loop's scale (``epoch`` at the start).
     @inline(__always)
     public var nanoseconds: UInt64 { storage.load(ordering: .relaxed) }
+
+    /// Nanoseconds since the simulation started.
+    public var elapsed: UInt64 { nanoseconds &- Self.epoch }
 
     /// Moves the clock forward to `instant`; an instant in the past leaves it where it is
     /// (virtual time never goes back).
@@ -142,8 +152,8 @@ extension EventLoop {
 /// virtual time on a simulated one. Sleeping is one of the loop's timers, so it only ends while
 /// the loop runs; it throws `CancellationError` when the task is cancelled.
 public struct LoopClock: Clock, Sendable {
-    /// An instant on a loop's clock: nanoseconds on its scale (since boot on a real loop, since
-    /// the simulation started on a simulated one). Instants of different loops compare only
+    /// An instant on a loop's clock: nanoseconds on its scale (since boot on a real loop; on a
+    /// simulated one, from an epoch of 1,000 s at the simulation's start). Instants of different loops compare only
     /// when the loops share a clock (real loops do; loops of one simulation do).
     public struct Instant: InstantProtocol, Sendable, Hashable, Comparable {
         /// Nanoseconds on the clock's scale.

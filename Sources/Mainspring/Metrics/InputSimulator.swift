@@ -19,6 +19,14 @@ import Synchronization
 /// Loop-bound: create, start, stop and read it on the loop's thread. The writer thread is its
 /// own; it stops after `count` records, on `stop()`, or when the simulator is released.
 ///
+/// ## On a simulated loop
+/// On a loop of a `MainspringTesting` simulation there is no pipe and no thread: each record is
+/// "written" at its instant on the pattern's grid, in virtual time, and becomes ready for the
+/// loop's next poll at or after that instant, as `.input`; its latency is from that instant to
+/// the start of its handling, and `handlingCost` is modelled CPU (virtual time), not a busy
+/// wait. `.poisson` draws its intervals from a fixed seed, so runs repeat exactly. A record
+/// counts in `sent` once it is ready to be read.
+///
 /// ## What it measures (and what not)
 /// A handler reads every record that is waiting (up to 256 at a time) and handles them one after
 /// the other, so a record's latency includes the handling of the records before it in the same
@@ -55,9 +63,11 @@ public final class InputSimulator {
     /// Busy time spent handling each record.
     public let handlingCost: Duration
 
-    private let pipe: RecordPipe
-    private let writer: Writer
-    private let reader: Reader
+    private let pipe: RecordPipe?
+    private let writer: Writer?
+    private let reader: Reader?
+    /// The pipe, writer and reader in one source on a simulated loop.
+    private let simulated: SimulatedInputSource?
     private var hasStarted = false
 
     /// Creates the pipe and the loop's watcher; nothing is written until `start()`.
@@ -84,26 +94,39 @@ public final class InputSimulator {
         self.pattern = pattern
         self.count = count.map { max(0, $0) }
         self.handlingCost = handlingCost
-        pipe = try RecordPipe()
+        if loop.isSimulated {
+            guard loop.claimThread() else { throw .wrongThread(function: "InputSimulator.init") }
+            (pipe, writer, reader) = (nil, nil, nil)
+            simulated = SimulatedInputSource(loop: loop, pattern: pattern, count: self.count,
+                                             cost: handlingCost.clampedNanoseconds, onEvent: onEvent)
+            return
+        }
+        simulated = nil
+        let pipe = try RecordPipe()
+        let reader = Reader(pipe: pipe, cost: handlingCost.clampedNanoseconds, onEvent: onEvent)
+        self.pipe = pipe
         writer = Writer(pipe: pipe, pattern: pattern, count: self.count)
-        reader = Reader(pipe: pipe, cost: handlingCost.clampedNanoseconds, onEvent: onEvent)
-        let reader = self.reader
-        let pipe = self.pipe
+        self.reader = reader
         reader.watcher = try loop.watch(pipe.readFD, for: .read, priority: .input) { _ in reader.readAvailable() }
     }
 
     deinit {
         // The writer stops and closes its end; the reader then sees end of file and closes the
         // watcher and its end (when the loop runs again).
-        writer.pipe.requestStop()
-        if !hasStarted { writer.pipe.closeWrite() }
+        if let simulated { simulated.stopWriting(); return }
+        writer?.pipe.requestStop()
+        if !hasStarted { writer?.pipe.closeWrite() }
     }
 
     /// Starts the writer thread. Idempotent.
     public func start() {
         guard !hasStarted else { return }
         hasStarted = true
-        let writer = self.writer
+        if let simulated {
+            simulated.startWriting()
+            return
+        }
+        guard let writer = self.writer else { return }
         let thread = Thread { writer.run() }
         thread.name = "mainspring.input-simulator"
         thread.start()
@@ -112,25 +135,30 @@ public final class InputSimulator {
     /// Stops the writer (promptly, even mid-wait). Records already written are still read and
     /// measured; `isFinished` turns true once they have been. Idempotent; any time.
     public func stop() {
-        writer.pipe.requestStop()
+        if let simulated {
+            hasStarted = true
+            simulated.stopWriting()
+            return
+        }
+        writer?.pipe.requestStop()
         if !hasStarted {
             hasStarted = true
-            writer.pipe.closeWrite()
+            writer?.pipe.closeWrite()
         }
     }
 
     /// Write-to-handling latency of every record handled so far.
-    public var latencies: LatencyHistogram { reader.latencies }
+    public var latencies: LatencyHistogram { simulated?.latencies ?? reader?.latencies ?? LatencyHistogram() }
 
     /// Records handled so far.
-    public var received: Int { reader.received }
+    public var received: Int { simulated?.received ?? reader?.received ?? 0 }
 
     /// Records written so far (by the writer thread).
-    public var sent: Int { writer.sent.load(ordering: .acquiring) }
+    public var sent: Int { simulated?.sent ?? writer?.sent.load(ordering: .acquiring) ?? 0 }
 
     /// Whether the writer has finished (after `count` records, or `stop()`) and the loop has
     /// handled everything it wrote.
-    public var isFinished: Bool { reader.sawEnd }
+    public var isFinished: Bool { simulated?.sawEnd ?? reader?.sawEnd ?? true }
 
     // MARK: The two sides
 
@@ -216,3 +244,111 @@ public final class InputSimulator {
 
 @available(*, unavailable)
 extension InputSimulator: Sendable {}
+
+/// `InputSimulator` on a simulated loop: the pattern's records on virtual time, read as an
+/// `.input` source at the first poll at or after each record's instant. Loop thread only.
+private final class SimulatedInputSource: DeadlineSource {
+    private let pattern: InputSimulator.Pattern
+    private let count: Int?
+    private let cost: UInt64
+    private let onEvent: ((InputSimulator.Event) -> Void)?
+    private var start: UInt64 = 0
+    /// The next record's number and instant (virtual ns).
+    private var sequence = 0
+    private var nextInstant: UInt64 = 0
+    private var isWriting = false
+    private var random = SeededIntervals(seed: 0x5EED_1E55)
+    var latencies = LatencyHistogram()
+    var received = 0
+    var sent = 0
+    var sawEnd = false
+
+    init(loop: EventLoop, pattern: InputSimulator.Pattern, count: Int?, cost: UInt64,
+         onEvent: ((InputSimulator.Event) -> Void)?)
+    {
+        self.pattern = pattern
+        self.count = count
+        self.cost = cost
+        self.onEvent = onEvent
+        super.init(loop: loop, priority: .input)
+    }
+
+    func startWriting() {
+        guard !isWriting, !sawEnd else { return }
+        isWriting = true
+        start = loop.monotonicNow()
+        nextInstant = start
+        advanceToNextRecord()
+        armOrEnd()
+    }
+
+    func stopWriting() {
+        isWriting = false
+        sawEnd = true
+        close()
+    }
+
+    /// Arms the source for record `sequence`'s instant (`nextInstant`), or ends once `count`
+    /// records were written.
+    private func armOrEnd() {
+        if let count, sequence >= count {
+            stopWriting()
+            return
+        }
+        arm(at: nextInstant)
+    }
+
+    /// Moves `nextInstant` from the previous record's instant (or the start) to record
+    /// `sequence`'s.
+    private func advanceToNextRecord() {
+        switch pattern {
+        case .steady(let every):
+            nextInstant = start &+ UInt64(sequence + 1) &* every.clampedNanoseconds
+        case .poisson(let rate):
+            nextInstant = nextInstant &+ random.exponential(mean: 1e9 / rate)
+        case .burst(let size, let every):
+            nextInstant = start &+ UInt64(sequence / max(1, size) + 1) &* every.clampedNanoseconds
+        }
+    }
+
+    override func perform(_ readiness: Readiness) {
+        guard isWriting else { return }
+        // Everything written by the time the loop polled is read in one go, as from the pipe.
+        let polled = withLoop { $0.monotonicNow() }
+        var batch: [(Int, UInt64)] = []
+        // At most 256 records a read, as the real reader's buffer.
+        while nextInstant <= polled, batch.count < 256, count.map({ sequence < $0 }) ?? true {
+            batch.append((sequence, nextInstant))
+            sequence += 1
+            sent += 1
+            advanceToNextRecord()
+        }
+        for (number, instant) in batch {
+            let begin = withLoop { $0.monotonicNow() }
+            let latency = begin > instant ? begin - instant : 0
+            latencies.record(nanoseconds: latency)
+            if cost > 0 { withLoop { $0.simulation?.clock.advance(by: cost) } }
+            received += 1
+            onEvent?(InputSimulator.Event(sequence: number, latency: Duration(nanoseconds: latency)))
+        }
+        if isWriting { armOrEnd() }  // records still waiting make the source ready again at once
+    }
+}
+
+/// Exponentially distributed intervals from a fixed seed (SplitMix64), so a simulated Poisson
+/// pattern repeats exactly.
+private struct SeededIntervals {
+    private var state: UInt64
+
+    init(seed: UInt64) { state = seed }
+
+    mutating func exponential(mean: Double) -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        z ^= z >> 31
+        let u = Double(z >> 11) / Double(1 << 53)
+        return UInt64(min(-log1p(-u) * mean, 1e12))
+    }
+}
