@@ -132,8 +132,13 @@ public final class Simulation: @unchecked Sendable {
     /// when several could. The loops share the simulation's clock and modelled CPU; their
     /// indices in the ``trace`` follow ``loop`` (0) in creation order.
     ///
-    /// `shutdown(gracePeriod:)` on such a group posts each loop's shutdown and returns without
-    /// waiting for threads (there are none); the loops end when the simulation next runs them.
+    /// `shutdown(gracePeriod:)` on such a group runs the loops' shutdowns on virtual time before
+    /// it returns (call it from the test, or from a task on a loop outside the group).
+    ///
+    /// One limit of simulating several loops on one thread: a loop that spins (`spin(until:)`,
+    /// and so each loop's graceful shutdown) holds the thread while it waits. Other loops run
+    /// inside its waits, but one that is itself spinning further up the stack resumes only
+    /// when the inner spin returns, so its timers can fire late (never early).
     /// - Throws: `EventLoopError` when a loop cannot be made.
     public func makeGroup(loopCount: Int, configuration: EventLoop.Configuration = .init()) throws -> EventLoopGroup {
         var made: [EventLoop] = []

@@ -93,6 +93,10 @@ final class SimulationCore: LoopSimulating, @unchecked Sendable {
         return try body()
     }
 
+    func driveUntilIdle() {
+        withDriving { _ = runUntilIdle() }
+    }
+
     func adoptCallingThread(for loop: EventLoop) -> Bool {
         let me = Self.threadID()
         let free = driver.withLock { $0.thread == 0 || $0.thread == me }

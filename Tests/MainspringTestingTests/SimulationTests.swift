@@ -191,3 +191,30 @@ final class Box<Value: Sendable>: @unchecked Sendable {
         #expect(simulation.trace.contains { $0.loop == 2 && $0.kind == "task" })
     }
 }
+
+/// A simulated group's graceful shutdown keeps its deadline on virtual time.
+@Suite struct SimulatedGroupTests {
+    @Test func shutdownRunsInFlightTimersWithinTheGracePeriodAndClosesTheRest() async throws {
+        let simulation = try Simulation(seed: 5)
+        let group = try simulation.makeGroup(loopCount: 2)
+        let fired = Box<[Duration]>([])
+        for (index, loop) in group.loops.enumerated() {
+            loop.execute {
+                loop.schedule(after: .seconds(index + 1)) { fired.value.append(simulation.now) }
+                loop.schedule(after: .seconds(60)) { fired.value.append(.seconds(-1)) }  // past the grace
+            }
+        }
+        simulation.runUntilIdle()
+        let report = await group.shutdown(gracePeriod: .seconds(10))
+        // Each loop waited for its in-flight timers until the 10 s deadline, then closed what was
+        // left: the timer due in 60 s on each (one source per loop).
+        #expect(fired.value.count == 2)
+        #expect(fired.value.allSatisfy { $0 >= .seconds(1) && $0 <= .seconds(10) }, "\(fired.value)")
+        #expect(report.closedSources == 2)
+        #expect(report.timedOut)
+        #expect(report.stuckLoops == 0)
+        #expect(simulation.now == .seconds(10))
+        simulation.advance(by: .seconds(60))
+        #expect(!fired.value.contains(.seconds(-1)))
+    }
+}

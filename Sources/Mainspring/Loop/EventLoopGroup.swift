@@ -106,8 +106,8 @@ public final class EventLoopGroup: Sendable {
     }
 
     /// A group of simulated loops (`MainspringTesting`): they run on the thread that drives
-    /// their simulation, so the group starts no threads; `shutdown` posts each loop's shutdown
-    /// and returns without waiting (the loops end when the simulation next runs them).
+    /// their simulation, so the group starts no threads; `shutdown` has the simulation run each
+    /// loop's shutdown, on virtual time, before it returns its report.
     @_spi(Simulation)
     public init(simulatedLoops loops: [EventLoop]) {
         precondition(!loops.isEmpty && loops.allSatisfy(\.isSimulated), "a simulated group needs simulated loops")
@@ -146,9 +146,10 @@ public final class EventLoopGroup: Sendable {
     /// is reported in `stuckLoops`.
     @discardableResult
     public func shutdown(gracePeriod: Duration = .seconds(5)) async -> ShutdownReport {
-        requireUsage(!loops.contains { $0.isCurrent },
+        requireUsage(!isCallerOnOwnLoop,
                      "Mainspring: EventLoopGroup.shutdown must not be awaited on one of the group's own loops")
         guard let deadline = begin(gracePeriod: gracePeriod) else { return await result.value() }
+        if isSimulated { return finishSimulated() }
         let ended = await threads.waitAsync(untilMonotonic: deadline &+ Self.stuckAfter)
         return finish(ended: ended)
     }
@@ -157,11 +158,19 @@ public final class EventLoopGroup: Sendable {
     /// from a thread outside the group (precondition).
     @discardableResult
     public func shutdown(gracePeriod: Duration = .seconds(5)) -> ShutdownReport {
-        requireUsage(!loops.contains { $0.isCurrent },
+        requireUsage(!isCallerOnOwnLoop,
                      "Mainspring: EventLoopGroup.shutdown must not be called from one of its own loops")
         guard let deadline = begin(gracePeriod: gracePeriod) else { return result.waitValue() }
+        if isSimulated { return finishSimulated() }
         let ended = threads.wait(untilMonotonic: deadline &+ Self.stuckAfter)
         return finish(ended: ended)
+    }
+
+    /// Whether the caller runs on one of the group's loops (for a simulated group, whose loops
+    /// all belong to the driving thread: inside one of their dispatches).
+    private var isCallerOnOwnLoop: Bool {
+        if isSimulated { return loops.contains { $0 === EventLoop.runningLoop.value } }
+        return loops.contains { $0.isCurrent }
     }
 
     /// How long after the deadline (and the unwinding) a loop's thread may take to end before
@@ -179,7 +188,9 @@ public final class EventLoopGroup: Sendable {
             return true
         }
         guard first else { return nil }
-        let deadline = monotonicNanoseconds() &+ gracePeriod.clampedNanoseconds
+        // On the loops' own clock: virtual for a simulated group (the same as
+        // `monotonicNanoseconds()` for a real one).
+        let deadline = loops[0].monotonicNow() &+ gracePeriod.clampedNanoseconds
         let partial = self.partial
         for loop in loops {
             loop.execute {
@@ -195,9 +206,16 @@ public final class EventLoopGroup: Sendable {
         return deadline
     }
 
+    /// A simulated group: the simulation runs the loops' shutdowns now, on virtual time (each
+    /// loop's grace period jumps ahead as its waits do), then the report is complete.
+    private func finishSimulated() -> ShutdownReport {
+        loops[0].simulation?.driveUntilIdle()
+        return finish(ended: loops.count)
+    }
+
     private func finish(ended: Int) -> ShutdownReport {
         var report = partial.withLock { $0 }
-        report.stuckLoops = isSimulated ? 0 : loops.count - ended
+        report.stuckLoops = loops.count - ended
         phase.withLock { $0 = .done }
         result.publish(report)
         return report

@@ -102,6 +102,11 @@ public protocol LoopSimulating: AnyObject, Sendable {
     /// calling thread may take the simulation's loops over (nothing drives them right now).
     func adoptCallingThread(for loop: EventLoop) -> Bool
 
+    /// Runs what is runnable on the simulation's loops now (loops inside a dispatch pass up the
+    /// stack excepted), as the calling thread: a simulated group's `shutdown` uses it, so that
+    /// its report is complete when it returns.
+    func driveUntilIdle()
+
     /// The program registered under `executable` for a spawn on `loop`, not started yet; nil
     /// when none is (the spawn then fails as for a missing program).
     func makeProgram(executable: String, arguments: [String], environment: [String: String]?,
