@@ -1,5 +1,6 @@
 import Foundation
 import Synchronization
+import MainspringTesting
 import Testing
 @testable import Mainspring
 
@@ -365,30 +366,30 @@ struct FeederTests {
         #expect(log == ["chunk0", "input", "chunk1", "chunk2"])
     }
 
-    @Test("budget pacing runs many tiny chunks per turn; one-chunk pacing runs one")
-    func pacingTurns() async throws {
-        let (budgetTurns, oneTurns) = try await onLoopThread { loop -> (Int, Int) in
-            let budget = Feeder(loop: loop, pacing: .budget(.milliseconds(5))).feed(chunks: 10_000) { _ in }
-            loop.spin(until: { budget.isFinished }, timeout: .seconds(10))
-            let one = Feeder(loop: loop, pacing: .oneChunkPerTurn).feed(chunks: 100) { _ in }
-            loop.spin(until: { one.isFinished }, timeout: .seconds(10))
-            #expect(budget.statistics.chunks == 10_000)
-            return (budget.statistics.turns, one.statistics.turns)
+    @Test("budget pacing runs as many chunks a turn as its budget holds; one-chunk pacing runs one")
+    func pacingTurns() throws {
+        let simulation = try Simulation()
+        let loop = simulation.loop
+        // 10,000 chunks of 1 µs under a 5 ms budget: 5,000 a turn, two turns.
+        let budget = Feeder(loop: loop, pacing: .budget(.milliseconds(5))).feed(chunks: 10_000) { _ in
+            simulation.consume(.microseconds(1))
         }
-        #expect(budgetTurns >= 1 && budgetTurns < 1_000)
-        #expect(oneTurns == 100)
+        let one = Feeder(loop: loop, pacing: .oneChunkPerTurn).feed(chunks: 100) { _ in }
+        simulation.runUntilIdle()
+        #expect(budget.statistics.chunks == 10_000)
+        #expect(budget.statistics.turns == 2)
+        #expect(one.statistics.turns == 100)
     }
 
     @Test("a budget turn starts no chunk that the rest of the budget cannot hold: 1 ms chunks, 1 ms budget")
-    func budgetDoesNotOverrun() async throws {
-        let (turns, chunks) = try await onLoopThread { loop -> (Int, Int) in
-            let job = Feeder(loop: loop, pacing: .budget(.milliseconds(1))).feed(chunks: 50) { _ in
-                spin(for: .milliseconds(1))
-            }
-            loop.spin(until: { job.isFinished }, timeout: .seconds(10))
-            return (job.statistics.turns, job.statistics.chunks)
+    func budgetDoesNotOverrun() throws {
+        let simulation = try Simulation()
+        let job = Feeder(loop: simulation.loop, pacing: .budget(.milliseconds(1))).feed(chunks: 50) { _ in
+            simulation.consume(.milliseconds(1))
         }
-        #expect(chunks == 50)
-        #expect(turns == 50)
+        simulation.runUntilIdle()
+        #expect(job.statistics.chunks == 50)
+        #expect(job.statistics.turns == 50)
+        #expect(job.statistics.elapsed == .milliseconds(50))
     }
 }
