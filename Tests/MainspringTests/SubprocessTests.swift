@@ -194,10 +194,29 @@ struct SubprocessTests {
             #expect(await failure(.init(executable: "/bin/cat", standardInput: .file(missing)))
                 == .spawnFailed(executable: "/bin/cat", path: missing, errno: ENOENT))
             let notFound = await failure(.init(executable: "no-such-program-here", environment: ["PATH": "/usr/bin:/bin"]))
-            #expect(notFound == .spawnFailed(executable: "no-such-program-here", path: "PATH=/usr/bin:/bin", errno: ENOENT))
+            #expect(notFound == .spawnFailed(executable: "no-such-program-here", path: "no-such-program-here", errno: ENOENT))
             #expect(notFound?.description.contains("no-such-program-here") == true)
             let described = await failure(.init(executable: missing))?.description ?? ""
             #expect(described.contains(missing) && described.contains("No such file"), "\(described)")
+        }
+    }
+
+    /// A name that is not in `PATH` is reported as that, naming the program; the search path
+    /// itself stays out of the message (it was the whole `PATH=…` value, which can be long and
+    /// is the environment's business, not the log's).
+    @Test("a program not found in PATH is named; the error text does not hold the PATH value")
+    func notFoundInPath() async throws {
+        let searchPath = "/usr/bin:/bin:/nonexistent/private-tools"
+        try await withLoop { loop in
+            do {
+                let child = try await Subprocess.spawn(.init(executable: "no-such-program-here",
+                                                             environment: ["PATH": searchPath]), on: loop)
+                Issue.record("spawned no-such-program-here as pid \(child.processIdentifier)")
+            } catch {
+                let text = "\(error)"
+                #expect(text.contains("'no-such-program-here' not found in PATH"), "\(text)")
+                #expect(!text.contains(searchPath) && !text.contains("private-tools"), "\(text)")
+            }
         }
     }
 

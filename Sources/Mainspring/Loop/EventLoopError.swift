@@ -38,7 +38,9 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
     /// A child process could not be started (`Subprocess.spawn(_:on:)`): `path` is what failed
     /// — the executable itself, the working directory, or a file given for a standard stream —
     /// and `errno` why (`ENOENT`, `EACCES`, `ENOEXEC`, `ENOTDIR`, …). `executable` is the program
-    /// that was asked for, as given.
+    /// that was asked for, as given. A name (no slash) that is not in `PATH` is `path` equal to
+    /// the name and `ENOENT`, described as "'name' not found in PATH" (the search path itself is
+    /// not repeated).
     case spawnFailed(executable: String, path: String, errno: Int32)
     /// A path could not be watched (``EventLoop/watchFile(at:_:)``): it does not exist
     /// (`ENOENT`), cannot be searched (`EACCES`), or the kernel's limit on inotify watches or
@@ -82,6 +84,9 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
         case .tls(let reason):
             return "TLS: \(reason)"
         case .spawnFailed(let executable, let path, let code):
+            if code == ENOENT && path == executable && !executable.isEmpty && !executable.contains("/") {
+                return "'\(executable)' not found in PATH"
+            }
             let what = path == executable ? "" : ": \(path)"
             return "cannot start '\(executable)'\(what): \(String(cString: strerror(code))) (errno \(code))"
         case .watchFailed(let path, let code):

@@ -126,7 +126,8 @@ extension Subprocess {
             if notExecutable == nil, isExistingFile(candidate) { notExecutable = candidate }
         }
         if let notExecutable { throw .spawnFailed(executable: name, path: notExecutable, errno: EACCES) }
-        throw .spawnFailed(executable: name, path: "PATH=\(searchPath)", errno: ENOENT)
+        // The name itself as the path, not the search path: "'name' not found in PATH".
+        throw .spawnFailed(executable: name, path: name, errno: ENOENT)
     }
 }
 
