@@ -220,6 +220,44 @@ struct SubprocessTests {
         }
     }
 
+    /// A C string ends at its first NUL, so a NUL inside any text of the configuration cut it
+    /// short without a word (`printf '[%s]' 'a<NUL>b'` printed `[a]`; `/bin/sh<NUL>x` ran
+    /// `/bin/sh`). Each is refused before anything is started, the error naming the field.
+    @Test("a NUL byte in the executable, an argument, an environment name or value, or the working directory is refused, naming the field; nothing runs")
+    func nulBytesRefused() async throws {
+        let marker = uniqueTestPath("nul-ran")
+        let touch = "touch '\(marker)'"
+        var inName = shell(touch)
+        inName.environment = ["PATH": "/usr/bin:/bin", "A\u{0}B": "1"]
+        var inValue = shell(touch)
+        inValue.environment = ["PATH": "/usr/bin:/bin", "A": "1\u{0}2"]
+        var inDirectory = shell(touch)
+        inDirectory.workingDirectory = "/tmp\u{0}/elsewhere"
+        let cases: [(configuration: Subprocess.Configuration, field: String)] = [
+            (.init(executable: "printf", arguments: ["[%s]", "a\u{0}b"]), "arguments[1]"),
+            (.init(executable: "/bin/sh\u{0}x", arguments: ["-c", touch]), "executable"),
+            (.init(executable: "sh\u{0}x", arguments: ["-c", touch]), "executable"),
+            (shell(touch + " #\u{0}"), "arguments[1]"),
+            (inName, "environment"),
+            (inValue, "environment[\"A\"]"),
+            (inDirectory, "workingDirectory"),
+        ]
+        try await withLoop { loop in
+            for (configuration, field) in cases {
+                do {
+                    let child = try await Subprocess.spawn(configuration, on: loop)
+                    let output = try await collectLines(child.standardOutput)
+                    _ = await child.exit
+                    Issue.record("spawned despite a NUL in \(field); its output: \(output)")
+                } catch {
+                    let text = "\(error)"
+                    #expect(text.contains(field) && text.contains("NUL"), "\(text)")
+                }
+            }
+        }
+        #expect(!FileManager.default.fileExists(atPath: marker), "a child ran")
+    }
+
     @Test("terminate(grace:): SIGTERM first; a child that ignores it gets SIGKILL after the grace")
     func terminate() async throws {
         try await withLoop { loop in

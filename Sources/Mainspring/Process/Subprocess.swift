@@ -201,7 +201,8 @@ public final class Subprocess: @unchecked Sendable {
     /// - Throws: `EventLoopError.spawnFailed` with the path that failed — the executable
     ///   (`ENOENT`: no such file, or not found in `PATH`; `EACCES`: not executable; `ENOEXEC`),
     ///   the working directory (`ENOENT`, `ENOTDIR`, `EACCES`), or a redirection's file;
-    ///   `.system` when a pipe cannot be made (`EMFILE`); `.wrongThread`.
+    ///   `.nulInSpawnConfiguration` naming a text of the configuration that holds a NUL byte
+    ///   (nothing is started); `.system` when a pipe cannot be made (`EMFILE`); `.wrongThread`.
     public static func spawn(_ configuration: Configuration, on loop: EventLoop) throws(EventLoopError) -> Subprocess {
         guard loop.claimThread() else { throw .wrongThread(function: "Subprocess.spawn(_:on:)") }
         return try launch(configuration, on: loop)

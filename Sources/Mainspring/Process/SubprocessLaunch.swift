@@ -14,6 +14,7 @@ extension Subprocess {
         throws(EventLoopError) -> Subprocess
     {
         configuration.pipeOptions.check("Subprocess.spawn")
+        try refuseNULs(configuration)
         let name = configuration.executable
         let path = try resolveExecutable(configuration)
         if let directory = configuration.workingDirectory, !spawnCanChangeDirectory {
@@ -111,6 +112,29 @@ extension Subprocess {
     }
 
     private static let streamNames = ["stdin", "stdout", "stderr"]
+
+    /// Throws `.nulInSpawnConfiguration` naming the first text of `configuration` that holds a
+    /// NUL: it would reach the kernel as a C string, cut short at the NUL (and a name searched
+    /// in `PATH` would find the program named by its first part).
+    static func refuseNULs(_ configuration: Configuration) throws(EventLoopError) {
+        let name = configuration.executable
+        func check(_ text: String, _ field: @autoclosure () -> String) throws(EventLoopError) {
+            if text.utf8.contains(0) { throw .nulInSpawnConfiguration(executable: name, field: field()) }
+        }
+        try check(name, "executable")
+        for (index, argument) in configuration.arguments.enumerated() { try check(argument, "arguments[\(index)]") }
+        for (key, value) in (configuration.environment ?? [:]).sorted(by: { $0.key < $1.key }) {
+            try check(key, "environment (the name \"\(key.replacingNULs())\")")
+            try check(value, "environment[\"\(key)\"]")
+        }
+        if let directory = configuration.workingDirectory { try check(directory, "workingDirectory") }
+        let redirections = [("standardInput", configuration.standardInput), ("standardOutput", configuration.standardOutput),
+                            ("standardError", configuration.standardError)]
+        for (field, redirection) in redirections {
+            if case .file(let path) = redirection { try check(path, "\(field) (its file)") }
+            if case .appendingToFile(let path) = redirection { try check(path, "\(field) (its file)") }
+        }
+    }
 
     /// The program's path: `executable` itself when it has a slash, otherwise the first
     /// executable file of that name in `PATH`.
