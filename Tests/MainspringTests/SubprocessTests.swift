@@ -168,6 +168,25 @@ struct SubprocessTests {
         }
     }
 
+    /// `.mergedIntoStandardOutput` is the shell's `2>&1`: stderr goes wherever stdout goes, so
+    /// one reader sees both streams in the order they were written, and a file gets both.
+    @Test("stderr merged into stdout (2>&1): one reader sees both in order; into a file too")
+    func mergedStandardError() async throws {
+        let output = uniqueTestPath("merged.txt")
+        try await withLoop { loop in
+            var configuration = shell("echo a; echo b >&2; echo c")
+            configuration.standardError = .mergedIntoStandardOutput
+            let child = try await Subprocess.spawn(configuration, on: loop)
+            #expect(child.standardError == nil)
+            #expect(try await collectLines(child.standardOutput) == ["a", "b", "c"])
+            #expect(await child.exit == .exited(0))
+
+            configuration.standardOutput = .file(output)
+            #expect(try await Subprocess.spawn(configuration, on: loop).exit == .exited(0))
+            #expect(try String(contentsOfFile: output, encoding: .utf8) == "a\nb\nc\n")
+        }
+    }
+
     @Test("spawn failures are thrown before spawn returns, naming what failed")
     func spawnFailures() async throws {
         let notExecutable = uniqueTestPath("not-executable.sh")

@@ -30,6 +30,9 @@ extension Subprocess {
                 stdio.append(.inherit)
             case .null:
                 stdio.append(.null)
+            case .mergedIntoStandardOutput:
+                requireUsage(index == 2, "Mainspring: Subprocess.spawn: only standardError can be .mergedIntoStandardOutput, not \(streamNames[index])")
+                stdio.append(.standardOutput)
             case .pipe:
                 switch makeChildPipe(parentReads: index > 0) {
                 case .success(let ends):
