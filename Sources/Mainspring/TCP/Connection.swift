@@ -127,7 +127,10 @@ public final class Connection: @unchecked Sendable {
             case .error(let code): return "error \(code) (\(errnoName(code)))"
             case .cancelled: return "cancelled"
             case .tls(let reason): return "TLS: \(reason)"
-            case .connectFailed(let error): return "connect failed: \(error)"
+            case .connectFailed(let error):
+                // An error of the connect itself says "connect to host:port failed" already.
+                if case .connectFailed = error { return error.description }
+                return "connect failed: \(error)"
             case .invalidCount(let count): return "cannot read \(count) bytes: a count is at least 0"
             }
         }
