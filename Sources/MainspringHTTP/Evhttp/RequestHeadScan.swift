@@ -324,6 +324,13 @@ struct RequestHeadScan {
         }
     }
 
+    /// `scanBytes` over `chunk` (the fuzz harness's entry: no evbuffer). False once the head is
+    /// over the limit.
+    mutating func scan(_ chunk: UnsafeRawBufferPointer) -> Bool {
+        var now: UInt64 = 0
+        return scanBytes(chunk, now: &now)
+    }
+
     /// Advances the scan over `chunk`, a line at a time (`memchr` finds the line ends); false once
     /// the head is over the limit. `now` is read at most once per scan, when first needed.
     private mutating func scanBytes(_ chunk: UnsafeRawBufferPointer, now: inout UInt64) -> Bool {
@@ -366,5 +373,48 @@ struct RequestHeadScan {
     private static func read(_ now: inout UInt64) -> UInt64 {
         if now == 0 { now = monotonicNow() }
         return now
+    }
+}
+
+/// The head guard's verdict on bytes, for the fuzz harness (`MainspringFuzzing`, through
+/// `@_spi(Fuzzing)`): the scan is a state machine fed in pieces as they arrive, so a harness
+/// feeds the same bytes cut several ways and compares.
+@_spi(Fuzzing)
+public enum RequestHeadCheck {
+    /// What the guard concluded about a head.
+    public struct Verdict: Equatable, Sendable {
+        /// The blank line that ends the head arrived.
+        public var isComplete: Bool
+        /// The head was over the limit (431).
+        public var isOversized: Bool
+        /// The status the head is refused with (400, 501), nil when it is accepted or
+        /// incomplete.
+        public var status: Int?
+        /// Why, as the answer's body says it.
+        public var reason: String?
+    }
+
+    /// The verdict on `bytes`, fed to one scan in pieces of the sizes in `pieces` (cycled; sizes
+    /// below 1 count as 1) until the head is complete or over `maxHeaderBytes`.
+    public static func verdict(_ bytes: [UInt8], pieces: [Int], maxHeaderBytes: Int = 1 << 20) -> Verdict {
+        var scan = RequestHeadScan(maxHeaderBytes: maxHeaderBytes)
+        var offset = 0
+        var turn = 0
+        var withinLimit = true
+        bytes.withUnsafeBytes { all in
+            while offset < all.count && !scan.isComplete && withinLimit {
+                let size = min(max(pieces.isEmpty ? all.count : pieces[turn % pieces.count], 1), all.count - offset)
+                withinLimit = scan.scan(UnsafeRawBufferPointer(rebasing: all[offset..<(offset + size)]))
+                offset += size
+                turn += 1
+            }
+        }
+        let refusal = withinLimit ? scan.problem : nil
+        let (status, reason): (Int?, String?) = switch refusal {
+        case .badRequest(let why): (400, why)
+        case .notImplemented(let why): (501, why)
+        case .oversized, nil: (nil, nil)
+        }
+        return Verdict(isComplete: scan.isComplete, isOversized: !withinLimit, status: status, reason: reason)
     }
 }
