@@ -102,7 +102,7 @@ let package = Package(
         // libFuzzer driver / corpus replayer (`make fuzz`).
         .target(
             name: "MainspringFuzzing",
-            dependencies: ["Mainspring", "ExampleServices"],
+            dependencies: ["Mainspring", "MainspringHTTP", "ExampleServices"],
             path: "Sources/MainspringFuzzing"
         ),
         .executableTarget(

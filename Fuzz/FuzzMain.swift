@@ -2,7 +2,7 @@ import Foundation
 import MainspringFuzzing
 
 // mainspring-fuzz: one binary, several harnesses, chosen with MAINSPRING_FUZZ_TARGET
-// (lines, demo-commands, daemon-commands).
+// (lines, demo-commands, daemon-commands, http-heads).
 //
 // Built with `--sanitize=fuzzer -Xswiftc -DFUZZING` (`make fuzz`), libFuzzer supplies `main`
 // and calls `LLVMFuzzerTestOneInput`. Built normally, it is a replayer:

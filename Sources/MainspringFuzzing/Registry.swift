@@ -6,6 +6,7 @@ extension FuzzHarness {
         ("lines", lineSplitter),
         ("demo-commands", demoCommands),
         ("daemon-commands", daemonCommands),
+        ("http-heads", httpHead),
     ]
 
     /// Harness names, in order.

@@ -249,6 +249,22 @@ struct HTTPClientTests {
         await group.shutdown(gracePeriod: .seconds(2))
     }
 
+    /// A refused connect says where and why once each: it read "connect to 127.0.0.1:P
+    /// failed: connect 127.0.0.1:P failed: Connection refused", the client's words around the
+    /// core's.
+    @Test("a refused connect's error names the address and the reason once")
+    func refusedConnectSaysItOnce() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        let client = HTTPClient(loop: group.loops[0])
+        let refusing = try RefusingPort()
+        let text = await clientError { _ = try await client.get("http://127.0.0.1:\(refusing.port)/") }?.description ?? ""
+        #expect(text == "connect to 127.0.0.1:\(refusing.port) failed: \(String(cString: strerror(ECONNREFUSED))) (errno \(ECONNREFUSED))",
+                "\(text)")
+        #expect(text.components(separatedBy: "127.0.0.1:\(refusing.port)").count == 2, "\(text)")
+        withExtendedLifetime(refusing) {}
+        await group.shutdown(gracePeriod: .seconds(2))
+    }
+
     @Test("host names by default: localhost and an /etc/hosts name reach the server; an unknown or stalled name is unresolvedHost; literalsAndLocalhost refuses names")
     func hostNames() async throws {
         let fixture = try await Fixture()

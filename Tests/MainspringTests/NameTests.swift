@@ -201,6 +201,30 @@ struct NameTests {
         #expect(text.contains(name) && text.contains("[::1]:") && text.contains("127.0.0.1:"), "\(text)")
     }
 
+    /// The close reason of a connect by name that every address refused says each thing once:
+    /// it read "connect failed: connect to NAME:P failed: 127.0.0.1:P: ECONNREFUSED …", its
+    /// own words around the error's.
+    @Test("a connect by name that is refused closes with a reason that says where and why once")
+    func refusedByNameSaysItOnce() async throws {
+        let name = "refusing-once-\(getpid()).test"
+        defer { HostResolver.overrides.withLock { $0[name] = nil } }
+        let (reason, port) = try await onLoopThread { loop -> (Connection.CloseReason?, UInt16) in
+            guard let refusing = RefusingSocket(host: "127.0.0.1", port: 0) else { return (nil, 0) }
+            let port = refusing.port
+            let address = numericAddress("127.0.0.1", port: port)!
+            HostResolver.overrides.withLock { $0[name] = { _, _ in .success([address]) } }
+            nonisolated(unsafe) var reason: Connection.CloseReason?
+            let connection = try Connection.connect(to: name, port: port, on: loop)
+            connection.onClose { reason = $0 }
+            loop.spin(until: { reason != nil }, timeout: .seconds(10))
+            withExtendedLifetime(refusing) {}
+            return (reason, port)
+        }
+        let text = reason?.description ?? "no close reason"
+        #expect(text == "connect to \(name):\(port) failed: 127.0.0.1:\(port): \(errnoName(ECONNREFUSED)) (errno \(ECONNREFUSED))", "\(text)")
+        #expect(text.components(separatedBy: "failed").count == 2, "\(text)")
+    }
+
     @Test("Happy Eyeballs: the preferred family never answers (a full accept queue); the other starts after the delay and wins")
     func happyEyeballsBlackholed() async throws {
         let name = "blackholed-\(getpid()).test"

@@ -168,6 +168,25 @@ struct SubprocessTests {
         }
     }
 
+    /// `.mergedIntoStandardOutput` is the shell's `2>&1`: stderr goes wherever stdout goes, so
+    /// one reader sees both streams in the order they were written, and a file gets both.
+    @Test("stderr merged into stdout (2>&1): one reader sees both in order; into a file too")
+    func mergedStandardError() async throws {
+        let output = uniqueTestPath("merged.txt")
+        try await withLoop { loop in
+            var configuration = shell("echo a; echo b >&2; echo c")
+            configuration.standardError = .mergedIntoStandardOutput
+            let child = try await Subprocess.spawn(configuration, on: loop)
+            #expect(child.standardError == nil)
+            #expect(try await collectLines(child.standardOutput) == ["a", "b", "c"])
+            #expect(await child.exit == .exited(0))
+
+            configuration.standardOutput = .file(output)
+            #expect(try await Subprocess.spawn(configuration, on: loop).exit == .exited(0))
+            #expect(try String(contentsOfFile: output, encoding: .utf8) == "a\nb\nc\n")
+        }
+    }
+
     @Test("spawn failures are thrown before spawn returns, naming what failed")
     func spawnFailures() async throws {
         let notExecutable = uniqueTestPath("not-executable.sh")
@@ -194,11 +213,68 @@ struct SubprocessTests {
             #expect(await failure(.init(executable: "/bin/cat", standardInput: .file(missing)))
                 == .spawnFailed(executable: "/bin/cat", path: missing, errno: ENOENT))
             let notFound = await failure(.init(executable: "no-such-program-here", environment: ["PATH": "/usr/bin:/bin"]))
-            #expect(notFound == .spawnFailed(executable: "no-such-program-here", path: "PATH=/usr/bin:/bin", errno: ENOENT))
+            #expect(notFound == .spawnFailed(executable: "no-such-program-here", path: "no-such-program-here", errno: ENOENT))
             #expect(notFound?.description.contains("no-such-program-here") == true)
             let described = await failure(.init(executable: missing))?.description ?? ""
             #expect(described.contains(missing) && described.contains("No such file"), "\(described)")
         }
+    }
+
+    /// A name that is not in `PATH` is reported as that, naming the program; the search path
+    /// itself stays out of the message (it was the whole `PATH=…` value, which can be long and
+    /// is the environment's business, not the log's).
+    @Test("a program not found in PATH is named; the error text does not hold the PATH value")
+    func notFoundInPath() async throws {
+        let searchPath = "/usr/bin:/bin:/nonexistent/private-tools"
+        try await withLoop { loop in
+            do {
+                let child = try await Subprocess.spawn(.init(executable: "no-such-program-here",
+                                                             environment: ["PATH": searchPath]), on: loop)
+                Issue.record("spawned no-such-program-here as pid \(child.processIdentifier)")
+            } catch {
+                let text = "\(error)"
+                #expect(text.contains("'no-such-program-here' not found in PATH"), "\(text)")
+                #expect(!text.contains(searchPath) && !text.contains("private-tools"), "\(text)")
+            }
+        }
+    }
+
+    /// A C string ends at its first NUL, so a NUL inside any text of the configuration cut it
+    /// short without a word (`printf '[%s]' 'a<NUL>b'` printed `[a]`; `/bin/sh<NUL>x` ran
+    /// `/bin/sh`). Each is refused before anything is started, the error naming the field.
+    @Test("a NUL byte in the executable, an argument, an environment name or value, or the working directory is refused, naming the field; nothing runs")
+    func nulBytesRefused() async throws {
+        let marker = uniqueTestPath("nul-ran")
+        let touch = "touch '\(marker)'"
+        var inName = shell(touch)
+        inName.environment = ["PATH": "/usr/bin:/bin", "A\u{0}B": "1"]
+        var inValue = shell(touch)
+        inValue.environment = ["PATH": "/usr/bin:/bin", "A": "1\u{0}2"]
+        var inDirectory = shell(touch)
+        inDirectory.workingDirectory = "/tmp\u{0}/elsewhere"
+        let cases: [(configuration: Subprocess.Configuration, field: String)] = [
+            (.init(executable: "printf", arguments: ["[%s]", "a\u{0}b"]), "arguments[1]"),
+            (.init(executable: "/bin/sh\u{0}x", arguments: ["-c", touch]), "executable"),
+            (.init(executable: "sh\u{0}x", arguments: ["-c", touch]), "executable"),
+            (shell(touch + " #\u{0}"), "arguments[1]"),
+            (inName, "environment"),
+            (inValue, "environment[\"A\"]"),
+            (inDirectory, "workingDirectory"),
+        ]
+        try await withLoop { loop in
+            for (configuration, field) in cases {
+                do {
+                    let child = try await Subprocess.spawn(configuration, on: loop)
+                    let output = try await collectLines(child.standardOutput)
+                    _ = await child.exit
+                    Issue.record("spawned despite a NUL in \(field); its output: \(output)")
+                } catch {
+                    let text = "\(error)"
+                    #expect(text.contains(field) && text.contains("NUL"), "\(text)")
+                }
+            }
+        }
+        #expect(!FileManager.default.fileExists(atPath: marker), "a child ran")
     }
 
     @Test("terminate(grace:): SIGTERM first; a child that ignores it gets SIGKILL after the grace")

@@ -38,8 +38,16 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
     /// A child process could not be started (`Subprocess.spawn(_:on:)`): `path` is what failed
     /// — the executable itself, the working directory, or a file given for a standard stream —
     /// and `errno` why (`ENOENT`, `EACCES`, `ENOEXEC`, `ENOTDIR`, …). `executable` is the program
-    /// that was asked for, as given.
+    /// that was asked for, as given. A name (no slash) that is not in `PATH` is `path` equal to
+    /// the name and `ENOENT`, described as "'name' not found in PATH" (the search path itself is
+    /// not repeated).
     case spawnFailed(executable: String, path: String, errno: Int32)
+    /// A child process was not started (`Subprocess.spawn(_:on:)`): `field` of its configuration
+    /// holds a NUL byte, which the C strings that the kernel takes cannot carry (the text would
+    /// end there, silently cut short). `field` is `executable`, `arguments[i]`, `environment`
+    /// (a variable's name), `environment["NAME"]` (its value), `workingDirectory`, or a
+    /// redirection's file (`standardOutput`, …). `executable` is the program, as given.
+    case nulInSpawnConfiguration(executable: String, field: String)
     /// A path could not be watched (``EventLoop/watchFile(at:_:)``): it does not exist
     /// (`ENOENT`), cannot be searched (`EACCES`), or the kernel's limit on inotify watches or
     /// instances is reached (`ENOSPC`, `EMFILE`).
@@ -86,8 +94,14 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
         case .tls(let reason):
             return "TLS: \(reason)"
         case .spawnFailed(let executable, let path, let code):
+            if code == ENOENT && path == executable && !executable.isEmpty && !executable.contains("/") {
+                return "'\(executable)' not found in PATH"
+            }
             let what = path == executable ? "" : ": \(path)"
             return "cannot start '\(executable)'\(what): \(String(cString: strerror(code))) (errno \(code))"
+        case .nulInSpawnConfiguration(let executable, let field):
+            let name = executable.replacingNULs()
+            return "cannot start '\(name)': \(field) holds a NUL byte, which a C string cannot carry; nothing was started"
         case .watchFailed(let path, let code):
             return "cannot watch '\(path)': \(String(cString: strerror(code))) (errno \(code))"
         case .socketClosed:
@@ -98,6 +112,13 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
         case .simulatedLoop(let refused):
             return "a simulated loop refuses \(refused); simulated loops run on virtual time with nothing real in them"
         }
+    }
+}
+
+extension String {
+    /// The text with each NUL written as `\0`, for messages.
+    func replacingNULs() -> String {
+        utf8.contains(0) ? unicodeScalars.map { $0 == "\u{0}" ? "\\0" : String($0) }.joined() : self
     }
 }
 

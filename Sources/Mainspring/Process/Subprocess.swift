@@ -16,16 +16,17 @@ import Synchronization
 ///
 /// ## Standard streams
 /// Each of stdin, stdout and stderr is one of ``Redirection``: a pipe, the parent's own
-/// descriptor, `/dev/null`, or a file. A pipe is a ``Connection`` with a child's end: stdout and
-/// stderr are **read-only** connections — `lines`, `bytes`, `readLine()`, `read(exactly:)`,
-/// `readLines`, `readBytes`, with the same backpressure (a consumer that does not take the
-/// output leaves it in the pipe, and the child blocks in `write`: a slow reader slows the child
-/// down) — which close by themselves once their end of input has been delivered. stdin is a
-/// **write-only** connection: `send`, `write`, `trySend`; `close()` (or `shutdownOutput()`,
-/// which is the same on a pipe) ends the child's input once what was written is sent. Writing
-/// to a read-only connection or reading a write-only one is a precondition failure. Dropping a
-/// pipe's connection (or the `Subprocess` that holds it) closes the pipe: a child that writes to
-/// a closed stdout gets `SIGPIPE`.
+/// descriptor, `/dev/null`, or a file; stderr may also go wherever stdout goes
+/// (``Redirection/mergedIntoStandardOutput``, the shell's `2>&1`). A pipe is a ``Connection``
+/// with a child's end: stdout and stderr are **read-only** connections — `lines`, `bytes`,
+/// `readLine()`, `read(exactly:)`, `readLines`, `readBytes`, with the same backpressure (a
+/// consumer that does not take the output leaves it in the pipe, and the child blocks in
+/// `write`: a slow reader slows the child down) — which close by themselves once their end of
+/// input has been delivered. stdin is a **write-only** connection: `send`, `write`, `trySend`;
+/// `close()` (or `shutdownOutput()`, which is the same on a pipe) ends the child's input once
+/// what was written is sent. Writing to a read-only connection or reading a write-only one is a
+/// precondition failure. Dropping a pipe's connection (or the `Subprocess` that holds it)
+/// closes the pipe: a child that writes to a closed stdout gets `SIGPIPE`.
 ///
 /// The child gets its three standard descriptors and nothing else: every descriptor Mainspring
 /// makes is close-on-exec, and the spawn closes every other one from 3 up
@@ -70,6 +71,12 @@ public final class Subprocess: @unchecked Sendable {
         /// For stdout and stderr: a file created if missing and appended to (for stdin, read as
         /// with `file`).
         case appendingToFile(String)
+        /// For stderr only: wherever stdout goes — its pipe, its file, `/dev/null` or the
+        /// parent's descriptor 1 — like the shell's `2>&1`. With stdout a pipe, one reader of
+        /// ``Subprocess/standardOutput`` sees both streams in the order the child wrote them
+        /// (what the child buffers itself comes when it flushes), and
+        /// ``Subprocess/standardError`` is nil. For stdin or stdout, a precondition failure.
+        case mergedIntoStandardOutput
     }
 
     /// How a child ended.
@@ -121,7 +128,8 @@ public final class Subprocess: @unchecked Sendable {
         public var standardInput: Redirection
         /// stdout; a pipe (``Subprocess/standardOutput``) by default.
         public var standardOutput: Redirection
-        /// stderr; the parent's by default.
+        /// stderr; the parent's by default. ``Redirection/mergedIntoStandardOutput`` sends it
+        /// wherever stdout goes (`2>&1`).
         public var standardError: Redirection
         /// Starts the child as the leader of a new process group, so that
         /// `terminate(grace:)` and ``Subprocess/signalGroup(_:)`` reach what it
@@ -203,7 +211,8 @@ public final class Subprocess: @unchecked Sendable {
     /// - Throws: `EventLoopError.spawnFailed` with the path that failed — the executable
     ///   (`ENOENT`: no such file, or not found in `PATH`; `EACCES`: not executable; `ENOEXEC`),
     ///   the working directory (`ENOENT`, `ENOTDIR`, `EACCES`), or a redirection's file;
-    ///   `.system` when a pipe cannot be made (`EMFILE`); `.wrongThread`.
+    ///   `.nulInSpawnConfiguration` naming a text of the configuration that holds a NUL byte
+    ///   (nothing is started); `.system` when a pipe cannot be made (`EMFILE`); `.wrongThread`.
     public static func spawn(_ configuration: Configuration, on loop: EventLoop) throws(EventLoopError) -> Subprocess {
         guard loop.claimThread() else { throw .wrongThread(function: "Subprocess.spawn(_:on:)") }
         return try launch(configuration, on: loop)

@@ -14,6 +14,7 @@ extension Subprocess {
         throws(EventLoopError) -> Subprocess
     {
         configuration.pipeOptions.check("Subprocess.spawn")
+        try refuseNULs(configuration)
         if loop.isSimulated { return try launchSimulated(configuration, on: loop) }
         let name = configuration.executable
         let path = try resolveExecutable(configuration)
@@ -30,6 +31,9 @@ extension Subprocess {
                 stdio.append(.inherit)
             case .null:
                 stdio.append(.null)
+            case .mergedIntoStandardOutput:
+                requireUsage(index == 2, "Mainspring: Subprocess.spawn: only standardError can be .mergedIntoStandardOutput, not \(streamNames[index])")
+                stdio.append(.standardOutput)
             case .pipe:
                 switch makeChildPipe(parentReads: index > 0) {
                 case .success(let ends):
@@ -150,6 +154,29 @@ extension Subprocess {
                           pipes: [nil, nil, nil])
     }
 
+    /// Throws `.nulInSpawnConfiguration` naming the first text of `configuration` that holds a
+    /// NUL: it would reach the kernel as a C string, cut short at the NUL (and a name searched
+    /// in `PATH` would find the program named by its first part).
+    static func refuseNULs(_ configuration: Configuration) throws(EventLoopError) {
+        let name = configuration.executable
+        func check(_ text: String, _ field: @autoclosure () -> String) throws(EventLoopError) {
+            if text.utf8.contains(0) { throw .nulInSpawnConfiguration(executable: name, field: field()) }
+        }
+        try check(name, "executable")
+        for (index, argument) in configuration.arguments.enumerated() { try check(argument, "arguments[\(index)]") }
+        for (key, value) in (configuration.environment ?? [:]).sorted(by: { $0.key < $1.key }) {
+            try check(key, "environment (the name \"\(key.replacingNULs())\")")
+            try check(value, "environment[\"\(key)\"]")
+        }
+        if let directory = configuration.workingDirectory { try check(directory, "workingDirectory") }
+        let redirections = [("standardInput", configuration.standardInput), ("standardOutput", configuration.standardOutput),
+                            ("standardError", configuration.standardError)]
+        for (field, redirection) in redirections {
+            if case .file(let path) = redirection { try check(path, "\(field) (its file)") }
+            if case .appendingToFile(let path) = redirection { try check(path, "\(field) (its file)") }
+        }
+    }
+
     /// The program's path: `executable` itself when it has a slash, otherwise the first
     /// executable file of that name in `PATH`.
     static func resolveExecutable(_ configuration: Configuration) throws(EventLoopError) -> String {
@@ -164,7 +191,8 @@ extension Subprocess {
             if notExecutable == nil, isExistingFile(candidate) { notExecutable = candidate }
         }
         if let notExecutable { throw .spawnFailed(executable: name, path: notExecutable, errno: EACCES) }
-        throw .spawnFailed(executable: name, path: "PATH=\(searchPath)", errno: ENOENT)
+        // The name itself as the path, not the search path: "'name' not found in PATH".
+        throw .spawnFailed(executable: name, path: name, errno: ENOENT)
     }
 }
 

@@ -21,12 +21,15 @@ enum ChildDescriptor: Equatable {
     case null
     /// A descriptor of the parent's (close-on-exec, 3 or above), duplicated onto it.
     case descriptor(Int32)
+    /// The child's descriptor 1 as already set up (stdio is set up in order): for stderr, `2>&1`.
+    case standardOutput
 
     fileprivate var code: Int32 {
         switch self {
         case .inherit: MS_SPAWN_INHERIT
         case .null: MS_SPAWN_NULL
         case .descriptor(let fd): fd
+        case .standardOutput: 1
         }
     }
 }

@@ -179,8 +179,11 @@ extension Connection {
     /// arrived; a longer read gathers them into its result as they arrive, so a body of any
     /// size costs its own size once — check a declared length against your protocol's limit
     /// before asking for it.
+    /// - Throws: ``CloseReason/invalidCount(_:)`` when `count` is negative (a length from the
+    ///   input is input, not a programming error): nothing is read and the connection stays
+    ///   open. Otherwise the rules of `readLine()`.
     public nonisolated(nonsending) func read(exactly count: Int) async throws(CloseReason) -> [UInt8]? {
-        requireUsage(count >= 0, "Mainspring: Connection.read(exactly:) needs a count of at least 0, not \(count)")
+        if count < 0 { throw .invalidCount(count) }
         if loop.isCurrent && !Task.isCancelled, let outcome = source.pullExactly(count).outcome { return try outcome.get() }
         let result: Result<[UInt8]?, CloseReason> = await suspend(isolation: #isolation) { source, continuation in
             if let outcome = source.pullExactly(count).outcome {

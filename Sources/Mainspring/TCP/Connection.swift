@@ -90,7 +90,9 @@ public final class Connection: @unchecked Sendable {
     }
 
     /// Why a connection closed. Delivered once, to `onClose`; returned by `await closed`; and
-    /// thrown by the async operations that the close interrupted.
+    /// thrown by the async operations that the close interrupted. One case is not a close:
+    /// ``invalidCount(_:)``, thrown by `read(exactly:)` for a negative count, with the
+    /// connection left open.
     public enum CloseReason: Error, Sendable, Equatable, CustomStringConvertible {
         /// `close()` was called (and the output was sent, or `closeTimeout` passed), or the last
         /// handle went away.
@@ -113,6 +115,10 @@ public final class Connection: @unchecked Sendable {
         /// (Boxed: it keeps `CloseReason` the size of a `String`, which every async read and
         /// send carries in its frame as the error it may throw.)
         indirect case connectFailed(EventLoopError)
+        /// Not a close: `read(exactly:)` was asked for this negative number of bytes — a
+        /// length taken from the input, most likely. Nothing was read and the connection is
+        /// open as it was: answer the peer, or close it.
+        case invalidCount(Int)
 
         public var description: String {
             switch self {
@@ -121,7 +127,11 @@ public final class Connection: @unchecked Sendable {
             case .error(let code): return "error \(code) (\(errnoName(code)))"
             case .cancelled: return "cancelled"
             case .tls(let reason): return "TLS: \(reason)"
-            case .connectFailed(let error): return "connect failed: \(error)"
+            case .connectFailed(let error):
+                // An error of the connect itself says "connect to host:port failed" already.
+                if case .connectFailed = error { return error.description }
+                return "connect failed: \(error)"
+            case .invalidCount(let count): return "cannot read \(count) bytes: a count is at least 0"
             }
         }
     }

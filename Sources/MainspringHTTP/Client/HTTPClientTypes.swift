@@ -95,7 +95,7 @@ public enum HTTPClientError: Error, Sendable, Equatable, CustomStringConvertible
         case .invalidURL(let url): return "invalid URL \(url.debugDescription)"
         case .unsupportedScheme(let scheme): return "unsupported scheme \(scheme.debugDescription) (https needs a TLS connector)"
         case .unresolvedHost(let host): return "cannot resolve host \(host.debugDescription)"
-        case .connectFailed(let host, let port, let error): return "connect to \(host):\(port) failed: \(error)"
+        case .connectFailed(let host, let port, let error): return "connect to \(host):\(port) failed: \(Self.reason(error))"
         case .connectTimeout(let host, let port, let limit): return "connect to \(host):\(port) timed out after \(limit)"
         case .responseTimeout(let limit): return "no response within \(limit)"
         case .malformedStatusLine(let line): return "malformed status line \(line.debugDescription)"
@@ -109,6 +109,20 @@ public enum HTTPClientError: Error, Sendable, Equatable, CustomStringConvertible
         case .invalidRedirect(let location): return "redirect to an invalid location \(location.debugDescription)"
         case .sendFailed(let reason): return "sending the request failed: \(reason)"
         case .clientClosed: return "the client was shut down"
+        }
+    }
+
+    /// Why a connect failed, without what `connectFailed`'s own words say already: the core's
+    /// errors of a connect name the address and say "failed" too ("connect 127.0.0.1:1
+    /// failed: …", "connect to db:5432 failed: …"), so only their reason is kept.
+    private static func reason(_ error: EventLoopError) -> String {
+        switch error {
+        case .system(let function, let code) where function.hasPrefix("connect "):
+            return "\(String(cString: strerror(code))) (errno \(code))"
+        case .connectFailed(_, _, let attempts) where !attempts.isEmpty:
+            return attempts.map(\.description).joined(separator: "; ")
+        default:
+            return error.description
         }
     }
 }

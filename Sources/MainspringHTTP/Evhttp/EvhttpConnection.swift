@@ -2,8 +2,8 @@
 // bufferevent of each connection: it gets a pass-through *filter* bufferevent over the socket's.
 // The filter is where Mainspring sees the connection: its free callback is the one exact
 // "connection closed" signal evhttp 2.1 offers (the connection count), its input step runs the
-// head guard before evhttp buffers anything (431), and its output step writes responses straight
-// to the socket. evhttp still does all the parsing.
+// head guard before evhttp buffers anything (431, 400, 501), and its output step writes
+// responses straight to the socket. evhttp still does all the parsing.
 internal import CLibevent
 import Foundation
 #if canImport(Glibc)
@@ -287,7 +287,7 @@ final class EvhttpConnection {
             }
             if let problem = head.problem {
                 evbuffer_drain(source, available)
-                refuse(.badRequest(problem))
+                refuse(problem)
                 return BEV_OK
             }
         }
@@ -299,8 +299,12 @@ final class EvhttpConnection {
     enum Refusal {
         /// Over `maxHeaderBytes`: 431.
         case oversized
-        /// Malformed for HTTP/1.1 (no `Host`, two): 400 with the reason.
+        /// Malformed (no `Host` in HTTP/1.1, or two; framing that could be read two ways: two
+        /// different lengths, a length that is not a number, `Transfer-Encoding` beside
+        /// `Content-Length`; a control character in a field): 400 with the reason.
         case badRequest(String)
+        /// A transfer coding evhttp does not decode (anything but exactly `chunked`): 501.
+        case notImplemented(String)
     }
 
     /// The guard's refusal, to send once the request in flight (if any) is answered.
@@ -323,6 +327,7 @@ final class EvhttpConnection {
         let (status, reason, body) = switch refusal {
         case .oversized: (431, "Request Header Fields Too Large", "request head larger than \(head.maxHeaderBytes) bytes\n")
         case .badRequest(let problem): (400, "Bad Request", problem + "\n")
+        case .notImplemented(let problem): (501, "Not Implemented", problem + "\n")
         }
         let text = "HTTP/1.1 \(status) \(reason)\r\nContent-Type: text/plain; charset=utf-8\r\n"
             + "Content-Length: \(body.utf8.count)\r\nConnection: close\r\n\r\n" + body
@@ -347,7 +352,7 @@ final class EvhttpConnection {
         } else if let problem = head.problem {
             evbuffer_drain(leftover, length)
             rejectPending = true
-            pendingRefusal = .badRequest(problem)
+            pendingRefusal = problem
         }
     }
 

@@ -11,7 +11,8 @@
 // - ListeningSocket.swift: the listening socket every loop of a server accepts from.
 // - EvhttpConnection.swift: the pass-through filter bufferevent of one connection (its output
 //   written straight to the socket, its input checked by the head guard, its close).
-// - RequestHeadScan.swift: the head guard's scan of a request head as it arrives (431).
+// - RequestHeadScan.swift: the head guard's scan of a request head as it arrives (431; 400 or
+//   501 for a head without one `Host` or with ambiguous framing).
 // - EvhttpDeadlines.swift: the sweep that closes connections whose request arrives too slowly.
 // - EvhttpRequest.swift: one request handed to Swift, read into values and answered (whole or
 //   chunked).
@@ -56,8 +57,8 @@ protocol EvhttpServerDelegate: AnyObject {
     /// A request handed over by `evhttpReceived` is over: its response was written, or its
     /// connection was lost, or the server was freed. Exactly once per request.
     func evhttpFinished(_ request: EvhttpRequest, written: Bool)
-    /// Mainspring's head guard answered a request itself (431), or libevent's parser did (400,
-    /// 413).
+    /// Mainspring's head guard answered a request itself (431, 400, 501), or libevent's parser
+    /// did (400, 413).
     func evhttpAnsweredByGuard(status: Int)
     /// A connection was accepted. Returns whether the listener may keep accepting.
     func evhttpConnectionOpened() -> Bool

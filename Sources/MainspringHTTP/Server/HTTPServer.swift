@@ -22,9 +22,14 @@ import Mainspring
 /// and post: no handler runs inside libevent). The server object itself is `Sendable`.
 ///
 /// ## Bad input
-/// A malformed request gets `400`, a request head over `maxHeaderBytes` `431`, a body over
-/// `maxBodyBytes` `413` (sent as soon as the declared length is known), an unknown path `404`, a
-/// known path with another method `405` with `Allow`, a handler that throws `500` (no detail). A
+/// A malformed request gets `400` — also one whose framing two parsers could read two ways
+/// (request smuggling, RFC 9112 §6.3): two `Content-Length` fields that differ, one that is not
+/// all digits, `Transfer-Encoding` beside `Content-Length`, a control character in a field, a
+/// bare CR, a folded line — and a `Transfer-Encoding` other than `chunked` `501`, each checked
+/// before anything is routed and followed by closing the connection. A request head over
+/// `maxHeaderBytes` gets `431`, a body over `maxBodyBytes` `413` (sent as soon as the declared
+/// length is known), an unknown path `404`, a known path with another method `405` with
+/// `Allow`, a handler that throws `500` (no detail). A
 /// request whose head does not arrive within `headerTimeout`, or whose body does not within
 /// `bodyTimeout`, has its connection closed; so has a connection idle (or not reading its
 /// response) for `idleTimeout`. At `maxConnections` the server stops accepting until one closes
