@@ -60,6 +60,9 @@ final class TimerQueue: NativeEventTarget {
     }
 
     private unowned(unsafe) let loop: EventLoop
+    /// Whether the loop is simulated: its simulation reads `nextDeadline`, libevent's timer is
+    /// never armed.
+    private let isSimulated: Bool
     @exclusivity(unchecked) private var heap: [Entry] = []
     private var lastSequence: UInt64 = 0
     /// libevent's timer, made on first use.
@@ -72,6 +75,7 @@ final class TimerQueue: NativeEventTarget {
     /// - Parameter loop: the loop that owns the queue (and outlives it).
     init(loop: EventLoop) {
         self.loop = loop
+        self.isSimulated = loop.isSimulatedLoop
     }
 
     /// The next creation sequence number.
@@ -133,7 +137,7 @@ final class TimerQueue: NativeEventTarget {
     /// armed. Nothing to do when it already is, or on a simulated loop (whose simulation reads
     /// `nextDeadline` instead).
     private func updateNative() {
-        guard !rearmIsQueued, !loop.base.refusesDescriptors else { return }
+        guard !rearmIsQueued, !isSimulated else { return }
         guard let first = heap.first else {
             if nativeDeadline != nil {
                 native?.delete()

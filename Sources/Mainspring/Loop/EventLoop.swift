@@ -56,6 +56,9 @@ public final class EventLoop: @unchecked Sendable {
     let timeSource: DispatchClock
     /// The simulation that drives this loop (`MainspringTesting`); nil for a real loop.
     let simulation: (any LoopSimulating)?
+    /// `simulation != nil`, as a plain flag: the hot paths test it without copying (and so
+    /// retaining) the existential.
+    let isSimulatedLoop: Bool
     private var wakeupTarget: WakeupTarget?
     /// Target of the timer that bounds a blocking poll in `spin(until:timeout:)`: does nothing.
     private let timeoutTarget = NativeEventTarget()
@@ -120,6 +123,7 @@ public final class EventLoop: @unchecked Sendable {
         self.configuration = configuration
         self.isMainLoop = isMainLoop
         self.simulation = simulation
+        self.isSimulatedLoop = simulation != nil
         self.timeSource = DispatchClock(fast: FastClock.shared, virtual: simulation?.clock)
         self.base = try EventBase()
         self.wakeup = try WakeupDescriptor()
@@ -265,7 +269,7 @@ public final class EventLoop: @unchecked Sendable {
     /// optimiser inlines the dispatch pass, `Scheduler.runPass`, here: otherwise the closure
     /// below retains and releases the loop once per callback.)
     private func iterate(blocking: Bool, deadline: UInt64?, condition: () -> Bool) throws(EventLoopError) -> Int {
-        if let simulation { return iterateSimulated(simulation, blocking: blocking, deadline: deadline, condition: condition) }
+        if isSimulatedLoop { return iterateSimulated(blocking: blocking, deadline: deadline, condition: condition) }
         // One lock per pass: either take the cross-thread posts, or (nothing to do at all)
         // declare the loop asleep so that the next producer writes the eventfd.
         let mightSleep = blocking && !scheduler.hasReadyWork
@@ -296,10 +300,8 @@ public final class EventLoop: @unchecked Sendable {
     /// time to the next deadline (no later than `deadline`) first. Returns -1 when nothing can
     /// ever become runnable.
     @inline(never)
-    private func iterateSimulated(_ simulation: any LoopSimulating, blocking: Bool, deadline: UInt64?,
-                                  condition: () -> Bool) -> Int
-    {
-        if blocking && !hasRunnableWork {
+    private func iterateSimulated(blocking: Bool, deadline: UInt64?, condition: () -> Bool) -> Int {
+        if blocking && !hasRunnableWork, let simulation {
             guard simulation.waitForWork(on: self, until: deadline) else { return -1 }
         }
         return runSimulatedIteration(condition: condition)

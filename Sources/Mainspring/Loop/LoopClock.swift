@@ -10,21 +10,27 @@ import Synchronization
 /// `VirtualClock` for both, so that time moves only when the simulation moves it.
 struct DispatchClock: SchedulerClock {
     let fast: FastClock
-    /// The simulation's clock; nil on a real loop. Unowned: the loop keeps its simulation's
-    /// clock alive (`EventLoop.simulation`).
-    unowned(unsafe) let virtual: VirtualClock?
+    /// The simulation's clock; nil on a real loop. Unmanaged, read without a retain: the loop
+    /// keeps its simulation, which keeps its clock (`EventLoop.simulation`). (An `unowned`
+    /// optional would be retained and released by every read, on real loops too.)
+    let virtual: Unmanaged<VirtualClock>?
+
+    init(fast: FastClock, virtual: VirtualClock?) {
+        self.fast = fast
+        self.virtual = virtual.map { Unmanaged.passUnretained($0) }
+    }
 
     /// Now, on the dispatcher's scale (`FastClock`, or virtual nanoseconds).
     @inline(__always)
     func now() -> UInt64 {
-        if let virtual { return virtual.nanoseconds }
+        if let virtual { return virtual._withUnsafeGuaranteedRef { $0.nanoseconds } }
         return fast.now()
     }
 
     /// Now, on the deadlines' scale (`CLOCK_MONOTONIC`, or virtual nanoseconds).
     @inline(__always)
     func monotonicNow() -> UInt64 {
-        if let virtual { return virtual.nanoseconds }
+        if let virtual { return virtual._withUnsafeGuaranteedRef { $0.nanoseconds } }
         return monotonicNanoseconds()
     }
 }
@@ -74,7 +80,7 @@ extension EventLoop {
     /// Whether this loop is simulated (`MainspringTesting`): its time is virtual and it refuses
     /// real descriptors.
     @_spi(Simulation)
-    public var isSimulated: Bool { simulation != nil }
+    public var isSimulated: Bool { isSimulatedLoop }
 }
 
 /// What drives simulated loops (`MainspringTesting`'s `Simulation`): owns their virtual clock,
@@ -121,6 +127,8 @@ struct SimulatedDispatchClock: SchedulerClock {
 
     @inline(__always)
     func now() -> UInt64 { simulation.clock.nanoseconds }
+
+    static var tracesDispatches: Bool { true }
 
     func willRun(_ job: borrowing ReadyRecord.Job) {
         guard simulation.isTracing else { return }

@@ -2,11 +2,17 @@
 /// uses `FastClock`; tests drive the scheduler with a clock they advance by hand.
 protocol SchedulerClock {
     func now() -> UInt64
-    /// Called just before a record runs (a simulation's trace); nothing on a real loop.
+    /// Whether `willRun` wants to hear of each record (a simulation's trace). A static false on
+    /// a real loop's clock, so the specialised dispatch pass has no trace code at all.
+    static var tracesDispatches: Bool { get }
+    /// Called just before a record runs, when `tracesDispatches`.
     func willRun(_ job: borrowing ReadyRecord.Job)
 }
 
 extension SchedulerClock {
+    @inline(__always)
+    static var tracesDispatches: Bool { false }
+
     @inline(__always)
     func willRun(_ job: borrowing ReadyRecord.Job) {}
 }
@@ -266,7 +272,7 @@ final class Scheduler {
             // Background work waits while this runs if it is ready, or queued for the next turn
             // (fed work between two turns): either way this callback's time earns it credit.
             let backgroundWaited = priority != .background && backgroundIsWaiting
-            clock.willRun(record.job)
+            if Clock.tracesDispatches { clock.willRun(record.job) }
             record.run()
             now = clock.now()
             cachedNow = now
