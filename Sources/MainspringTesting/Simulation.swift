@@ -199,6 +199,12 @@ public final class Simulation: @unchecked Sendable {
     }
 }
 
+extension Simulation: CustomStringConvertible {
+    /// "Simulation(seed: 42) at 1.5 seconds": put it in a failing test's message, and
+    /// `Simulation(seed: 42)` replays the run.
+    public var description: String { "Simulation(seed: \(seed)) at \(now)" }
+}
+
 /// The result of `run`'s body, set on the loop, read by the driver.
 private final class Outcome<T: Sendable>: Sendable {
     let value = Mutex<Result<T, Error>?>(nil)

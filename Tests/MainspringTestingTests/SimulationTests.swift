@@ -104,6 +104,12 @@ final class Box<Value: Sendable>: @unchecked Sendable {
         #expect(error == .deadlock(at: .seconds(2), waiting: "the body of run (a suspended task); no open sources"))
     }
 
+    @Test func itsDescriptionNamesTheSeedToReplay() throws {
+        let simulation = try Simulation(seed: 42)
+        simulation.advance(by: .milliseconds(1_500))
+        #expect(simulation.description == "Simulation(seed: 42) at 1.5 seconds")
+    }
+
     @Test func loopClockIsVirtual() throws {
         let simulation = try Simulation()
         let start = simulation.loop.clock.now
