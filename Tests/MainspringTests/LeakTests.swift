@@ -10,21 +10,21 @@ import Glibc
 /// Bytes the process has allocated with malloc and not freed (glibc's `mallinfo2`).
 private func heapInUse() -> Int { Int(mallinfo2().uordblks) }
 
-/// Runs `batch` once to warm up, then `rounds` more times, and returns the smallest growth of
-/// `measure` (heap in use by default) over a round. A leak grows every round; what tests
-/// running in parallel allocate or open comes and goes, so they cannot make every round grow.
-private func smallestGrowth(of measure: () -> Int = heapInUse, rounds: Int = 3, _ batch: () throws -> Void) rethrows -> Int {
+/// Runs `batch` once to warm up, then `rounds` more times, and returns the smallest heap growth
+/// of a round. A leak grows every round; allocations by tests running in parallel come and go,
+/// so they cannot make every round grow.
+private func smallestGrowth(rounds: Int = 3, _ batch: () throws -> Void) rethrows -> Int {
     try batch()
     var smallest = Int.max
     for _ in 0..<rounds {
-        let before = measure()
+        let before = heapInUse()
         try batch()
-        smallest = min(smallest, measure() - before)
+        smallest = min(smallest, heapInUse() - before)
     }
     return smallest
 }
 
-@Suite("Leaks: memory and descriptors stay flat", .serialized)
+@Suite("Leaks: memory stays flat, descriptors and sources are let go", .serialized)
 struct LeakTests {
     @Test("10,000 loops created and freed")
     func loops() async throws {
@@ -64,50 +64,70 @@ struct LeakTests {
         #expect(growth < 24 << 20, "heap grew \(growth) bytes per round")
     }
 
-    @Test("500 loopback connections opened and closed leave no descriptor, no source and no registration behind")
+    @Test("500 loopback connections opened and closed, three times: no descriptor, no source and no registration left behind")
     func connections() async throws {
-        let (fdGrowth, leftAlive, made, sourcesLeft) = try await onLoopThread { loop -> (Int, Int, Int, Int) in
-            // Both sides' sources of the current round, weakly: alive after the round means leaked.
+        let rounds = try await onLoopThread { loop -> [Round] in
+            // This round's connection sources (both sides), weakly: alive after the round means
+            // leaked; and the inodes of their sockets: one still open after the round is a leaked
+            // descriptor, whatever state its connection is in.
             nonisolated(unsafe) var sources: [WeakSource] = []
+            nonisolated(unsafe) var sockets = Set<UInt64>()
             let listener = try Listener(on: loop) { connection in
                 sources.append(WeakSource(connection.source))
+                if let inode = socketInode(of: connection.source) { sockets.insert(inode) }
                 connection.readLines { event in if event == .endOfFile { connection.close() } }
             }
             defer { listener.close() }
-            var leftAlive = 0
-            var made = 0
-            var sourcesLeft = 0
-            let fdGrowth = try smallestGrowth(of: openDescriptors) {
+            var rounds: [Round] = []
+            for _ in 0..<3 {
                 sources.removeAll()
+                sockets.removeAll()
                 var closed = 0
                 for _ in 0..<500 {
                     let client = try Connection.connect(to: "127.0.0.1", port: listener.port, on: loop)
                     sources.append(WeakSource(client.source))
+                    if let inode = socketInode(of: client.source) { sockets.insert(inode) }
                     client.onClose { _ in closed += 1 }
                     client.write("hello\n")
                     client.shutdownOutput()
                     client.readLines { event in if event == .endOfFile { client.close() } }
                 }
+                // The clients' sockets exist from the connect on: the count finds them open.
+                let openWhileConnecting = openDescriptors(of: sockets)
                 loop.spin(until: { closed == 500 }, timeout: .seconds(60))
-                #expect(closed == 500)
                 // Closed on both sides: the loop lets go of every source (only the listener stays
-                // registered) and every source is freed.
+                // registered) and every source is freed; then the loop closes the descriptors
+                // (libevent closes a freed bufferevent's socket in its next pass, not at once).
                 loop.spin(until: { loop.sourceCount == 1 && sources.count == 1_000 && sources.allSatisfy { $0.source == nil } },
                           timeout: .seconds(10))
-                made = sources.count
-                leftAlive = max(leftAlive, sources.count(where: { $0.source != nil }))
-                sourcesLeft = max(sourcesLeft, loop.sourceCount - 1)
+                loop.spin(until: { openDescriptors(of: sockets) == 0 }, timeout: .seconds(10))
+                rounds.append(Round(closed: closed, openWhileConnecting: openWhileConnecting, made: sources.count,
+                                    sockets: sockets.count, alive: sources.count(where: { $0.source != nil }),
+                                    registered: loop.sourceCount - 1, open: openDescriptors(of: sockets)))
             }
-            return (fdGrowth, leftAlive, made, sourcesLeft)
+            return rounds
         }
-        #expect(made == 1_000, "\(made) connection sources made for 500 connections (both sides)")
-        #expect(leftAlive == 0, "\(leftAlive) of 1,000 connection sources outlived their connection in a round")
-        #expect(sourcesLeft == 0, "\(sourcesLeft) sources still registered on the loop after a round")
-        // Each connection is two descriptors (client and server side): a leak of either would
-        // add 500 every round. Descriptors that tests running in parallel open come and go, so
-        // they cannot make every round grow.
-        #expect(fdGrowth < 250, "\(fdGrowth) more open descriptors after a round of 500 connections")
+        for (index, round) in rounds.enumerated() {
+            #expect(round.closed == 500, "round \(index): \(round.closed) of 500 connections closed")
+            #expect(round.made == 1_000 && round.sockets == 1_000,
+                    "round \(index): \(round.made) connection sources and \(round.sockets) sockets for 500 connections (both sides)")
+            #expect(round.openWhileConnecting == 500, "round \(index): \(round.openWhileConnecting) of 500 connecting clients' descriptors found open")
+            #expect(round.alive == 0, "round \(index): \(round.alive) of 1,000 connection sources outlived their connection")
+            #expect(round.registered == 0, "round \(index): \(round.registered) sources besides the listener still registered on the loop")
+            #expect(round.open == 0, "round \(index): \(round.open) descriptors of closed connections still open")
+        }
     }
+}
+
+/// What one round of `LeakTests.connections` left.
+private struct Round: Sendable {
+    var closed: Int
+    var openWhileConnecting: Int
+    var made: Int
+    var sockets: Int
+    var alive: Int
+    var registered: Int
+    var open: Int
 }
 
 /// A connection's source, held weakly.
@@ -116,7 +136,25 @@ private struct WeakSource {
     init(_ source: ConnectionSource) { self.source = source }
 }
 
-/// The process's open descriptors (entries of /proc/self/fd).
-private func openDescriptors() -> Int {
-    (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd").count) ?? 0
+/// The inode of a connection's socket (unique while the socket exists). Loop thread.
+private func socketInode(of source: ConnectionSource) -> UInt64? {
+    guard let fd = source.socket?.fd, fd >= 0 else { return nil }
+    var info = stat()
+    guard fstat(fd, &info) == 0 else { return nil }
+    return UInt64(info.st_ino)
+}
+
+/// How many of this process's descriptors are one of these sockets (/proc/self/fd/N links to
+/// "socket:[INODE]"). Descriptors that tests running in parallel open are not among them.
+private func openDescriptors(of sockets: Set<UInt64>) -> Int {
+    let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd")) ?? []
+    return entries.count(where: { entry in
+        var buffer = [CChar](repeating: 0, count: 64)
+        let length = readlink("/proc/self/fd/\(entry)", &buffer, buffer.count)
+        guard length > 0 else { return false }
+        let target = String(decoding: buffer[..<length].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        guard target.hasPrefix("socket:["), target.hasSuffix("]"),
+              let inode = UInt64(target.dropFirst("socket:[".count).dropLast()) else { return false }
+        return sockets.contains(inode)
+    })
 }
