@@ -291,8 +291,9 @@ struct AsyncServerTests {
     @Test("cancellation: the task iterating connections closes the listener; a cancelled task's next call closes its connection")
     func cancellationOfListenerAndIdleCalls() async throws {
         let group = try EventLoopGroup(loopCount: 1)
-        let listener = try await Listener(on: group.loops[0], group: group)
-        let accepting = Task(executorPreference: group.loops[0]) { () -> String in
+        let loop = group.loops[0]
+        let listener = try await Listener(on: loop, group: group)
+        let accepting = Task(executorPreference: loop) { () -> String in
             do {
                 for try await _ in listener.connections {}
                 return "ended"
@@ -300,15 +301,30 @@ struct AsyncServerTests {
                 return "threw \(type(of: error))"
             }
         }
-        try await Task.sleep(for: .milliseconds(30))  // suspended in `connections`
+        // Cancel only once the task is suspended in `connections` (its listener counts it).
+        let suspendedDeadline = ContinuousClock.now + .seconds(10)
+        var suspended = 0
+        while ContinuousClock.now < suspendedDeadline {
+            suspended = try await loop.submit {
+                loop.openSources.reduce(0) { $0 + (($1 as? ListenerSource)?.suspendedTasks ?? 0) }
+            }
+            if suspended == 1 { break }
+            try await Task.sleep(for: .milliseconds(1))
+        }
+        #expect(suspended == 1, "the task never suspended waiting for a connection")
         accepting.cancel()
         #expect(await accepting.value == "threw CancellationError")
-        while listener.isListening { try await Task.sleep(for: .milliseconds(5)) }
+        let closeDeadline = ContinuousClock.now + .seconds(10)
+        while listener.isListening && ContinuousClock.now < closeDeadline { try await Task.sleep(for: .milliseconds(5)) }
+        #expect(!listener.isListening, "the cancelled iteration did not close the listener")
         // Nobody listens there any more. (A test running in parallel may have been given the
         // freed port for a listener of its own: then the connect works, but not through ours.)
         let acceptedBefore = listener.acceptedCount
         if let stranger = try? TestClient(port: listener.port) {
-            try await Task.sleep(for: .milliseconds(30))
+            // The connection is queued in the kernel once the connect returns. Three round
+            // trips to the loop are three passes that each polled after it: a listener still
+            // registered there would have seen it and accepted it by the end of them.
+            for _ in 0..<3 { try await loop.submit {} }
             #expect(listener.acceptedCount == acceptedBefore, "the closed listener accepted a connection")
             withExtendedLifetime(stranger) {}
         }

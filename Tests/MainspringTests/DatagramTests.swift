@@ -93,12 +93,25 @@ struct DatagramTests {
             try socket.onReceive { events.append($0) }
             try socket.connect(to: deadPort)
             #expect(socket.connectedPeer == deadPort)
+            // The kernel rate-limits ICMP (net.ipv4.icmp_ratelimit, icmp_msgs_per_sec) and
+            // other tests send to dead ports too: one datagram's answer may never be sent. So
+            // send again every 50 ms until the error arrives, for 10 s at most. (A send that
+            // meets the pending error itself fails with it, and the next one asks again.)
+            var sends = 1
             _ = try? socket.trySend(Datagram(Array("anyone?".utf8)))
+            let resend = loop.schedule(every: .milliseconds(50)) { _ in
+                guard events.isEmpty else { return }
+                sends += 1
+                _ = try? socket.trySend(Datagram(Array("anyone?".utf8)))
+            }
             _ = Self.spinFor(loop) { !events.isEmpty }
+            resend.cancel()
+            #expect(!events.isEmpty, "no error after \(sends) datagrams to a dead port")
             socket.close()
             return events
         }
-        #expect(events == [DatagramEvent.error(errno: ECONNREFUSED)])
+        // One error per answered datagram, all of them ECONNREFUSED (usually just one).
+        #expect(!events.isEmpty && events.allSatisfy { $0 == DatagramEvent.error(errno: ECONNREFUSED) }, "\(events)")
     }
 
     @Test("broadcast needs the option; multicast join and leave")
@@ -186,7 +199,32 @@ struct DatagramTests {
         await group.shutdown(gracePeriod: .seconds(2))
     }
 
-    @Test("1,000,000 datagrams from a Python sender, windowed so the kernel drops none: each received once, in batches")
+    @Test("datagrams already waiting are read several to a recvmmsg call, each once")
+    func batchedReceive() async throws {
+        let count = 64
+        let (received, statistics) = try await onLoopThread { loop -> ([Int], DatagramSocket.Statistics) in
+            let receiver = try DatagramSocket(bindingTo: "127.0.0.1", port: 0, on: loop)
+            let sender = try DatagramSocket(bindingTo: "127.0.0.1", port: 0, on: loop)
+            var received: [Int] = []
+            try receiver.onReceive { if case .datagram(let datagram) = $0 { received.append(Int(datagram.bytes.first ?? 255)) } }
+            // All of them sent (one sendmmsg, into the receiver's kernel queue on loopback)
+            // before the loop polls: it finds them waiting together.
+            let batch = (0..<count).map { Datagram([UInt8($0)], to: receiver.localAddress) }
+            #expect(try sender.trySend(contentsOf: batch) == count)
+            #expect(Self.spinFor(loop) { received.count == count })
+            let statistics = receiver.statistics
+            receiver.close()
+            sender.close()
+            return (received, statistics)
+        }
+        #expect(received.sorted() == Array(0..<count), "\(received)")
+        #expect(statistics.datagramsReceived == count)
+        // Two calls of 32 (the default batch) when all are queued in time; one per datagram
+        // would be no batching at all.
+        #expect(statistics.receiveBatches < count / 2, "\(statistics.receiveBatches) recvmmsg calls for \(count) waiting datagrams")
+    }
+
+    @Test("1,000,000 datagrams from a Python sender, windowed so the kernel drops none: each received once")
     func pythonMillion() async throws {
         let total = 1_000_000
         let window = 256
@@ -240,7 +278,6 @@ struct DatagramTests {
         #expect(result.count == total && result.duplicates == 0)
         let statistics = try await loop.submit { socket.statistics }
         #expect(statistics.datagramsReceived == total)
-        #expect(statistics.receiveBatches < total / 2, "\(statistics.receiveBatches) recvmmsg calls for \(total) datagrams")
         await socket.close()
         await group.shutdown(gracePeriod: .seconds(2))
     }
@@ -254,7 +291,7 @@ struct DatagramTests {
         let ticker = try await DatagramSocket.bind(to: "127.0.0.1", port: 0, on: loop)
         let floodPort = flooded.localAddress.port
         let stop = Locked(false)
-        let measurements = Locked<(flood: Int, floodAtFirstTick: Int, ticks: [UInt64], latencies: [UInt64])>((0, 0, [], []))
+        let measurements = Locked<(flood: Int, floodAtTicks: [Int], ticks: [UInt64], latencies: [UInt64])>((0, [], [], []))
         try await loop.onLoop { () throws(EventLoopError) in
             try flooded.onReceive { _ in measurements.withLock { $0.flood += 1 } }
             try other.onReceive { event in
@@ -290,7 +327,7 @@ struct DatagramTests {
             _ = loop.schedule(every: .milliseconds(10)) { handle in
                 let now = monotonicNanoseconds()
                 let ticks = measurements.withLock { state in
-                    if state.ticks.isEmpty { state.floodAtFirstTick = state.flood }
+                    state.floodAtTicks.append(state.flood)
                     state.ticks.append(now)
                     return state.ticks.count
                 }
@@ -304,19 +341,24 @@ struct DatagramTests {
         }
         stop.withLock { $0 = true }
         flooder.wait()
+        // Every tick's datagram reaches the other socket (loopback, into a buffer the flood does
+        // not share): wait for the last ones in flight, 10 s at most.
+        let arrivalDeadline = ContinuousClock.now + .seconds(10)
+        while measurements.withLock({ $0.latencies.count < $0.ticks.count }), ContinuousClock.now < arrivalDeadline {
+            try await Task.sleep(for: .milliseconds(5))
+        }
         let result = measurements.withLock { $0 }
         #expect(result.ticks.count == 100, "the timer ticked \(result.ticks.count) times in 20 s of flood")
         let gaps = zip(result.ticks.dropFirst(), result.ticks).map { ($0 - $1) / 1_000_000 }
         #expect((gaps.max() ?? 0) < 500, "longest gap between 10 ms ticks: \(gaps.max() ?? 0) ms")
-        _ = try await loop.submit { true }
-        #expect(result.latencies.count >= 95, "the other socket got \(result.latencies.count) of 100")
+        #expect(result.latencies.count == result.ticks.count, "the other socket got \(result.latencies.count) of \(result.ticks.count)")
         #expect((result.latencies.max() ?? 0) / 1_000_000 < 500, "worst latency on the other socket: \((result.latencies.max() ?? 0) / 1_000_000) ms")
-        // The flood went on while the timer ticked (the point of the test), at any speed this
-        // machine manages: 5,000 datagrams in the second of ticks is 50 per tick, far more than
-        // the timer's own work. (Not a speed target: a loaded 2-core machine delivers 40,000
-        // to over 100,000.)
-        let duringTicks = result.flood - result.floodAtFirstTick
-        #expect(duringTicks >= 5_000, "the flood delivered \(duringTicks) datagrams while the timer ticked (\(result.flood) in all)")
+        // The flood went on while the timer ticked (else the test shows nothing): the flooded
+        // socket was served between most pairs of ticks, taking turns with the timer — at any
+        // speed (the benchmark holds speed targets). Half leaves room for the flooding thread
+        // to be descheduled now and then on a loaded machine.
+        let servedIntervals = zip(result.floodAtTicks.dropFirst(), result.floodAtTicks).filter { $0 > $1 }.count
+        #expect(servedIntervals >= 50, "the flooded socket received datagrams in \(servedIntervals) of 99 intervals between ticks (\(result.flood) in all)")
         await flooded.close()
         await other.close()
         await ticker.close()

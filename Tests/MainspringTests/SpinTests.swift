@@ -44,7 +44,7 @@ struct SpinTests {
         #expect(immediate)
     }
 
-    @Test("stop() from another thread ends run()")
+    @Test("stop() from another thread ends run(), waking it from its sleep in epoll")
     func stopFromOtherThread() async throws {
         let loop = try EventLoop()
         let started = DispatchSemaphore(value: 0)
@@ -53,9 +53,17 @@ struct SpinTests {
             try? loop.run()
         }
         #expect(started.wait(timeout: .now() + 5) == .success)
-        usleep(20_000)  // let it fall asleep in epoll
+        // Wait (10 s at most) until the loop has nothing left to do and sleeps in epoll, so the
+        // stop has to wake it rather than being seen on the way round.
+        let deadline = ContinuousClock.now + .seconds(10)
+        while loop.activity != .waiting && ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(1))
+        }
+        let before = loop.activity
+        #expect(before == .waiting, "the loop never fell asleep: \(before)")
         loop.stop()
         #expect(done.wait(timeout: .now() + 5) == .success)
+        #expect(loop.activity == .notRunning)
     }
 
     @Test("a stop() that arrives before run() starts is not lost")

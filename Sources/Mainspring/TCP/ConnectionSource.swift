@@ -132,47 +132,6 @@ final class ConnectionSource: Source {
         init(_ transport: any ConnectionTransport) { self.transport = transport }
     }
 
-    /// What a connection needs only for the less common calls — senders waiting for the output
-    /// to drain, `onWritable` handlers, `waitUntilWritable` and `closed` waiters, an async
-    /// connect, `read(until:)` and `read(exactly:)` in progress — kept apart so that the common
-    /// connection (reading and answering, its output draining) carries one reference for all
-    /// of it, not some 80 bytes of empty collections. Loop thread only.
-    final class RareState {
-        /// Handlers waiting for the output to drain below half its limit (`onWritable`), once each.
-        @exclusivity(unchecked) var writableHandlers: [() -> Void] = []
-        /// Input bytes known to hold no delimiter for the pending `read(until:)`.
-        @exclusivity(unchecked) var delimiterScanned = 0
-        /// What a `read(exactly:)` longer than the input limit has gathered so far.
-        @exclusivity(unchecked) var gathered: [UInt8] = []
-        /// Tasks waiting in `send` for the output to drain, in order, each with what it sends.
-        @exclusivity(unchecked) var senders: [Sender] = []
-        @exclusivity(unchecked) var firstSender = 0
-        /// Tasks awaiting `closed` or an async `close()`.
-        @exclusivity(unchecked) var closeWaiters: [UnsafeContinuation<Connection.CloseReason, Never>] = []
-        /// The task awaiting an async `connect`.
-        @exclusivity(unchecked) var connectWaiter: ((Result<Void, EventLoopError>) -> Void)?
-        /// Tasks in `waitUntilWritable`, by ticket (a timeout removes its own).
-        @exclusivity(unchecked) var writableWaiters: [Int: UnsafeContinuation<Result<Bool, Connection.CloseReason>, Never>] = [:]
-        /// Tickets whose task was cancelled before its wait reached the loop.
-        @exclusivity(unchecked) var cancelledWaitTickets: Set<Int> = []
-        /// `shutdownOutput()` came, with nothing to send, before the connect finished.
-        @exclusivity(unchecked) var shutdownWhenConnected = false
-    }
-
-    /// `rare`, made now if it was not yet (for a write to one of its members).
-    var rareState: RareState {
-        if let rare { return rare }
-        let made = RareState()
-        rare = made
-        return made
-    }
-
-    /// Whether tasks wait in `send` (false without looking further when none ever did).
-    var hasWaitingSenders: Bool {
-        guard let rare else { return false }
-        return rare.firstSender < rare.senders.count
-    }
-
     /// A read a task is suspended in.
     enum PendingRead {
         case line(UnsafeContinuation<Result<LineEvent?, Connection.CloseReason>, Never>)
@@ -314,41 +273,12 @@ final class ConnectionSource: Source {
         }
     }
 
-    /// The connect's outcome: the socket goes into the bufferevent (which writes what was
-    /// buffered meanwhile), or the connection closes with the failure.
-    private func connectFinished(_ result: Result<Int32, EventLoopError>) {
-        switch result {
-        case .success(let fd):
-            guard state.closeReason == nil, let socket else {
-                closeDescriptor(fd)
-                return
-            }
-            do {
-                try socket.attach(fd: fd)
-            } catch {
-                finish(.error(error.errnoCode))
-                return
-            }
-            if shutdownWhenConnected, socket.outputLength == 0 { socket.shutdownWrite() }
-            handle(.connected, errno: 0)
-        case .failure(let error):
-            finish(.connectFailed(error))
-        }
-    }
-
     var bufferedOutputBytes: Int { (socket?.outputLength ?? 0) + pendingOutput.count }
 
     /// Async operations suspended on this connection (each is one task).
     var suspendedTasks: Int {
         (asyncRead == nil ? 0 : 1) + (senders.count - firstSender) + closeWaiters.count
             + (connectWaiter == nil ? 0 : 1) + writableWaiters.count
-    }
-
-    func configureSocket() {
-        socket?.setReadHighWatermark(readLimit)
-        if kept.idleTimeoutNanoseconds > 0 {
-            socket?.setTimeouts(readNanoseconds: kept.idleTimeoutNanoseconds, writeNanoseconds: nil)
-        }
     }
 
     // MARK: Events
@@ -488,66 +418,5 @@ extension ConnectionSource: PollPreparing {
     func prepareForPoll() {
         flushScheduled = false
         flushPendingOutput()
-    }
-}
-
-// The members of `RareState`, under their own names: reading one of a connection that never
-// used it makes nothing (an empty value); assigning an empty value to one makes nothing either;
-// any other write makes the box.
-extension ConnectionSource {
-    var writableHandlers: [() -> Void] {
-        get { rare?.writableHandlers ?? [] }
-        set { if rare != nil || !newValue.isEmpty { rareState.writableHandlers = newValue } }
-        _modify { yield &rareState.writableHandlers }
-    }
-
-    var delimiterScanned: Int {
-        get { rare?.delimiterScanned ?? 0 }
-        set { if rare != nil || newValue != 0 { rareState.delimiterScanned = newValue } }
-    }
-
-    var gathered: [UInt8] {
-        get { rare?.gathered ?? [] }
-        set { if rare != nil || !newValue.isEmpty { rareState.gathered = newValue } }
-        _modify { yield &rareState.gathered }
-    }
-
-    var senders: [Sender] {
-        get { rare?.senders ?? [] }
-        set { if rare != nil || !newValue.isEmpty { rareState.senders = newValue } }
-        _modify { yield &rareState.senders }
-    }
-
-    var firstSender: Int {
-        get { rare?.firstSender ?? 0 }
-        set { if rare != nil || newValue != 0 { rareState.firstSender = newValue } }
-    }
-
-    var closeWaiters: [UnsafeContinuation<Connection.CloseReason, Never>] {
-        get { rare?.closeWaiters ?? [] }
-        set { if rare != nil || !newValue.isEmpty { rareState.closeWaiters = newValue } }
-        _modify { yield &rareState.closeWaiters }
-    }
-
-    var connectWaiter: ((Result<Void, EventLoopError>) -> Void)? {
-        get { rare?.connectWaiter }
-        set { if rare != nil || newValue != nil { rareState.connectWaiter = newValue } }
-    }
-
-    var writableWaiters: [Int: UnsafeContinuation<Result<Bool, Connection.CloseReason>, Never>] {
-        get { rare?.writableWaiters ?? [:] }
-        set { if rare != nil || !newValue.isEmpty { rareState.writableWaiters = newValue } }
-        _modify { yield &rareState.writableWaiters }
-    }
-
-    var cancelledWaitTickets: Set<Int> {
-        get { rare?.cancelledWaitTickets ?? [] }
-        set { if rare != nil || !newValue.isEmpty { rareState.cancelledWaitTickets = newValue } }
-        _modify { yield &rareState.cancelledWaitTickets }
-    }
-
-    var shutdownWhenConnected: Bool {
-        get { rare?.shutdownWhenConnected ?? false }
-        set { if rare != nil || newValue { rareState.shutdownWhenConnected = newValue } }
     }
 }

@@ -1,0 +1,279 @@
+/// The loop side of a `DatagramSocket`: the descriptor, its read and write events, the
+/// receive buffers and the bounded send queue. Loop thread only.
+final class DatagramSource: Source {
+    let fd: Int32
+    let family: SocketAddress.Family
+    let options: DatagramSocket.Options
+    var peer: SocketAddress?
+    var statistics = DatagramSocket.Statistics()
+    var onClosed: (() -> Void)?
+    private(set) var queue: [Datagram] = []
+    private var queueStart = 0
+    private var handler: ((DatagramEvent) -> Void)?
+    private var receiveBuffers: DatagramReceiveBuffers?
+    private var isReadingPaused = false
+    private var writeEvent: NativeEvent?
+    private var isWriteArmed = false
+    /// `send(_:)` calls waiting for room in the queue, in order.
+    private var waitingSenders: [(Datagram, UnsafeContinuation<Result<Void, EventLoopError>, Never>)] = []
+
+    init(loop: EventLoop, fd: Int32, family: SocketAddress.Family, options: DatagramSocket.Options) throws(EventLoopError) {
+        self.fd = fd
+        self.family = family
+        self.options = options
+        super.init(loop: loop, priority: options.priority)
+        do {
+            writeEvent = try NativeEvent(base: loop.base, fd: fd, readiness: .write, persistent: true, target: self)
+        } catch {
+            close()
+            throw error
+        }
+    }
+
+    override var keepsFiring: Bool { true }
+
+    var pendingCount: Int { queue.count - queueStart }
+
+    func startReading(_ handler: @escaping (DatagramEvent) -> Void) throws(EventLoopError) {
+        requireUsage(self.handler == nil, "Mainspring: DatagramSocket: the socket already has a consumer (onReceive or datagrams)")
+        let event = try NativeEvent(base: loop.base, fd: fd, readiness: .read, persistent: true, target: self)
+        try event.add()
+        native = event
+        self.handler = handler
+        receiveBuffers = DatagramReceiveBuffers(size: options.maximumDatagramSize, batch: options.receiveBatchSize)
+    }
+
+    func pauseReading() {
+        guard !isReadingPaused else { return }
+        isReadingPaused = true
+        native?.delete()
+    }
+
+    func resumeReading() {
+        guard isReadingPaused, !isClosed else { return }
+        isReadingPaused = false
+        resumeNative()
+    }
+
+    override func resumeNative() {
+        guard !isReadingPaused else { return }
+        super.resumeNative()
+    }
+
+    override func perform(_ readiness: Readiness) {
+        if readiness.contains(.write) { flushQueue() }
+        if readiness.contains(.read) { receive() }
+    }
+
+    /// Up to `maximumDatagramsPerWakeup` datagrams, in batches; the rest wait for the next
+    /// poll (the event is level-triggered).
+    private func receive() {
+        guard let buffers = receiveBuffers else { return }
+        var handled = 0
+        let limit = max(1, options.maximumDatagramsPerWakeup)
+        while handled < limit, !isClosed, !isReadingPaused {
+            let wanted = min(buffers.batch, limit - handled)
+            switch buffers.receive(fd, limit: wanted) {
+            case .done(let count):
+                statistics.receiveBatches += 1
+                statistics.datagramsReceived += count
+                for index in 0..<count {
+                    let (bytes, isTruncated, length, sender) = buffers.datagram(at: index)
+                    if isTruncated { statistics.datagramsTruncated += 1 }
+                    handler?(.datagram(Datagram(received: bytes, from: sender, isTruncated: isTruncated, length: length)))
+                    if isClosed { return }
+                }
+                handled += count
+                if count < wanted { return }
+            case .wouldBlock:
+                return
+            case .failed(let code):
+                handler?(.error(errno: code))
+                handled += 1
+            }
+        }
+    }
+
+    func trySend(_ datagram: Datagram) throws(EventLoopError) -> DatagramSocket.SendOutcome {
+        try check(datagram)
+        if pendingCount > 0 {
+            guard pendingCount < max(1, options.sendQueueLimit) else { return .queueFull }
+            enqueue(datagram)
+            return .queued
+        }
+        switch sendBatch([datagram][...]) {
+        case .done:
+            statistics.datagramsSent += 1
+            statistics.sendBatches += 1
+            return .sent
+        case .wouldBlock:
+            enqueue(datagram)
+            return .queued
+        case .failed(let code):
+            throw sendError(code, datagram)
+        }
+    }
+
+    func trySend(contentsOf datagrams: ArraySlice<Datagram>) throws(EventLoopError) -> Int {
+        var rest = datagrams
+        while let first = rest.first, pendingCount == 0 {
+            // Straight to the kernel, a batch at a time, while it takes them.
+            var batch = rest.prefix(64)
+            for (offset, datagram) in batch.enumerated() {
+                do throws(EventLoopError) {
+                    try check(datagram)
+                } catch {
+                    if offset == 0 { throw error }
+                    batch = batch.prefix(offset)
+                    break
+                }
+            }
+            switch sendBatch(batch) {
+            case .done(let count):
+                statistics.datagramsSent += count
+                statistics.sendBatches += 1
+                rest = rest.dropFirst(count)
+            case .wouldBlock:
+                enqueue(first)
+                rest = rest.dropFirst()
+            case .failed(let code):
+                if rest.startIndex > datagrams.startIndex { return rest.startIndex - datagrams.startIndex }
+                throw sendError(code, first)
+            }
+        }
+        var taken = rest.startIndex - datagrams.startIndex
+        for datagram in rest {
+            let outcome: DatagramSocket.SendOutcome
+            do throws(EventLoopError) {
+                outcome = try trySend(datagram)
+            } catch {
+                if taken == 0 { throw error }
+                return taken
+            }
+            if outcome == .queueFull { break }
+            taken += 1
+        }
+        return taken
+    }
+
+    /// Tests: the next this many send calls find the kernel's buffer full (loopback UDP never
+    /// fills it: a datagram leaves the sender's buffer as soon as it is delivered or dropped).
+    var injectedFullBuffers = 0
+
+    private func sendBatch(_ datagrams: ArraySlice<Datagram>) -> DatagramCallResult {
+        if injectedFullBuffers > 0 {
+            injectedFullBuffers -= 1
+            return .wouldBlock
+        }
+        return sendDatagramBatch(fd, datagrams)
+    }
+
+    func send(_ datagram: Datagram, resuming continuation: UnsafeContinuation<Result<Void, EventLoopError>, Never>) {
+        guard !isClosed else { return continuation.resume(returning: .failure(.socketClosed)) }
+        if waitingSenders.isEmpty {
+            do throws(EventLoopError) {
+                if try trySend(datagram) != .queueFull { return continuation.resume(returning: .success(())) }
+            } catch {
+                return continuation.resume(returning: .failure(error))
+            }
+        }
+        waitingSenders.append((datagram, continuation))
+    }
+
+    private func check(_ datagram: Datagram) throws(EventLoopError) {
+        if datagram.bytes.count > maximumUDPPayload(family) {
+            throw .datagramTooLarge(size: datagram.bytes.count, limit: maximumUDPPayload(family))
+        }
+        if let address = datagram.address {
+            if family == .ipv4 && address.family == .ipv6 {
+                throw .invalidAddress("\(address) (an IPv6 destination for an IPv4 socket)")
+            }
+        } else if peer == nil {
+            throw .invalidAddress("a datagram without a destination on a socket that is not connected")
+        }
+    }
+
+    private func sendError(_ code: Int32, _ datagram: Datagram) -> EventLoopError {
+        if isMessageTooLarge(code) { return .datagramTooLarge(size: datagram.bytes.count, limit: nil) }
+        return .system(function: "sendmmsg to \(datagram.address.map(\.description) ?? peer.map(\.description) ?? "peer")",
+                       errno: code)
+    }
+
+    private func enqueue(_ datagram: Datagram) {
+        statistics.sendsQueued += 1
+        queue.append(datagram)
+        armWrite()
+    }
+
+    private func armWrite() {
+        guard !isWriteArmed, let writeEvent else { return }
+        do {
+            try writeEvent.add()
+            isWriteArmed = true
+        } catch {
+            registrationFailed(error)
+        }
+    }
+
+    /// Sends queued datagrams, a batch per `sendmmsg`, while the kernel takes them; then lets
+    /// waiting senders in.
+    private func flushQueue() {
+        while pendingCount > 0, !isClosed {
+            switch sendBatch(queue[queueStart...]) {
+            case .done(let count):
+                statistics.datagramsSent += count
+                statistics.sendBatches += 1
+                queueStart += count
+            case .wouldBlock:
+                admitWaitingSenders()
+                return
+            case .failed(let code):
+                queueStart += 1  // dropped, and reported
+                handler?(.error(errno: code))
+            }
+        }
+        queue.removeAll(keepingCapacity: queue.capacity <= 1_024)
+        queueStart = 0
+        if isWriteArmed {
+            writeEvent?.delete()
+            isWriteArmed = false
+        }
+        admitWaitingSenders()
+    }
+
+    private func admitWaitingSenders() {
+        if queueStart > 256, queueStart * 2 > queue.count {
+            queue.removeFirst(queueStart)
+            queueStart = 0
+        }
+        while !waitingSenders.isEmpty, !isClosed {
+            let (datagram, continuation) = waitingSenders[0]
+            let outcome: DatagramSocket.SendOutcome
+            do throws(EventLoopError) {
+                outcome = try trySend(datagram)
+            } catch {
+                waitingSenders.removeFirst()
+                continuation.resume(returning: .failure(error))
+                continue
+            }
+            if outcome == .queueFull { return }
+            waitingSenders.removeFirst()
+            withLoop { $0.resumingInput { continuation.resume(returning: .success(())) } }
+        }
+    }
+
+    override func didClose() {
+        writeEvent?.delete()
+        writeEvent = nil
+        handler = nil
+        queue = []
+        queueStart = 0
+        let senders = waitingSenders
+        waitingSenders = []
+        for (_, continuation) in senders { continuation.resume(returning: .failure(.socketClosed)) }
+        closeDescriptor(fd)
+        let onClosed = self.onClosed
+        self.onClosed = nil
+        onClosed?()
+    }
+}
