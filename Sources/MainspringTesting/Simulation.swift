@@ -21,7 +21,7 @@ import Synchronization
 /// post, a dispatch, a timer's arming take none. Every clock the library reads for a simulated
 /// loop is this one: timers, `sleep(for:)`, the scheduler's poll interval and fairness rules,
 /// `Feeder` budgets, stall detection, `LoopMetrics`, `Timeline` frames, spin timeouts,
-/// `Queue.after`, subprocess grace periods, and ``EventLoop/clock`` for your own code.
+/// `Queue.after`, subprocess grace periods, and `loop.clock` for your own code.
 /// `Task.sleep`, `ContinuousClock` and `Date` read the machine's time, which the simulation
 /// can neither see nor move: **inject `loop.clock` instead**, or such code waits for real and
 /// is not deterministic.
