@@ -124,9 +124,17 @@ public protocol LoopSimulating: AnyObject, Sendable {
 struct SimulatedDispatchClock: SchedulerClock {
     unowned(unsafe) let loop: EventLoop
     unowned(unsafe) let simulation: any LoopSimulating
+    /// The simulation's clock, read without a retain or a witness call (twice per callback).
+    private let clock: Unmanaged<VirtualClock>
+
+    init(loop: EventLoop, simulation: any LoopSimulating) {
+        self.loop = loop
+        self.simulation = simulation
+        clock = loop.timeSource.virtual ?? Unmanaged.passUnretained(simulation.clock)
+    }
 
     @inline(__always)
-    func now() -> UInt64 { simulation.clock.nanoseconds }
+    func now() -> UInt64 { clock._withUnsafeGuaranteedRef { $0.nanoseconds } }
 
     static var tracesDispatches: Bool { true }
 
