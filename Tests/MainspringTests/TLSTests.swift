@@ -363,6 +363,92 @@ struct TLSTests {
         await group.shutdown(gracePeriod: .seconds(2))
     }
 
+    @Test("a TLS peer that leaves mid-stream (no close_notify, or a reset) or mid-handshake: the error says what happened, in words, never OpenSSL's 'reason(N)'")
+    func peerLeavesErrorsInWords() async throws {
+        let certs = try #require(certificates)
+        let group = try EventLoopGroup(loopCount: 1)
+        let loop = group.loops[0]
+        let context = try TLSServerContext(configuration: serverConfiguration(certs, handshakeTimeout: .seconds(30)))
+        let reasons = Locked<[String]>([])
+        let port = try await loop.submit {
+            let listener = try Listener(on: loop, tls: context) { connection in
+                connection.onClose { reason in reasons.withLock { $0.append("\(reason)") } }
+                connection.readLines { event in
+                    if case .line = event { connection.writeLine("ok") }
+                }
+            }
+            return listener.port
+        }
+        // A client that talks, reads the answer (and the TLS 1.3 session tickets before it: unread,
+        // they would make the close a reset), then closes its socket without close_notify — or,
+        // with SO_LINGER 0, resets it; or one that sends the start of a ClientHello and closes.
+        let script = """
+        import os, socket, ssl, struct, sys
+        port, cafile, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+        sock = socket.create_connection(("127.0.0.1", port))
+        if mode == "mid-handshake":
+            sock.sendall(bytes([0x16, 0x03, 0x01, 0x02, 0x00, 0x01]))
+        else:
+            sock = ssl.create_default_context(cafile=cafile).wrap_socket(sock, server_hostname="localhost")
+            sock.sendall(b"hello\\n")
+            data = b""
+            while not data.endswith(b"ok\\n"):
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+            if mode == "reset":
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        os.close(sock.fileno())
+        os._exit(0)
+        """
+        for (mode, expected) in [("no close_notify", "TLS: the peer closed the connection without close_notify"),
+                                 ("reset", "TLS: system call failed: Connection reset by peer")]
+        {
+            let before = reasons.value.count
+            let result = try await runProgram("python3", arguments: ["-c", script, "\(port)", certs.caCertificate, mode],
+                                              timeout: .seconds(30))
+            #expect(result.status == 0, "\(mode): \(result.summary)")
+            #expect(await eventually { reasons.value.count > before }, "\(mode): the server's connection never closed")
+            let reason = reasons.value.last ?? ""
+            #expect(!reason.contains("reason("), "\(mode): \(reason)")
+            #expect(reason == expected, "\(mode)")
+        }
+        let result = try await runProgram("python3", arguments: ["-c", script, "\(port)", certs.caCertificate, "mid-handshake"],
+                                          timeout: .seconds(30))
+        #expect(result.status == 0, "mid-handshake: \(result.summary)")
+        #expect(await eventually { context.statistics.failedHandshakes >= 1 }, "the half handshake was never counted")
+        #expect(context.statistics.lastFailure == "the peer closed the connection during the handshake")
+
+        // The client's side: a server that reads the ClientHello and closes.
+        let server = """
+        import os, socket, sys
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            print(listener.getsockname()[1], flush=True)
+            raw, _ = listener.accept()
+            head = b""
+            while len(head) < 5:
+                head += raw.recv(5 - len(head))
+            body = 0
+            while body < int.from_bytes(head[3:5], "big"):
+                body += len(raw.recv(int.from_bytes(head[3:5], "big") - body))
+            os.close(raw.detach())
+        """
+        let python = try startProgram("/usr/bin/python3", arguments: ["-c", server])
+        defer { python.send(SIGKILL) }
+        let serverPort = try #require(python.readLine(timeout: .seconds(30)).flatMap { UInt16($0) }, "python printed no port")
+        let client = try TLSClientContext(configuration: .init(trustRoots: .file(certs.caCertificate)))
+        do {
+            let connection = try await Connection.connect(to: "127.0.0.1", port: serverPort, on: loop, tls: client)
+            connection.close()
+            Issue.record("a server that said nothing was connected to")
+        } catch {
+            #expect(!"\(error)".contains("reason("), "\(error)")
+            #expect("\(error)" == "TLS: the peer closed the connection during the handshake")
+        }
+        await group.shutdown(gracePeriod: .seconds(2))
+    }
+
     @Test("Python's ssl module as the server: a Mainspring client connects, verifies and talks")
     func pythonServer() async throws {
         let certs = try #require(certificates)

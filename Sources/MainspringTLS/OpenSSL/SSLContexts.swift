@@ -1,34 +1,11 @@
 // Sources/MainspringTLS/OpenSSL/ is the only folder of MainspringTLS that calls OpenSSL or
-// libevent's OpenSSL bufferevents, or holds their pointers: contexts (this file), sessions and
-// handshakes (SSLSession.swift), the established connection's layer (TLSLayer.swift). The rest
-// of the module sees typed Swift values.
+// libevent's OpenSSL bufferevents, or holds their pointers: contexts (this file), sessions,
+// handshakes and the established connection's layer (SSLSession.swift), OpenSSL's errors in
+// words (SSLErrors.swift), HTTPS's bufferevents (HTTPSLayer.swift). The rest of the module sees
+// typed Swift values.
 internal import CMainspringTLS
 import Foundation
 import Mainspring
-
-/// OpenSSL's text for one error code ("error:0A000086:SSL routines::certificate verify failed").
-func openSSLErrorText(_ code: UInt) -> String {
-    var text = [CChar](repeating: 0, count: 256)
-    ERR_error_string_n(code, &text, text.count)
-    return String(decoding: text.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
-}
-
-/// OpenSSL's error queue (this thread's), as one line, emptied; `fallback` when it is empty.
-func takeOpenSSLErrors(fallback: String = "unknown OpenSSL error") -> String {
-    var reasons: [String] = []
-    while true {
-        let code = ERR_get_error()
-        if code == 0 { break }
-        reasons.append(openSSLErrorText(code))
-    }
-    // "error:0A000086:SSL routines::certificate verify failed" → the part after the last ':'s
-    // is what a reader wants; keep the whole for the rest.
-    let readable = reasons.map { reason -> String in
-        let parts = reason.split(separator: ":", omittingEmptySubsequences: false)
-        return parts.count >= 5 ? parts[4...].joined(separator: ":") : reason
-    }
-    return readable.isEmpty ? fallback : readable.joined(separator: "; ")
-}
 
 /// One `SSL_CTX`, freed with the handle (OpenSSL counts references: sessions made from it keep
 /// it alive as long as they need it).
