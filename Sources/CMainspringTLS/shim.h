@@ -68,6 +68,10 @@ static inline int ms_err_is_unexpected_eof(unsigned long code) {
 #endif
 }
 
+/// `SSL_CTX_set_dh_auto` (a macro): DHE key exchange with a built-in RFC 7919 group sized to
+/// the certificate's key, for the DHE suites of the cipher list.
+static inline long ms_ssl_ctx_set_dh_auto(SSL_CTX *_Nonnull ctx) { return SSL_CTX_set_dh_auto(ctx, 1); }
+
 /// `XN_FLAG_RFC2253` (a composite macro): names printed as "CN=localhost,O=…".
 static const unsigned long ms_xn_flag_rfc2253 = XN_FLAG_RFC2253;
 

@@ -449,6 +449,40 @@ struct TLSTests {
         await group.shutdown(gracePeriod: .seconds(2))
     }
 
+    @Test("TLS 1.2 offers AEAD suites with forward secrecy only: openssl s_client with a CBC suite is refused, with AES-GCM or ChaCha20 served; .insecureLegacyCompatibility offers CBC again")
+    func cipherPolicy() async throws {
+        let certs = try #require(certificates)
+        /// Whether `openssl s_client -tls1_2 -cipher <cipher>` agrees on `cipher`.
+        func agrees(on cipher: String, port: UInt16) async throws -> (Bool, String) {
+            let result = try await runProgram("openssl", arguments: [
+                "s_client", "-connect", "127.0.0.1:\(port)", "-servername", "localhost", "-CAfile", certs.caCertificate,
+                "-tls1_2", "-cipher", cipher,
+            ], stdin: "", timeout: .seconds(30))
+            let output = result.stdout + result.stderr
+            return (result.status == 0 && output.contains("Cipher is \(cipher)"), output)
+        }
+        let server = try await TLSEchoServer(configuration: serverConfiguration(certs))
+        #expect(server.context.configuration.cipherPolicy == .intermediate)
+        // The test certificates are EC: the ECDSA suites are the ones a key can sign for.
+        for cipher in ["ECDHE-ECDSA-AES128-GCM-SHA256", "ECDHE-ECDSA-AES256-GCM-SHA384", "ECDHE-ECDSA-CHACHA20-POLY1305"] {
+            let (agreed, output) = try await agrees(on: cipher, port: server.port)
+            #expect(agreed, "\(cipher) was refused: \(output)")
+        }
+        // CBC: with ECDHE (Lucky Thirteen) and with RSA key exchange (no forward secrecy either).
+        for cipher in ["ECDHE-ECDSA-AES128-SHA", "ECDHE-ECDSA-AES256-SHA384", "AES128-SHA"] {
+            let (agreed, output) = try await agrees(on: cipher, port: server.port)
+            #expect(!agreed, "\(cipher) was agreed: \(output)")
+        }
+        #expect(server.context.statistics.lastFailure == "handshake failed: no shared cipher")
+        await server.stop()
+        var legacy = serverConfiguration(certs)
+        legacy.cipherPolicy = .insecureLegacyCompatibility
+        let old = try await TLSEchoServer(configuration: legacy)
+        let (agreed, output) = try await agrees(on: "ECDHE-ECDSA-AES128-SHA", port: old.port)
+        #expect(agreed, "the legacy policy refused a CBC suite: \(output)")
+        await old.stop()
+    }
+
     @Test("Python's ssl module as the server: a Mainspring client connects, verifies and talks")
     func pythonServer() async throws {
         let certs = try #require(certificates)
