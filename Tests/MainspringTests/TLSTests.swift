@@ -12,6 +12,14 @@ import Glibc
 private let certificates = TestCertificates.shared
 private let hasOpenSSL = certificates != nil
 
+/// testssl.sh, by the name it has on the PATH (Debian's package installs it as `testssl`), or nil.
+private let testssl: String? = {
+    let directories = (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin").split(separator: ":").map(String.init)
+    return ["testssl.sh", "testssl"].first { name in
+        directories.contains { FileManager.default.isExecutableFile(atPath: "\($0)/\(name)") }
+    }
+}()
+
 /// A TLS echo server on a fresh 1-loop group: each line back as "echo: <line>"; the server
 /// context counts handshakes.
 private final class TLSEchoServer: @unchecked Sendable {
@@ -482,6 +490,49 @@ struct TLSTests {
         #expect(agreed, "the legacy policy refused a CBC suite: \(output)")
         await old.stop()
     }
+
+    @Test("testssl.sh: no finding of LOW severity or above against a Mainspring TLS listener's protocols, ciphers and vulnerabilities",
+          .enabled(if: testssl != nil, "testssl.sh is not installed (Debian: apt-get install testssl.sh; `make test-tools` installs it)"))
+    func testsslScan() async throws {
+        let certs = try #require(certificates)
+        let tool = try #require(testssl)
+        // A TLS listener (the line protocol), not an HTTPServer: see the note on HTTPS below.
+        let server = try await TLSEchoServer(configuration: serverConfiguration(certs))
+        let json = uniqueTestPath("testssl") + ".json"
+        defer { try? FileManager.default.removeItem(atPath: json) }
+        // -p protocols, -s cipher categories, -U every vulnerability check; no DNS (a local address).
+        let result = try await runProgram(tool, arguments: [
+            "--quiet", "--color", "0", "--warnings", "off", "--nodns", "none", "--jsonfile", json,
+            "-p", "-s", "-U", "127.0.0.1:\(server.port)",
+        ], timeout: .seconds(600))
+        await server.stop()
+        #expect(!result.timedOut, "\(result.summary)")
+        let data = try #require(FileManager.default.contents(atPath: json), "no JSON: \(result.summary)")
+        let findings = try #require(try JSONSerialization.jsonObject(with: data) as? [[String: Any]])
+        let ids = Set(findings.compactMap { $0["id"] as? String })
+        #expect(ids.isSuperset(of: ["TLS1_2", "cipherlist_AVERAGE", "LUCKY13", "SWEET32", "BEAST"]), "the scan was cut short: \(ids)")
+        // Findings the test certificates cause, not the server's configuration — none is expected
+        // from -p -s -U, but a testssl.sh that checks more must not fail the test for them:
+        // the test CA is in no trust store (cert_chain_of_trust, cert_trust), and a throwaway
+        // certificate names no OCSP responder, CRL, CA issuer URL or CT log (cert_ocspURL,
+        // OCSP_stapling, cert_crlDistributionPoints, cert_caIssuers,
+        // cert_certificateTransparency, cert_mustStapleExtension), and 127.0.0.1 has no CAA
+        // record (DNS_CAArecord).
+        let certificateCaused = ["cert_chain_of_trust", "cert_trust", "cert_ocspURL", "OCSP_stapling", "cert_crlDistributionPoints",
+                                 "cert_caIssuers", "cert_certificateTransparency", "cert_mustStapleExtension", "DNS_CAArecord"]
+        let serious = findings.filter { finding in
+            guard let id = finding["id"] as? String, let severity = finding["severity"] as? String else { return false }
+            if certificateCaused.contains(where: { id.hasPrefix($0) }) { return false }
+            return ["LOW", "MEDIUM", "HIGH", "CRITICAL"].contains(severity) || id == "scanProblem"
+        }
+        let described = serious.map { "\($0["id"] ?? "?") \($0["severity"] ?? "?"): \($0["finding"] ?? "")" }
+        #expect(described.isEmpty, "\(described.joined(separator: "\n"))")
+    }
+    // HTTPS (HTTPServer over MainspringTLS) is not scanned here: it shares the server context, so
+    // the same suites, but testssl.sh 3.0.8 reports "pre_128cipher MEDIUM: 128 cipher limit bug"
+    // there and cannot tell it is HTTP — its service probe, a TLS 1.3 client that sends its
+    // request right behind its Finished, gets no answer from evhttp's OpenSSL bufferevent (one
+    // sent half a second later, or over TLS 1.2, does). A defect of the HTTPS layer, open.
 
     @Test("Python's ssl module as the server: a Mainspring client connects, verifies and talks")
     func pythonServer() async throws {
