@@ -26,7 +26,8 @@ deps:
 ## Tools of the HTTP and TLS tests (curl, the Prometheus text parser of python3-prometheus-client,
 ## the openssl command that makes the test certificates) and
 ## of the http benchmark (wrk), from Debian's packages when missing; and systemd's tools for the
-## systemd tests (best effort: without them those tests are skipped, saying so).
+## systemd tests and testssl.sh for the TLS scan test (best effort: without them those tests are
+## skipped, saying so).
 ## And the KV server's oracles: redis-server and redis-cli/redis-benchmark (redis-server,
 ## redis-tools) and a Python virtual environment with redis-py and pytest (kv-venv).
 test-tools:

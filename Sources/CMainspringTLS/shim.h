@@ -46,6 +46,32 @@ static inline void ms_ssl_ctx_harden(SSL_CTX *_Nonnull ctx) {
     SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
 }
 
+/// The errno an OpenSSL error code carries when it is a system error (`ERR_SYSTEM_ERROR`,
+/// `ERR_SYSTEM_MASK`: macros), else 0.
+static inline int ms_err_system_errno(unsigned long code) {
+    return ERR_SYSTEM_ERROR(code) ? (int)(code & ERR_SYSTEM_MASK) : 0;
+}
+
+/// The library of an OpenSSL error code (`ERR_GET_LIB`, over macros). 0 for a number that is
+/// no OpenSSL error: libevent puts `SSL_get_error`'s code (`SSL_ERROR_SSL` = 1,
+/// `SSL_ERROR_SYSCALL` = 5) among a bufferevent's OpenSSL errors.
+static inline int ms_err_library(unsigned long code) { return ERR_GET_LIB(code); }
+
+/// Whether an OpenSSL error code is "unexpected eof while reading" (OpenSSL 3): the peer closed
+/// its socket without close_notify (`ERR_GET_REASON`, `SSL_R_UNEXPECTED_EOF_WHILE_READING`).
+static inline int ms_err_is_unexpected_eof(unsigned long code) {
+#ifdef SSL_R_UNEXPECTED_EOF_WHILE_READING
+    return !ERR_SYSTEM_ERROR(code) && ERR_GET_LIB(code) == ERR_LIB_SSL
+        && ERR_GET_REASON(code) == SSL_R_UNEXPECTED_EOF_WHILE_READING;
+#else
+    return 0;
+#endif
+}
+
+/// `SSL_CTX_set_dh_auto` (a macro): DHE key exchange with a built-in RFC 7919 group sized to
+/// the certificate's key, for the DHE suites of the cipher list.
+static inline long ms_ssl_ctx_set_dh_auto(SSL_CTX *_Nonnull ctx) { return SSL_CTX_set_dh_auto(ctx, 1); }
+
 /// `XN_FLAG_RFC2253` (a composite macro): names printed as "CN=localhost,O=…".
 static const unsigned long ms_xn_flag_rfc2253 = XN_FLAG_RFC2253;
 

@@ -48,6 +48,35 @@ public enum TLSVersion: Int, Sendable, Comparable, CustomStringConvertible {
     public var description: String { self == .tls12 ? "TLSv1.2" : "TLSv1.3" }
 }
 
+/// Which cipher suites TLS 1.2 may agree on, on a server or a client. TLS 1.3's suites
+/// (AES-GCM and ChaCha20-Poly1305, every one with forward secrecy) are OpenSSL's defaults under
+/// every policy.
+public enum TLSCipherPolicy: Sendable, Equatable, CustomStringConvertible {
+    /// AEAD suites with forward secrecy only: Mozilla's "intermediate" profile — ECDHE key
+    /// exchange (and DHE, with an RSA certificate) with AES-GCM or ChaCha20-Poly1305. Every
+    /// client of the last ten years has some of them (Firefox 27, Chrome 31, Android 4.4.2,
+    /// Java 8, IE 11 on Windows 7, Safari 9, OpenSSL 1.0.1). The default.
+    case intermediate
+    /// OpenSSL's own default list for TLS 1.2 (as the system's OpenSSL configuration has it),
+    /// for a legacy peer that has none of `.intermediate`'s suites.
+    ///
+    /// **Dangerous.** It adds CBC-mode suites, whose MAC-then-encrypt records have given
+    /// timing and padding oracles that recover plaintext (Lucky Thirteen, padding-oracle
+    /// attacks on implementations), and suites with RSA key exchange, which have no forward
+    /// secrecy: whoever obtains the server's private key later — a stolen backup, a seized
+    /// server — decrypts every session recorded before. Scanners (testssl.sh, SSL Labs) report
+    /// a server that offers them. Use it only for a peer you cannot upgrade, on a context of
+    /// its own, never as a service's default.
+    case insecureLegacyCompatibility
+
+    public var description: String {
+        switch self {
+        case .intermediate: return "intermediate"
+        case .insecureLegacyCompatibility: return "insecureLegacyCompatibility"
+        }
+    }
+}
+
 /// The certificates a peer's certificate is checked against.
 public enum TLSTrustRoots: Sendable, Equatable {
     /// The system's store (Debian: `/etc/ssl/certs`, from `ca-certificates`).
@@ -102,15 +131,20 @@ public struct TLSServerConfiguration: Sendable, Equatable {
     /// A handshake that has not finished this long after the connection was accepted ends it
     /// (a client that stops mid-handshake). A period; default 10 s.
     public var handshakeTimeout: Duration
+    /// The TLS 1.2 cipher suites offered. Default `.intermediate`: AEAD suites with forward
+    /// secrecy only. Read `TLSCipherPolicy.insecureLegacyCompatibility` before widening it.
+    public var cipherPolicy: TLSCipherPolicy
 
     public init(certificates: [TLSCertificate], minimumVersion: TLSVersion = .tls12, applicationProtocols: [String] = [],
-                clientAuthentication: TLSClientAuthentication = .none, handshakeTimeout: Duration = .seconds(10))
+                clientAuthentication: TLSClientAuthentication = .none, handshakeTimeout: Duration = .seconds(10),
+                cipherPolicy: TLSCipherPolicy = .intermediate)
     {
         self.certificates = certificates
         self.minimumVersion = minimumVersion
         self.applicationProtocols = applicationProtocols
         self.clientAuthentication = clientAuthentication
         self.handshakeTimeout = handshakeTimeout
+        self.cipherPolicy = cipherPolicy
     }
 
     /// One certificate chain and key, from PEM files.
@@ -134,10 +168,15 @@ public struct TLSClientConfiguration: Sendable, Equatable {
     /// A handshake that has not finished this long after the TCP connection ends it. A period;
     /// default 10 s.
     public var handshakeTimeout: Duration
+    /// The TLS 1.2 cipher suites offered. Default `.intermediate`: AEAD suites with forward
+    /// secrecy only (a server with nothing else is refused). Read
+    /// `TLSCipherPolicy.insecureLegacyCompatibility` before widening it.
+    public var cipherPolicy: TLSCipherPolicy
 
     public init(trustRoots: TLSTrustRoots = .system, verification: TLSServerVerification = .full,
                 minimumVersion: TLSVersion = .tls12, applicationProtocols: [String] = [],
-                certificate: TLSCertificate? = nil, handshakeTimeout: Duration = .seconds(10))
+                certificate: TLSCertificate? = nil, handshakeTimeout: Duration = .seconds(10),
+                cipherPolicy: TLSCipherPolicy = .intermediate)
     {
         self.trustRoots = trustRoots
         self.verification = verification
@@ -145,6 +184,7 @@ public struct TLSClientConfiguration: Sendable, Equatable {
         self.applicationProtocols = applicationProtocols
         self.certificate = certificate
         self.handshakeTimeout = handshakeTimeout
+        self.cipherPolicy = cipherPolicy
     }
 }
 

@@ -1,34 +1,11 @@
 // Sources/MainspringTLS/OpenSSL/ is the only folder of MainspringTLS that calls OpenSSL or
-// libevent's OpenSSL bufferevents, or holds their pointers: contexts (this file), sessions and
-// handshakes (SSLSession.swift), the established connection's layer (TLSLayer.swift). The rest
-// of the module sees typed Swift values.
+// libevent's OpenSSL bufferevents, or holds their pointers: contexts (this file), sessions,
+// handshakes and the established connection's layer (SSLSession.swift), OpenSSL's errors in
+// words (SSLErrors.swift), HTTPS's bufferevents (HTTPSLayer.swift). The rest of the module sees
+// typed Swift values.
 internal import CMainspringTLS
 import Foundation
 import Mainspring
-
-/// OpenSSL's text for one error code ("error:0A000086:SSL routines::certificate verify failed").
-func openSSLErrorText(_ code: UInt) -> String {
-    var text = [CChar](repeating: 0, count: 256)
-    ERR_error_string_n(code, &text, text.count)
-    return String(decoding: text.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
-}
-
-/// OpenSSL's error queue (this thread's), as one line, emptied; `fallback` when it is empty.
-func takeOpenSSLErrors(fallback: String = "unknown OpenSSL error") -> String {
-    var reasons: [String] = []
-    while true {
-        let code = ERR_get_error()
-        if code == 0 { break }
-        reasons.append(openSSLErrorText(code))
-    }
-    // "error:0A000086:SSL routines::certificate verify failed" → the part after the last ':'s
-    // is what a reader wants; keep the whole for the rest.
-    let readable = reasons.map { reason -> String in
-        let parts = reason.split(separator: ":", omittingEmptySubsequences: false)
-        return parts.count >= 5 ? parts[4...].joined(separator: ":") : reason
-    }
-    return readable.isEmpty ? fallback : readable.joined(separator: "; ")
-}
 
 /// One `SSL_CTX`, freed with the handle (OpenSSL counts references: sessions made from it keep
 /// it alive as long as they need it).
@@ -124,6 +101,9 @@ final class ServerContextSet: @unchecked Sendable {
                                       alpn: configuration.applicationProtocols)
         ms_ssl_ctx_harden(ctx)
         _ = ms_ssl_ctx_set_min_version(ctx, Int32(configuration.minimumVersion.rawValue))
+        try applyCipherPolicy(configuration.cipherPolicy, to: ctx)
+        // The DHE suites of the list, with an RSA certificate: an RFC 7919 group sized to its key.
+        _ = ms_ssl_ctx_set_dh_auto(ctx)
         try useCertificate(certificate, in: ctx)
         // Sessions resume from the server's cache; the id context ties them to this service.
         var id = Array("mainspring".utf8)
@@ -156,6 +136,7 @@ final class ServerContextSet: @unchecked Sendable {
         let handle = SSLContextHandle(raw: ctx, serverNames: [], alpn: configuration.applicationProtocols)
         ms_ssl_ctx_harden(ctx)
         _ = ms_ssl_ctx_set_min_version(ctx, Int32(configuration.minimumVersion.rawValue))
+        try applyCipherPolicy(configuration.cipherPolicy, to: ctx)
         switch configuration.verification {
         case .full, .chainOnly:
             try loadTrustRoots(configuration.trustRoots, into: ctx)
@@ -178,6 +159,30 @@ final class ServerContextSet: @unchecked Sendable {
 /// run on several threads at once (two servers made at the same moment failed to read the same
 /// good key, "unsupported"). Building a context is rare and takes a millisecond or so.
 private let contextBuilding = NSLock()
+
+/// TLS 1.2's cipher suites under `.intermediate`: Mozilla's "intermediate" profile (version 5.7),
+/// AEAD with forward secrecy only. TLS 1.3's are OpenSSL's defaults (`SSL_CTX_set_cipher_list`
+/// does not touch them).
+private let intermediateCipherList = [
+    "ECDHE-ECDSA-AES128-GCM-SHA256", "ECDHE-RSA-AES128-GCM-SHA256",
+    "ECDHE-ECDSA-AES256-GCM-SHA384", "ECDHE-RSA-AES256-GCM-SHA384",
+    "ECDHE-ECDSA-CHACHA20-POLY1305", "ECDHE-RSA-CHACHA20-POLY1305",
+    "DHE-RSA-AES128-GCM-SHA256", "DHE-RSA-AES256-GCM-SHA384", "DHE-RSA-CHACHA20-POLY1305",
+].joined(separator: ":")
+
+/// Restricts TLS 1.2's cipher suites to `policy`'s (`.insecureLegacyCompatibility` leaves
+/// OpenSSL's default list).
+private func applyCipherPolicy(_ policy: TLSCipherPolicy, to ctx: OpaquePointer) throws(TLSConfigurationError) {
+    switch policy {
+    case .intermediate:
+        guard SSL_CTX_set_cipher_list(ctx, intermediateCipherList) == 1 else {
+            throw TLSConfigurationError(what: "cipher suites", source: "TLSCipherPolicy.intermediate",
+                                        reason: takeOpenSSLErrors(fallback: "OpenSSL has none of them"))
+        }
+    case .insecureLegacyCompatibility:
+        break
+    }
+}
 
 /// Loads a certificate chain and its key into `ctx`, and checks that they match.
 private func useCertificate(_ certificate: TLSCertificate, in ctx: OpaquePointer) throws(TLSConfigurationError) {

@@ -68,34 +68,37 @@ final class SSLSession {
     func step() -> Step {
         guard let ssl = raw else { return .failed("the session is gone") }
         ERR_clear_error()
+        errno = 0
         let rc = SSL_do_handshake(ssl)
         if rc == 1 { return .done }
+        let failedErrno = errno
         let code = SSL_get_error(ssl, rc)
         switch code {
         case SSL_ERROR_WANT_READ: return .wantRead
         case SSL_ERROR_WANT_WRITE: return .wantWrite
-        case SSL_ERROR_SYSCALL:
-            let reason = takeOpenSSLErrors(fallback: "")
-            if !reason.isEmpty { return .failed("handshake failed: \(reason)") }
-            return .failed(errno == 0 ? "the peer closed the connection during the handshake"
-                : "handshake failed: \(String(cString: strerror(errno)))")
-        case SSL_ERROR_ZERO_RETURN:
-            return .failed("the peer closed the connection during the handshake")
-        default:
-            return .failed("handshake failed: \(failureReason(ssl))")
+        default: return .failed(failureReason(ssl, code: code, errno: failedErrno))
         }
     }
 
-    /// Why the handshake failed: the certificate check that failed, or OpenSSL's errors.
-    private func failureReason(_ ssl: OpaquePointer) -> String {
-        let errors = takeOpenSSLErrors()
+    /// Why the handshake failed, once, in words: the peer's close, the certificate check that
+    /// failed, OpenSSL's reasons, or `SSL_get_error`'s condition when OpenSSL gave no reason.
+    private func failureReason(_ ssl: OpaquePointer, code: Int32, errno: Int32) -> String {
+        let errors = OpenSSLErrors.take()
+        if errors.peerClosedWithoutCloseNotify { return peerClosedDuringHandshake }
         let verify = SSL_get_verify_result(ssl)
         if verify != X509_V_OK, let text = X509_verify_cert_error_string(verify) {
-            let check = String(cString: text)
-            return isServer ? "the client's certificate did not verify: \(check) (\(errors))"
-                : "the server's certificate did not verify: \(check) (\(errors))"
+            let whose = isServer ? "the client's certificate" : "the server's certificate"
+            // OpenSSL's own reason is "certificate verify failed": the check that failed says it.
+            let others = errors.reasons.filter { $0 != "certificate verify failed" }
+            let more = others.isEmpty ? "" : " (\(others.joined(separator: "; ")))"
+            return "\(whose) did not verify: \(String(cString: text))\(more)"
         }
-        return errors
+        if !errors.isEmpty { return "handshake failed: \(errors.text)" }
+        switch code {
+        case SSL_ERROR_SYSCALL where errno == 0: return peerClosedDuringHandshake
+        case SSL_ERROR_ZERO_RETURN: return "the peer ended the TLS session (close_notify) during the handshake"
+        default: return "handshake failed: \(sslErrorCondition(code, errno: errno))"
+        }
     }
 
     /// The established session's details.
@@ -191,18 +194,22 @@ final class TLSLayer: ConnectionTransport {
     var details: (any Sendable)? { session }
 
     func interpretFailure(errno code: Int32) -> TransportFailure {
-        var reasons: [String] = []
+        // libevent's list: `SSL_get_error`'s code for the failed read or write (1 for
+        // SSL_ERROR_SSL, 5 for SSL_ERROR_SYSCALL; no OpenSSL error has library 0), then
+        // OpenSSL's queue — handed back last first.
+        var entries: [UInt] = []
         while true {
-            let error = bufferevent_get_openssl_error(bufferevent)
-            if error == 0 { break }
-            let line = openSSLErrorText(error)
-            let parts = line.split(separator: ":", omittingEmptySubsequences: false)
-            reasons.append(parts.count >= 5 ? parts[4...].joined(separator: ":") : line)
+            let entry = bufferevent_get_openssl_error(bufferevent)
+            if entry == 0 { break }
+            entries.insert(entry, at: 0)
         }
-        if !reasons.isEmpty { return .closed(.tls(reasons.joined(separator: "; "))) }
-        // No TLS error: the socket ended (errno 0: the peer closed it without close_notify,
+        // Nothing from TLS: the socket ended (errno 0: the peer closed it without close_notify,
         // which HTTP/1.1 clients and line protocols do — an end of input) or failed (a reset).
-        return code == 0 ? .endOfInput : .socketError
+        guard let first = entries.first else { return code == 0 ? .endOfInput : .socketError }
+        let errors = OpenSSLErrors(codes: entries.filter { ms_err_library($0) != 0 })
+        if !errors.isEmpty { return .closed(.tls(errors.text)) }
+        // Only `SSL_get_error`'s code: its condition (a failed system call names its errno).
+        return .closed(.tls(sslErrorCondition(Int32(truncatingIfNeeded: first), errno: code)))
     }
 
     func willClose() {
