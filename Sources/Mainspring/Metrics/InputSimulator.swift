@@ -335,20 +335,15 @@ private final class SimulatedInputSource: DeadlineSource {
     }
 }
 
-/// Exponentially distributed intervals from a fixed seed (SplitMix64), so a simulated Poisson
-/// pattern repeats exactly.
+/// Exponentially distributed intervals from a fixed seed, so a simulated Poisson pattern
+/// repeats exactly.
 private struct SeededIntervals {
-    private var state: UInt64
+    private var generator: SplitMix64
 
-    init(seed: UInt64) { state = seed }
+    init(seed: UInt64) { generator = SplitMix64(seed: seed) }
 
     mutating func exponential(mean: Double) -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        z ^= z >> 31
-        let u = Double(z >> 11) / Double(1 << 53)
+        let u = Double(generator.next() >> 11) / Double(1 << 53)
         return UInt64(min(-log1p(-u) * mean, 1e12))
     }
 }
