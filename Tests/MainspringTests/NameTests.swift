@@ -276,6 +276,40 @@ struct NameTests {
         }
         #expect(v4 && v6 && named)
     }
+
+    @Test("binding a host name is refused at once (resolving it would block the loop); resolve first, then bind the address")
+    func bindingANameNeedsAnAddress() async throws {
+        // A name that would take the resolver's time (and not exist): before, the listener called
+        // getaddrinfo for it on the loop's thread and threw hostNotFound when that came back.
+        let name = Self.hostsFileName() ?? "mainspring-test.invalid"
+        let group = try EventLoopGroup(loopCount: 1)
+        let loop = group.loops[0]
+        let errors = try await loop.submit { () -> [EventLoopError?] in
+            var errors: [EventLoopError?] = []
+            do throws(EventLoopError) {
+                _ = try Listener(host: name, port: 0, on: loop) { $0.close() }
+                errors.append(nil)
+            } catch {
+                errors.append(error)
+            }
+            do throws(EventLoopError) {
+                _ = try DatagramSocket(bindingTo: name, port: 0, on: loop)
+                errors.append(nil)
+            } catch {
+                errors.append(error)
+            }
+            return errors
+        }
+        #expect(errors == [.bindNeedsAddress(host: name), .bindNeedsAddress(host: name)])
+        #expect(errors.first??.description.contains("EventLoop.resolve") == true)
+        // The way the error names: resolve off the loop, then bind one of the addresses.
+        let addresses = try await loop.resolve("localhost", port: 0)
+        let address = try #require(addresses.first)
+        let listener = try await loop.submit { try Self.echoServer(host: address.host, on: loop) }
+        #expect(listener.port != 0)
+        listener.close()
+        await group.shutdown()
+    }
 }
 
 /// A TCP socket bound to `host:port` and never listening: connects to it are refused, and the

@@ -26,7 +26,7 @@ final class SocketListener {
     /// The bound address, for messages: "127.0.0.1:7000", "[::1]:7000", a unix socket's path.
     let localAddress: String
 
-    /// Binds `host:port` (a literal, "localhost", or a name: see `listeningAddress(for:port:)`)
+    /// Binds `host:port` (a literal or "localhost"; a name is refused: see `listeningAddress(for:port:)`)
     /// and listens.
     init(base: EventBase, host: String, port: UInt16, backlog: Int32, target: SocketListenerTarget)
         throws(EventLoopError)

@@ -62,6 +62,12 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
     /// socket, a listener, a signal, a child process — or can never make progress (a deadlock).
     /// `refused` says what. Nothing real is mixed into a simulation silently.
     case simulatedLoop(refused: String)
+    /// A listener or a datagram socket was asked to bind a host name: binding happens on the
+    /// loop's thread, where resolving the name (`getaddrinfo`, which can take seconds) would
+    /// stall every connection of the loop. Resolve it first, off the loop, with
+    /// ``EventLoop/resolve(_:port:timeout:)``, and bind one of its addresses; literals and
+    /// `"localhost"` bind directly.
+    case bindNeedsAddress(host: String)
 
     public var description: String {
         switch self {
@@ -109,6 +115,10 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
         case .datagramTooLarge(let size, let limit):
             return limit.map { "a datagram of \(size) bytes is larger than UDP's \($0)-byte limit" }
                 ?? "a datagram of \(size) bytes is too large for the socket (EMSGSIZE)"
+        case .bindNeedsAddress(let host):
+            return "cannot bind the host name '\(host)' on the loop's thread (resolving it would block the loop): "
+                + "resolve it first with EventLoop.resolve(_:port:timeout:) and bind one of its addresses, "
+                + "or bind an IPv4 or IPv6 address or \"localhost\""
         case .simulatedLoop(let refused):
             return "a simulated loop refuses \(refused); simulated loops run on virtual time with nothing real in them"
         }

@@ -103,10 +103,9 @@ func listeningAddress(for host: String, port: UInt16) throws(EventLoopError) -> 
     if let literal = numericAddress(host, port: port) { return literal }
     if host == "localhost", let loopback = numericAddress("127.0.0.1", port: port) { return loopback }
     guard isPlausibleHostName(host) else { throw .invalidAddress(host) }
-    switch lookUpAddresses(host, port: port) {
-    case .success(let addresses): return addresses[0]
-    case .failure(let error): throw error
-    }
+    // Resolving here would call getaddrinfo on the loop's thread: a slow resolver would stall
+    // every connection of the loop. The caller resolves off the loop (`EventLoop.resolve`).
+    throw .bindNeedsAddress(host: host)
 }
 
 /// A new TCP socket bound to `address` and listening (non-blocking, close-on-exec,

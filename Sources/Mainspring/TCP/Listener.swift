@@ -34,7 +34,9 @@ public final class Listener: @unchecked Sendable {
     /// `loop` when `group` is nil) and passed to `accept` there, on that loop's thread.
     ///
     /// Must be called on `loop`'s thread.
-    /// - Throws: `EventLoopError.invalidAddress`, `.system` (address in use, …), `.wrongThread`.
+    /// - Throws: `EventLoopError.invalidAddress`, `.bindNeedsAddress` (a host name: resolve it
+    ///   first with `EventLoop.resolve(_:port:timeout:)`), `.system` (address in use, …),
+    ///   `.wrongThread`.
     public convenience init(host: String = "127.0.0.1", port: UInt16 = 0, on loop: EventLoop, group: EventLoopGroup? = nil,
                             options: Connection.Options = .init(), backlog: Int32 = 511,
                             accept: @escaping @Sendable (Connection) -> Void) throws(EventLoopError)
@@ -106,7 +108,9 @@ public final class Listener: @unchecked Sendable {
     ///
     /// Accepting pauses while `maxWaitingConnections` accepted connections wait to be taken,
     /// so a consumer that lags leaves further clients in the kernel's backlog.
-    /// - Throws: `EventLoopError.invalidAddress`, `.system` (address in use, …), `.loopClosed`.
+    /// - Throws: `EventLoopError.invalidAddress`, `.bindNeedsAddress` (a host name: resolve it
+    ///   first with `EventLoop.resolve(_:port:timeout:)`), `.system` (address in use, …),
+    ///   `.loopClosed`.
     public convenience init(host: String = "127.0.0.1", port: UInt16 = 0, on loop: EventLoop,
                             group: EventLoopGroup? = nil, options: Connection.Options = .init(),
                             backlog: Int32 = 511) async throws(EventLoopError)

@@ -137,11 +137,12 @@ public final class DatagramSocket: Sendable {
     var source: DatagramSource { state.value }
 
     /// A UDP socket bound to `host` and `port` on `loop`. `host` is an IPv4 or IPv6 literal
-    /// (`"0.0.0.0"`, `"::"` — dual-stack, `"127.0.0.1"`, `"::1"`), `"localhost"` (127.0.0.1) or
-    /// a name (its first address, looked up once, blocking, on the calling thread); port 0 lets
+    /// (`"0.0.0.0"`, `"::"` — dual-stack, `"127.0.0.1"`, `"::1"`) or `"localhost"` (127.0.0.1);
+    /// a host name is refused (`.bindNeedsAddress`: resolving it here would block the loop —
+    /// resolve it first with ``EventLoop/resolve(_:port:timeout:)``); port 0 lets
     /// the kernel choose (read ``localAddress``). Datagrams wait in the kernel until
     /// ``onReceive(_:)`` or `datagrams()` starts reading. Loop thread only.
-    /// - Throws: `.wrongThread`, `.invalidAddress`, `.hostNotFound`, `.system` (the `bind`'s
+    /// - Throws: `.wrongThread`, `.invalidAddress`, `.bindNeedsAddress`, `.system` (the `bind`'s
     ///   errno: EADDRINUSE, EACCES…), `.libevent`.
     public init(bindingTo host: String, port: UInt16, on loop: EventLoop, options: Options = Options())
         throws(EventLoopError)
