@@ -60,9 +60,6 @@ final class TimerQueue: NativeEventTarget {
     }
 
     private unowned(unsafe) let loop: EventLoop
-    /// Whether the loop is simulated: its simulation reads `nextDeadline`, libevent's timer is
-    /// never armed.
-    private let isSimulated: Bool
     @exclusivity(unchecked) private var heap: [Entry] = []
     private var lastSequence: UInt64 = 0
     /// libevent's timer, made on first use.
@@ -75,7 +72,6 @@ final class TimerQueue: NativeEventTarget {
     /// - Parameter loop: the loop that owns the queue (and outlives it).
     init(loop: EventLoop) {
         self.loop = loop
-        self.isSimulated = loop.isSimulatedLoop
     }
 
     /// The next creation sequence number.
@@ -112,7 +108,7 @@ final class TimerQueue: NativeEventTarget {
     /// while it runs callbacks.
     override func nativeEventFired(_ readiness: Readiness) {
         nativeDeadline = nil
-        fireDue(now: monotonicNanoseconds())
+        fireDue(now: loop.monotonicNow())
         if !heap.isEmpty && !rearmIsQueued {
             rearmIsQueued = true
             loop.beforeNextPoll(self)
@@ -137,7 +133,7 @@ final class TimerQueue: NativeEventTarget {
     /// armed. Nothing to do when it already is, or on a simulated loop (whose simulation reads
     /// `nextDeadline` instead).
     private func updateNative() {
-        guard !rearmIsQueued, !isSimulated else { return }
+        guard !rearmIsQueued, !loop.isSimulated else { return }
         guard let first = heap.first else {
             if nativeDeadline != nil {
                 native?.delete()
@@ -146,7 +142,7 @@ final class TimerQueue: NativeEventTarget {
             return
         }
         guard nativeDeadline != first.deadline else { return }
-        let now = monotonicNanoseconds()  // a real loop's: a simulated one never gets here
+        let now = loop.monotonicNow()
         // event_add on a timer fails only when libevent runs out of memory; there is no way on.
         do {
             try nativeEvent().add(timeoutNanoseconds: first.deadline > now ? first.deadline - now : 0)

@@ -56,9 +56,11 @@ public final class EventLoop: @unchecked Sendable {
     let timeSource: DispatchClock
     /// The simulation that drives this loop (`MainspringTesting`); nil for a real loop.
     let simulation: (any LoopSimulating)?
-    /// `simulation != nil`, as a plain flag: the hot paths test it without copying (and so
-    /// retaining) the existential.
-    let isSimulatedLoop: Bool
+    /// Whether this loop is simulated (`MainspringTesting`): its time is virtual and it refuses
+    /// real descriptors. (`simulation != nil` as a plain flag: the hot paths test it without
+    /// copying, and so retaining, the existential.)
+    @_spi(Simulation)
+    public let isSimulated: Bool
     private var wakeupTarget: WakeupTarget?
     /// Target of the timer that bounds a blocking poll in `spin(until:timeout:)`: does nothing.
     private let timeoutTarget = NativeEventTarget()
@@ -123,7 +125,7 @@ public final class EventLoop: @unchecked Sendable {
         self.configuration = configuration
         self.isMainLoop = isMainLoop
         self.simulation = simulation
-        self.isSimulatedLoop = simulation != nil
+        self.isSimulated = simulation != nil
         self.timeSource = DispatchClock(fast: FastClock.shared, virtual: simulation?.clock)
         self.base = try EventBase()
         self.wakeup = try WakeupDescriptor()
@@ -137,7 +139,7 @@ public final class EventLoop: @unchecked Sendable {
         wakeupTarget = target
         actorExecutor.loop = self
         // Only the loop's own eventfd is real on a simulated loop.
-        base.refusesDescriptors = simulation != nil
+        base.refusesDescriptors = isSimulated
     }
 
     deinit {
@@ -269,7 +271,7 @@ public final class EventLoop: @unchecked Sendable {
     /// optimiser inlines the dispatch pass, `Scheduler.runPass`, here: otherwise the closure
     /// below retains and releases the loop once per callback.)
     private func iterate(blocking: Bool, deadline: UInt64?, condition: () -> Bool) throws(EventLoopError) -> Int {
-        if isSimulatedLoop { return iterateSimulated(blocking: blocking, deadline: deadline, condition: condition) }
+        if isSimulated { return iterateSimulated(blocking: blocking, deadline: deadline, condition: condition) }
         // One lock per pass: either take the cross-thread posts, or (nothing to do at all)
         // declare the loop asleep so that the next producer writes the eventfd.
         let mightSleep = blocking && !scheduler.hasReadyWork
@@ -317,8 +319,9 @@ public final class EventLoop: @unchecked Sendable {
         runPrePollActions()
         scheduler.counters.polls += 1
         pollStamp = 0
-        activityStamp.set(max(clock.now(), 1))
-        timerQueue.fireDue(now: timeSource.now())
+        let now = clock.now()  // never 0: virtual readings start at `VirtualClock.epoch`
+        activityStamp.set(now)
+        timerQueue.fireDue(now: now)
         _ = takeRemoteWork(orSleep: false)
         scheduler.promoteNextTurn(clock: clock)
         return whileRunning(nested: false) {

@@ -76,11 +76,6 @@ extension EventLoop {
     /// on a simulated loop. Any thread.
     @inline(__always)
     func monotonicNow() -> UInt64 { timeSource.monotonicNow() }
-
-    /// Whether this loop is simulated (`MainspringTesting`): its time is virtual and it refuses
-    /// real descriptors.
-    @_spi(Simulation)
-    public var isSimulated: Bool { isSimulatedLoop }
 }
 
 /// What drives simulated loops (`MainspringTesting`'s `Simulation`): owns their virtual clock,
@@ -130,7 +125,7 @@ struct SimulatedDispatchClock: SchedulerClock {
     init(loop: EventLoop, simulation: any LoopSimulating) {
         self.loop = loop
         self.simulation = simulation
-        clock = loop.timeSource.virtual ?? Unmanaged.passUnretained(simulation.clock)
+        clock = Unmanaged.passUnretained(simulation.clock)
     }
 
     @inline(__always)

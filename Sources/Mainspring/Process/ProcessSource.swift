@@ -56,35 +56,36 @@ final class ProcessShared: Sendable {
     func reapIfExited() -> Reaped? {
         state.withLock { state -> Reaped? in
             guard state.status == nil else { return nil }
-            if simulated != nil {
-                guard let status = state.simulatedExit else { return nil }
-                state.status = status
-                defer { state.waiters = [] }
-                return Reaped(status: status, waiters: state.waiters, descriptor: -1)
-            }
-            var result = state.descriptor >= 0 ? reapExited(processDescriptor: state.descriptor) : reapExited(process: pid)
-            if case .failed(let code) = result, code == EINVAL, state.descriptor >= 0 {
-                // A kernel with pidfds but without waitid's P_PIDFD (5.3): by number, which is
-                // still ours (the child is not reaped).
-                result = reapExited(process: pid)
-            }
-            let status: Subprocess.ExitStatus
-            switch result {
-            case .running: return nil
-            case .reaped(.exited(let code)): status = .exited(code)
-            case .reaped(.signaled(let signal)): status = .signaled(signal)
-            case .failed:
-                // ECHILD: reaped by someone else (SIGCHLD ignored, a waitpid(-1)). Any other
-                // failure cannot be waited out either: the exit is reported as unknown rather
-                // than never.
-                status = .reapedElsewhere
-            }
+            // A simulated program reports its exit; a real child is asked of the kernel.
+            guard let status = simulated != nil ? state.simulatedExit : reapFromKernel(descriptor: state.descriptor)
+            else { return nil }
             state.status = status
             let waiters = state.waiters
             state.waiters = []
             let descriptor = state.descriptor
             state.descriptor = -1
             return Reaped(status: status, waiters: waiters, descriptor: descriptor)
+        }
+    }
+
+    /// Reaps the real child through its pidfd (or by number without one): its status, or nil
+    /// while it runs. Called with the state's lock held.
+    private func reapFromKernel(descriptor: Int32) -> Subprocess.ExitStatus? {
+        var result = descriptor >= 0 ? reapExited(processDescriptor: descriptor) : reapExited(process: pid)
+        if case .failed(let code) = result, code == EINVAL, descriptor >= 0 {
+            // A kernel with pidfds but without waitid's P_PIDFD (5.3): by number, which is
+            // still ours (the child is not reaped).
+            result = reapExited(process: pid)
+        }
+        switch result {
+        case .running: return nil
+        case .reaped(.exited(let code)): return .exited(code)
+        case .reaped(.signaled(let signal)): return .signaled(signal)
+        case .failed:
+            // ECHILD: reaped by someone else (SIGCHLD ignored, a waitpid(-1)). Any other
+            // failure cannot be waited out either: the exit is reported as unknown rather
+            // than never.
+            return .reapedElsewhere
         }
     }
 

@@ -127,12 +127,12 @@ extension Subprocess {
         let name = configuration.executable
         let redirections = [configuration.standardInput, configuration.standardOutput, configuration.standardError]
         for (index, redirection) in redirections.enumerated() {
-            guard case .file(let path) = redirection else { continue }
-            throw .simulatedLoop(refused: "the file \(path) for the \(streamNames[index]) of '\(name)'")
-        }
-        for (index, redirection) in redirections.enumerated() {
-            guard case .appendingToFile(let path) = redirection else { continue }
-            throw .simulatedLoop(refused: "the file \(path) for the \(streamNames[index]) of '\(name)'")
+            switch redirection {
+            case .file(let path), .appendingToFile(let path):
+                throw .simulatedLoop(refused: "the file \(path) for the \(streamNames[index]) of '\(name)'")
+            default:
+                continue
+            }
         }
         guard let simulation = loop.simulation,
             let child = simulation.makeProgram(executable: name, arguments: configuration.arguments,
