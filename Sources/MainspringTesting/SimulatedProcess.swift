@@ -130,7 +130,7 @@ public final class SimulatedProcess: @unchecked Sendable {
     private func finish(_ status: Subprocess.ExitStatus) {
         guard exitStatus == nil else { return }
         exitStatus = status
-        exitedAt = .nanoseconds(Int64(clamping: simulation.clock.elapsed))
+        exitedAt = Duration(nanoseconds: simulation.clock.elapsed)
         let exited = self.exited
         self.exited = nil
         exited?(status)

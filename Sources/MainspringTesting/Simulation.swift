@@ -67,7 +67,7 @@ public final class Simulation: @unchecked Sendable {
     }
 
     /// Virtual time since the simulation started.
-    public var now: Duration { .nanoseconds(Int64(clamping: core.clock.elapsed)) }
+    public var now: Duration { Duration(nanoseconds: core.clock.elapsed) }
 
     /// Moves virtual time forward by `duration`, running everything that falls due on the way
     /// **in deadline order, each callback seeing the clock at its own deadline** (a timer due at
@@ -77,7 +77,7 @@ public final class Simulation: @unchecked Sendable {
     /// thread drives the simulation.
     public func advance(by duration: Duration) {
         core.withDriving {
-            core.advance(to: core.clock.nanoseconds &+ duration.nonNegativeNanoseconds)
+            core.advance(to: core.clock.nanoseconds &+ duration.clampedNanoseconds)
         }
     }
 
@@ -95,7 +95,7 @@ public final class Simulation: @unchecked Sendable {
     /// task's slice on a simulated loop. The loops of one simulation share one modelled CPU: the
     /// time passes for all of them. A negative duration counts as zero.
     public func consume(_ duration: Duration) {
-        core.clock.advance(by: duration.nonNegativeNanoseconds)
+        core.clock.advance(by: duration.clampedNanoseconds)
     }
 
     /// One entry per dispatch so far, in order: the virtual instant, the loop's index, the kind
@@ -246,14 +246,5 @@ public enum SimulationTrace {
         }
 
         public var description: String { "\(instant) loop \(loop) \(kind) \(label)" }
-    }
-}
-
-extension Duration {
-    /// Whole nanoseconds; negative counts as zero (the library's rule for waits).
-    var nonNegativeNanoseconds: UInt64 {
-        let (seconds, attoseconds) = components
-        if seconds < 0 || (seconds == 0 && attoseconds <= 0) { return 0 }
-        return UInt64(seconds) &* 1_000_000_000 &+ UInt64(attoseconds / 1_000_000_000)
     }
 }

@@ -66,8 +66,9 @@ final class SimulationCore: LoopSimulating, @unchecked Sendable {
 
     func index(of loop: EventLoop) -> Int { indices[ObjectIdentifier(loop)] ?? -1 }
 
-    private var liveLoops: [(Int, EventLoop)] {
-        loops.enumerated().compactMap { index, entry in entry.loop.map { (index, $0) } }
+    /// The loops still alive, with their indices (lazily: no array per look).
+    private var liveLoops: some Sequence<(Int, EventLoop)> {
+        loops.enumerated().lazy.compactMap { index, entry in entry.loop.map { (index, $0) } }
     }
 
     // MARK: Driving
@@ -75,7 +76,7 @@ final class SimulationCore: LoopSimulating, @unchecked Sendable {
     /// Runs `body` as the simulation's driver on the calling thread: every loop is bound to it
     /// for the duration. One thread at a time (precondition); nested calls are fine.
     func withDriving<T>(_ body: () throws -> T) rethrows -> T {
-        let me = Self.threadID()
+        let me = currentThreadID()
         let (claimed, outermost) = driver.withLock { driver -> (Bool, Bool) in
             guard driver.thread == 0 || driver.thread == me else { return (false, false) }
             driver.thread = me
@@ -98,14 +99,12 @@ final class SimulationCore: LoopSimulating, @unchecked Sendable {
     }
 
     func adoptCallingThread(for loop: EventLoop) -> Bool {
-        let me = Self.threadID()
+        let me = currentThreadID()
         let free = driver.withLock { $0.thread == 0 || $0.thread == me }
         guard free else { return false }
         for (_, loop) in liveLoops { loop.adoptCallingThreadForSimulation() }
         return true
     }
-
-    private static func threadID() -> UInt { UInt(bitPattern: Int(bitPattern: pthreadSelf())) }
 
     /// Runs every loop's runnable work at the current instant, loop by loop in a seeded order,
     /// until none is left. Returns how many callbacks ran.
@@ -186,7 +185,7 @@ final class SimulationCore: LoopSimulating, @unchecked Sendable {
 
     func willDispatch(on loop: EventLoop, kind: String, label: String) {
         guard isTracing else { return }
-        trace.append(SimulationTrace.Entry(instant: .nanoseconds(Int64(clamping: clock.elapsed)),
+        trace.append(SimulationTrace.Entry(instant: Duration(nanoseconds: clock.elapsed),
                                            loop: index(of: loop), kind: kind, label: label))
     }
 
@@ -216,5 +215,4 @@ final class SimulationCore: LoopSimulating, @unchecked Sendable {
 
 #if canImport(Glibc)
 import Glibc
-@inline(__always) private func pthreadSelf() -> pthread_t { pthread_self() }
 #endif

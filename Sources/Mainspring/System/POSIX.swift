@@ -19,7 +19,7 @@ func monotonicNanoseconds() -> UInt64 {
 
 /// The calling thread's identity for ownership checks (`pthread_self`).
 @inline(__always)
-func currentThreadID() -> UInt { UInt(bitPattern: Int(bitPattern: pthread_self())) }
+package func currentThreadID() -> UInt { UInt(bitPattern: Int(bitPattern: pthread_self())) }
 
 /// Whether the caller is the process's main thread (its kernel thread id equals the pid).
 func isProcessMainThread() -> Bool { ms_gettid() == getpid() }
