@@ -27,6 +27,7 @@ var scenarios: [String: @MainActor () throws -> Void] = [
     "group-takeover": groupTakeoverScenario,
     "duration-misuse": durationMisuseScenario,
     "thousand-children": thousandChildrenScenario,
+    "descriptor-exhaustion": descriptorExhaustionScenario,
 ]
 #if MAINSPRING_MAIN_EXECUTOR
 scenarios["main-executor"] = mainExecutorScenario

@@ -2,6 +2,7 @@
 // libevent (the base, events, sockets, listeners). Everything here is internal; the rest of
 // Mainspring sees typed Swift wrappers. (System/ holds the operating system's own calls.)
 internal import CLibevent
+import Synchronization
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -38,8 +39,18 @@ final class EventBase {
         throw .libevent(function: "\(function)", errno: EBADF)
     }
 
+    /// How many descriptors `event_base_new` takes on Linux: the epoll instance, the timerfd of
+    /// `EVENT_BASE_FLAG_PRECISE_TIMER`, and the pipe of libevent's signal handling.
+    static let descriptorsPerBase = 4
+
     init() throws(EventLoopError) {
         _ = silenceLibeventLog
+        // libevent ends the process (`exit(1)`) when it cannot make its signal pipe, and quietly
+        // drops to coarse timers when the timerfd fails: out of descriptors, a new base must be
+        // an error, not either of those. So take the descriptors it needs first and hand them
+        // back just before it runs. (Another thread that opens a file in that instant can still
+        // take one; then libevent's fatal path runs, and says why: see `reportLibeventFatal`.)
+        try Self.checkDescriptorsAvailable(Self.descriptorsPerBase)
         guard let config = event_config_new() else { throw .libevent(function: "event_config_new", errno: errno) }
         defer { event_config_free(config) }
         let flags = EVENT_BASE_FLAG_NOLOCK.rawValue | EVENT_BASE_FLAG_PRECISE_TIMER.rawValue
@@ -51,6 +62,21 @@ final class EventBase {
     }
 
     deinit { event_base_free(raw) }
+
+    /// Throws `EventLoopError.system` (`EMFILE`, `ENFILE`) unless `count` descriptors can be
+    /// opened now: opens them (`/dev/null`, then duplicates) and closes them again.
+    private static func checkDescriptorsAvailable(_ count: Int) throws(EventLoopError) {
+        var probes: [Int32] = []
+        probes.reserveCapacity(count)
+        defer { for fd in probes { close(fd) } }
+        while probes.count < count {
+            let fd = probes.isEmpty ? open("/dev/null", O_RDONLY | O_CLOEXEC) : fcntl(probes[0], F_DUPFD_CLOEXEC, 0)
+            guard fd >= 0 else {
+                throw .system(function: "event_base_new (needs \(count) descriptors)", errno: errno)
+            }
+            probes.append(fd)
+        }
+    }
 
     /// One `event_base_loop(EVLOOP_ONCE)` pass: waits (unless `blocking` is false) until at least
     /// one event is ready, runs the trampolines of everything ready, and returns.
@@ -66,8 +92,26 @@ final class EventBase {
 }
 
 /// libevent prints its warnings to stderr by default. Mainspring reports every failure as an
-/// `EventLoopError` instead, so it installs a log callback that drops them (once per process).
-private let silenceLibeventLog: Void = event_set_log_callback { _, _ in }
+/// `EventLoopError` instead, so it installs a log callback that drops them (once per process) —
+/// but keeps the last error-level message, and a fatal-error callback that prints it: libevent
+/// ends the process on a few conditions it cannot recover from, and that end must say why.
+private let silenceLibeventLog: Void = {
+    event_set_log_callback { severity, message in
+        guard severity == EVENT_LOG_ERR, let message else { return }
+        lastLibeventError.withLock { $0 = String(cString: message) }
+    }
+    event_set_fatal_callback { code in reportLibeventFatal(code) }
+}()
+
+private let lastLibeventError = Mutex<String?>(nil)
+
+/// libevent's fatal-error callback: prints the reason on standard error. libevent then calls
+/// `exit` with `code`.
+private func reportLibeventFatal(_ code: Int32) {
+    let reason = lastLibeventError.withLock { $0 } ?? "no message"
+    let text = "Mainspring: libevent cannot go on and ends the process (status \(code)): \(reason)\n"
+    _ = text.withCString { write(2, $0, strlen($0)) }
+}
 
 /// Maps a libevent return code (negative on failure) to `EventLoopError.libevent`, with the
 /// `errno` the failed call left (read at once, before anything else can change it).

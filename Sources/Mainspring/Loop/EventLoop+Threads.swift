@@ -28,18 +28,29 @@ extension EventLoop {
     /// On a thread of Swift concurrency's cooperative pool (inside a `Task`) this is a loop that
     /// nobody runs; use `EventLoop.main`, a loop you run on a thread of your own, or an
     /// `EventLoopGroup`.
+    ///
+    /// A loop needs five descriptors (epoll, a timerfd, libevent's signal pipe, its eventfd). A
+    /// getter cannot throw: where the thread may have no loop yet while the process is out of
+    /// descriptors (a thread started under an `EMFILE` storm), call ``forCurrentThread()``,
+    /// which reports the failure as an error; here it stops the program with that error.
     public static var current: EventLoop {
-        if let loop = threadLoop.value { return loop }
-        let loop: EventLoop
-        if isProcessMainThread() {
-            loop = main
-        } else {
-            do {
-                loop = try EventLoop(configuration: .init(), isMainLoop: false)
-            } catch {
-                fatalError("Mainspring: cannot create a loop for this thread: \(error)")
-            }
+        do {
+            return try forCurrentThread()
+        } catch {
+            fatalError("Mainspring: cannot create a loop for this thread (\(error)); EventLoop.forCurrentThread() reports this as an error")
         }
+    }
+
+    /// The calling thread's loop, as ``current`` — created and bound to the thread on first
+    /// use — but a loop that cannot be created (out of file descriptors, `EMFILE`) is an error
+    /// instead of the end of the program. Any thread; once the thread has its loop, this is a
+    /// thread-local read.
+    ///
+    /// - Throws: `EventLoopError.system` or `.libevent` when the thread has no loop yet and
+    ///   none can be made; the next call tries again.
+    public static func forCurrentThread() throws(EventLoopError) -> EventLoop {
+        if let loop = threadLoop.value { return loop }
+        let loop = isProcessMainThread() ? main : try EventLoop(configuration: .init(), isMainLoop: false)
         _ = loop.claimThread()
         threadLoop.set(loop)
         return loop

@@ -27,6 +27,9 @@ import Foundation
 /// - `cancel()` (any thread) wakes the loop too: the spin ends, `willFinish()` runs (check
 ///   `isCancelled` there) and the operation finishes without waiting for `finish()`.
 /// - A `stop()` of the worker's loop also ends the spin; the operation is then cancelled.
+/// - A worker thread that has no loop yet and cannot make one (the process is out of file
+///   descriptors) does not call `execute()`: the operation is cancelled, `loopError` tells why,
+///   and `willFinish()` runs as after any cancellation.
 ///
 /// Sources you create on the loop belong to that worker thread's loop, which outlives the
 /// operation (Foundation reuses its threads): cancel your timers and watchers in `willFinish()`
@@ -40,6 +43,11 @@ open class SpinningOperation: AsyncOperation, @unchecked Sendable {
     /// The worker's loop while the operation executes (set before `execute()`, cleared after
     /// the spin): where `finish()`/`cancel()` from other threads post their wake-up.
     private let spinningLoop = Protected<EventLoop?>(nil)
+    private let loopFailure = Protected<EventLoopError?>(nil)
+
+    /// Why the operation was cancelled without executing: its worker thread had no loop and
+    /// none could be made (see `EventLoop.forCurrentThread()`); `nil` otherwise. Any thread.
+    public var loopError: EventLoopError? { loopFailure.withLock { $0 } }
 
     /// Creates a spinning operation; its `execute()` runs on the loop of the thread that starts it.
     public override init() {
@@ -59,7 +67,17 @@ open class SpinningOperation: AsyncOperation, @unchecked Sendable {
     }
 
     override func performExecution() {
-        let loop = EventLoop.current
+        let loop: EventLoop
+        do {
+            loop = try EventLoop.forCurrentThread()
+        } catch {
+            loopFailure.withLock { $0 = error }
+            super.cancel()
+            willFinish()
+            claimFinishing()
+            announceFinished(wasExecuting: true)
+            return
+        }
         spinningLoop.withLock { $0 = loop }
         execute()
         // `finish()` and `cancel()` from other threads change the condition first and post a
