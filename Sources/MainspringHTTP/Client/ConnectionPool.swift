@@ -26,7 +26,7 @@ final class ConnectionPool: Sendable {
 
     private struct Idle {
         let connection: Connection
-        let since: ContinuousClock.Instant
+        let since: LoopClock.Instant
     }
 
     private struct Host {
@@ -43,23 +43,26 @@ final class ConnectionPool: Sendable {
     private let state = ClientLock(State())
     let limit: Int
     let idleTimeout: Duration
+    /// The client's loop's clock: idle times are the loop's time (virtual on a simulated loop).
+    let clock: LoopClock
 
-    init(limit: Int, idleTimeout: Duration) {
+    init(limit: Int, idleTimeout: Duration, clock: LoopClock) {
         self.limit = limit
         self.idleTimeout = idleTimeout
+        self.clock = clock
     }
 
     /// An idle connection (the most recent), room for a new one, or a wait for either.
     func acquire(_ key: PoolKey) async throws(HTTPClientError) -> Grant {
         enum Immediate { case grant(Grant), wait, closed }
         var stale: [Connection] = []
-        let now = ContinuousClock.now
+        let now = clock.now
         let immediate = state.withLock { state -> Immediate in
             if state.isShutDown { return .closed }
             var host = state.hosts[key, default: Host()]
             defer { state.hosts[key] = host }
             while let last = host.idle.popLast() {
-                if now - last.since < idleTimeout { return .grant(.idle(last.connection)) }
+                if last.since.duration(to: now) < idleTimeout { return .grant(.idle(last.connection)) }
                 stale.append(last.connection)
                 host.open -= 1
             }
@@ -99,7 +102,7 @@ final class ConnectionPool: Sendable {
             guard var host = state.hosts[key] else { return nil }
             defer { state.hosts[key] = host }
             if !host.waiters.isEmpty { return host.waiters.removeFirst() }
-            host.idle.append(Idle(connection: connection, since: .now))
+            host.idle.append(Idle(connection: connection, since: clock.now))
             return nil
         }
         if let waiter {

@@ -51,8 +51,9 @@ public final class HTTPClient: Sendable {
         /// How long a connect (resolving a host name, and the TLS handshake, included) may
         /// take (a wait).
         public var connectTimeout: Duration
-        /// How long the response's head may take once the request is sent, and each later read
-        /// of its body (a wait).
+        /// How long the response's head may take once the request is sent (all of it, interim
+        /// `1xx` responses included), and each later read of its body (a wait). Timed on the
+        /// loop's clock.
         public var responseTimeout: Duration
         /// How long an idle connection stays in the pool.
         public var idleTimeout: Duration
@@ -166,7 +167,8 @@ public final class HTTPClient: Sendable {
         precondition(configuration.maxConnectionsPerHost >= 1, "HTTPClient: maxConnectionsPerHost must be at least 1")
         self.loop = loop
         self.configuration = configuration
-        pool = ConnectionPool(limit: configuration.maxConnectionsPerHost, idleTimeout: configuration.idleTimeout)
+        pool = ConnectionPool(limit: configuration.maxConnectionsPerHost, idleTimeout: configuration.idleTimeout,
+                              clock: loop.clock)
     }
 
     /// Closes the idle connections and fails requests made afterwards (and those waiting for a
@@ -381,6 +383,15 @@ public final class HTTPClient: Sendable {
         let loop = self.loop
         let options = configuration.connectionOptions
         let timeout = configuration.connectTimeout
+        // The connect and its timer race; the loser is let go: a connect that wins cancels the
+        // timer, a connect that comes too late is closed. The timer is the loop's (its clock:
+        // virtual time on a simulated loop).
+        let timer = Task {
+            // Cancelled when the connect wins: then it has nothing to report.
+            guard (try? await loop.sleep(for: timeout)) != nil else { return }
+            _ = outcome.finish(.failure(.connectTimeout(host: target.host, port: target.port, timeout)))
+        }
+        defer { timer.cancel() }
         let result: Result<Connection, HTTPClientError> = await withCheckedContinuation { continuation in
             outcome.arm(continuation)
             Task {
@@ -390,10 +401,6 @@ public final class HTTPClient: Sendable {
                 } catch {
                     _ = outcome.finish(.failure(Self.connectError(error, target: target)))
                 }
-            }
-            Task {
-                try? await Task.sleep(for: timeout)
-                _ = outcome.finish(.failure(.connectTimeout(host: target.host, port: target.port, timeout)))
             }
         }
         return try result.get()

@@ -114,28 +114,39 @@ final class ResponseReader: @unchecked Sendable {
 
     // MARK: Reading under the timeout
 
-    /// Runs `read` with the response timeout armed: when it passes, the connection is closed and
-    /// the read's failure becomes ``HTTPClientError/responseTimeout(_:)``.
-    private func timed<T: Sendable>(_ read: () async throws(Connection.CloseReason) -> T) async throws(HTTPClientError) -> T {
+    /// Runs `phase` — the whole head (interim `1xx` responses included), or one read of the
+    /// body — under one response timeout: when it passes, the connection is closed and the
+    /// phase's failure becomes ``HTTPClientError/responseTimeout(_:)``. The timer is one of the
+    /// loop's (`EventLoop.sleep(for:)`), so it runs on the loop's clock — virtual time on a
+    /// simulated loop — and a server that trickles its head a line at a time cannot stretch it.
+    private func underResponseTimeout<T: Sendable>(_ phase: () async throws(HTTPClientError) -> T)
+        async throws(HTTPClientError) -> T
+    {
         let limit = client.configuration.responseTimeout
         let connection = self.connection
         let fired = timeoutFired
+        let loop = client.loop
         let timer = Task {
-            try await Task.sleep(for: limit)
+            try await loop.sleep(for: limit)
             fired.value.store(true, ordering: .relaxed)
             connection.close()
         }
         defer { timer.cancel() }
         let result: T
         do {
-            result = try await read()
+            result = try await phase()
         } catch {
             if fired.value.load(ordering: .relaxed) { throw .responseTimeout(limit) }
-            throw .closedMidResponse("connection \(error) \(progress)")
+            throw error
         }
         // A read of a connection closed here ends with nil rather than an error.
         if fired.value.load(ordering: .relaxed) { throw .responseTimeout(limit) }
         return result
+    }
+
+    /// A read's failure as the client reports it: the connection closed mid-response.
+    private func closedMidResponse(_ reason: Connection.CloseReason) -> HTTPClientError {
+        .closedMidResponse("connection \(reason) \(progress)")
     }
 
     private var progress: String {
@@ -149,9 +160,11 @@ final class ResponseReader: @unchecked Sendable {
 
     /// A line (without CRLF) within `budget` bytes; `.headersTooLarge`-style failure by the caller.
     private func line(limit: Int) async throws(HTTPClientError) -> (text: String, size: Int)? {
-        let connection = self.connection
-        let found = try await timed { () throws(Connection.CloseReason) in
-            try await connection.read(until: [10], limit: max(1, limit))
+        let found: Connection.Delimited?
+        do {
+            found = try await connection.read(until: [10], limit: max(1, limit))
+        } catch {
+            throw closedMidResponse(error)
         }
         switch found {
         case nil:
@@ -168,10 +181,17 @@ final class ResponseReader: @unchecked Sendable {
 
     // MARK: The head
 
+    /// Reads the head under one response timeout. Interim responses (`100 Continue`, `103`)
+    /// are skipped, and count against the same timeout and the same `maxHeaderBytes`: a server
+    /// that sends them without end fails the request instead of keeping it forever.
     func readHead(url: String) async throws(HTTPClientError) -> ResponseHead {
+        try await underResponseTimeout { () throws(HTTPClientError) in try await readHeadLines(url: url) }
+    }
+
+    private func readHeadLines(url: String) async throws(HTTPClientError) -> ResponseHead {
         let maxHead = client.configuration.maxHeaderBytes
+        var budget = maxHead
         while true {
-            var budget = maxHead
             guard let statusLine = try await line(limit: budget) else {
                 throw .closedMidResponse(progress)
             }
@@ -245,16 +265,28 @@ final class ResponseReader: @unchecked Sendable {
 
     // MARK: The body
 
-    /// The next piece of the body; nil at its end (the connection then goes back to the pool).
+    /// The next piece of the body, under one response timeout; nil at its end (the connection
+    /// then goes back to the pool).
     func next() async throws(HTTPClientError) -> [UInt8]? {
-        let connection = self.connection
+        if case .done = framing { return nil }
+        if case .none = framing { return nil }
+        return try await underResponseTimeout { () throws(HTTPClientError) in try await nextPiece() }
+    }
+
+    private func read(upTo count: Int) async throws(HTTPClientError) -> [UInt8]? {
+        do {
+            return try await connection.read(upTo: count)
+        } catch {
+            throw closedMidResponse(error)
+        }
+    }
+
+    private func nextPiece() async throws(HTTPClientError) -> [UInt8]? {
         switch framing {
         case .none, .done:
             return nil
         case .length(let remaining):
-            let piece = try await timed { () throws(Connection.CloseReason) in
-                try await connection.read(upTo: min(remaining, 65_536))
-            }
+            let piece = try await read(upTo: min(remaining, 65_536))
             guard let piece, !piece.isEmpty else {
                 let what = progress
                 abandon()
@@ -268,9 +300,7 @@ final class ResponseReader: @unchecked Sendable {
             }
             return piece
         case .untilClose:
-            let piece = try await timed { () throws(Connection.CloseReason) in
-                try await connection.read(upTo: 65_536)
-            }
+            let piece = try await read(upTo: 65_536)
             guard let piece, !piece.isEmpty else {
                 framing = .done
                 abandon()
@@ -306,9 +336,7 @@ final class ResponseReader: @unchecked Sendable {
                 }
                 remaining = size
             }
-            let piece = try await timed { () throws(Connection.CloseReason) in
-                try await connection.read(upTo: min(remaining, 65_536))
-            }
+            let piece = try await read(upTo: min(remaining, 65_536))
             guard let piece, !piece.isEmpty else {
                 let what = progress
                 abandon()
