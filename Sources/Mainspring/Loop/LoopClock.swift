@@ -73,9 +73,9 @@ public final class VirtualClock: Sendable {
 
 extension EventLoop {
     /// Now, on the deadlines' scale: `CLOCK_MONOTONIC` nanoseconds on a real loop, virtual ones
-    /// on a simulated loop. Any thread.
+    /// on a simulated loop. Any thread. (Package: the HTTP server's deadlines read it too.)
     @inline(__always)
-    func monotonicNow() -> UInt64 { timeSource.monotonicNow() }
+    package func monotonicNow() -> UInt64 { timeSource.monotonicNow() }
 }
 
 /// What drives simulated loops (`MainspringTesting`'s `Simulation`): owns their virtual clock,

@@ -280,7 +280,7 @@ final class EvhttpConnection {
         let count = limit < 0 ? available : min(available, limit)
         if count == 0 { return BEV_NEED_MORE }
         if !head.isComplete {
-            if !head.scan(source, count: count) {
+            if !head.scan(source, count: count, clock: server.loop) {
                 evbuffer_drain(source, available)
                 refuse(.oversized)
                 return BEV_OK
@@ -323,7 +323,7 @@ final class EvhttpConnection {
     private func answer(_ refusal: Refusal) {
         rejectPending = false
         pendingRefusal = nil
-        answeredAt = monotonicNow()
+        answeredAt = server.loop.monotonicNow()
         let (status, reason, body) = switch refusal {
         case .oversized: (431, "Request Header Fields Too Large", "request head larger than \(head.maxHeaderBytes) bytes\n")
         case .badRequest(let problem): (400, "Bad Request", problem + "\n")
@@ -345,7 +345,7 @@ final class EvhttpConnection {
         let leftover = bufferevent_get_input(filter)!
         let length = evbuffer_get_length(leftover)
         guard length > 0 else { return }
-        if !head.scan(leftover, count: length) {
+        if !head.scan(leftover, count: length, clock: server.loop) {
             evbuffer_drain(leftover, length)
             rejectPending = true
             pendingRefusal = .oversized

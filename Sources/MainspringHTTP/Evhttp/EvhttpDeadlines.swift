@@ -4,15 +4,15 @@
 // timer (`LoopEndpoint`) calls `sweep`, which closes the connections past their deadline as if
 // evhttp's own timeout had fired, and those whose guard answer (431) is out.
 internal import CLibevent
-import Dispatch
+import Mainspring
 
 extension EvhttpServer {
     /// Closes connections whose request is arriving too slowly (head or body past its timeout)
     /// and those the head guard answered once their answer is out. Runs as a loop callback
     /// (a timer), not inside libevent. Returns whether a connection is still open.
     func sweep(now: UInt64) -> Bool {
-        let header = limits.headerTimeout.nanoseconds
-        let body = limits.bodyTimeout.nanoseconds
+        let header = limits.headerTimeout.clampedNanoseconds
+        let body = limits.bodyTimeout.clampedNanoseconds
         var expired: [EvhttpConnection] = []
         for connection in connections.values where connection.current == nil {
             let head = connection.head
@@ -37,16 +37,3 @@ extension EvhttpConnection {
         bufferevent_trigger_event(filter, Int16(BEV_EVENT_TIMEOUT | BEV_EVENT_READING), 0)
     }
 }
-
-extension Duration {
-    /// Whole nanoseconds, clamped to zero for negative durations.
-    var nanoseconds: UInt64 {
-        let (seconds, attoseconds) = components
-        if seconds < 0 { return 0 }
-        return UInt64(seconds) &* 1_000_000_000 &+ UInt64(max(0, attoseconds) / 1_000_000_000)
-    }
-}
-
-/// Monotonic nanoseconds.
-@inline(__always)
-func monotonicNow() -> UInt64 { DispatchTime.now().uptimeNanoseconds }

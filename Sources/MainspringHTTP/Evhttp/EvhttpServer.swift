@@ -81,7 +81,7 @@ final class EvhttpServer: @unchecked Sendable {
     private var acceptedThisTurn = 0
     private var isPausedForBurst = false
     private var isPausedForLimit = false
-    private let loop: EventLoop
+    let loop: EventLoop
 
     init(loop: EventLoop, limits: EvhttpLimits) throws(HTTPServerError) {
         self.loop = loop

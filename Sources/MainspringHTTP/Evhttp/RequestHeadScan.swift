@@ -12,6 +12,7 @@
 // a folded line or whitespace in a field name are answered 400; a transfer coding other than
 // `chunked` 501. The connection closes after the answer.
 internal import CLibevent
+import Mainspring
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -297,7 +298,7 @@ struct RequestHeadScan {
 
     /// Scans up to `count` bytes of `buffer` (an evbuffer, left as it is) for the blank line that
     /// ends a head. Returns false when the head is over the limit.
-    mutating func scan(_ buffer: OpaquePointer, count: Int) -> Bool {
+    mutating func scan(_ buffer: OpaquePointer, count: Int, clock loop: EventLoop) -> Bool {
         withUnsafeTemporaryAllocation(of: iovec.self, capacity: 8) { vectors in
             var offset = 0
             var position = evbuffer_ptr()
@@ -315,7 +316,7 @@ struct RequestHeadScan {
                     let vector = vectors[index]
                     guard let base = vector.iov_base else { continue }
                     let length = min(vector.iov_len, count - offset)
-                    if !scanBytes(UnsafeRawBufferPointer(start: base, count: length), now: &now) { return false }
+                    if !scanBytes(UnsafeRawBufferPointer(start: base, count: length), now: &now, clock: loop) { return false }
                     offset += length
                     if isComplete || offset >= count { break }
                 }
@@ -324,18 +325,19 @@ struct RequestHeadScan {
         }
     }
 
-    /// `scanBytes` over `chunk` (the fuzz harness's entry: no evbuffer). False once the head is
-    /// over the limit.
+    /// `scanBytes` over `chunk` (the fuzz harness's entry: no evbuffer, no loop, no time: its
+    /// stamps are all 1). False once the head is over the limit.
     mutating func scan(_ chunk: UnsafeRawBufferPointer) -> Bool {
-        var now: UInt64 = 0
-        return scanBytes(chunk, now: &now)
+        var now: UInt64 = 1
+        return scanBytes(chunk, now: &now, clock: nil)
     }
 
     /// Advances the scan over `chunk`, a line at a time (`memchr` finds the line ends); false once
-    /// the head is over the limit. `now` is read at most once per scan, when first needed.
-    private mutating func scanBytes(_ chunk: UnsafeRawBufferPointer, now: inout UInt64) -> Bool {
+    /// the head is over the limit. `now` is read at most once per scan, when first needed, from
+    /// the connection's loop's clock.
+    private mutating func scanBytes(_ chunk: UnsafeRawBufferPointer, now: inout UInt64, clock loop: EventLoop?) -> Bool {
         guard let base = chunk.baseAddress, chunk.count > 0 else { return true }
-        if bytes == 0 { startedAt = Self.read(&now) }
+        if bytes == 0 { startedAt = Self.read(&now, loop) }
         var offset = 0
         while offset < chunk.count {
             let remaining = chunk.count - offset
@@ -353,7 +355,7 @@ struct RequestHeadScan {
             if !hasContent {
                 // A line of nothing but CR and LF: the head is complete.
                 isComplete = true
-                bodyStartedAt = Self.read(&now)
+                bodyStartedAt = Self.read(&now, loop)
                 return bytes <= maxHeaderBytes
             }
             if bytes > maxHeaderBytes { return false }
@@ -370,8 +372,8 @@ struct RequestHeadScan {
         UnsafeRawBufferPointer(start: start, count: count).contains { $0 != 0x0D }
     }
 
-    private static func read(_ now: inout UInt64) -> UInt64 {
-        if now == 0 { now = monotonicNow() }
+    private static func read(_ now: inout UInt64, _ loop: EventLoop?) -> UInt64 {
+        if now == 0, let loop { now = loop.monotonicNow() }
         return now
     }
 }
