@@ -79,6 +79,10 @@ public final class HTTPServer: Sendable {
         /// The socket file's mode (`0o660`, say) when `unixPath` is a file path; nil leaves it
         /// to the umask. Default nil.
         public var unixMode: UInt16? = nil
+        /// Answer `503` to the requests a loop cannot serve in time, judged by their measured
+        /// queue wait (see ``HTTPServer/LoadShedding``); nil serves every request however late.
+        /// Default nil.
+        public var loadShedding: LoadShedding? = nil
 
         public init(host: String = "127.0.0.1", port: UInt16 = 0, maxHeaderBytes: Int = 8 * 1024,
                     maxBodyBytes: Int = 1 << 20, maxConnections: Int = 10_000, idleTimeout: Duration = .seconds(60),
@@ -146,6 +150,7 @@ public final class HTTPServer: Sendable {
         let socket: ListeningSocket
         let statistics: HTTPServerStatistics
         let shared: ServerShared
+        let shedding: HTTPServer.LoadShedding?
     }
 
     /// HTTPS (`MainspringTLS`): the async form with a layer under every connection.
@@ -167,6 +172,13 @@ public final class HTTPServer: Sendable {
         _ = requirePositive(configuration.idleTimeout, "HTTPServer.Configuration.idleTimeout")
         _ = requirePositive(configuration.headerTimeout, "HTTPServer.Configuration.headerTimeout")
         _ = requirePositive(configuration.bodyTimeout, "HTTPServer.Configuration.bodyTimeout")
+        if let shedding = configuration.loadShedding {
+            _ = requirePositive(shedding.queueWaitTarget, "HTTPServer.LoadShedding.queueWaitTarget")
+            _ = requirePositive(shedding.window, "HTTPServer.LoadShedding.window")
+            if let deadline = shedding.requestDeadline {
+                _ = requirePositive(deadline, "HTTPServer.LoadShedding.requestDeadline")
+            }
+        }
         let limits = EvhttpLimits(
             maxHeaderBytes: max(256, configuration.maxHeaderBytes), maxBodyBytes: max(0, configuration.maxBodyBytes),
             idleTimeout: max(floor, configuration.idleTimeout), headerTimeout: max(floor, configuration.headerTimeout),
@@ -179,7 +191,8 @@ public final class HTTPServer: Sendable {
         }
         return Plan(limits: limits, socket: socket, statistics: HTTPServerStatistics(),
                     shared: ServerShared(maxConnections: max(1, configuration.maxConnections),
-                                         socketFile: socket.unixFile))
+                                         socketFile: socket.unixFile),
+                    shedding: configuration.loadShedding)
     }
 
     private convenience init(loops: [EventLoop], configuration: Configuration, routes: HTTPRoutes,
@@ -193,7 +206,7 @@ public final class HTTPServer: Sendable {
                         loop.execute(priority: .input) {
                             continuation.resume(returning: Result { () throws(HTTPServerError) in
                                 try LoopEndpoint(loop: loop, routes: routes, statistics: plan.statistics, shared: plan.shared,
-                                                 limits: plan.limits, socket: plan.socket)
+                                                 limits: plan.limits, socket: plan.socket, shedding: plan.shedding)
                             })
                         } orElse: {
                             continuation.resume(returning: .failure(.closed))  // the loop is gone
@@ -230,7 +243,7 @@ public final class HTTPServer: Sendable {
         for loop in loops {
             let make = { () throws(HTTPServerError) -> LoopEndpoint in
                 try LoopEndpoint(loop: loop, routes: routes, statistics: plan.statistics, shared: plan.shared,
-                                 limits: plan.limits, socket: plan.socket)
+                                 limits: plan.limits, socket: plan.socket, shedding: plan.shedding)
             }
             do {
                 endpoints.append(try onLoop(loop, index: endpoints.count, make))

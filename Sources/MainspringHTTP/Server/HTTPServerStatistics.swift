@@ -11,6 +11,8 @@ public final class HTTPServerStatistics: Sendable {
     private let open = Atomic<Int>(0)
     private let accepted = Atomic<Int>(0)
     private let timedOut = Atomic<Int>(0)
+    private let shed = Atomic<Int>(0)
+    private let pastDeadline = Atomic<Int>(0)
 
     init() {}
 
@@ -27,6 +29,11 @@ public final class HTTPServerStatistics: Sendable {
         /// Connections closed because a request arrived too slowly (head or body past its
         /// timeout).
         public var connectionsTimedOut: Int
+        /// Requests answered `503` by load shedding because their loop's p99 queue wait was over
+        /// the target (see ``HTTPServer/LoadShedding``).
+        public var requestsShed: Int = 0
+        /// Requests answered `503` by load shedding because they waited past their deadline.
+        public var requestsPastDeadline: Int = 0
     }
 
     /// The counters now. Any thread.
@@ -36,7 +43,8 @@ public final class HTTPServerStatistics: Sendable {
                          "5xx": serverError.load(ordering: .relaxed)]
         return Snapshot(responses: responses, requestsInFlight: inFlight.load(ordering: .relaxed),
                         connectionsOpen: open.load(ordering: .relaxed), connectionsAccepted: accepted.load(ordering: .relaxed),
-                        connectionsTimedOut: timedOut.load(ordering: .relaxed))
+                        connectionsTimedOut: timedOut.load(ordering: .relaxed), requestsShed: shed.load(ordering: .relaxed),
+                        requestsPastDeadline: pastDeadline.load(ordering: .relaxed))
     }
 
     func recordResponse(status: Int) {
@@ -48,6 +56,9 @@ public final class HTTPServerStatistics: Sendable {
         default: serverError.add(1, ordering: .relaxed)
         }
     }
+
+    func requestShed() { shed.add(1, ordering: .relaxed) }
+    func requestPastDeadline() { pastDeadline.add(1, ordering: .relaxed) }
 
     func requestStarted() { inFlight.add(1, ordering: .relaxed) }
     func requestFinished() { inFlight.subtract(1, ordering: .relaxed) }

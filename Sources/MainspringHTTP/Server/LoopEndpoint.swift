@@ -20,12 +20,19 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
     /// Requests read and not dispatched yet, oldest first (from `receivedHead` on). Each has one
     /// turn posted that dispatches the oldest: the posted closure captures only `self`, which
     /// the compiler passes as the closure's context instead of allocating one.
-    @exclusivity(unchecked) private var received: [(request: EvhttpRequest, late: Bool)?] = []
+    @exclusivity(unchecked) private var received: [(request: EvhttpRequest, late: Bool, at: UInt64)?] = []
     @exclusivity(unchecked) private var receivedHead = 0
+    /// Load shedding, when configured: its settings and this loop's queue-wait gauge.
+    private let shedding: HTTPServer.LoadShedding?
+    @exclusivity(unchecked) private var gauge: QueueWaitGauge
+    private let retryAfter: HTTPHeaders
 
     init(loop: EventLoop, routes: HTTPRoutes, statistics: HTTPServerStatistics, shared: ServerShared,
-         limits: EvhttpLimits, socket: ListeningSocket) throws(HTTPServerError)
+         limits: EvhttpLimits, socket: ListeningSocket, shedding: HTTPServer.LoadShedding? = nil) throws(HTTPServerError)
     {
+        self.shedding = shedding
+        gauge = QueueWaitGauge(target: shedding?.queueWaitTarget ?? .zero, window: shedding?.window ?? .seconds(1))
+        retryAfter = ["Retry-After": String(max(0, shedding?.retryAfterSeconds ?? 1))]
         self.loop = loop
         self.routes = routes
         self.statistics = statistics
@@ -46,7 +53,7 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
         statistics.requestStarted()
         // A request read after `close()` began is not served: once `await close()` has
         // returned, no request gets a handler's answer (it gets 503 and the connection closes).
-        received.append((raw, isDraining))
+        received.append((raw, isDraining, shedding == nil ? 0 : loop.monotonicNow()))
         loop.execute(priority: .input) { [self] in dispatchOldest() }
     }
 
@@ -85,7 +92,7 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
         loop.execute(priority: .input) { [weak self] in
             guard let self, self.sweepTimer == nil, self.evhttp != nil else { return }
             self.sweepTimer = self.loop.schedule(every: interval) { [weak self] timer in
-                guard let self, let evhttp = self.evhttp, evhttp.sweep(now: monotonicNow()) else {
+                guard let self, let evhttp = self.evhttp, evhttp.sweep(now: self.loop.monotonicNow()) else {
                     timer.cancel()
                     self?.sweepTimer = nil
                     return
@@ -97,7 +104,7 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
     // MARK: Requests
 
     private func dispatchOldest() {
-        guard receivedHead < received.count, let (raw, late) = received[receivedHead] else { return }
+        guard receivedHead < received.count, let (raw, late, receivedAt) = received[receivedHead] else { return }
         received[receivedHead] = nil
         receivedHead += 1
         if receivedHead == received.count {
@@ -108,7 +115,22 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
             reply(.status(503), to: raw, method: raw.method)
             return
         }
+        if let shedding, shed(raw, receivedAt: receivedAt, by: shedding) { return }
         dispatch(raw)
+    }
+
+    /// Load shedding's verdict on a request about to be routed: records its queue wait, and
+    /// answers it `503` (and returns true) when it waited past its deadline or the loop's p99
+    /// wait is over the target — unless its path is never shed.
+    private func shed(_ raw: EvhttpRequest, receivedAt: UInt64, by shedding: HTTPServer.LoadShedding) -> Bool {
+        let now = loop.monotonicNow()
+        let wait = now &- receivedAt
+        gauge.record(wait: wait, now: now)
+        let pastDeadline = shedding.requestDeadline.map { wait > $0.clampedNanoseconds } ?? false
+        guard pastDeadline || gauge.isOverTarget, !shedding.neverShed.contains(raw.pathAndQuery.path) else { return false }
+        if pastDeadline { statistics.requestPastDeadline() } else { statistics.requestShed() }
+        reply(.status(503, headers: retryAfter), to: raw, method: raw.method)
+        return true
     }
 
     private func dispatch(_ raw: EvhttpRequest) {

@@ -1,0 +1,88 @@
+import Mainspring
+
+extension HTTPServer {
+    /// Load shedding: under more requests than the server can serve, answer the excess `503`
+    /// at once instead of queueing it until its clients have given up — work done for nobody.
+    ///
+    /// The signal is the one Mainspring measures exactly: how long each request waited on its
+    /// loop between being read and its handler starting (its queue wait, on the loop's clock).
+    /// Each loop keeps the 99th percentile of its requests' waits over a short `window`; while
+    /// the last full window's p99 is above `queueWaitTarget`, requests get `503 Service
+    /// Unavailable` with `Retry-After` before they are routed — except those for `neverShed`
+    /// paths (health and metrics), which are always served. A request that waited longer than
+    /// `requestDeadline` is answered `503` instead of run, whatever the percentile: its client
+    /// has most likely given up already.
+    ///
+    /// The counters are in `HTTPServerStatistics.Snapshot.requestsShed` and
+    /// `.requestsPastDeadline`, and on `/metrics` as `mainspring_http_requests_shed_total`.
+    ///
+    /// Cost: one clock read when a request is read and one when it is dispatched, and a few
+    /// integer operations; nothing when shedding is off (`Configuration.loadShedding` nil).
+    /// Bodies are read before the decision (evhttp hands a request over whole): a shed request
+    /// costs its parsing, not its handler.
+    public struct LoadShedding: Sendable, Equatable {
+        /// The p99 queue wait over a window above which requests are shed. Default 50 ms.
+        public var queueWaitTarget: Duration
+        /// The window the p99 is taken over; the decision holds for the next window. Default
+        /// 100 ms.
+        public var window: Duration
+        /// The `Retry-After` of a shed response, in seconds. Default 1.
+        public var retryAfterSeconds: Int
+        /// A request that waited longer than this before its handler would start is answered
+        /// `503` instead; nil for no deadline. Default nil.
+        public var requestDeadline: Duration?
+        /// Paths that are never shed nor refused for their deadline (exact matches).
+        /// Default `/healthz`, `/readyz` and `/metrics`.
+        public var neverShed: Set<String>
+
+        /// Shedding with a target of `queueWaitTarget`. The durations are periods: zero or
+        /// negative stops the program with a message naming them when a server is made.
+        public init(queueWaitTarget: Duration = .milliseconds(50), window: Duration = .milliseconds(100),
+                    retryAfterSeconds: Int = 1, requestDeadline: Duration? = nil,
+                    neverShed: Set<String> = ["/healthz", "/readyz", "/metrics"])
+        {
+            self.queueWaitTarget = queueWaitTarget
+            self.window = window
+            self.retryAfterSeconds = retryAfterSeconds
+            self.requestDeadline = requestDeadline
+            self.neverShed = neverShed
+        }
+    }
+}
+
+/// One loop's view of its requests' queue waits: whether the p99 of the last full window was
+/// over the target — exactly, without a histogram: the p99 of a window is over the target when
+/// more than 1% of its waits are. Pure state, no clock of its own: `record` gets the instants.
+/// Loop thread only.
+struct QueueWaitGauge {
+    let target: UInt64
+    let window: UInt64
+    /// Whether the last full window's p99 was over the target.
+    private(set) var isOverTarget = false
+    private var windowStart: UInt64 = 0
+    private var count = 0
+    private var over = 0
+
+    init(target: Duration, window: Duration) {
+        self.target = target.clampedNanoseconds
+        self.window = max(1, window.clampedNanoseconds)
+    }
+
+    /// Records a request that waited `wait` ns, dispatched at `now` (ns on the loop's clock).
+    /// A window that ended before `now` is closed first, so what a caller reads next is always
+    /// the last full window's verdict. After a gap with no request the next window starts now
+    /// and the verdict is "under".
+    mutating func record(wait: UInt64, now: UInt64) {
+        let elapsed = now &- windowStart
+        if count == 0 || elapsed >= window {
+            // A window that ended a whole window ago or more says nothing of now: no request
+            // came meanwhile, so none was waiting.
+            isOverTarget = count > 0 && elapsed < 2 &* window && over &* 100 > count
+            windowStart = now
+            count = 0
+            over = 0
+        }
+        count += 1
+        if wait > target { over += 1 }
+    }
+}

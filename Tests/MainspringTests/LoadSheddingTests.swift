@@ -1,0 +1,149 @@
+import Foundation
+import Mainspring
+@testable import MainspringHTTP
+import Synchronization
+import Testing
+
+/// The gauge's arithmetic, exactly: its instants are given, not read.
+@Suite("Load shedding: the queue-wait gauge")
+struct QueueWaitGaugeTests {
+    private let ms: UInt64 = 1_000_000
+
+    @Test("a window's p99 is over the target when more than 1% of its waits are; the verdict holds for the next window")
+    func percentileVerdict() {
+        var gauge = QueueWaitGauge(target: .milliseconds(10), window: .milliseconds(100))
+        // Window 1 (instants 1…99 ms): 100 waits, one of them over the target: p99 is not over.
+        for index in 0..<100 { gauge.record(wait: index == 50 ? 11 * ms : 2 * ms, now: (1 + UInt64(index)) * ms) }
+        #expect(!gauge.isOverTarget, "no window closed yet")
+        // Window 2 opens at 101 ms and closes window 1: 1 of 100 is exactly 1%, not more.
+        gauge.record(wait: 2 * ms, now: 101 * ms)
+        #expect(!gauge.isOverTarget)
+        // Window 2 gets 99 more, two of them just over the target: 2 of 100 is over 1%.
+        for index in 0..<99 { gauge.record(wait: index < 2 ? 10 * ms + 1 : 10 * ms, now: (102 + UInt64(index)) * ms) }
+        #expect(!gauge.isOverTarget, "window 2 is still open: window 1's verdict holds")
+        gauge.record(wait: 0, now: 201 * ms)
+        #expect(gauge.isOverTarget, "2 of 100 waits over 10 ms: the p99 is over")
+        // A wait of exactly the target is not over it.
+        var exact = QueueWaitGauge(target: .milliseconds(10), window: .milliseconds(100))
+        for index in 0..<10 { exact.record(wait: 10 * ms, now: (1 + UInt64(index)) * ms) }
+        exact.record(wait: 0, now: 150 * ms)
+        #expect(!exact.isOverTarget)
+    }
+
+    @Test("after a gap of two windows with no request, the old verdict no longer holds")
+    func staleVerdict() {
+        var gauge = QueueWaitGauge(target: .milliseconds(10), window: .milliseconds(100))
+        gauge.record(wait: 50 * ms, now: 1 * ms)
+        gauge.record(wait: 50 * ms, now: 120 * ms)  // closes [1, 101): over
+        #expect(gauge.isOverTarget)
+        gauge.record(wait: 1 * ms, now: 330 * ms)  // window [120, 220) ended 110 ms ago: stale
+        #expect(!gauge.isOverTarget)
+        // Within one window of its end, a verdict is used.
+        gauge.record(wait: 50 * ms, now: 335 * ms)
+        gauge.record(wait: 1 * ms, now: 520 * ms)  // [330, 430) ended 90 ms ago: 1 of 2 over
+        #expect(gauge.isOverTarget)
+    }
+}
+
+/// A server on one loop whose `/work` burns `work` of CPU in its handler, with `/healthz`.
+private final class BusyServer: @unchecked Sendable {
+    let group: EventLoopGroup
+    let server: HTTPServer
+
+    init(shedding: HTTPServer.LoadShedding?, work: Duration) throws {
+        group = try EventLoopGroup(loopCount: 1)
+        var routes = HTTPRoutes()
+        routes.get("/work") { _ in
+            let end = ContinuousClock.now + work
+            var x: UInt64 = 1
+            while ContinuousClock.now < end { x = x &* 6364136223846793005 &+ 1 }
+            return .text(x == 0 ? "never\n" : "done\n")
+        }
+        routes.get("/healthz") { _ in .text("ok\n") }
+        var configuration = HTTPServer.Configuration()
+        configuration.loadShedding = shedding
+        server = try HTTPServer(group: group, configuration: configuration, routes: routes)
+    }
+
+    func stop() {
+        server.close()
+        group.shutdown(gracePeriod: .seconds(5))
+    }
+}
+
+/// Statuses (and each 503's Retry-After) of `count` requests for `path` from each of
+/// `clients` tasks at once, one request at a time per task.
+private func offer(_ path: String, port: UInt16, clients: Int, count: Int, on client: HTTPClient) async -> [(Int, String?)] {
+    await withTaskGroup(of: [(Int, String?)].self) { tasks in
+        for _ in 0..<clients {
+            tasks.addTask {
+                var seen: [(Int, String?)] = []
+                for _ in 0..<count {
+                    do {
+                        let response = try await client.get("http://127.0.0.1:\(port)\(path)")
+                        seen.append((response.status, response.headers["retry-after"]))
+                    } catch {
+                        seen.append((0, "\(error)"))
+                    }
+                }
+                return seen
+            }
+        }
+        var all: [(Int, String?)] = []
+        for await seen in tasks { all += seen }
+        return all
+    }
+}
+
+@Suite("Load shedding: an overloaded server answers 503 at once and keeps /healthz", .serialized)
+struct LoadSheddingTests {
+    @Test("at several times its capacity: some requests served, the excess shed with 503 + Retry-After, every /healthz answered 200, counted on /metrics")
+    func shedsOverload() async throws {
+        let busy = try BusyServer(shedding: .init(queueWaitTarget: .milliseconds(20), window: .milliseconds(50)),
+                                  work: .milliseconds(10))
+        let clients = try EventLoopGroup(loopCount: 1)
+        let client = HTTPClient(loop: clients.loops[0], configuration: .init(maxConnectionsPerHost: 32, responseTimeout: .seconds(120)))
+        async let health = offer("/healthz", port: busy.server.port, clients: 1, count: 20, on: client)
+        // 16 clients each with one request in flight: 16 × 10 ms queued behind one another.
+        let work = await offer("/work", port: busy.server.port, clients: 16, count: 15, on: client)
+        let healthStatuses = await health
+        let served = work.filter { $0.0 == 200 }.count
+        let shed = work.filter { $0.0 == 503 }
+        #expect(served + shed.count == work.count, "only 200 and 503: \(Set(work.map { "\($0.0) \($0.1 ?? "")" }))")
+        #expect(served > 0, "the server kept serving")
+        #expect(!shed.isEmpty, "16 requests at once on 10 ms each wait up to 160 ms, over the 20 ms target: some are shed")
+        #expect(shed.allSatisfy { $0.1 == "1" }, "each 503 says Retry-After: 1")
+        #expect(healthStatuses.allSatisfy { $0.0 == 200 }, "/healthz is never shed: \(healthStatuses.map(\.0))")
+        let statistics = busy.server.statistics.snapshot
+        #expect(statistics.requestsShed == shed.count && statistics.requestsPastDeadline == 0, "\(statistics)")
+        let metrics = LoopMetricsExporter(group: busy.group).render(snapshots: [], server: busy.server.statistics)
+        #expect(metrics.contains("mainspring_http_requests_shed_total{reason=\"lag\"} \(shed.count)"), "\(metrics.suffix(600))")
+        client.shutdown()
+        busy.stop()
+        await clients.shutdown(gracePeriod: .seconds(2))
+    }
+
+    @Test("a request that waited past its deadline is answered 503, not run; without shedding every request is served however late")
+    func deadlineAndOff() async throws {
+        let busy = try BusyServer(shedding: .init(queueWaitTarget: .seconds(60), requestDeadline: .milliseconds(60)),
+                                  work: .milliseconds(10))
+        let clients = try EventLoopGroup(loopCount: 1)
+        let client = HTTPClient(loop: clients.loops[0], configuration: .init(maxConnectionsPerHost: 32, responseTimeout: .seconds(120)))
+        let work = await offer("/work", port: busy.server.port, clients: 12, count: 5, on: client)
+        let late = work.filter { $0.0 == 503 }.count
+        #expect(work.allSatisfy { $0.0 == 200 || $0.0 == 503 }, "\(work.map(\.0))")
+        #expect(late > 0, "12 requests at once on 10 ms each: the later ones wait past 60 ms")
+        #expect(work.contains { $0.0 == 200 })
+        let statistics = busy.server.statistics.snapshot
+        #expect(statistics.requestsPastDeadline == late && statistics.requestsShed == 0, "\(statistics)")
+        busy.stop()
+
+        let unshed = try BusyServer(shedding: nil, work: .milliseconds(10))
+        let all = await offer("/work", port: unshed.server.port, clients: 12, count: 3, on: client)
+        #expect(all.allSatisfy { $0.0 == 200 }, "\(all.map(\.0))")
+        #expect(unshed.server.statistics.snapshot.requestsShed == 0)
+        client.shutdown()
+        unshed.stop()
+        await clients.shutdown(gracePeriod: .seconds(2))
+    }
+}
