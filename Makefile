@@ -23,7 +23,8 @@ all: build
 deps:
 	@./scripts/install-deps.sh
 
-## Tools of the HTTP and TLS tests (curl, the Prometheus text parser of python3-prometheus-client,
+## Tools of the HTTP and TLS tests (curl, the Prometheus text parser of python3-prometheus-client and
+## promtool of prometheus,
 ## the openssl command that makes the test certificates) and
 ## of the http benchmark (wrk), from Debian's packages when missing; and systemd's tools for the
 ## systemd tests and testssl.sh for the TLS scan test (best effort: without them those tests are
@@ -31,7 +32,7 @@ deps:
 ## And the KV server's oracles: redis-server and redis-cli/redis-benchmark (redis-server,
 ## redis-tools) and a Python virtual environment with redis-py and pytest (kv-venv).
 test-tools:
-	@./scripts/install-deps.sh curl python3-prometheus-client openssl redis-server redis-tools
+	@./scripts/install-deps.sh curl python3-prometheus-client prometheus openssl redis-server redis-tools
 	@./scripts/install-tools.sh
 	@$(MAKE) --no-print-directory kv-venv
 

@@ -4,13 +4,14 @@ import Mainspring
 import MainspringHTTP
 import MainspringTLS
 
-// The daemon's HTTP side (`--http-port`, `--http-unix`): /metrics, /healthz, POST /echo, /work?n=… on the same
-// loops as the line service. Self-contained: give it the group and the address.
+// The daemon's HTTP side (`--http-port`, `--http-unix`): /metrics (with the daemon's own metrics),
+// /healthz, POST /echo, /work?n=… on the same loops as the line service. Self-contained: give it the group and the address.
 
 /// Starts the HTTP side on `group` and prints its bound port; nil (after saying why on stderr)
 /// when it cannot listen.
-func startHTTPSide(group: EventLoopGroup, host: String, port: UInt16, tls: TLSServerContext?) async -> HTTPServer? {
-    let exporter = LoopMetricsExporter(group: group)
+func startHTTPSide(group: EventLoopGroup, host: String, port: UInt16, tls: TLSServerContext?,
+                   metrics: MetricsRegistry) async -> HTTPServer? {
+    let exporter = LoopMetricsExporter(group: group, registry: metrics)
     let routes = HTTPService.routes(group: group, exporter: exporter)
     do {
         let configuration = HTTPServer.Configuration(host: host, port: port)
@@ -31,8 +32,9 @@ func startHTTPSide(group: EventLoopGroup, host: String, port: UInt16, tls: TLSSe
 /// Starts the HTTP side on a Unix stream socket at `path` (`--http-unix`) and prints where; nil
 /// (after saying why on stderr) when it cannot listen (a live socket or another kind of file
 /// there, say).
-func startHTTPSide(group: EventLoopGroup, unixPath path: String, tls: TLSServerContext?) async -> HTTPServer? {
-    let exporter = LoopMetricsExporter(group: group)
+func startHTTPSide(group: EventLoopGroup, unixPath path: String, tls: TLSServerContext?,
+                   metrics: MetricsRegistry) async -> HTTPServer? {
+    let exporter = LoopMetricsExporter(group: group, registry: metrics)
     let routes = HTTPService.routes(group: group, exporter: exporter)
     do {
         var configuration = HTTPServer.Configuration()

@@ -179,6 +179,15 @@ Task { @MainActor in
         endpoints.append(.address(host: host, port: port))
     }
     if let unixPath { endpoints.append(.unix(path: unixPath)) }
+    // The application's own metrics, on the HTTP side's /metrics beside the loops' figures.
+    let metrics = MetricsRegistry()
+    do {
+        options.requestCounter = try metrics.counter("mainspring_daemon_requests_total",
+                                                     help: "Line-protocol requests the daemon has read (each request line).")
+    } catch {
+        log(.error, "mainspring-daemon: \(error)")
+        exit(1)
+    }
     let service: AsyncLineService
     do {
         service = try await AsyncLineService(group: group, endpoints: endpoints, options: options, tls: tls)
@@ -207,11 +216,11 @@ Task { @MainActor in
         exit(1)
     }
     if let httpPort {
-        guard let server = await startHTTPSide(group: group, host: host, port: httpPort, tls: tls) else { await abandon() }
+        guard let server = await startHTTPSide(group: group, host: host, port: httpPort, tls: tls, metrics: metrics) else { await abandon() }
         https.append(server)
     }
     if let httpUnixPath {
-        guard let server = await startHTTPSide(group: group, unixPath: httpUnixPath, tls: tls) else { await abandon() }
+        guard let server = await startHTTPSide(group: group, unixPath: httpUnixPath, tls: tls, metrics: metrics) else { await abandon() }
         https.append(server)
     }
 

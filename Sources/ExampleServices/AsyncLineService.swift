@@ -55,7 +55,7 @@ public final class AsyncLineService: Sendable {
         precondition(!endpoints.isEmpty, "AsyncLineService needs at least one endpoint")
         self.group = group
         self.options = options
-        let stats = StatsCounters()
+        let stats = StatsCounters(requestCounter: options.requestCounter)
         let registry = SessionRegistry()
         let connectionOptions = Connection.Options(maxLineLength: options.maxLineLength,
                                                    outputLimit: options.outputLimit, idleTimeout: options.idleTimeout)
@@ -350,7 +350,7 @@ private actor AsyncSession {
     private func handle(_ event: LineEvent) -> String? {
         switch event {
         case .line(let text):
-            stats.requests.add(1, ordering: .relaxed)
+            stats.countRequest()
             if isDraining || isQuitting { return "ERR shutting down" }
             if pending >= host.maxPendingReplies {
                 return "ERR too many requests in flight (\(host.maxPendingReplies))"

@@ -1,5 +1,6 @@
 import Foundation
 import Mainspring
+import MainspringHTTP
 import MainspringTLS
 import Synchronization
 
@@ -32,6 +33,9 @@ public final class LineService: Sendable {
         public var maxPendingReplies: Int
         /// How the loops' feeders pace `WORK`.
         public var workPacing: Feeder.Pacing
+        /// A counter of the application's metrics (`MetricsRegistry`) that counts every request
+        /// line, as `Stats.requests` does; nil for none.
+        public var requestCounter: Counter? = nil
 
         public init(maxLineLength: Int = 4_096, outputLimit: Int = 256 * 1024, idleTimeout: Duration? = .seconds(300),
                     maxPendingReplies: Int = 10_000, workPacing: Feeder.Pacing = .budget(.milliseconds(1)))
@@ -77,7 +81,7 @@ public final class LineService: Sendable {
     public let port: UInt16
     /// The address the service listens on ("127.0.0.1:7000", a unix socket's path).
     public let localAddress: String
-    private let stats = StatsCounters()
+    private let stats: StatsCounters
     private let contexts: [LoopContext]
     private let listenerBox: UncheckedBox<Listener>
     private let startTime = Date()
@@ -95,6 +99,7 @@ public final class LineService: Sendable {
     public init(group: EventLoopGroup, endpoint: Endpoint, options: Options = .init(), tls: TLSServerContext? = nil) throws {
         self.group = group
         self.options = options
+        stats = StatsCounters(requestCounter: options.requestCounter)
         let contexts = group.loops.map { LoopContext(loop: $0, pacing: options.workPacing) }
         self.contexts = contexts
         let acceptor = group.loops[0]
@@ -172,6 +177,15 @@ final class StatsCounters: Sendable {
     let requests = Atomic<Int>(0)
     let errors = Atomic<Int>(0)
     let workJobs = Atomic<Int>(0)
+    /// The application's metric for requests, when the service was given one.
+    let requestCounter: Counter?
+
+    init(requestCounter: Counter? = nil) { self.requestCounter = requestCounter }
+
+    func countRequest() {
+        requests.add(1, ordering: .relaxed)
+        requestCounter?.increment()
+    }
 
     var snapshot: LineService.Stats {
         LineService.Stats(accepted: accepted.load(ordering: .relaxed), open: open.load(ordering: .relaxed),
@@ -251,7 +265,7 @@ private final class Session {
     private func handle(_ event: LineEvent) {
         switch event {
         case .line(let text):
-            stats.requests.add(1, ordering: .relaxed)
+            stats.countRequest()
             if isDraining || isQuitting {
                 reply(now: "ERR shutting down")
             } else if pending >= options.maxPendingReplies {

@@ -43,15 +43,19 @@ public final class LoopMetricsExporter: Sendable {
         var jobs: [(name: String, job: FeedJob)] = []
     }
 
-    /// Exports `loops` (labelled by position).
-    public init(loops: [EventLoop], timeout: Duration = .milliseconds(250)) {
+    /// The application's metrics, rendered after the loops' and the server's; nil for none.
+    public let registry: MetricsRegistry?
+
+    /// Exports `loops` (labelled by position), and the application's metrics in `registry`.
+    public init(loops: [EventLoop], timeout: Duration = .milliseconds(250), registry: MetricsRegistry? = nil) {
         self.loops = loops
         self.timeout = timeout
+        self.registry = registry
     }
 
-    /// Exports the loops of `group`.
-    public convenience init(group: EventLoopGroup, timeout: Duration = .milliseconds(250)) {
-        self.init(loops: group.loops, timeout: timeout)
+    /// Exports the loops of `group`, and the application's metrics in `registry`.
+    public convenience init(group: EventLoopGroup, timeout: Duration = .milliseconds(250), registry: MetricsRegistry? = nil) {
+        self.init(loops: group.loops, timeout: timeout, registry: registry)
     }
 
     /// Reports `job`'s progress under `name` (its `job` label) until it finishes. Any thread.
@@ -192,6 +196,7 @@ public final class LoopMetricsExporter: Sendable {
             text.sample("mainspring_http_requests_shed_total", ["reason": "lag"], Double(s.requestsShed))
             text.sample("mainspring_http_requests_shed_total", ["reason": "deadline"], Double(s.requestsPastDeadline))
         }
+        registry?.render(into: &text)
         return text.output
     }
 
@@ -262,6 +267,15 @@ struct PrometheusText {
         output += name
         if !labels.isEmpty {
             output += "{" + labels.map { "\($0.key)=\"\(Self.escape($0.value))\"" }.joined(separator: ",") + "}"
+        }
+        output += " " + Self.format(value) + "\n"
+    }
+
+    /// A sample whose labels are in the order given (the application's metrics).
+    mutating func sample(_ name: String, ordered labels: [(String, String)], _ value: Double) {
+        output += name
+        if !labels.isEmpty {
+            output += "{" + labels.map { "\($0.0)=\"\(Self.escape($0.1))\"" }.joined(separator: ",") + "}"
         }
         output += " " + Self.format(value) + "\n"
     }
