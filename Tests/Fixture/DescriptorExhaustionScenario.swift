@@ -23,20 +23,44 @@ private func failure(_ body: () throws -> Void) -> String? {
 /// The error text of `EventLoop.forCurrentThread()` on a new thread (which has no loop yet),
 /// or "made" when it made one.
 private func threadLoopOutcome() -> String {
-    let outcome = Mutex<String?>(nil)
+    let outcome = Outcome()
     let thread = Thread {
-        let text: String
         do {
             _ = try EventLoop.forCurrentThread()
-            text = "made"
+            outcome.set("made")
         } catch {
-            text = "\(error)"
+            outcome.set("\(error)")
         }
-        outcome.withLock { $0 = text }
     }
     thread.start()
-    while outcome.withLock({ $0 }) == nil { usleep(1_000) }
-    return outcome.withLock { $0! }
+    return outcome.wait()
+}
+
+/// A text one thread sets and another waits for (a condition variable: ThreadSanitizer sees it).
+private final class Outcome: @unchecked Sendable {
+    private let condition = NSCondition()
+    private var text: String?
+
+    func set(_ value: String) {
+        condition.lock()
+        text = value
+        condition.broadcast()
+        condition.unlock()
+    }
+
+    func wait() -> String {
+        condition.lock()
+        defer { condition.unlock() }
+        while text == nil { condition.wait() }
+        return text!
+    }
+
+    /// The text, if set yet.
+    var value: String? {
+        condition.lock()
+        defer { condition.unlock() }
+        return text
+    }
 }
 
 private final class LoopProbe: SpinningOperation, @unchecked Sendable {
@@ -184,12 +208,11 @@ func descriptorExhaustionScenario() throws {
 /// Reads the late client's reply on a helper thread while the main loop runs (the reply is
 /// the main loop's work).
 private func receiveWhileRunning(loop: EventLoop, client: RawClient) -> String {
-    let reply = Mutex<String?>(nil)
+    let reply = Outcome()
     Thread.detachNewThread {
-        let text = client.receive()
-        reply.withLock { $0 = text }
+        reply.set(client.receive())
         loop.execute {}
     }
-    loop.spin(until: { reply.withLock { $0 } != nil }, timeout: .seconds(25))
-    return reply.withLock { $0 } ?? "no reply"
+    loop.spin(until: { reply.value != nil }, timeout: .seconds(25))
+    return reply.value ?? "no reply"
 }

@@ -442,6 +442,53 @@ struct HTTPClientTests {
         await group.shutdown(gracePeriod: .seconds(2))
     }
 
+    @Test("shutdown() fails a request in flight at once with clientClosed; shutdown(gracePeriod:) lets one finish, then fails the rest")
+    func shutdownInFlight() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        // Requests that reached the server: the server reads the head, says so, then stalls.
+        let arrived = DispatchSemaphore(value: 0)
+        let stalling = try ScriptedServer { fd, _ in
+            _ = readRequestHead(fd)
+            arrived.signal()
+            var byte: UInt8 = 0
+            _ = recv(fd, &byte, 1, 0)  // until the client closes
+        }
+        let client = HTTPClient(loop: group.loops[0], configuration: .init(responseTimeout: .seconds(120)))
+        let inFlight = Task { await clientError { _ = try await client.get("http://127.0.0.1:\(stalling.port)/") } }
+        #expect(arrived.wait(timeout: .now() + 30) == .success, "the request reached the server")
+        let started = ContinuousClock.now
+        client.shutdown()
+        #expect(await inFlight.value == .clientClosed)
+        #expect(ContinuousClock.now - started < .seconds(30), "not the 120 s response timeout")
+        #expect(await clientError { _ = try await client.get("http://127.0.0.1:\(stalling.port)/") } == .clientClosed)
+
+        // Graceful: a response that comes 200 ms later is received; a stalled one fails when the
+        // grace period ends.
+        let slow = try ScriptedServer { fd, _ in
+            _ = readRequestHead(fd)
+            arrived.signal()
+            usleep(200_000)
+            writeAll(fd, "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nlate")
+            var byte: UInt8 = 0
+            _ = recv(fd, &byte, 1, 0)
+        }
+        let patient = HTTPClient(loop: group.loops[0], configuration: .init(responseTimeout: .seconds(120)))
+        let finishing = Task { try await patient.get("http://127.0.0.1:\(slow.port)/").text }
+        #expect(arrived.wait(timeout: .now() + 30) == .success)
+        await patient.shutdown(gracePeriod: .seconds(60))
+        #expect(try await finishing.value == "late")
+        #expect(await clientError { _ = try await patient.get("http://127.0.0.1:\(slow.port)/") } == .clientClosed)
+
+        let strict = HTTPClient(loop: group.loops[0], configuration: .init(responseTimeout: .seconds(120)))
+        let stuck = Task { await clientError { _ = try await strict.get("http://127.0.0.1:\(stalling.port)/") } }
+        #expect(arrived.wait(timeout: .now() + 30) == .success)
+        let graceStarted = ContinuousClock.now
+        await strict.shutdown(gracePeriod: .milliseconds(100))
+        #expect(await stuck.value == .clientClosed)
+        #expect(ContinuousClock.now - graceStarted < .seconds(30))
+        await group.shutdown(gracePeriod: .seconds(2))
+    }
+
     @Test("against Python's http.server (HTTP/1.0, a connection per request): GET, HEAD, 404, in parallel")
     func pythonServer() async throws {
         let directory = freshDirectory("www")

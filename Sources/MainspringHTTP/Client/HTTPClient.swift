@@ -161,6 +161,9 @@ public final class HTTPClient: Sendable {
     /// The configuration it was made with.
     public let configuration: Configuration
     let pool: ConnectionPool
+    /// The connections lent to requests now, and whether the client was shut down (set once;
+    /// a lease made after it is closed at once).
+    private let leased = ClientLock<(connections: [ObjectIdentifier: Connection], isShutDown: Bool)>(([:], false))
 
     /// A client whose connections live on `loop`. Makes no connection yet. Any thread.
     public init(loop: EventLoop, configuration: Configuration = .init()) {
@@ -171,10 +174,49 @@ public final class HTTPClient: Sendable {
                               clock: loop.clock)
     }
 
-    /// Closes the idle connections and fails requests made afterwards (and those waiting for a
-    /// connection) with ``HTTPClientError/clientClosed``; requests in flight finish. Any thread.
+    /// Shuts the client down at once: closes its connections, idle and busy, and fails every
+    /// request — in flight, waiting for a connection, or made afterwards — with
+    /// ``HTTPClientError/clientClosed``. Any thread; returns without waiting.
+    ///
+    /// (Before 0.2 requests in flight ran on to their response, up to the response timeout, so a
+    /// group's graceful shutdown could spend its whole grace period on one. To let them finish,
+    /// use ``shutdown(gracePeriod:)``.)
     public func shutdown() {
         for connection in pool.shutdown() { connection.close() }
+        let busy = leased.withLock { state -> [Connection] in
+            state.isShutDown = true
+            defer { state.connections = [:] }
+            return Array(state.connections.values)
+        }
+        for connection in busy { connection.close() }
+    }
+
+    /// Shuts the client down gracefully: new requests (and those waiting for a connection) fail
+    /// with ``HTTPClientError/clientClosed`` at once, requests in flight may finish within
+    /// `gracePeriod`, then the rest fail as with ``shutdown()``. Any task; returns when no
+    /// request is in flight any more. Waits on the client's loop's clock.
+    public func shutdown(gracePeriod: Duration) async {
+        for connection in pool.shutdown() { connection.close() }
+        let deadline = loop.clock.now.advanced(by: gracePeriod)
+        while leased.withLock({ !$0.connections.isEmpty }) && loop.clock.now < deadline {
+            // Polled every few milliseconds: a shutdown is rare, and a lease's end has no waiter.
+            guard (try? await loop.sleep(for: .milliseconds(5))) != nil else { break }
+        }
+        shutdown()
+    }
+
+    /// Whether ``shutdown()`` was called. Any thread.
+    var isShutDown: Bool { leased.withLock { $0.isShutDown } }
+
+    /// Notes a connection lent to a request; false (and closes it) if the client is shut down.
+    private func lend(_ lease: Lease) -> Bool {
+        let accepted = leased.withLock { state -> Bool in
+            guard !state.isShutDown else { return false }
+            state.connections[ObjectIdentifier(lease.connection)] = lease.connection
+            return true
+        }
+        if !accepted { lease.connection.close() }
+        return accepted
     }
 
     /// How many connections the pool holds for `url`'s scheme, host and port: busy ones and
@@ -291,6 +333,7 @@ public final class HTTPClient: Sendable {
                 let head = try await sendAndReadHead(bytes, method: method, target: target, lease: lease)
                 return head
             } catch let failure {
+                if isShutDown { throw .clientClosed }
                 let retry = lease.reused && idempotent && attempt == 1 && failure.beforeResponse
                 if !retry { throw failure.error }
             }
@@ -347,13 +390,19 @@ public final class HTTPClient: Sendable {
         while true {
             switch try await pool.acquire(key) {
             case .idle(let connection):
-                if await isReusable(connection) { return Lease(key: key, connection: connection, reused: true) }
+                if await isReusable(connection) {
+                    let lease = Lease(key: key, connection: connection, reused: true)
+                    guard lend(lease) else { throw .clientClosed }
+                    return lease
+                }
                 connection.close()
                 pool.discard(key)
             case .newSlot:
                 do throws(HTTPClientError) {
                     let connection = try await connect(target)
-                    return Lease(key: key, connection: connection, reused: false)
+                    let lease = Lease(key: key, connection: connection, reused: false)
+                    guard lend(lease) else { throw .clientClosed }
+                    return lease
                 } catch {
                     pool.discard(key)
                     throw error
@@ -418,6 +467,7 @@ public final class HTTPClient: Sendable {
     /// A response read to its end (`reusable`: the connection may take another request), or
     /// abandoned.
     func release(_ lease: Lease, reusable: Bool) {
+        leased.withLock { _ = $0.connections.removeValue(forKey: ObjectIdentifier(lease.connection)) }
         if reusable {
             pool.release(lease.key, connection: lease.connection)
         } else {

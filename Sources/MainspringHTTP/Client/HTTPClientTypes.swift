@@ -87,7 +87,8 @@ public enum HTTPClientError: Error, Sendable, Equatable, CustomStringConvertible
     case invalidRedirect(String)
     /// Sending the request failed: the connection closed with this reason.
     case sendFailed(Connection.CloseReason)
-    /// The client was shut down.
+    /// The client was shut down (``HTTPClient/shutdown()``): before the request, or while it
+    /// was in flight.
     case clientClosed
 
     public var description: String {

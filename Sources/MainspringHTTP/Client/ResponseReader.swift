@@ -137,6 +137,7 @@ final class ResponseReader: @unchecked Sendable {
             result = try await phase()
         } catch {
             if fired.value.load(ordering: .relaxed) { throw .responseTimeout(limit) }
+            if client.isShutDown { throw .clientClosed }
             throw error
         }
         // A read of a connection closed here ends with nil rather than an error.

@@ -1,5 +1,8 @@
 import Synchronization
 
+// Locks here are `Locked` (an NSLock), not `Mutex`: ThreadSanitizer does not see `Mutex`'s futex
+// as synchronisation (see ClientLock).
+
 /// The application's own metrics — counters, gauges and histograms, with labels — served on
 /// `/metrics` beside the loops' figures, in the Prometheus text format.
 ///
@@ -21,8 +24,8 @@ import Synchronization
 /// atomic operation (a gauge's: a compare-and-swap loop; a histogram's observation takes a
 /// short lock); looking up a labelled series takes a lock, so keep series you update often.
 public final class MetricsRegistry: Sendable {
-    private let families = Mutex<[String: any MetricFamily]>([:])
-    private let order = Mutex<[String]>([])
+    private let families = Locked<[String: any MetricFamily]>([:])
+    private let order = Locked<[String]>([])
 
     /// An empty registry.
     public init() {}
@@ -136,8 +139,8 @@ extension MetricFamily {
 /// A family's series by label values, made on first use. The unlabelled series (no label
 /// names) is made at once.
 final class SeriesTable<Series: Sendable & AnyObject>: Sendable {
-    private let table = Mutex<[[String]: Series]>([:])
-    private let order = Mutex<[[String]]>([])
+    private let table = Locked<[[String]: Series]>([:])
+    private let order = Locked<[[String]]>([])
     private let make: @Sendable () -> Series
     let labelNames: [String]
     let family: String
@@ -275,11 +278,11 @@ public final class Histogram: MetricFamily {
         private let bounds: [Double]
         /// Counts per bucket (`+Inf` last, not cumulative), the sum and the count, together, so
         /// a scrape sees them agree.
-        private let state: Mutex<(counts: [Int], sum: Double, count: Int)>
+        private let state: Locked<(counts: [Int], sum: Double, count: Int)>
 
         init(bounds: [Double]) {
             self.bounds = bounds
-            state = Mutex((Array(repeating: 0, count: bounds.count + 1), 0, 0))
+            state = Locked((Array(repeating: 0, count: bounds.count + 1), 0, 0))
         }
 
         /// Counts `value` in the first bucket whose bound is at least `value` (`+Inf` past the
