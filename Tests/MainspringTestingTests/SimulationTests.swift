@@ -160,6 +160,22 @@ final class Box<Value: Sendable>: @unchecked Sendable {
             return
         }
         #expect(refused.contains("listener"))
+        // A connected pair is a socketpair: refused too, by name, until the simulation has a
+        // network of its own.
+        let pair = Box<EventLoopError?>(nil)
+        loop.execute {
+            do throws(EventLoopError) {
+                _ = try Connection.makePair(on: loop)
+            } catch {
+                pair.value = error
+            }
+        }
+        simulation.runUntilIdle()
+        guard case .simulatedLoop(let what)? = pair.value else {
+            Issue.record("expected simulatedLoop, got \(String(describing: pair.value))")
+            return
+        }
+        #expect(what.contains("Connection.makePair"))
     }
 
     @Test func theSameSeedGivesTheSameTraceAndSeedsChooseTheOrder() throws {

@@ -32,6 +32,9 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
     /// A descriptor given to ``Listener/init(adopting:on:group:options:accept:)`` (by socket
     /// activation, say) is not a listening stream socket; `reason` says what it is instead.
     case notListeningSocket(descriptor: Int32, reason: String)
+    /// A descriptor given to ``Connection/adopting(descriptor:on:options:)`` is not a connected
+    /// stream socket; `reason` says what it is instead.
+    case notConnectedSocket(descriptor: Int32, reason: String)
     /// A TLS handshake failed (`MainspringTLS`): `reason` is OpenSSL's account, naming the
     /// certificate check that failed when one did.
     case tls(reason: String)
@@ -97,6 +100,8 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
             return "cannot listen on unix socket \(path): it exists and is \(reason)"
         case .notListeningSocket(let descriptor, let reason):
             return "descriptor \(descriptor) is not a listening stream socket: it is \(reason)"
+        case .notConnectedSocket(let descriptor, let reason):
+            return "descriptor \(descriptor) is not a connected stream socket: it is \(reason)"
         case .tls(let reason):
             return "TLS: \(reason)"
         case .spawnFailed(let executable, let path, let code):

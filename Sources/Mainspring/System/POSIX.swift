@@ -204,3 +204,11 @@ let pollWritable = Int16(POLLOUT)
 func loadUInt64(from bytes: [UInt8], at offset: Int) -> UInt64 {
     bytes.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: offset, as: UInt64.self) }
 }
+
+/// A connected pair of Unix stream sockets, non-blocking and close-on-exec (`socketpair`).
+func makeStreamSocketPair() throws(EventLoopError) -> (Int32, Int32) {
+    var fds: [Int32] = [-1, -1]
+    let type = Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue)
+    guard socketpair(AF_UNIX, type, 0, &fds) == 0 else { throw .system(function: "socketpair", errno: errno) }
+    return (fds[0], fds[1])
+}

@@ -79,7 +79,23 @@ private func makeDatagramSocket() -> Int32 {
 /// What a descriptor is, for messages about descriptors that should have been listening
 /// sockets: nil when `fd` is a listening stream socket, otherwise what it is instead ("a
 /// regular file", "a datagram socket", "a stream socket that is not listening", …).
-func listeningStreamSocketProblem(_ fd: Int32) -> String? {
+func listeningStreamSocketProblem(_ fd: Int32) -> String? { streamSocketProblem(fd, listening: true) }
+
+/// What a descriptor is, for messages about descriptors that should have been connected
+/// stream sockets (`Connection.adopting(descriptor:on:options:)`): nil when it is one.
+func connectedStreamSocketProblem(_ fd: Int32) -> String? {
+    if let problem = streamSocketProblem(fd, listening: false) { return problem }
+    var storage = sockaddr_storage()
+    var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
+    let connected = withUnsafeMutablePointer(to: &storage) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getpeername(fd, $0, &length) == 0 }
+    }
+    return connected ? nil : "a stream socket that is not connected (\(errnoName(errno)))"
+}
+
+/// nil when `fd` is a stream socket that is listening (or, `listening` false, is not),
+/// otherwise what it is instead.
+private func streamSocketProblem(_ fd: Int32, listening wanted: Bool) -> String? {
     var st = stat()
     guard fstat(fd, &st) == 0 else { return "not an open descriptor (\(errnoName(errno)))" }
     switch st.st_mode & S_IFMT {
@@ -107,7 +123,8 @@ func listeningStreamSocketProblem(_ fd: Int32) -> String? {
     guard getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &length) == 0 else {
         return "a stream socket whose state cannot be read (\(errnoName(errno)))"
     }
-    return listening == 0 ? "a stream socket that is not listening" : nil
+    if wanted { return listening == 0 ? "a stream socket that is not listening" : nil }
+    return listening != 0 ? "a listening socket (adopt it with Listener(adopting:on:))" : nil
 }
 
 /// Marks `fd` close-on-exec (a passed descriptor is inherited without the flag). Returns the

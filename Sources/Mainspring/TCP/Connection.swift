@@ -290,9 +290,16 @@ public final class Connection: @unchecked Sendable {
     /// A pipe has no half-close: on a child's standard input (``Subprocess/standardInput``)
     /// this is `close()` — the child reads end of file once what was written is sent — and on a
     /// child's standard output or error it does nothing.
+    ///
+    /// Any thread, as `close()`: on the loop's thread it starts at once, from elsewhere (a task)
+    /// it is posted to the loop, after the writes this thread posted before it.
     public func shutdownOutput() {
-        source.withLoop { $0.preconditionOnLoop("Connection.shutdownOutput()") }
-        source.shutdownOutput()
+        if loop.isCurrent {
+            source.shutdownOutput()
+        } else {
+            let source = UncheckedSource(source)
+            loop.execute { source.value.shutdownOutput() }
+        }
     }
 
     /// Stops reading, sends what is buffered (for at most `Options.closeTimeout`), then closes
