@@ -146,4 +146,41 @@ struct LoadSheddingTests {
         unshed.stop()
         await clients.shutdown(gracePeriod: .seconds(2))
     }
+
+    @Test("a route limited to 2 in flight: with 2 parked, 4 more get 503 + Retry-After at once; places come back when responses are written")
+    func routeConcurrencyLimit() async throws {
+        let group = try EventLoopGroup(loopCount: 2)
+        let parked = Locked<[HTTPResponder]>([])
+        var routes = HTTPRoutes()
+        routes.on([.get], "/parked", responding: { _, responder in parked.withLock { $0.append(responder) } })
+        routes.limitConcurrency(of: "/parked", to: 2)
+        routes.get("/free") { _ in .text("free\n") }
+        let server = try await HTTPServer(group: group, routes: routes)
+        let clients = try EventLoopGroup(loopCount: 1)
+        let client = HTTPClient(loop: clients.loops[0], configuration: .init(maxConnectionsPerHost: 16, responseTimeout: .seconds(120)))
+        let url = "http://127.0.0.1:\(server.port)/parked"
+        let first = (0..<2).map { _ in Task { try await client.get(url) } }
+        // Both reach their handler (and hold their places) before the rest are sent.
+        let deadline = ContinuousClock.now + .seconds(30)
+        while parked.withLock({ $0.count }) < 2 && ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
+        #expect(parked.withLock { $0.count } == 2)
+        let refused = try await withThrowingTaskGroup(of: (Int, String?).self) { tasks in
+            for _ in 0..<4 { tasks.addTask { let r = try await client.get(url); return (r.status, r.headers["retry-after"]) } }
+            return try await tasks.reduce(into: []) { $0.append($1) }
+        }
+        #expect(refused.count == 4 && refused.allSatisfy { $0.0 == 503 && $0.1 == "1" }, "\(refused)")
+        #expect(try await client.get("http://127.0.0.1:\(server.port)/free").status == 200, "other routes are not limited")
+        for responder in parked.withLock({ $0 }) { responder.send(.text("done\n")) }
+        for task in first { #expect(try await task.value.status == 200) }
+        // The places are back: the next one is served.
+        let again = Task { try await client.get(url) }
+        while parked.withLock({ $0.count }) < 3 && ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
+        parked.withLock { $0.last?.send(.text("done\n")) }
+        #expect(try await again.value.status == 200)
+        #expect(server.statistics.snapshot.requestsOverLimit == 4)
+        client.shutdown()
+        await server.close()
+        await group.shutdown(gracePeriod: .seconds(2))
+        await clients.shutdown(gracePeriod: .seconds(2))
+    }
 }

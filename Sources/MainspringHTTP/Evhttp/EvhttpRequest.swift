@@ -19,6 +19,8 @@ final class EvhttpRequest {
     /// The response went out in full (`on_complete`).
     private(set) var wasWritten = false
     private var drainWaiters: [() -> Void] = []
+    /// The route's concurrency limit whose place this request holds until it finishes.
+    var heldLimit: ConcurrencyLimit?
 
     init(raw: OpaquePointer, connection: EvhttpConnection) {
         self.raw = raw

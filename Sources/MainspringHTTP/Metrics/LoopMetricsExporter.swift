@@ -28,7 +28,7 @@ import Mainspring
 /// | `mainspring_http_requests_total` (responses sent, by status class) | counter | code (`2xx`…) |
 /// | `mainspring_http_requests_in_flight`, `mainspring_http_connections_open` | gauge | |
 /// | `mainspring_http_connections_accepted_total`, `_timed_out_total` | counter | |
-/// | `mainspring_http_requests_shed_total` (load shedding's `503`s) | counter | reason (`lag`, `deadline`) |
+/// | `mainspring_http_requests_shed_total` (load shedding's `503`s) | counter | reason (`lag`, `deadline`, `route_limit`) |
 ///
 /// Thread-safe: `track` and `collect` work from any thread.
 public final class LoopMetricsExporter: Sendable {
@@ -192,9 +192,10 @@ public final class LoopMetricsExporter: Sendable {
             text.family("mainspring_http_connections_timed_out_total", .counter, "HTTP connections closed because a request arrived too slowly.")
             text.sample("mainspring_http_connections_timed_out_total", [:], Double(s.connectionsTimedOut))
             text.family("mainspring_http_requests_shed_total", .counter,
-                        "HTTP requests answered 503 by load shedding: the loop's p99 queue wait over its target (lag), or the request past its deadline.")
+                        "HTTP requests answered 503 by load shedding: the loop's p99 queue wait over its target (lag), the request past its deadline, or its route at its concurrency limit.")
             text.sample("mainspring_http_requests_shed_total", ["reason": "lag"], Double(s.requestsShed))
             text.sample("mainspring_http_requests_shed_total", ["reason": "deadline"], Double(s.requestsPastDeadline))
+            text.sample("mainspring_http_requests_shed_total", ["reason": "route_limit"], Double(s.requestsOverLimit))
         }
         registry?.render(into: &text)
         return text.output

@@ -52,6 +52,9 @@ public struct HTTPRoutes: Sendable {
 
     private var exact: [String: [Route]] = [:]
     private var prefixes: [(path: String, routes: [Route])] = []
+    /// Concurrency limits by route path (exact paths and prefixes apart).
+    private var exactLimits: [String: ConcurrencyLimit] = [:]
+    private var prefixLimits: [String: ConcurrencyLimit] = [:]
 
     /// No routes.
     public init() {}
@@ -68,6 +71,24 @@ public struct HTTPRoutes: Sendable {
                 prefixes.append((path, [route]))
                 prefixes.sort { $0.path.utf8.count > $1.path.utf8.count }
             }
+        }
+    }
+
+    // MARK: Concurrency limits
+
+    /// At most `limit` requests for `path` (every method; `match` as the route's) in flight at
+    /// once, over all the server's loops: one more is answered `503` with `Retry-After: 1` at
+    /// once, before its handler runs (counted in `HTTPServerStatistics.Snapshot.requestsOverLimit`
+    /// and on `/metrics` as `mainspring_http_requests_shed_total{reason="route_limit"}`). A
+    /// request is in flight from its handler's start until its response is written or its
+    /// connection lost — what bounds an `async`, deferred or streaming route's work; a
+    /// synchronous handler holds its loop anyway. A limit below 1 is a programming error: it
+    /// stops the program with a message naming it.
+    public mutating func limitConcurrency(of path: String, match: PathMatch = .exact, to limit: Int) {
+        requireUsage(limit > 0, "HTTPRoutes.limitConcurrency(of:match:to:): the limit must be at least 1, not \(limit)")
+        switch match {
+        case .exact: exactLimits[path] = ConcurrencyLimit(limit)
+        case .prefix: prefixLimits[path] = ConcurrencyLimit(limit)
         }
     }
 
@@ -142,25 +163,28 @@ public struct HTTPRoutes: Sendable {
     // MARK: Lookup
 
     enum Resolution {
-        case handler(RouteHandler)
+        case handler(RouteHandler, ConcurrencyLimit?)
         case methodNotAllowed(allow: String)
         case notFound
     }
 
     func resolve(_ method: HTTPMethod, _ path: String) -> Resolution {
         let candidates: [Route]
+        let limit: ConcurrencyLimit?
         if let routes = exact[path] {
             candidates = routes
+            limit = exactLimits.isEmpty ? nil : exactLimits[path]
         } else if let match = prefixes.first(where: { path.hasPrefix($0.path) }) {
             candidates = match.routes
+            limit = prefixLimits.isEmpty ? nil : prefixLimits[match.path]
         } else {
             return .notFound
         }
         let wanted = method == .head ? HTTPMethod.get : method
         if method == .head, let route = candidates.first(where: { $0.methodBits & HTTPMethod.head.bit != 0 }) {
-            return .handler(route.handler)
+            return .handler(route.handler, limit)
         }
-        if let route = candidates.first(where: { $0.methodBits & wanted.bit != 0 }) { return .handler(route.handler) }
+        if let route = candidates.first(where: { $0.methodBits & wanted.bit != 0 }) { return .handler(route.handler, limit) }
         var allowed = Set(candidates.flatMap(\.methods))
         if allowed.contains(.get) { allowed.insert(.head) }
         let allow = HTTPMethod.allCases.filter { allowed.contains($0) }.map(\.rawValue).joined(separator: ", ")

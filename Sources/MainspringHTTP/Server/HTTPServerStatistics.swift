@@ -13,6 +13,7 @@ public final class HTTPServerStatistics: Sendable {
     private let timedOut = Atomic<Int>(0)
     private let shed = Atomic<Int>(0)
     private let pastDeadline = Atomic<Int>(0)
+    private let overLimit = Atomic<Int>(0)
 
     init() {}
 
@@ -34,6 +35,9 @@ public final class HTTPServerStatistics: Sendable {
         public var requestsShed: Int = 0
         /// Requests answered `503` by load shedding because they waited past their deadline.
         public var requestsPastDeadline: Int = 0
+        /// Requests answered `503` because their route had as many in flight as its limit
+        /// (`HTTPRoutes.limitConcurrency`).
+        public var requestsOverLimit: Int = 0
     }
 
     /// The counters now. Any thread.
@@ -44,7 +48,8 @@ public final class HTTPServerStatistics: Sendable {
         return Snapshot(responses: responses, requestsInFlight: inFlight.load(ordering: .relaxed),
                         connectionsOpen: open.load(ordering: .relaxed), connectionsAccepted: accepted.load(ordering: .relaxed),
                         connectionsTimedOut: timedOut.load(ordering: .relaxed), requestsShed: shed.load(ordering: .relaxed),
-                        requestsPastDeadline: pastDeadline.load(ordering: .relaxed))
+                        requestsPastDeadline: pastDeadline.load(ordering: .relaxed),
+                        requestsOverLimit: overLimit.load(ordering: .relaxed))
     }
 
     func recordResponse(status: Int) {
@@ -59,6 +64,7 @@ public final class HTTPServerStatistics: Sendable {
 
     func requestShed() { shed.add(1, ordering: .relaxed) }
     func requestPastDeadline() { pastDeadline.add(1, ordering: .relaxed) }
+    func requestOverLimit() { overLimit.add(1, ordering: .relaxed) }
 
     func requestStarted() { inFlight.add(1, ordering: .relaxed) }
     func requestFinished() { inFlight.subtract(1, ordering: .relaxed) }

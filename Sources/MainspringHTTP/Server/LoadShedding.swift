@@ -1,4 +1,5 @@
 import Mainspring
+import Synchronization
 
 extension HTTPServer {
     /// Load shedding: under more requests than the server can serve, answer the excess `503`
@@ -48,6 +49,25 @@ extension HTTPServer {
             self.neverShed = neverShed
         }
     }
+}
+
+/// A route's concurrency limit (`HTTPRoutes.limitConcurrency`): requests in flight over all
+/// loops, an atomic count.
+final class ConcurrencyLimit: Sendable {
+    let limit: Int
+    private let inFlight = Atomic<Int>(0)
+
+    init(_ limit: Int) { self.limit = limit }
+
+    /// Takes a place; false (taking none) when all `limit` are taken.
+    func enter() -> Bool {
+        if inFlight.add(1, ordering: .relaxed).newValue <= limit { return true }
+        inFlight.subtract(1, ordering: .relaxed)
+        return false
+    }
+
+    /// Gives a place back.
+    func leave() { inFlight.subtract(1, ordering: .relaxed) }
 }
 
 /// One loop's view of its requests' queue waits: whether the p99 of the last full window was

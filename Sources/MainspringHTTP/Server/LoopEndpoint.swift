@@ -58,6 +58,10 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
     }
 
     func evhttpFinished(_ raw: EvhttpRequest, written: Bool) {
+        if let limit = raw.heldLimit {
+            raw.heldLimit = nil
+            limit.leave()
+        }
         inFlight -= 1
         if inFlight == 0 { attachment?.endWork() }
         statistics.requestFinished()
@@ -149,7 +153,15 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
             reply(.status(404), to: raw, method: method)
         case .methodNotAllowed(let allow):
             reply(.status(405, headers: ["Allow": allow]), to: raw, method: method)
-        case .handler(let handler):
+        case .handler(let handler, let limit):
+            if let limit {
+                guard limit.enter() else {
+                    statistics.requestOverLimit()
+                    reply(.status(503, headers: ["Retry-After": "1"]), to: raw, method: method)
+                    return
+                }
+                raw.heldLimit = limit
+            }
             run(handler, request, raw)
         }
     }
