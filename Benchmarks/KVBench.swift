@@ -61,7 +61,7 @@ let kvScenario = Scenario(
                 }
             }
             if variant != "mainspring-loops2" && parts.contains("slow") {
-                figures += measureSlowCommands(port: server.port, keys: keys)
+                figures += measureSlowCommands(port: server.port, keys: keys, variantLabel: variant)
             }
             samples.add(variant, figures)
         }
@@ -257,7 +257,7 @@ private final class RESPBenchClient {
 
 /// PING p99/max (ms) while `KEYS *` runs over `keys` keys, and while `DEL` frees a list of as
 /// many elements.
-private func measureSlowCommands(port: UInt16, keys: Int) -> [(String, Double)] {
+private func measureSlowCommands(port: UInt16, keys: Int, variantLabel: String) -> [(String, Double)] {
     guard let worker = RESPBenchClient(port: port), let pinger = RESPBenchClient(port: port) else { return [] }
     _ = worker.call("FLUSHALL")
     _ = worker.call("DEBUG", "POPULATE", "\(keys)")
@@ -313,6 +313,12 @@ private func measureSlowCommands(port: UInt16, keys: Int) -> [(String, Double)] 
             let round = rtts.withLock { $0 }
             figures.append(("ping_p99_ms_during_\(name)", percentile(round, 0.99)))
             figures.append(("ping_max_ms_during_\(name)", round.max() ?? .nan))
+            // Each round on stderr: the table keeps only the median, min and max of the rounds,
+            // and a target "in every round" needs them all.
+            let p99 = String(format: "%.2f", percentile(round, 0.99))
+            let max = String(format: "%.2f", round.max() ?? .nan)
+            FileHandle.standardError.write(Data(
+                "kv \(variantLabel) round: \(name), \(round.count) PINGs, p99 \(p99) ms, max \(max) ms\n".utf8))
         }
         stop.withLock { $0 = true }
         while !thread.isFinished { usleep(1_000) }

@@ -53,6 +53,11 @@ enum ByteHash {
         return mix(h)
     }
 
+    @inline(__always)
+    static func hash(_ bytes: SmallBytes) -> UInt64 {
+        bytes.withUnsafeBytes { hash($0) }
+    }
+
     /// Byte-for-byte equality, with `memcmp`.
     @inline(__always)
     static func equal(_ a: [UInt8], _ b: [UInt8]) -> Bool {

@@ -2,7 +2,7 @@
 /// changes and freed in slices.
 ///
 /// Entries live in a slot array; an open-addressing index (linear probing, one `UInt64` per
-/// bucket: the slot number and 32 bits of the key's cached hash) finds them. So:
+/// bucket: the slot number and 32 bits of the key's hash) finds them. So:
 /// - **A live entry never moves.** A slot number is a stable cursor: a scan by increasing slot
 ///   number sees every entry that stays in the map for the whole scan exactly once. Freed
 ///   slots are reused lowest first (a min-heap), and free slots at the end of the array are
@@ -13,11 +13,30 @@
 ///
 /// Lookup, insertion and removal are O(1) on average (the index doubles, O(n) once in a while,
 /// at 3/4 full, and shrinks at 1/8).
+///
+/// ## Memory
+/// A map of n entries holds the slot array (`MemoryLayout<Slot>.stride` bytes a slot, up to
+/// twice n slots after the array doubled) and the index (8 bytes a bucket, 4/3 to 8/3 buckets
+/// an entry), and nothing per entry on the heap unless a key is longer than 15 bytes or the
+/// value holds a heap object. For the keyspace (`Value` = `KeyEntry`) a slot is 40 bytes:
+///
+/// | bytes | field | why that size |
+/// |---:|---|---|
+/// | 16 | `key` | `SmallBytes`: up to 15 bytes inline, else a heap array |
+/// | 20 | `value` | `KeyEntry?`: a `KVValue` (16: a `SmallBytes` string inline, or one reference to a list, hash or set) and the key's place among the keys with a TTL (4); "free" is a bit pattern `KVValue` never uses, so the optional costs nothing |
+/// | 4 | `hash` | the low 32 bits of the key's hash: all the index ever uses (it has at most 2^32 buckets), kept so that growing the index needs no key rehashed |
+///
+/// The key's expiry time and the epoch a sliced `KEYS` used to tell new keys from old are not
+/// in the slot: most keys have no TTL (the time lives in `KVCore.expiring`, 16 bytes per key
+/// with one), and a `KEYS` in progress is told of the keys created ahead of its cursor
+/// instead (`KVCore.noteInsertion`). Each was 8 bytes in every slot. The fields are in that
+/// order because Swift lays out a struct's fields in declaration order: the 4-byte hash after
+/// the 20-byte entry fills its tail, where before the entry it would leave a 4-byte hole.
 struct ByteMap<Value> {
     struct Slot {
-        var key: [UInt8]
-        var hash: UInt64
+        var key: SmallBytes
         var value: Value?
+        var hash: UInt32
     }
 
     /// Shared by the copies of one map: unique exactly when no copy (snapshot) exists, so the
@@ -60,15 +79,13 @@ struct ByteMap<Value> {
         let tag = UInt64(UInt32(truncatingIfNeeded: hash))
         return table.withUnsafeBufferPointer { table -> Int? in
             let mask = table.count - 1
-            var bucket = Int(truncatingIfNeeded: hash) & mask
+            var bucket = Int(tag) & mask  // the low 32 bits, as every other use of the index
             while true {
                 let entry = table[bucket]
                 if entry == 0 { return nil }
                 if entry & 0xffff_ffff == tag {
                     let slot = Int(entry >> 32) - 1
-                    if slots[slot].hash == hash && ByteHash.equal(slots[slot].key, key) {
-                        return slot
-                    }
+                    if slots[slot].key.equals(key) { return slot }
                 }
                 bucket = (bucket + 1) & mask
             }
@@ -83,7 +100,7 @@ struct ByteMap<Value> {
 
     /// The key in `slot` (which must be occupied).
     @inline(__always)
-    func key(at slot: Int) -> [UInt8] { slots[slot].key }
+    func key(at slot: Int) -> SmallBytes { slots[slot].key }
 
     /// The value in `slot`, or nil when it is free or past the end.
     @inline(__always)
@@ -122,13 +139,13 @@ struct ByteMap<Value> {
             rebuildIndex(capacity: table.count * 2)
         }
         let slot = takeFreeSlot()
-        slots[slot] = Slot(key: key, hash: hash, value: value)
+        slots[slot] = Slot(key: SmallBytes(key), value: value, hash: UInt32(truncatingIfNeeded: hash))
         count += 1
         let tag = UInt64(UInt32(truncatingIfNeeded: hash))
         let entry = (UInt64(slot + 1) << 32) | tag
         table.withUnsafeMutableBufferPointer { table in
             let mask = table.count - 1
-            var bucket = Int(truncatingIfNeeded: hash) & mask
+            var bucket = Int(tag) & mask
             while table[bucket] != 0 { bucket = (bucket + 1) & mask }
             table[bucket] = entry
         }
@@ -156,13 +173,13 @@ struct ByteMap<Value> {
 
     /// Removes the entry in occupied `slot`.
     @discardableResult
-    mutating func remove(slot: Int) -> (key: [UInt8], value: Value) {
+    mutating func remove(slot: Int) -> (key: SmallBytes, value: Value) {
         makeUnique()
         let hash = slots[slot].hash
-        let target = UInt64(slot + 1) << 32 | UInt64(UInt32(truncatingIfNeeded: hash))
+        let target = UInt64(slot + 1) << 32 | UInt64(hash)
         table.withUnsafeMutableBufferPointer { table in
             let mask = table.count - 1
-            var hole = Int(truncatingIfNeeded: hash) & mask
+            var hole = Int(hash) & mask
             while table[hole] != target { hole = (hole + 1) & mask }
             // Backward-shift deletion: move later members of the run into the hole.
             var next = hole
@@ -180,7 +197,7 @@ struct ByteMap<Value> {
             table[hole] = 0
         }
         let removed = slots[slot]
-        slots[slot] = Slot(key: [], hash: 0, value: nil)
+        slots[slot] = Slot(key: .empty, value: nil, hash: 0)
         count -= 1
         releaseSlot(slot)
         if count == 0 {
@@ -238,7 +255,7 @@ struct ByteMap<Value> {
             let slot = Int(candidate)
             if slot < slots.count && slots[slot].value == nil { return slot }
         }
-        slots.append(Slot(key: [], hash: 0, value: nil))
+        slots.append(Slot(key: .empty, value: nil, hash: 0))
         return slots.count - 1
     }
 
@@ -265,9 +282,9 @@ struct ByteMap<Value> {
         let mask = capacity - 1
         newTable.withUnsafeMutableBufferPointer { table in
             for (slot, entry) in slots.enumerated() where entry.value != nil {
-                var bucket = Int(truncatingIfNeeded: entry.hash) & mask
+                var bucket = Int(entry.hash) & mask
                 while table[bucket] != 0 { bucket = (bucket + 1) & mask }
-                table[bucket] = (UInt64(slot + 1) << 32) | UInt64(UInt32(truncatingIfNeeded: entry.hash))
+                table[bucket] = (UInt64(slot + 1) << 32) | UInt64(entry.hash)
             }
         }
         table = newTable

@@ -32,6 +32,19 @@ public struct GlobPattern: Sendable, Hashable {
         }
     }
 
+    /// Whether the keyspace's `string` matches the pattern.
+    func matches(_ string: SmallBytes) -> Bool {
+        if matchesEverything { return true }
+        return string.withUnsafeBytes { raw in
+            raw.withMemoryRebound(to: UInt8.self) { string in
+                bytes.withUnsafeBufferPointer { pattern in
+                    var skipLonger = false
+                    return Self.match(pattern, 0, string, 0, ignoresCase, &skipLonger)
+                }
+            }
+        }
+    }
+
     @inline(__always)
     private static func lower(_ byte: UInt8) -> UInt8 {
         byte >= 0x41 && byte <= 0x5a ? byte | 0x20 : byte

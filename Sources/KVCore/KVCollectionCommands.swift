@@ -3,35 +3,38 @@ extension KVValue {
     /// nil when this is not a list.
     @inline(__always)
     mutating func withList<R>(_ body: (inout ListValue) -> R) -> R? {
-        guard case .list(var list) = self else { return nil }
-        self = .string([])
-        defer { self = .list(list) }
-        return body(&list)
+        guard case .list(var box) = self else { return nil }
+        self = .placeholder  // now `box` is the only reference, unless a copy of this value exists
+        if !isKnownUniquelyReferenced(&box) { box = CollectionBox(box.collection) }
+        defer { self = .list(box) }
+        return body(&box.collection)
     }
 
     @inline(__always)
     mutating func withHash<R>(_ body: (inout ByteMap<[UInt8]>) -> R) -> R? {
-        guard case .hash(var map) = self else { return nil }
-        self = .string([])
-        defer { self = .hash(map) }
-        return body(&map)
+        guard case .hash(var box) = self else { return nil }
+        self = .placeholder
+        if !isKnownUniquelyReferenced(&box) { box = CollectionBox(box.collection) }
+        defer { self = .hash(box) }
+        return body(&box.collection)
     }
 
     @inline(__always)
     mutating func withSet<R>(_ body: (inout ByteMap<Void>) -> R) -> R? {
-        guard case .set(var map) = self else { return nil }
-        self = .string([])
-        defer { self = .set(map) }
-        return body(&map)
+        guard case .set(var box) = self else { return nil }
+        self = .placeholder
+        if !isKnownUniquelyReferenced(&box) { box = CollectionBox(box.collection) }
+        defer { self = .set(box) }
+        return body(&box.collection)
     }
 
     /// Whether the value is an empty list, hash or set (its key must then go).
     var isEmptyCollection: Bool {
         switch self {
         case .string: return false
-        case .list(let list): return list.isEmpty
-        case .hash(let map): return map.isEmpty
-        case .set(let map): return map.isEmpty
+        case .list(let box): return box.collection.isEmpty
+        case .hash(let box): return box.collection.isEmpty
+        case .set(let box): return box.collection.isEmpty
         }
     }
 }
@@ -46,7 +49,7 @@ extension KVCore {
         if let existing = liveSlot(key, hash: hash) {
             slot = existing
         } else {
-            slot = insertKey(key, hash: hash, value: .list(ListValue()))
+            slot = insertKey(key, hash: hash, value: .list(CollectionBox(ListValue())))
         }
         let length = modifyValue(at: slot) { value in
             value.withList { list -> Int in
@@ -104,11 +107,11 @@ extension KVCore {
             RESP.appendInteger(0, to: &output)
             return
         }
-        guard case .list(let list) = entry(at: slot).value else {
+        guard case .list(let box) = entry(at: slot).value else {
             replyWrongType(&output)
             return
         }
-        RESP.appendInteger(list.count, to: &output)
+        RESP.appendInteger(box.collection.count, to: &output)
     }
 
     func lrange(_ a: [[UInt8]], _ output: inout [UInt8]) -> KVExecution {
@@ -119,10 +122,11 @@ extension KVCore {
             RESP.appendEmptyArray(to: &output)
             return .replied
         }
-        guard case .list(let list) = keyspace.slots[slot].value!.value else {
+        guard case .list(let box) = keyspace.slots[slot].value!.value else {
             replyWrongType(&output)
             return .replied
         }
+        let list = box.collection  // a snapshot, if the reply is sliced
         let length = Int64(list.count)
         if start < 0 { start += length }
         if end < 0 { end += length }
@@ -149,10 +153,11 @@ extension KVCore {
             RESP.appendNullBulk(to: &output)
             return
         }
-        guard case .list(let list) = entry(at: slot).value else {
+        guard case .list(let box) = entry(at: slot).value else {
             replyWrongType(&output)
             return
         }
+        let list = box.collection
         guard var index = integerArgument(a[2], &output) else { return }
         if index < 0 { index += Int64(list.count) }
         if index < 0 || index >= Int64(list.count) {
@@ -171,7 +176,7 @@ extension KVCore {
         }
         let key = a[1]
         let hash = ByteHash.hash(key)
-        let slot = liveSlot(key, hash: hash) ?? insertKey(key, hash: hash, value: .hash(ByteMap()))
+        let slot = liveSlot(key, hash: hash) ?? insertKey(key, hash: hash, value: .hash(CollectionBox(ByteMap())))
         let added = modifyValue(at: slot) { value in
             value.withHash { map -> Int in
                 var added = 0
@@ -189,11 +194,11 @@ extension KVCore {
     /// The hash in `slot` for reading, or nil after a WRONGTYPE reply.
     @inline(__always)
     func hashValue(at slot: Int, _ output: inout [UInt8]) -> ByteMap<[UInt8]>? {
-        guard case .hash(let map) = keyspace.slots[slot].value!.value else {
+        guard case .hash(let box) = keyspace.slots[slot].value!.value else {
             replyWrongType(&output)
             return nil
         }
-        return map
+        return box.collection
     }
 
     func hget(_ a: [[UInt8]], _ output: inout [UInt8]) {
@@ -275,7 +280,7 @@ extension KVCore {
             replyWrongType(&output)
             return
         }
-        let slot = existing ?? insertKey(key, hash: hash, value: .hash(ByteMap()))
+        let slot = existing ?? insertKey(key, hash: hash, value: .hash(CollectionBox(ByteMap())))
         let outcome = modifyValue(at: slot) { value in
             value.withHash { map -> IncrementOutcome in
                 var old: Int64 = 0
@@ -303,7 +308,7 @@ extension KVCore {
     func sadd(_ a: [[UInt8]], _ output: inout [UInt8]) {
         let key = a[1]
         let hash = ByteHash.hash(key)
-        let slot = liveSlot(key, hash: hash) ?? insertKey(key, hash: hash, value: .set(ByteMap()))
+        let slot = liveSlot(key, hash: hash) ?? insertKey(key, hash: hash, value: .set(CollectionBox(ByteMap())))
         let added = modifyValue(at: slot) { value in
             value.withSet { map -> Int in
                 var added = 0
@@ -343,11 +348,11 @@ extension KVCore {
     /// The set in `slot` for reading, or nil after a WRONGTYPE reply.
     @inline(__always)
     func setValue(at slot: Int, _ output: inout [UInt8]) -> ByteMap<Void>? {
-        guard case .set(let map) = keyspace.slots[slot].value!.value else {
+        guard case .set(let box) = keyspace.slots[slot].value!.value else {
             replyWrongType(&output)
             return nil
         }
-        return map
+        return box.collection
     }
 
     func smembers(_ a: [[UInt8]], _ output: inout [UInt8]) -> KVExecution {

@@ -93,11 +93,14 @@ public final class KVCore {
     // the runtime and a thread-local lookup, about an eighth of a SET's cost): the core belongs
     // to one thread, and its methods never hand out overlapping accesses to these properties.
     @exclusivity(unchecked) var keyspace = ByteMap<KeyEntry>()
-    /// Slots of the keys with a TTL (each entry knows its position here).
-    @exclusivity(unchecked) var expiring: [Int32] = []
+    /// The keys with a TTL: slot and time (each entry knows its position here). Kept apart
+    /// from the slots, which would otherwise all carry 8 bytes of time that most keys lack.
+    @exclusivity(unchecked) var expiring: [ExpiryRecord] = []
     /// Changes when `FLUSHALL` replaces the keyspace: sliced scans stop then.
     @exclusivity(unchecked) var keyspaceGeneration: UInt64 = 0
-    @exclusivity(unchecked) var nextEpoch: UInt64 = 1
+    /// The sliced `KEYS` commands in progress, told of each key created ahead of their cursor
+    /// (`noteInsertion`). Weak: a reply dropped unfinished (its client gone) drops out.
+    @exclusivity(unchecked) var keysScans: [WeakKeysScan] = []
     @exclusivity(unchecked) var cachedNow: Int64?
     @exclusivity(unchecked) var reclaimer = Reclaimer()
     var random = SystemRandomNumberGenerator()
@@ -197,8 +200,8 @@ public final class KVCore {
     @inline(__always)
     func liveSlot(_ key: [UInt8], hash: UInt64) -> Int? {
         guard let slot = keyspace.find(key, hash: hash) else { return nil }
-        let expireAt = keyspace.slots[slot].value!.expireAt
-        if expireAt != KeyEntry.persistent && now > expireAt {
+        let position = keyspace.slots[slot].value!.expiryPosition
+        if position >= 0 && now > expiring[Int(position)].expireAt {
             deleteExpired(slot: slot)
             return nil
         }
@@ -223,6 +226,13 @@ public final class KVCore {
         keyspace.slots[slot].value!
     }
 
+    /// The absolute expiry (Unix ms) of the key in occupied `slot`, or `KeyEntry.persistent`.
+    @inline(__always)
+    func expireAt(slot: Int) -> Int64 {
+        let position = keyspace.slots[slot].value!.expiryPosition
+        return position >= 0 ? expiring[Int(position)].expireAt : KeyEntry.persistent
+    }
+
     func deleteExpired(slot: Int) {
         expiredKeys += 1
         deleteKey(slot: slot)
@@ -230,7 +240,7 @@ public final class KVCore {
 
     /// Removes the key in `slot`; a large value goes to the reclaimer.
     func deleteKey(slot: Int) {
-        if keyspace.slots[slot].value!.expiryPosition >= 0 { clearExpiry(slot: slot) }
+        if keyspace.slots[slot].value!.hasExpiry { clearExpiry(slot: slot) }
         let removed = keyspace.remove(slot: slot)
         dispose(removed.value.value)
     }
@@ -248,9 +258,30 @@ public final class KVCore {
     /// Creates `key` (absent) with `value`; returns its slot.
     @discardableResult
     func insertKey(_ key: [UInt8], hash: UInt64, value: KVValue) -> Int {
-        let epoch = nextEpoch
-        nextEpoch += 1
-        return keyspace.insertNew(key, hash: hash, value: KeyEntry(value: value, epoch: epoch))
+        let slot = keyspace.insertNew(key, hash: hash, value: KeyEntry(value: value))
+        if !keysScans.isEmpty { noteInsertion(slot: slot) }
+        return slot
+    }
+
+    /// Tells each sliced `KEYS` in progress of a key created in `slot` ahead of its cursor: it
+    /// did not exist when the scan began, so the scan skips it (see *Consistency of sliced
+    /// commands*). This replaces an 8-byte creation epoch in every slot; it costs nothing
+    /// while no sliced `KEYS` runs, and a set entry per key created ahead of one while it does.
+    func noteInsertion(slot: Int) {
+        var index = 0
+        while index < keysScans.count {
+            guard let scan = keysScans[index].progress else {
+                keysScans.remove(at: index)
+                continue
+            }
+            if slot >= scan.cursor && slot < scan.end { scan.createdAhead.insert(slot) }
+            index += 1
+        }
+    }
+
+    /// A sliced `KEYS` is over (or abandoned): it needs no more news of insertions.
+    func endKeysScan(_ progress: KeysScanProgress) {
+        keysScans.removeAll { $0.progress == nil || $0.progress === progress }
     }
 
     /// Sets `key` to `value` (creating it or replacing any value); drops the TTL unless `keepTTL`.
@@ -276,7 +307,7 @@ public final class KVCore {
     @inline(__always)
     func modifyValue<R>(at slot: Int, _ body: (inout KVValue) throws -> R) rethrows -> R {
         try keyspace.modifyValue(at: slot) { entry in
-            var value = KVValue.string([])
+            var value = KVValue.placeholder
             swap(&value, &entry.value)
             defer { swap(&value, &entry.value) }
             return try body(&value)
@@ -285,14 +316,14 @@ public final class KVCore {
 
     /// Sets the absolute expiry of the key in `slot`.
     func setExpiry(slot: Int, at time: Int64) {
-        let position = Int32(expiring.count)
-        let added = keyspace.modifyValue(at: slot) { entry -> Bool in
-            entry.expireAt = time
-            if entry.expiryPosition >= 0 { return false }
-            entry.expiryPosition = position
-            return true
+        let existing = keyspace.slots[slot].value!.expiryPosition
+        if existing >= 0 {
+            expiring[Int(existing)].expireAt = time
+            return
         }
-        if added { expiring.append(Int32(slot)) }
+        let position = Int32(expiring.count)
+        keyspace.modifyValue(at: slot) { $0.expiryPosition = position }
+        expiring.append(ExpiryRecord(slot: Int32(slot), expireAt: time))
     }
 
     /// Makes the key in `slot` persistent.
@@ -300,14 +331,13 @@ public final class KVCore {
         let position = keyspace.modifyValue(at: slot) { entry -> Int32 in
             let position = entry.expiryPosition
             entry.expiryPosition = -1
-            entry.expireAt = KeyEntry.persistent
             return position
         }
         guard position >= 0 else { return }
         let last = expiring.removeLast()
         if Int(position) < expiring.count {
             expiring[Int(position)] = last
-            keyspace.modifyValue(at: Int(last)) { $0.expiryPosition = position }
+            keyspace.modifyValue(at: Int(last.slot)) { $0.expiryPosition = position }
         }
     }
 
@@ -316,6 +346,7 @@ public final class KVCore {
         let old = keyspace
         keyspace = ByteMap()
         expiring = []
+        keysScans = []  // they stop at their next step (the generation changed)
         keyspaceGeneration += 1
         expireCursor = 0
         averageTTL = 0
@@ -353,8 +384,9 @@ public final class KVCore {
             lastSampleExpired = 0
             while sample < 20 && checked < budget && !expiring.isEmpty {
                 if expireCursor >= expiring.count { expireCursor = 0 }
-                let slot = Int(expiring[expireCursor])
-                let expireAt = entry(at: slot).expireAt
+                let record = expiring[expireCursor]
+                let slot = Int(record.slot)
+                let expireAt = record.expireAt
                 sample += 1
                 checked += 1
                 if time > expireAt {

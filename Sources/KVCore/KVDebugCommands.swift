@@ -41,7 +41,7 @@ extension KVCore {
                         value.append(contentsOf: repeatElement(0, count: size - value.count))
                     }
                 }
-                insertKey(key, hash: hash, value: .string(value))
+                insertKey(key, hash: hash, value: .string(SmallBytes(value)))
             }
             RESP.appendOK(to: &output)
         } else if Self.equalsIgnoringCase(a[1], "help") {

@@ -1,8 +1,8 @@
 extension KVCore {
     func keys(_ a: [[UInt8]], _ output: inout [UInt8]) -> KVExecution {
         var scan = KVSlicedReply.KeysScan(
-            pattern: GlobPattern(a[1]), startEpoch: nextEpoch - 1, generation: keyspaceGeneration,
-            end: keyspace.slotCount)
+            pattern: GlobPattern(a[1]), generation: keyspaceGeneration,
+            progress: KeysScanProgress(end: keyspace.slotCount))
         if keyspace.slotCount < configuration.slicingThreshold {
             _ = continueKeys(&scan, budget: Int.max / 2)
             RESP.appendArrayHeader(scan.count, to: &output)
@@ -10,6 +10,7 @@ extension KVCore {
             output.append(contentsOf: scan.matches)
             return .replied
         }
+        keysScans.append(WeakKeysScan(progress: scan.progress))
         return .sliced(KVSlicedReply(core: self, kind: .keys(scan)))
     }
 
@@ -57,14 +58,14 @@ extension KVCore {
             visited += 1
             guard let entry = keyspace.value(at: current) else { continue }
             visitedOccupied += 1
-            if entry.expireAt != KeyEntry.persistent && time > entry.expireAt {
+            if entry.hasExpiry && time > expiring[Int(entry.expiryPosition)].expireAt {
                 deleteExpired(slot: current)
                 continue
             }
             let key = keyspace.key(at: current)
             if let pattern, !pattern.matches(key) { continue }
             if let type, !type.elementsEqual(String(describing: entry.value.typeName).utf8) { continue }
-            found.append(key)
+            found.append(key.array)
         }
         let next = slot >= keyspace.slotCount ? 0 : slot
         RESP.appendArrayHeader(2, to: &output)
@@ -114,7 +115,7 @@ extension KVCore {
             RESP.appendInteger(0, to: &output)
             return
         }
-        let current = entry(at: slot).expireAt  // -1: none
+        let current = expireAt(slot: slot)  // -1: none
         if (nx && current != KeyEntry.persistent) || (xx && current == KeyEntry.persistent)
             || (gt && (current == KeyEntry.persistent || when <= current))
             || (lt && current != KeyEntry.persistent && when >= current)
@@ -135,7 +136,7 @@ extension KVCore {
             RESP.appendInteger(-2, to: &output)
             return
         }
-        let expireAt = entry(at: slot).expireAt
+        let expireAt = expireAt(slot: slot)
         if expireAt == KeyEntry.persistent {
             RESP.appendInteger(-1, to: &output)
             return

@@ -30,10 +30,10 @@ public struct KVSlicedReply {
 
     struct KeysScan {
         let pattern: GlobPattern
-        let startEpoch: UInt64
         let generation: UInt64
-        let end: Int
-        var cursor = 0
+        /// The cursor, the end, and the slots given a new key ahead of the cursor since the
+        /// scan began (the core records those: `KVCore.noteInsertion`).
+        let progress: KeysScanProgress
         /// The matches' encoded bulk strings, in pieces of about `pieceSize` bytes (so that no
         /// step copies the whole reply or grows one huge buffer), and the piece being filled.
         var pieces: [[UInt8]] = []
@@ -113,7 +113,7 @@ public struct KVSlicedReply {
             }
             if next == end {
                 current = .finished
-                core.reclaimer.add(.list(list))
+                core.reclaimer.add(list: list)
                 return true
             }
             current = .list(list, next: next, end: end)
@@ -135,7 +135,7 @@ public struct KVSlicedReply {
             }
             if cursor >= slots {
                 current = .finished
-                core.reclaimer.add(.hash(map))
+                core.reclaimer.add(hash: map)
                 return true
             }
             current = .hash(map, cursor: cursor)
@@ -156,7 +156,7 @@ public struct KVSlicedReply {
             }
             if cursor >= slots {
                 current = .finished
-                core.reclaimer.add(.set(map))
+                core.reclaimer.add(set: map)
                 return true
             }
             current = .set(map, cursor: cursor)
@@ -173,17 +173,26 @@ public struct KVSlicedReply {
 extension KVCore {
     /// Scans up to `budget` slots of a sliced `KEYS`; true when done.
     func continueKeys(_ scan: inout KVSlicedReply.KeysScan, budget: Int) -> Bool {
-        if scan.generation != keyspaceGeneration { return true }  // flushed: no old key is left
+        let progress = scan.progress
+        if scan.generation != keyspaceGeneration {  // flushed: no old key is left
+            endKeysScan(progress)
+            return true
+        }
         cachedNow = nil
         let time = now
-        let end = min(scan.end, keyspace.slotCount)
-        let stop = min(end, scan.cursor &+ budget)
+        let end = min(progress.end, keyspace.slotCount)
+        var cursor = progress.cursor
+        let stop = min(end, cursor &+ budget)
         let slots = keyspace.slots
-        while scan.cursor < stop {
-            let slot = scan.cursor
-            scan.cursor += 1
-            guard let entry = slots[slot].value, entry.epoch <= scan.startEpoch else { continue }
-            if entry.expireAt != KeyEntry.persistent && time > entry.expireAt { continue }
+        let expiring = self.expiring
+        let checksCreated = !progress.createdAhead.isEmpty
+        while cursor < stop {
+            let slot = cursor
+            cursor += 1
+            // Created after the scan began (into a slot freed ahead of the cursor): not reported.
+            let created = checksCreated && progress.createdAhead.remove(slot) != nil
+            guard !created, let entry = slots[slot].value else { continue }
+            if entry.hasExpiry && time > expiring[Int(entry.expiryPosition)].expireAt { continue }
             let key = slots[slot].key
             if scan.pattern.matches(key) {
                 RESP.appendBulkString(key, to: &scan.matches)
@@ -191,6 +200,11 @@ extension KVCore {
                 scan.sealPiece()
             }
         }
-        return scan.cursor >= end
+        progress.cursor = cursor
+        if cursor >= end {
+            endKeysScan(progress)
+            return true
+        }
+        return false
     }
 }

@@ -75,7 +75,7 @@ extension KVCore {
             if !get { RESP.appendNullBulk(to: &output) }
             return
         }
-        let slot = store(key, .string(a[2]), keepTTL: keepTTL)
+        let slot = store(key, .string(SmallBytes(a[2])), keepTTL: keepTTL)
         if let expireAt { setExpiry(slot: slot, at: expireAt) }
         if !get { RESP.appendOK(to: &output) }
     }
@@ -91,7 +91,7 @@ extension KVCore {
 
     func getset(_ a: [[UInt8]], _ output: inout [UInt8]) {
         guard replyString(at: liveSlot(a[1]), &output) else { return }
-        store(a[1], .string(a[2]))
+        store(a[1], .string(SmallBytes(a[2])))
     }
 
     func mset(_ a: [[UInt8]], _ output: inout [UInt8]) {
@@ -101,7 +101,7 @@ extension KVCore {
         }
         var index = 1
         while index < a.count {
-            store(a[index], .string(a[index + 1]))
+            store(a[index], .string(SmallBytes(a[index + 1])))
             index += 2
         }
         RESP.appendOK(to: &output)
@@ -128,19 +128,16 @@ extension KVCore {
     func incrementBy(_ key: [UInt8], _ delta: Int64, _ output: inout [UInt8]) {
         let hash = ByteHash.hash(key)
         guard let slot = liveSlot(key, hash: hash) else {
-            insertKey(key, hash: hash, value: .string(RedisInteger.bytes(delta)))
+            insertKey(key, hash: hash, value: .string(SmallBytes.decimal(delta)))
             RESP.appendInteger(delta, to: &output)
             return
         }
         let outcome = modifyValue(at: slot) { value -> IncrementOutcome in
-            guard case .string(var bytes) = value else { return .wrongType }
-            guard let old = RedisInteger.parse(bytes) else { return .notInteger }
+            guard case .string(let bytes) = value else { return .wrongType }
+            guard let old = bytes.withUnsafeBufferPointer({ RedisInteger.parse($0) }) else { return .notInteger }
             let (sum, overflow) = old.addingReportingOverflow(delta)
             if overflow { return .overflow }
-            value = .string([])  // `bytes` is the only reference now: changed in place
-            bytes.removeAll(keepingCapacity: true)
-            RedisInteger.append(sum, to: &bytes)
-            value = .string(bytes)
+            value = .string(SmallBytes.decimal(sum))  // inline: no allocation for a counter
             return .value(sum)
         }
         switch outcome {
@@ -155,7 +152,7 @@ extension KVCore {
         let key = a[1]
         let hash = ByteHash.hash(key)
         guard let slot = liveSlot(key, hash: hash) else {
-            insertKey(key, hash: hash, value: .string(a[2]))
+            insertKey(key, hash: hash, value: .string(SmallBytes(a[2])))
             RESP.appendInteger(a[2].count, to: &output)
             return
         }
@@ -163,10 +160,11 @@ extension KVCore {
         let length = modifyValue(at: slot) { value -> Int? in
             guard case .string(var bytes) = value else { return nil }
             if bytes.count + a[2].count > limit { return -1 }
-            value = .string([])
-            bytes.append(contentsOf: a[2])
-            value = .string(bytes)
-            return bytes.count
+            value = .placeholder
+            var array = bytes.takeArray()  // the only reference now: a heap string grows in place
+            array.append(contentsOf: a[2])
+            value = .string(SmallBytes(array))
+            return array.count
         }
         switch length {
         case nil: replyWrongType(&output)

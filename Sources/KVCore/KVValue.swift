@@ -1,17 +1,30 @@
-/// A value in the keyspace.
+/// A value in the keyspace: 16 bytes.
+///
+/// A string is a `SmallBytes` (up to 15 bytes inline, else a heap array); a list, hash or set
+/// is one reference to a box that holds the collection. The boxes keep the enum at 16 bytes
+/// (a `ListValue` is 32 bytes and a `ByteMap` 40, which made every slot of the keyspace that
+/// much bigger, strings included); the tag lives in spare bits of the string's count and of
+/// the references (see `SmallBytes`).
+///
+/// Value semantics are kept: a box shared by two copies of a `KVValue` is copied before it
+/// is changed (`withList`, `withHash`, `withSet`), and the collections inside are copy-on-write
+/// themselves (a sliced reply's snapshot is a copy of the collection, not of the box).
 enum KVValue {
-    case string([UInt8])
-    case list(ListValue)
-    case hash(ByteMap<[UInt8]>)
-    case set(ByteMap<Void>)
+    case string(SmallBytes)
+    case list(CollectionBox<ListValue>)
+    case hash(CollectionBox<ByteMap<[UInt8]>>)
+    case set(CollectionBox<ByteMap<Void>>)
+
+    /// The empty string: a placeholder while a value is moved out of its slot.
+    static var placeholder: KVValue { .string(.empty) }
 
     /// Elements to release when the value is freed (what freeing it costs, roughly).
     var elementCount: Int {
         switch self {
         case .string: return 1
-        case .list(let list): return list.count
-        case .hash(let map): return map.count
-        case .set(let map): return map.count
+        case .list(let box): return box.collection.count
+        case .hash(let box): return box.collection.count
+        case .set(let box): return box.collection.count
         }
     }
 
@@ -26,21 +39,56 @@ enum KVValue {
     }
 }
 
-/// One key's entry.
+/// A list, hash or set in the keyspace (`KVValue`). A class so that the enum holds one
+/// reference; not checked for exclusive access at run time (the core's thread only, and no
+/// overlapping accesses: see `KVCore`'s hot state).
+final class CollectionBox<Collection> {
+    @exclusivity(unchecked) var collection: Collection
+
+    init(_ collection: Collection) {
+        self.collection = collection
+    }
+}
+
+/// One key's entry: 20 bytes (see `ByteMap` for the slot it is part of).
 struct KeyEntry {
     var value: KVValue
-    /// Absolute expiry in Unix milliseconds, or `KeyEntry.persistent`.
-    var expireAt: Int64 = KeyEntry.persistent
-    /// When the key was created (a counter, not a time): a sliced `KEYS` reports only keys
-    /// created before it began.
-    var epoch: UInt64
-    /// The entry's place in the keyspace's list of keys with a TTL, or -1.
+    /// The key's place in `KVCore.expiring` (the keys with a TTL, and their times), or -1.
     var expiryPosition: Int32 = -1
 
+    init(value: KVValue) {
+        self.value = value
+    }
+
+    /// `KVCore.expireAt(slot:)` of a key without a TTL.
     static let persistent: Int64 = -1
 
-    init(value: KVValue, epoch: UInt64) {
-        self.value = value
-        self.epoch = epoch
+    /// Whether the key has a TTL.
+    @inline(__always)
+    var hasExpiry: Bool { expiryPosition >= 0 }
+}
+
+/// A key with a TTL: its slot and its absolute expiry in Unix milliseconds.
+struct ExpiryRecord {
+    var slot: Int32
+    var expireAt: Int64
+}
+
+/// A sliced `KEYS` in progress, as the core sees it (`KVCore.noteInsertion`): where its
+/// cursor is, where it ends, and the slots ahead of the cursor that got a new key since it
+/// began (skipped when the cursor reaches them).
+final class KeysScanProgress {
+    // Not checked for exclusive access at run time, like the core's hot state.
+    @exclusivity(unchecked) var cursor = 0
+    let end: Int
+    @exclusivity(unchecked) var createdAhead: Set<Int> = []
+
+    init(end: Int) {
+        self.end = end
     }
+}
+
+/// `KVCore.keysScans`' entry.
+struct WeakKeysScan {
+    weak var progress: KeysScanProgress?
 }

@@ -72,6 +72,18 @@ public enum RESP {
         appendCRLF(to: &output)
     }
 
+    /// Appends a bulk string, `$len\r\nbytes\r\n`, from the keyspace's inline-or-heap bytes.
+    @inline(__always)
+    static func appendBulkString(_ bytes: SmallBytes, to output: inout [UInt8]) {
+        bytes.withUnsafeBytes { raw in
+            output.append(UInt8(ascii: "$"))
+            RedisInteger.append(Int64(raw.count), to: &output)
+            appendCRLF(to: &output)
+            output.append(contentsOf: raw)
+            appendCRLF(to: &output)
+        }
+    }
+
     /// Appends a bulk string holding the UTF-8 of `text`.
     public static func appendBulkString(_ text: String, to output: inout [UInt8]) {
         var text = text

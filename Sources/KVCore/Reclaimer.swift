@@ -22,11 +22,16 @@ struct Reclaimer {
     mutating func add(_ value: KVValue) {
         switch value {
         case .string: return
-        case .list(let list): lists.append(list)
-        case .hash(let map): hashes.append(map)
-        case .set(let map): sets.append(map)
+        case .list(let box): lists.append(box.collection)
+        case .hash(let box): hashes.append(box.collection)
+        case .set(let box): sets.append(box.collection)
         }
     }
+
+    /// A sliced reply's snapshot, handed back when the reply is done.
+    mutating func add(list: ListValue) { lists.append(list) }
+    mutating func add(hash: ByteMap<[UInt8]>) { hashes.append(hash) }
+    mutating func add(set: ByteMap<Void>) { sets.append(set) }
 
     mutating func add(keyspace: ByteMap<KeyEntry>) {
         keyspaces.append(keyspace)
