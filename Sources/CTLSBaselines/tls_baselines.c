@@ -1,5 +1,6 @@
 #include "tls_baselines.h"
 
+#include "baselines.h"
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/bufferevent_ssl.h>
@@ -11,6 +12,7 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -24,6 +26,11 @@ struct tls_server {
     SSL_CTX *ctx;
     int stop_pipe[2];
     pthread_t thread;
+    /* A counted server (`ms_tls_count_echo_start`): `ms_tls_count_begin` writes to count_pipe,
+       the thread leaves its uncounted dispatch and posts `counting` from inside the region. */
+    struct event *count_event;
+    int count_pipe[2];
+    sem_t counting;
 };
 
 static SSL_CTX *server_context(const char *certificate, const char *key) {
@@ -50,6 +57,29 @@ static void stop_cb(evutil_socket_t fd, short what, void *ctx) {
 
 static void *server_thread(void *ctx) {
     event_base_dispatch(((struct tls_server *)ctx)->base);
+    return NULL;
+}
+
+static void count_cb(evutil_socket_t fd, short what, void *ctx) {
+    (void)what;
+    char byte;
+    while (read(fd, &byte, 1) < 0) {}
+    event_base_loopbreak(((struct tls_server *)ctx)->base);
+}
+
+static void dispatch_counted(void *ctx) {
+    struct tls_server *server = ctx;
+    sem_post(&server->counting);
+    event_base_dispatch(server->base);
+}
+
+/* Uncounted until `ms_tls_count_begin` (the handshake and the warm-up: an RSA signature's
+   instructions vary by a few thousand from one to the next), then the rest of the dispatch
+   inside the region callgrind counts (`mainspring-bench --counts`). */
+static void *counted_server_thread(void *ctx) {
+    struct tls_server *server = ctx;
+    event_base_dispatch(server->base);
+    ms_counted_region(dispatch_counted, server);
     return NULL;
 }
 
@@ -127,12 +157,33 @@ static void bind_loopback(struct tls_server *server, evconnlistener_cb callback,
     *port = ntohs(bound.sin_port);
 }
 
-void *ms_tls_echo_start(const char *certificate, const char *key, uint16_t *port) {
+static void *echo_start(const char *certificate, const char *key, uint16_t *port, int counted) {
     struct tls_server *server = new_server(certificate, key);
     if (!server) return NULL;
     bind_loopback(server, echo_accept_cb, port);
-    pthread_create(&server->thread, NULL, server_thread, server);
+    if (counted) {
+        if (pipe(server->count_pipe) != 0) abort();
+        sem_init(&server->counting, 0, 0);
+        server->count_event = event_new(server->base, server->count_pipe[0], EV_READ, count_cb, server);
+        event_add(server->count_event, NULL);
+    }
+    pthread_create(&server->thread, NULL, counted ? counted_server_thread : server_thread, server);
     return server;
+}
+
+void *ms_tls_echo_start(const char *certificate, const char *key, uint16_t *port) {
+    return echo_start(certificate, key, port, 0);
+}
+
+void *ms_tls_count_echo_start(const char *certificate, const char *key, uint16_t *port) {
+    return echo_start(certificate, key, port, 1);
+}
+
+void ms_tls_count_begin(void *handle) {
+    struct tls_server *server = handle;
+    char byte = 1;
+    while (write(server->count_pipe[1], &byte, 1) < 0) {}
+    while (sem_wait(&server->counting) != 0) {}
 }
 
 /* ---- evhttp over TLS ---- */
@@ -199,6 +250,12 @@ void ms_tls_server_stop(void *handle) {
     if (server->listener) evconnlistener_free(server->listener);
     if (server->http) evhttp_free(server->http);
     event_free(server->stop_event);
+    if (server->count_event) {
+        event_free(server->count_event);
+        close(server->count_pipe[0]);
+        close(server->count_pipe[1]);
+        sem_destroy(&server->counting);
+    }
     event_base_free(server->base);
     SSL_CTX_free(server->ctx);
     close(server->stop_pipe[0]);
