@@ -86,8 +86,9 @@ extension ConnectionSource {
         }
     }
 
-    /// Output is written before the loop next polls, or at once past 64 KiB or past the output
-    /// limit (so that backpressure sees it).
+    /// Output is written before the loop next polls (or before lower-priority work, once the
+    /// pass's `.input` callbacks have run), or at once past 64 KiB or past the output limit (so
+    /// that backpressure sees it).
     func scheduleFlush() {
         if pendingOutput.count >= Self.chunk || pendingOutput.count + (socket?.outputLength ?? 0) > kept.outputLimit {
             flushPendingOutput()
