@@ -140,13 +140,13 @@ bench: deps bench-tools
 	$(SWIFT) run -c release --skip-build mainspring-bench $(ARGS)
 
 ## Deterministic per-item costs (instructions, retains/releases, heap allocations) of post-local,
-## post-remote, a daemon request, an HTTP request and a Feeder chunk, counted under valgrind's callgrind (about
-## 2 minutes; installs valgrind when it is missing). ARGS="post-local --callers" to choose and to
+## post-remote, a daemon request (plain and over TLS), an HTTP request and a Feeder chunk, counted under valgrind's callgrind (about
+## 2 minutes; installs valgrind, and openssl for the TLS certificate, when they are missing). ARGS="post-local --callers" to choose and to
 ## see which functions make the calls; ARGS=--json for records.
 ## Its own build, with DWARF 4 debug information: valgrind 3.19 cannot read the DWARF 5 that
 ## the toolchain emits by default for this binary ("possibly corrupted debuginfo").
 bench-counts:
-	@./scripts/install-deps.sh valgrind
+	@./scripts/install-deps.sh valgrind openssl
 	$(SWIFT) build -c release --product mainspring-bench --scratch-path .build/counts \
 		-Xswiftc -dwarf-version=4 -Xcc -gdwarf-4
 	.build/counts/release/mainspring-bench --counts $(ARGS)

@@ -71,10 +71,10 @@ let package = Package(
             path: "Sources/MainspringHTTP"
         ),
         // Plain-C TLS peers for the `tls` benchmark (libevent + bufferevent_openssl), and a
-        // blocking OpenSSL client for its load generators.
+        // blocking OpenSSL client for its load generators (CBaselines: the region `--counts` counts).
         .target(
             name: "CTLSBaselines",
-            dependencies: ["CLibevent", "CMainspringTLS"],
+            dependencies: ["CLibevent", "CMainspringTLS", "CBaselines"],
             path: "Sources/CTLSBaselines"
         ),
         // Plain-C libevent loops: the baselines `mainspring-bench` compares against.

@@ -1,8 +1,10 @@
 import CBaselines
+import CTLSBaselines
 import Dispatch
 import ExampleServices
 import Foundation
 import Mainspring
+import MainspringTLS
 
 // mainspring-bench --counts [scenario …] [--runs N] [--json] [--callers] [--keep DIR]
 //
@@ -90,6 +92,7 @@ private let countedScenarios: [(name: String, item: String)] = [
     ("post-remote", "one closure posted from another thread and run (the producer posts all before the loop drains; -interleaved: both at once)"),
     ("daemon", "one `ECHO` request read, parsed and answered over loopback TCP (one client, one request at a time)"),
     ("daemon-pipelined", "one `ECHO` request, as `daemon`, sent in windows of 16 (one write of 16 requests, then the 16 replies), as the timed scenario's clients send them"),
+    ("tls-pipelined", "one `ECHO` request, as `daemon-pipelined`, over TLS 1.3 (one established connection, RSA-2048 certificate; the handshake and the warm-up requests are not counted)"),
     ("http", "one keep-alive `GET /hello` read, routed and answered over loopback TCP (one client, one request at a time)"),
     ("feeder", "one chunk of a `Feeder.feed(chunks:)` job (the chunk adds its index to a sum; no C baseline)"),
 ]
@@ -147,6 +150,14 @@ private let countedVariants: [CountedVariant] = [
     },
     CountedVariant(scenario: "daemon-pipelined", variant: "libevent-c", small: 1_024, large: 4_096) { items in
         try countedEchoC(items, window: pipelineWindow)
+    },
+    // tls-pipelined: the line service of the `tls` scenario (TLSBench.swift) vs the C
+    // bufferevent_openssl service, windows of 16 requests as there.
+    CountedVariant(scenario: "tls-pipelined", variant: "mainspring", small: 1_024, large: 4_096) { items in
+        try countedTLSEchoMainspring(items, window: pipelineWindow)
+    },
+    CountedVariant(scenario: "tls-pipelined", variant: "libevent-c", small: 1_024, large: 4_096) { items in
+        try countedTLSEchoC(items, window: pipelineWindow)
     },
     // http: the server of the `http` scenario vs the C evhttp server (HTTPBench.swift).
     CountedVariant(scenario: "http", variant: "mainspring", small: 1_000, large: 4_000) { items in
@@ -216,11 +227,16 @@ private let echoWarmup = 200
 
 /// Sends `count` requests one at a time, checking each reply.
 private func echoRequests(_ client: BenchClient, _ count: Int, window: Int = 1) throws {
+    try echoRequests(send: { client.send($0) }, readLine: { client.readLine() }, count, window: window)
+}
+
+/// Sends `count` requests in windows of `window` (each window one `send`), checking each reply.
+private func echoRequests(send: (String) -> Void, readLine: () -> Substring?, _ count: Int, window: Int = 1) throws {
     let requests = String(repeating: echoRequest, count: window)
     for _ in 0..<(count / window) {
-        client.send(requests)
+        send(requests)
         for _ in 0..<window {
-            guard client.readLine() == "c0 1234567" else { throw BenchError.usage("daemon counts: bad or no reply") }
+            guard readLine() == "c0 1234567" else { throw BenchError.usage("daemon counts: bad or no reply") }
         }
     }
 }
@@ -251,7 +267,65 @@ private func countedEchoMainspringAsync(_ items: Int, window: Int = 1) throws ->
 /// while the loop spins inside the counted region.
 private func countedEcho(_ items: Int, window: Int, port: UInt16, loop: EventLoop) throws -> [String: Double] {
     guard let client = BenchClient(port: port) else { throw BenchError.usage("daemon counts: no connection") }
-    try echoRequests(client, echoWarmup)
+    return try countedEcho(items, window: window, send: { client.send($0) }, readLine: { client.readLine() }, loop: loop)
+}
+
+/// The line service of the `tls` scenario (`LineService` with a `TLSServerContext`, one loop, no
+/// idle timeout), one TLS client: the handshake and the warm-up requests, then `items`
+/// requests while the loop spins inside the counted region.
+private func countedTLSEchoMainspring(_ items: Int, window: Int) throws -> [String: Double] {
+    let files = try countedCertificate()
+    let context = try TLSServerContext(configuration: .init(certificateFile: files.certificate, keyFile: files.key))
+    let group = try EventLoopGroup(loopCount: 1)
+    let service = try LineService(group: group, options: .init(idleTimeout: nil), tls: context)
+    defer { service.shutdown(gracePeriod: .seconds(5)) }
+    guard let client = TLSBenchClient(port: service.port, caFile: files.certificate) else {
+        throw BenchError.usage("tls counts: no connection")
+    }
+    return try countedEcho(items, window: window, send: { _ = client.send($0) }, readLine: { client.readLineText() },
+                           loop: group.loops[0])
+}
+
+/// The C bufferevent_openssl line service, one TLS client: the handshake and the warm-up
+/// requests, then `items` requests while the server's thread dispatches inside the counted
+/// region (until it stops: the client's close is counted with either size, and cancels out).
+private func countedTLSEchoC(_ items: Int, window: Int) throws -> [String: Double] {
+    let files = try countedCertificate()
+    var port: UInt16 = 0
+    guard let handle = ms_tls_count_echo_start(files.certificate, files.key, &port) else {
+        throw BenchError.usage("tls counts: the C server cannot load the certificate")
+    }
+    defer { ms_tls_server_stop(handle) }
+    try {
+        guard let client = TLSBenchClient(port: port, caFile: files.certificate) else {
+            throw BenchError.usage("tls counts: no connection")
+        }
+        let send: (String) -> Void = { _ = client.send($0) }
+        try echoRequests(send: send, readLine: { client.readLineText() }, echoWarmup)
+        ms_tls_count_begin(handle)
+        try echoRequests(send: send, readLine: { client.readLineText() }, items, window: window)
+    }()  // the client closes before the server stops
+    return [:]
+}
+
+/// The certificate of the counted TLS runs: made once by `runCounts` (the openssl command cannot
+/// be started under valgrind, which holds descriptors of its own) and named to the children in
+/// the environment (`MAINSPRING_BENCH_TLS_DIRECTORY`).
+private func countedCertificate() throws -> BenchCertificate {
+    guard let directory = ProcessInfo.processInfo.environment[countedCertificateVariable] else {
+        throw BenchError.usage("tls counts: \(countedCertificateVariable) is not set (run them through --counts)")
+    }
+    return BenchCertificate(directory: directory)
+}
+
+private let countedCertificateVariable = "MAINSPRING_BENCH_TLS_DIRECTORY"
+
+/// One client's requests against a Mainspring line service on `loop`: warm-up requests, then
+/// `items` requests while the loop spins inside the counted region.
+private func countedEcho(_ items: Int, window: Int, send: (String) -> Void, readLine: () -> Substring?,
+                         loop: EventLoop) throws -> [String: Double]
+{
+    try echoRequests(send: send, readLine: readLine, echoWarmup)
     final class Flag: @unchecked Sendable { var done = false }
     let flag = Flag()
     let started = DispatchSemaphore(value: 0)
@@ -268,7 +342,7 @@ private func countedEcho(_ items: Int, window: Int, port: UInt16, loop: EventLoo
         finished.signal()
     }
     started.wait()
-    try echoRequests(client, items, window: window)
+    try echoRequests(send: send, readLine: readLine, items, window: window)
     loop.execute { flag.done = true }
     finished.wait()
     return ["polls": Double(polls.withLock { $0 } - pollsBefore.withLock { $0 })]
@@ -507,7 +581,22 @@ func runCounts(names: [String], runs: Int, json: Bool, callers: Bool, keep: Stri
     for name in names where !countedScenarios.contains(where: { $0.name == name }) {
         throw BenchError.usage("no counted scenario '\(name)' (they are: \(countedScenarios.map(\.name).joined(separator: ", ")))")
     }
-    let selected = countedVariants.filter { (names.isEmpty || names.contains($0.scenario)) && variantEnabled($0.variant) }
+    var selected = countedVariants.filter { (names.isEmpty || names.contains($0.scenario)) && variantEnabled($0.variant) }
+    // TLS's certificate comes from the openssl command: without it, tls-pipelined is left out
+    // (saying so) unless it was asked for by name.
+    var certificate: BenchCertificate?
+    if selected.contains(where: { $0.scenario == "tls-pipelined" }) {
+        if let openssl = findExecutable("openssl") {
+            certificate = try BenchCertificate(openssl: openssl)
+            setenv(countedCertificateVariable, certificate!.directory, 1)
+        } else if names.contains("tls-pipelined") {
+            throw BenchError.usage("tls-pipelined needs the openssl command (apt-get install openssl)")
+        } else {
+            selected.removeAll { $0.scenario == "tls-pipelined" }
+            FileHandle.standardError.write(Data("tls-pipelined left out: no openssl command to make its certificate\n".utf8))
+        }
+    }
+    defer { certificate?.remove() }
     guard !selected.isEmpty else { throw BenchError.usage("no counted variant selected (MAINSPRING_BENCH_VARIANTS?)") }
     let check = Process()
     check.executableURL = URL(fileURLWithPath: "/bin/sh")

@@ -144,7 +144,7 @@ private func runThreads(_ count: Int, for duration: UInt64, _ body: @escaping @S
 }
 
 /// A blocking TLS client over `ms_tls_client_*` (OpenSSL), reading lines.
-private final class TLSBenchClient {
+final class TLSBenchClient {
     private let handle: UnsafeMutableRawPointer
     private var buffer: [UInt8] = []
     private var start = 0
@@ -165,27 +165,53 @@ private final class TLSBenchClient {
     func readLine() -> Bool {
         while true {
             if let newline = buffer[start...].firstIndex(of: 0x0A) {
-                start = newline + 1
-                if start == buffer.count {
-                    buffer.removeAll(keepingCapacity: true)
-                    start = 0
-                }
+                consume(through: newline)
                 return true
             }
-            var chunk = [UInt8](repeating: 0, count: 16_384)
-            let n = chunk.withUnsafeMutableBytes { ms_tls_client_read(handle, $0.baseAddress!, Int32($0.count)) }
-            if n <= 0 { return false }
-            buffer += chunk[0..<Int(n)]
+            guard fill() else { return false }
         }
+    }
+
+    /// The next line, without its newline (`--counts` checks each reply); nil at the end or on
+    /// failure.
+    func readLineText() -> Substring? {
+        while true {
+            if let newline = buffer[start...].firstIndex(of: 0x0A) {
+                let line = Substring(decoding: buffer[start..<newline], as: UTF8.self)
+                consume(through: newline)
+                return line
+            }
+            guard fill() else { return nil }
+        }
+    }
+
+    private func consume(through newline: Int) {
+        start = newline + 1
+        if start == buffer.count {
+            buffer.removeAll(keepingCapacity: true)
+            start = 0
+        }
+    }
+
+    /// One read into the buffer; false at the end or on failure.
+    private func fill() -> Bool {
+        var chunk = [UInt8](repeating: 0, count: 16_384)
+        let n = chunk.withUnsafeMutableBytes { ms_tls_client_read(handle, $0.baseAddress!, Int32($0.count)) }
+        if n <= 0 { return false }
+        buffer += chunk[0..<Int(n)]
+        return true
     }
 }
 
 /// A self-signed RSA-2048 certificate for 127.0.0.1 and localhost (its own trust root), made
 /// with the openssl command in a fresh directory.
-private struct BenchCertificate {
+struct BenchCertificate {
     let directory: String
     var certificate: String { directory + "/certificate.pem" }
     var key: String { directory + "/key.pem" }
+
+    /// The files made earlier in `directory`.
+    init(directory: String) { self.directory = directory }
 
     init(openssl: String) throws {
         var template = Array((NSTemporaryDirectory() + "/mainspring-tls-bench.XXXXXX").utf8CString)

@@ -78,6 +78,12 @@ static const unsigned long ms_xn_flag_rfc2253 = XN_FLAG_RFC2253;
 /// `SSL_CTX_set_mode` (a macro).
 static inline long ms_ssl_ctx_set_mode(SSL_CTX *_Nonnull ctx, long mode) { return SSL_CTX_set_mode(ctx, mode); }
 
+/// `SSL_set_mode(ssl, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER)` (macros): a write that blocked may be
+/// finished from another copy of the same bytes (`TLSLayer.writeNow`).
+static inline void ms_ssl_accept_moving_write_buffer(SSL *_Nonnull ssl) {
+    SSL_set_mode(ssl, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+}
+
 /// `SSL_CTX_set_session_cache_mode` (a macro).
 static inline long ms_ssl_ctx_set_session_cache_mode(SSL_CTX *_Nonnull ctx, long mode) {
     return SSL_CTX_set_session_cache_mode(ctx, mode);

@@ -12,9 +12,10 @@ import Glibc
 /// A handshake is CPU work: signing with an RSA-2048 key is about a millisecond, and a storm of
 /// new clients is a storm of them. Each step runs as one `.normal` callback of the connection's
 /// loop, so the loop's policy applies to it: accepting and established connections are `.input`
-/// and go first; handshakes take what is left of each pass; and the loop polls again at least
-/// every `pollInterval` — a request on an established connection waits for at most one poll
-/// interval plus the one handshake step in progress, however many clients are handshaking.
+/// and go first (their replies are written before the pass turns to handshake steps);
+/// handshakes take what is left of each pass; and the loop polls again at least every
+/// `pollInterval` — a request on an established connection waits for at most one poll interval
+/// plus the one handshake step in progress, however many clients are handshaking.
 /// (libevent's OpenSSL bufferevents would run the handshake inside their read callback, in the
 /// poll, as many as are ready at once.) Once established, the session moves to a libevent
 /// OpenSSL bufferevent, whose record encryption is cheap.

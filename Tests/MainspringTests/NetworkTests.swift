@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Testing
 import CMainspringSystem
 @testable import Mainspring
@@ -358,6 +359,40 @@ struct NetworkTests {
 
 @Suite("Connection output ordering and spinning", .serialized)
 struct ConnectionOutputTests {
+    @Test("a reply to input goes out before the pass's .normal work: a 300 ms callback queued behind the request does not hold it back")
+    func replyBeforeNormalWork() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        let loop = group.loops[0]
+        let slowWorkDone = Atomic<Bool>(false)
+        let listener = try await loop.submit {
+            try Listener(on: loop) { connection in
+                connection.readLines { event in
+                    guard case .line = event else {
+                        connection.close()
+                        return
+                    }
+                    connection.writeLine("pong")
+                    // .normal work of this pass, after the input: a handshake step would be one.
+                    loop.execute {
+                        usleep(300_000)
+                        slowWorkDone.store(true, ordering: .releasing)
+                    }
+                }
+            }
+        }
+        let port = listener.port
+        let (reply, doneBeforeReply) = try await Task.detached {
+            let client = try TestClient(port: port)
+            client.send("ping\n")
+            let reply = client.readLine()
+            return (reply, slowWorkDone.load(ordering: .acquiring))
+        }.value
+        #expect(reply == "pong")
+        #expect(!doneBeforeReply, "the reply waited for the .normal callback behind it")
+        try await loop.submit { listener.close() }
+        await group.shutdown(gracePeriod: .seconds(2))
+    }
+
     @Test("bytes, text and lines keep their order; a handler may write, then spin for the answer")
     func orderAndSpin() async throws {
         let (received, answered) = try await onLoopThread { loop -> (String, Bool) in

@@ -219,6 +219,40 @@ struct SchedulerTests {
         #expect(loop.creditTrace.contains(-loop.policy.maxBackgroundDebt))
     }
 
+    @Test("afterInput runs once a pass's input records have run and lower-priority work is next, and again after more input; its time is no callback's")
+    func afterInputBeforeLowerPriority() {
+        let loop = SimulatedLoop()
+        var flushes: [Int] = []  // how many callbacks had run at each call
+        func pass() {
+            _ = loop.scheduler.runPass(clock: loop.clock, afterInput: { flushes.append(loop.order.count) }) { false }
+        }
+        // Input only, then lower-priority work only: no call.
+        loop.post("i1", .input)
+        pass()
+        loop.post("n1", .normal)
+        loop.post("b1", .background)
+        pass()
+        #expect(flushes.isEmpty)
+        // Input, then normal work, which posts input, then more normal work: a call before each
+        // lower-priority record that follows input.
+        loop.post("i2", .input)
+        loop.post("i3", .input)
+        loop.post("n2", .normal) { loop.post("i4", .input) }
+        loop.post("n3", .normal)
+        pass()
+        #expect(loop.order == ["i1", "n1", "b1", "i2", "i3", "n2", "i4", "n3"])
+        #expect(flushes == [5, 7])
+        // The call's time is nobody's callback time, and counts against the pass: 5 ms of it
+        // end the pass (poll interval 2 ms) before n4.
+        loop.post("i5", .input)
+        loop.post("n4", .normal, cost: microsecond)
+        _ = loop.scheduler.runPass(clock: loop.clock, afterInput: { loop.clock.advance(5 * millisecond) }) { false }
+        #expect(loop.order.last == "i5")
+        loop.turn()
+        #expect(loop.order.suffix(2) == ["i5", "n4"])
+        #expect(loop.scheduler.counters.snapshot().longestCallback < .milliseconds(1))
+    }
+
     @Test("next-turn work becomes ready only after the following poll")
     func nextTurnWaitsForPoll() {
         let loop = SimulatedLoop()

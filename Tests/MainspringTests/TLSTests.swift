@@ -457,6 +457,84 @@ struct TLSTests {
         await group.shutdown(gracePeriod: .seconds(2))
     }
 
+    @Test("replies go straight to the socket (one SSL_write) while nothing waits in libevent's buffer: a 32 MB reply the socket cannot take is finished from that buffer, the lines behind it follow in order, the next reply goes straight out again; a reset in the middle closes with the reset in words")
+    func directWrites() async throws {
+        let certs = try #require(certificates)
+        let group = try EventLoopGroup(loopCount: 1)
+        let loop = group.loops[0]
+        let context = try TLSServerContext(configuration: serverConfiguration(certs))
+        let reasons = Locked<[String]>([])
+        let port = try await loop.submit {
+            let listener = try Listener(on: loop, tls: context) { connection in
+                connection.onClose { reason in reasons.withLock { $0.append("\(reason)") } }
+                connection.readLines { event in
+                    guard case .line(let text) = event else { return }
+                    if text.hasPrefix("blob "), let count = Int(text.dropFirst(5)) {
+                        // Bytes 0, 1, … 250, 0, 1, … (Python makes the same to compare).
+                        let cycle = (0..<251).map { UInt8($0) }
+                        var blob: [UInt8] = []
+                        blob.reserveCapacity(count)
+                        while blob.count + cycle.count <= count { blob += cycle }
+                        blob += cycle.prefix(count - blob.count)
+                        connection.write(blob)
+                        connection.writeLine("")
+                    } else if text.hasPrefix("line ") {
+                        connection.writeLine(String(text.dropFirst(5)))
+                    }
+                }
+            }
+            return listener.port
+        }
+        // The client asks for the blob and a line behind it, then does not read for half a
+        // second: the server's first write fills the socket and blocks mid-record. Then it
+        // reads and checks everything and asks for one more line — or resets the connection.
+        let script = """
+        import os, socket, ssl, struct, sys, time
+        port, cafile, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+        size = 32 * 1024 * 1024
+        sock = ssl.create_default_context(cafile=cafile).wrap_socket(
+            socket.create_connection(("127.0.0.1", port)), server_hostname="localhost")
+        sock.sendall(b"blob %d\\nline after\\n" % size)
+        time.sleep(0.5)
+        if mode == "reset":
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            os.close(sock.fileno())
+            os._exit(0)
+        tail = b"\\nafter\\n"
+        data = bytearray()
+        while len(data) < size + len(tail):
+            chunk = sock.recv(1 << 20)
+            if not chunk:
+                break
+            data += chunk
+        expected = bytes(range(251)) * (size // 251) + bytes(range(size % 251))
+        sock.sendall(b"line again\\n")
+        rest = b""
+        while not rest.endswith(b"\\n"):
+            chunk = sock.recv(100)
+            if not chunk:
+                break
+            rest += chunk
+        if data[:size] == expected and data[size:] == tail and rest == b"again\\n":
+            print("ok")
+        else:
+            print("bad", len(data), data[size:size + 20], rest)
+        """
+        let result = try await runProgram("python3", arguments: ["-c", script, "\(port)", certs.caCertificate, "read"],
+                                          timeout: .seconds(60))
+        #expect(result.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "ok", "\(result.summary)")
+
+        #expect(await eventually { reasons.value.count == 1 }, "the first connection never closed")
+        let reset = try await runProgram("python3", arguments: ["-c", script, "\(port)", certs.caCertificate, "reset"],
+                                         timeout: .seconds(60))
+        #expect(reset.status == 0, "\(reset.summary)")
+        #expect(await eventually { reasons.value.count == 2 }, "the server's connection never closed after the reset")
+        let reason = reasons.value.last ?? ""
+        #expect(!reason.contains("reason("), "\(reason)")
+        #expect(reason.hasPrefix("TLS: ") && (reason.contains("reset") || reason.contains("Broken pipe")), "\(reason)")
+        await group.shutdown(gracePeriod: .seconds(2))
+    }
+
     @Test("TLS 1.2 offers AEAD suites with forward secrecy only: openssl s_client with a CBC suite is refused, with AES-GCM or ChaCha20 served; .insecureLegacyCompatibility offers CBC again")
     func cipherPolicy() async throws {
         let certs = try #require(certificates)

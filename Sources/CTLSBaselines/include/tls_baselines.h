@@ -12,6 +12,16 @@
 /// certificate chain and key of the given files. NULL if they cannot be loaded.
 void *_Nullable ms_tls_echo_start(const char *_Nonnull certificate, const char *_Nonnull key, uint16_t *_Nonnull port);
 
+/// The same service for `mainspring-bench --counts`: its thread dispatches outside
+/// `ms_counted_region` (CBaselines) until `ms_tls_count_begin`, then inside it until
+/// `ms_tls_server_stop`.
+void *_Nullable ms_tls_count_echo_start(const char *_Nonnull certificate, const char *_Nonnull key,
+                                        uint16_t *_Nonnull port);
+
+/// Moves the server of `ms_tls_count_echo_start` into the counted region; returns once it is
+/// there (so the next request sent is counted).
+void ms_tls_count_begin(void *_Nonnull handle);
+
 /// evhttp over TLS (bufferevent_openssl through evhttp's bevcb), `/hello` answered "hello\n".
 void *_Nullable ms_tls_http_start(const char *_Nonnull certificate, const char *_Nonnull key, uint16_t *_Nonnull port);
 

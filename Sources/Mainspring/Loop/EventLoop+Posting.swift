@@ -41,10 +41,12 @@ extension EventLoop {
         scheduler.enqueueNextTurn(ReadyRecord(loopWork: work, stamp: 0, priority: priority))
     }
 
-    /// Calls `participant.prepareForPoll()` once on this loop just before it next polls —
-    /// including a poll of a nested spin. Loop thread only. For work that must be done before
-    /// libevent next looks at the sockets, such as handing it coalesced output. An object, not a
-    /// closure: registering costs no allocation.
+    /// Calls `participant.prepareForPoll()` once on this loop before it next polls — including a
+    /// poll of a nested spin — at the latest just before the poll, or earlier in the pass: once
+    /// its `.input` callbacks have run and lower-priority work is next (so that replies to input
+    /// do not wait for that work). Loop thread only. For work that must be done before libevent
+    /// next looks at the sockets, such as handing it coalesced output. An object, not a closure:
+    /// registering costs no allocation.
     func beforeNextPoll(_ participant: some PollPreparing) {
         prePollParticipants.append(participant)
     }

@@ -64,8 +64,8 @@ public final class EventLoop: @unchecked Sendable {
     private var wakeupTarget: WakeupTarget?
     /// Target of the timer that bounds a blocking poll in `spin(until:timeout:)`: does nothing.
     private let timeoutTarget = NativeEventTarget()
-    /// Run (once) just before the next poll: handing buffered output to libevent, which only
-    /// writes while it polls. See `beforeNextPoll`.
+    /// Run (once) before the next poll: handing buffered output to the sockets. See
+    /// `beforeNextPoll`.
     @exclusivity(unchecked) var prePollParticipants: [any PollPreparing] = []
     /// The other half of a double buffer with `prePollParticipants`: the list being run, so that
     /// participants added meanwhile go to the next poll and neither array ever reallocates.
@@ -294,7 +294,9 @@ public final class EventLoop: @unchecked Sendable {
         }
         if !tookRemote { _ = takeRemoteWork(orSleep: false) }
         scheduler.promoteNextTurn(clock: timeSource.fast)
-        return scheduler.runPass(clock: timeSource.fast) { stopRequested.load(ordering: .relaxed) || condition() }
+        return scheduler.runPass(clock: timeSource.fast, afterInput: { runPrePollActions() }) {
+            stopRequested.load(ordering: .relaxed) || condition()
+        }
     }
 
     /// `iterate` on a simulated loop: no poll. Due timers fire at the virtual now; when
@@ -325,7 +327,9 @@ public final class EventLoop: @unchecked Sendable {
         _ = takeRemoteWork(orSleep: false)
         scheduler.promoteNextTurn(clock: clock)
         return whileRunning(nested: false) {
-            scheduler.runPass(clock: clock) { stopRequested.load(ordering: .relaxed) || condition() }
+            scheduler.runPass(clock: clock, afterInput: { runPrePollActions() }) {
+                stopRequested.load(ordering: .relaxed) || condition()
+            }
         }
     }
 
@@ -381,6 +385,9 @@ public final class EventLoop: @unchecked Sendable {
         return event
     }
 
+    /// Runs the actions registered with `beforeNextPoll` (hands coalesced output to the sockets,
+    /// re-arms the timer): before each poll, and in a pass once its `.input` records have run
+    /// and lower-priority work is next.
     private func runPrePollActions() {
         guard !prePollParticipants.isEmpty else { return }
         swap(&prePollParticipants, &preparingParticipants)

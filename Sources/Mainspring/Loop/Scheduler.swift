@@ -125,6 +125,10 @@ struct ReadyRecord {
 /// - **Starvation bound.** A background record that has waited `maxStarvation` runs next.
 /// - **Turns.** Work queued with `enqueueNextTurn` (fed slices, always-ready fds) becomes ready
 ///   only after the next poll; so a slice of fed work always lets input in first.
+/// - **Input's output first.** When a pass goes on from `.input` records to lower-priority work,
+///   what the input callbacks wrote is handed to the sockets first (`runPass`'s `afterInput`:
+///   the loop's pre-poll actions), not after the pass: a reply does not wait for the pass's
+///   `.normal` and `.background` work (a TLS handshake step is a millisecond of it).
 ///
 /// The scheduler never reads a clock of its own: the policy takes `now`, and `runPass` takes
 /// the clock it reads after each callback. That is the seam its unit tests use.
@@ -257,9 +261,12 @@ final class Scheduler {
 
     /// Runs ready records, by `next(now:)`, until `pollInterval` has passed (the callback in
     /// progress finishes), nothing is ready, or `shouldStop` says so (checked after each
-    /// callback). Reads `clock` once before and once after each callback. Returns how many ran.
+    /// callback). Reads `clock` once before and once after each callback. Calls `afterInput`
+    /// after an `.input` record when no more input is ready and lower-priority work is (the
+    /// loop writes the replies to input there, rather than after the pass: see "Input's output
+    /// first"), and reads the clock after it. Returns how many ran.
     @inline(__always)
-    func runPass<Clock: SchedulerClock>(clock: Clock, until shouldStop: () -> Bool) -> Int {
+    func runPass<Clock: SchedulerClock>(clock: Clock, afterInput: () -> Void = {}, until shouldStop: () -> Bool) -> Int {
         var now = clock.now()
         cachedNow = now
         counters.iterations &+= 1
@@ -283,6 +290,13 @@ final class Scheduler {
             account(priority, own: own, waited: start > stamp ? start &- stamp : 0,
                     backgroundWaited: backgroundWaited)
             ran &+= 1
+            // The last input record for now, with lower-priority work next: what input wrote
+            // goes out first. (Checked after input records only: it costs other work nothing.)
+            if priority == .input, !inputIsReady, lowerPriorityIsReady {
+                afterInput()
+                now = clock.now()
+                cachedNow = now
+            }
             if now >= passDeadline || shouldStop() { break }
             // Fed work queues its next turn for after the next poll, so at most one background
             // turn is ready per pass. While background work still has credit and higher-priority
@@ -340,6 +354,12 @@ final class Scheduler {
     private var backgroundIsReady: Bool { !local.background.isEmpty || !remote.background.isEmpty }
 
     private var backgroundIsWaiting: Bool { backgroundIsReady || nextTurnBackground > 0 }
+
+    private var inputIsReady: Bool { !local.input.isEmpty || !remote.input.isEmpty }
+
+    private var lowerPriorityIsReady: Bool {
+        !local.normal.isEmpty || !remote.normal.isEmpty || backgroundIsReady
+    }
 
     private var higherPriorityWaiting: Bool {
         !local.input.isEmpty || !local.normal.isEmpty || !remote.input.isEmpty || !remote.normal.isEmpty

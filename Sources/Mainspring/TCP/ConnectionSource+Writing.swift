@@ -86,8 +86,9 @@ extension ConnectionSource {
         }
     }
 
-    /// Output is written before the loop next polls, or at once past 64 KiB or past the output
-    /// limit (so that backpressure sees it).
+    /// Output is written before the loop next polls (or before lower-priority work, once the
+    /// pass's `.input` callbacks have run), or at once past 64 KiB or past the output limit (so
+    /// that backpressure sees it).
     func scheduleFlush() {
         if pendingOutput.count >= Self.chunk || pendingOutput.count + (socket?.outputLength ?? 0) > kept.outputLimit {
             flushPendingOutput()
@@ -98,10 +99,11 @@ extension ConnectionSource {
     }
 
     /// Hands the buffered output to the socket: straight to the kernel while libevent's output
-    /// buffer is empty (a plain, connected socket), what it does not take to libevent.
+    /// buffer is empty (a connected socket, plain or through its layer), what it does not take to
+    /// libevent.
     func flushPendingOutput() {
         guard !pendingOutput.isEmpty, let socket else { return }
-        let written = writesDirectly && state.isConnected ? socket.writeNow(pendingOutput) : 0
+        let written = state.isConnected ? writeNow(socket) : 0
         do {
             if written < pendingOutput.count { try socket.write(pendingOutput, from: written) }
         } catch {
@@ -144,9 +146,16 @@ extension ConnectionSource {
     /// Spare output buffers a loop keeps (each at most `retainedCapacity` bytes).
     static let maxSpareOutputBuffers = 64
 
-    /// Whether output may bypass libevent's buffer (`flushPendingOutput`): a socket without a
-    /// transport layer.
-    var writesDirectly: Bool { role == .socket && layer == nil }
+    /// Writes what it can of `pendingOutput` at once, past libevent's output buffer, and returns
+    /// how many bytes went (`flushPendingOutput` buffers the rest): a plain socket's `send(2)`,
+    /// or the layer's own write (TLS: one `SSL_write`) while that buffer is empty. Never on a
+    /// pipe to a child.
+    @inline(__always)
+    private func writeNow(_ socket: BufferedSocket) -> Int {
+        guard role == .socket else { return 0 }
+        guard let layer else { return socket.writeNow(pendingOutput) }
+        return socket.outputLength == 0 ? layer.transport.writeNow(pendingOutput) : 0
+    }
 
     /// The output drained to the low watermark (libevent's write callback).
     func drained() {

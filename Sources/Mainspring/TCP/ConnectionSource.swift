@@ -46,7 +46,8 @@ enum ConnectionRole: Equatable {
 /// Nothing of the input outlives a read: lines become the strings of their events, chunks are
 /// copied into arrays of their exact size. An unfinished line waits in the input buffer (at
 /// most `maxLineLength` + 1 bytes; a longer one is skipped as it arrives). Output is coalesced
-/// in `pendingOutput` until the loop next polls; once written, an emptied buffer goes to the
+/// in `pendingOutput` until the loop next polls (or its pass turns from `.input` callbacks to
+/// other work); once written, an emptied buffer goes to the
 /// loop's spares for the next connection that writes (one larger than `retainedCapacity`, after
 /// a burst, is freed; while the spares are full, at most `maxSpareOutputBuffers`, a connection
 /// keeps its emptied buffer), so an idle connection holds no buffer of its own. The first line waiting
@@ -89,10 +90,12 @@ final class ConnectionSource: Source {
     /// Tickets of `waitUntilWritable` calls (so that a cancellation finds its own waiter).
     let nextWaitTicket = Atomic<Int>(0)
 
-    /// Text written since the loop last polled, written in one piece just before the next poll
-    /// (`flushPendingOutput`: one `send(2)`, or one append to libevent's buffer, which writes
-    /// only while it polls — so nothing is delayed): a line protocol writes a reply per request,
-    /// and this makes a batch of pipelined requests one write instead of one per reply.
+    /// Text written since the loop last polled, written in one piece just before the next poll,
+    /// or once the pass's `.input` callbacks have run if other work follows them
+    /// (`flushPendingOutput`: one `send(2)` or `SSL_write`, or one append to libevent's buffer,
+    /// which writes only while it polls — so nothing is delayed): a line protocol writes a reply
+    /// per request, and this makes a batch of pipelined requests one write instead of one per
+    /// reply.
     @exclusivity(unchecked) var pendingOutput: [UInt8] = []
     @exclusivity(unchecked) var closeHandler: ((Connection.CloseReason) -> Void)?
     /// The state that few connections ever use (see `RareState`), made on first use.
@@ -413,8 +416,8 @@ struct UncheckedHandler: @unchecked Sendable {
 }
 
 extension ConnectionSource: PollPreparing {
-    /// Hands the output written since the last poll to libevent (which writes only while it
-    /// polls), in one piece.
+    /// Hands the output written since the last poll to the socket, in one piece (see
+    /// `flushPendingOutput`).
     func prepareForPoll() {
         flushScheduled = false
         flushPendingOutput()

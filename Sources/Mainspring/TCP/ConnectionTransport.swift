@@ -22,6 +22,16 @@ package protocol ConnectionTransport: AnyObject {
     /// close_notify). Not called when it closes for another reason.
     func willClose()
 
+    /// Writes `bytes` to the peer now, past the bufferevent's output buffer, which is empty (so
+    /// the order of the bytes is kept): a reply then costs no buffer chain, no write event added
+    /// and deleted (two `epoll_ctl`), and no poll for it. Returns how many of them the layer
+    /// took: written, or put into the bufferevent's output buffer by the layer itself when a
+    /// write it started must be finished there (a TLS record the socket did not take whole,
+    /// which OpenSSL continues from the same bytes). The connection appends the rest to the
+    /// buffer as usual (all of them for 0); a failure is the bufferevent's to report, as for
+    /// any write it makes.
+    func writeNow(_ bytes: [UInt8]) -> Int
+
     /// What users may read about the connection's layer (a TLS session's protocol, cipher,
     /// peer certificate), once established. Any thread.
     var details: (any Sendable)? { get }

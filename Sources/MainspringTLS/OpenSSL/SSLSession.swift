@@ -131,6 +131,9 @@ final class SSLSession {
             return nil
         }
         raw = nil
+        // libevent sets it too: a write that blocked is finished from its buffer's copy of the
+        // bytes (`TLSLayer.writeNow` relies on it).
+        ms_ssl_accept_moving_write_buffer(ssl)
         // A peer that closes its socket without close_notify is told apart from a reset by
         // the layer (`TLSLayer.interpretFailure`): libevent's own allowance would take a reset
         // for a clean end too.
@@ -217,6 +220,28 @@ final class TLSLayer: ConnectionTransport {
         ERR_clear_error()
         _ = SSL_shutdown(ssl)
         ERR_clear_error()
+    }
+
+    func writeNow(_ bytes: [UInt8]) -> Int {
+        // One SSL_write of the whole batch, as libevent's own write would make it from its
+        // buffer: the records go out at once, with no buffer chain, no write event added and
+        // deleted, and no poll before them. Positive: all of it (libevent leaves OpenSSL's
+        // partial writes off; a count short of it would leave the rest to the connection).
+        let written = bytes.withUnsafeBytes { SSL_write(ssl, $0.baseAddress, Int32(clamping: $0.count)) }
+        if written > 0 { return Int(written) }
+        // Blocked (the socket took part of a record, or none), or failed. OpenSSL finishes a
+        // record it began only when given the same bytes again, in one piece of at least that
+        // length; they may move (SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER, set in `makeBufferevent`).
+        // libevent's write gives it its buffer's first piece: so the batch goes there whole,
+        // and that write finishes it when the socket has room, or reports the failure, as it
+        // would have. A failure's entries leave this thread's error queue, where they would make
+        // the next SSL_get_error on it, any connection's, an SSL_ERROR_SSL.
+        ERR_clear_error()
+        let output = bufferevent_get_output(bufferevent)
+        let added = bytes.withUnsafeBytes { evbuffer_add(output, $0.baseAddress, $0.count) }
+        guard added == 0 else { return 0 }
+        _ = evbuffer_pullup(output, bytes.count)  // one piece, even behind a chain left empty
+        return bytes.count
     }
 }
 
