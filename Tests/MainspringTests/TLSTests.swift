@@ -262,7 +262,9 @@ struct TLSTests {
         // handshake succeeding, not about their speed: a deadline no queue can reach.
         let server = try await TLSEchoServer(configuration: serverConfiguration(certs, handshakeTimeout: .seconds(300)),
                                              loops: 2)
-        let client = try TLSClientContext(configuration: .init(trustRoots: .file(certs.caCertificate)))
+        // The clients' handshakes queue too (on the same two loops): the same deadline for them.
+        let client = try TLSClientContext(configuration: .init(trustRoots: .file(certs.caCertificate),
+                                                               handshakeTimeout: .seconds(300)))
         let port = server.port
         let ok = try await withThrowingTaskGroup(of: Bool.self) { group in
             for index in 0..<count {
