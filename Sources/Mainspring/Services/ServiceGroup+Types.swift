@@ -254,7 +254,8 @@ extension ServiceGroup {
 
         public var description: String {
             let ends = services.map { end in
-                end.stopDuration.map { "\(end.name): \(end.outcome) in \($0)" } ?? "\(end.name): \(end.outcome)"
+                end.stopDuration.map { "\(end.name): \(end.outcome) in \(Int(($0 / .milliseconds(1)).rounded())) ms" }
+                    ?? "\(end.name): \(end.outcome)"
             }
             return "\(reason)\(forced ? " (forced)" : ""); " + ends.joined(separator: ", ")
         }
