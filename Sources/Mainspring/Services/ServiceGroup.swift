@@ -81,13 +81,16 @@ public final class ServiceGroup: Sendable {
     /// stop began, or after the run, it does nothing (it never forces). Costs one lock and,
     /// while running, one event for the group's task.
     public func triggerShutdown() {
-        shared.withLock { shared in
+        let running = shared.withLock { shared -> AsyncStream<GroupEvent>.Continuation? in
             switch shared.phase {
-            case .idle: shared.phase = .idle(triggered: true)
-            case .running(let events): events.yield(.trigger)
-            case .finished: break
+            case .idle:
+                shared.phase = .idle(triggered: true)
+                return nil
+            case .running(let events): return events
+            case .finished: return nil
             }
         }
+        running?.yield(.trigger)  // outside the lock: it may resume the group's task
     }
 
     /// Runs the group: watches the stop signals, starts the services in order, and returns
