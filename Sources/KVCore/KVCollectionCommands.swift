@@ -411,18 +411,17 @@ extension KVCore {
             RESP.appendEmptyArray(to: &output)
             return .replied
         }
-        var generator = random
         let empty = modifyValue(at: slot) { value -> Bool in
             value.withSet { map -> Bool in
                 if let count {
                     let popping = min(count, map.count)
                     RESP.appendArrayHeader(popping, to: &output)
                     for _ in 0..<popping {
-                        let member = map.remove(slot: map.randomSlot(using: &generator)!).key
+                        let member = map.remove(slot: map.randomSlot()!).key
                         RESP.appendBulkString(member, to: &output)
                     }
                 } else {
-                    let member = map.remove(slot: map.randomSlot(using: &generator)!).key
+                    let member = map.remove(slot: map.randomSlot()!).key
                     RESP.appendBulkString(member, to: &output)
                 }
                 return map.isEmpty

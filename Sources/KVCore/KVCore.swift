@@ -103,7 +103,6 @@ public final class KVCore {
     @exclusivity(unchecked) var keysScans: [WeakKeysScan] = []
     @exclusivity(unchecked) var cachedNow: Int64?
     @exclusivity(unchecked) var reclaimer = Reclaimer()
-    var random = SystemRandomNumberGenerator()
     var nextSessionID: Int64 = 1
     var expireCursor = 0
     var averageTTL: Int64 = 0
