@@ -32,7 +32,7 @@ deps:
 ## And the KV server's oracles: redis-server and redis-cli/redis-benchmark (redis-server,
 ## redis-tools) and a Python virtual environment with redis-py and pytest (kv-venv).
 test-tools:
-	@./scripts/install-deps.sh curl python3-prometheus-client prometheus openssl redis-server redis-tools
+	@./scripts/install-deps.sh curl python3-prometheus-client prometheus openssl redis-server redis-tools strace
 	@./scripts/install-tools.sh
 	@$(MAKE) --no-print-directory kv-venv
 

@@ -377,7 +377,7 @@ private actor AsyncSession {
         case .failure(let error):
             return "ERR \(error)"
         case .success(.echo(let text)):
-            return text
+            return String(text)
         case .success(.time):
             return ISO8601DateFormatter().string(from: Date())
         case .success(.stats):

@@ -1,7 +1,8 @@
 /// A request line to `mainspring-daemon`.
 public enum DaemonCommand: Equatable, Sendable {
-    /// `ECHO <text>`: the text back, verbatim.
-    case echo(String)
+    /// `ECHO <text>`: the text back, verbatim (a slice of the request line: the echo reply
+    /// needs no string of its own).
+    case echo(Substring)
     /// `TIME`: the server's wall-clock time.
     case time
     /// `SLEEP <ms>`: reply after that long (a timer, not a blocked thread).
@@ -60,7 +61,7 @@ public enum DaemonCommand: Equatable, Sendable {
         let rest = wordEnd == bytes.endIndex ? Substring() : line[bytes.index(after: wordEnd)...]
         let command: Keyword? = length <= 8 ? Keyword(rawValue: key) : nil
         switch command {
-        case .echo: return .success(.echo(String(rest)))
+        case .echo: return .success(.echo(rest))
         case .time: return .success(.time)
         case .stats: return .success(.stats)
         case .quit: return .success(.quit)

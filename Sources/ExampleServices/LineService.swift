@@ -288,7 +288,7 @@ private final class Session {
         case .failure(let error):
             reply(now: "ERR \(error)")
         case .success(.echo(let text)):
-            reply(now: text)
+            reply(now: text)  // the slice of `line`: no copy unless it must wait for a slot
         case .success(.time):
             reply(now: ISO8601DateFormatter().string(from: Date()))
         case .success(.stats):
@@ -322,14 +322,18 @@ private final class Session {
         }
     }
 
-    private func reply(now text: String) {
+    private func reply(now text: String) { reply(now: text[...]) }
+
+    /// Replies now, or as soon as the replies ahead of it are out. A slice (an echo's text)
+    /// goes straight out without a string of its own when nothing is in flight ahead of it.
+    private func reply(now text: Substring) {
         if pending == 0 {
             // Nothing in flight ahead of it: straight out, no slot.
             connection.writeLine(text)
             if text.hasPrefix("ERR") { stats.errors.add(1, ordering: .relaxed) }
             closeIfDone()
         } else {
-            fill(reserve(), text)
+            fill(reserve(), String(text))
         }
     }
 

@@ -13,7 +13,11 @@ import Glibc
 /// thread of its own: for the answers no real server gives (malformed, endless, stalled).
 final class ScriptedServer: @unchecked Sendable {
     let port: UInt16
-    private let fd: Int32
+    /// The listening socket while it is open (nil once closed). Whoever closes it does so
+    /// under this lock, and `stop()` shuts it down only while it is open: a number closed
+    /// twice, or accepted on after its close, may by then be another test's descriptor.
+    private let listening: Locked<Int32?>
+    private let accepting: Bool
     let accepted = Locked(0)
 
     init(backlog: Int32 = 64, accepting: Bool = true, _ script: @escaping @Sendable (_ fd: Int32, _ index: Int) -> Void) throws {
@@ -31,15 +35,24 @@ final class ScriptedServer: @unchecked Sendable {
             close(fd)
             throw POSIXError(.EADDRINUSE)
         }
-        self.fd = fd
+        listening = Locked(fd)
+        self.accepting = accepting
         port = UInt16(bigEndian: address.sin_port)
         guard accepting else { return }
         let accepted = self.accepted
+        let listening = self.listening
+        // The accept thread owns the socket's close: `stop()` only shuts it down, which makes
+        // accept(2) fail, and the thread closes it as it leaves. Closed by `stop()` instead,
+        // the thread's next accept(2) could take a connection meant for another listener.
         let thread = Thread {
             while true {
                 let client = accept(fd, nil, nil)
                 if client < 0 {
                     if errno == EINTR { continue }
+                    listening.withLock { open in
+                        if open != nil { close(fd) }
+                        open = nil
+                    }
                     return
                 }
                 let index = accepted.withLock { count -> Int in
@@ -56,10 +69,19 @@ final class ScriptedServer: @unchecked Sendable {
         thread.start()
     }
 
-    /// Stops accepting (the accept thread ends).
+    /// Stops accepting: the accept thread ends and closes the socket (a server made with
+    /// `accepting: false` closes it here). Idempotent.
     func stop() {
-        shutdown(fd, Int32(SHUT_RDWR))
-        close(fd)
+        let accepting = accepting
+        listening.withLock { open in
+            guard let fd = open else { return }
+            if accepting {
+                shutdown(fd, Int32(SHUT_RDWR))
+            } else {
+                close(fd)
+                open = nil
+            }
+        }
     }
 
     deinit { stop() }

@@ -20,6 +20,19 @@ private let testssl: String? = {
     }
 }()
 
+/// Whether strace can trace a program here (installed, and ptrace allowed): the HTTPS close
+/// test reads a daemon's failed system calls from it.
+private let canStrace: Bool = {
+    guard FileManager.default.isExecutableFile(atPath: "/usr/bin/strace") else { return false }
+    let probe = Process()
+    probe.executableURL = URL(fileURLWithPath: "/usr/bin/strace")
+    probe.arguments = ["-qq", "-o", "/dev/null", "/bin/true"]
+    probe.standardError = FileHandle.nullDevice
+    guard (try? probe.run()) != nil else { return false }
+    probe.waitUntilExit()
+    return probe.terminationStatus == 0
+}()
+
 /// A TLS echo server on a fresh 1-loop group: each line back as "echo: <line>"; the server
 /// context counts handshakes.
 private final class TLSEchoServer: @unchecked Sendable {
@@ -683,6 +696,63 @@ struct HTTPSTests {
         await plain.close()
         await secure.close()
         await group.shutdown(gracePeriod: .seconds(2))
+    }
+
+    @Test("HTTPS answers requests that close their connection (Connection: close, HTTP/1.0, 1 MB to a slow reader: whole), and a closed connection's descriptor is closed once and never written after (the daemon under strace: no EBADF)")
+    func httpsClosingConnections() async throws {
+        // Before: curl got an empty reply to every Connection: close or HTTP/1.0 request — the
+        // response waited in the TLS bufferevent for a poll while evhttp shut the socket down and
+        // closed it — and the layer then wrote close_notify to, and closed, that descriptor
+        // number again: EBADF, or another connection's socket once the number was reused.
+        let certs = try #require(certificates)
+        let trace = uniqueTestPath("daemon.strace")
+        let arguments = ["--port", "0", "--http-port", "0", "--loops", "1",
+                         "--tls-certificate", certs.serverCertificate, "--tls-key", certs.serverKey]
+        let daemon = canStrace
+            ? try startProgram("/usr/bin/strace", arguments: ["-f", "-qq", "-Z", "-e", "trace=close,write,writev,sendmsg,sendto,shutdown",
+                                                              "-o", trace, try executableURL("mainspring-daemon").path] + arguments)
+            : try startExecutable("mainspring-daemon", arguments: arguments)
+        // The daemon itself: strace's child when traced (strace, told to stop, would let it run on).
+        let daemonPID = { () -> pid_t in
+            guard canStrace else { return daemon.pid }
+            let children = (try? String(contentsOfFile: "/proc/\(daemon.pid)/task/\(daemon.pid)/children", encoding: .utf8)) ?? ""
+            return children.split(separator: " ").first.flatMap { pid_t($0) } ?? daemon.pid
+        }
+        defer {
+            kill(daemonPID(), SIGKILL)
+            daemon.send(SIGKILL)
+        }
+        _ = try #require(daemon.readLine(timeout: .seconds(60)), "no banner")
+        let httpsBanner = try #require(daemon.readLine(timeout: .seconds(30)), "no https banner")
+        let httpsPort = try #require(httpsBanner.split(separator: ":").last.flatMap { UInt16($0) }, "\(httpsBanner)")
+        let body = Data((0..<1_000_000).map { UInt8(truncatingIfNeeded: $0 % 251) })
+        let bodyPath = uniqueTestPath("body.bin")
+        try body.write(to: URL(fileURLWithPath: bodyPath))
+        for (name, options) in [("Connection: close", ["-H", "Connection: close"]),
+                                ("Connection: close, read at 2 MB/s", ["-H", "Connection: close", "--limit-rate", "2M"]),
+                                ("HTTP/1.0", ["--http1.0"])]
+        {
+            let output = uniqueTestPath("echoed.bin")
+            let result = try await runProgram("curl", arguments: ["-sS", "--cacert", certs.caCertificate, "--data-binary", "@\(bodyPath)",
+                                                                  "-o", output, "-w", "%{http_code} %{size_download}"]
+                                                  + options + ["https://localhost:\(httpsPort)/echo"])
+            #expect(result.stdout == "200 1000000", "\(name): \(result.summary)")
+            #expect(FileManager.default.contents(atPath: output) == body, "\(name): the body did not come back as sent")
+        }
+        for _ in 0..<30 {
+            let health = try await runProgram("curl", arguments: ["-sS", "--cacert", certs.caCertificate, "-H", "Connection: close",
+                                                                  "https://localhost:\(httpsPort)/healthz"])
+            #expect(health.stdout == "ok\n", "\(health.summary)")
+        }
+        kill(daemonPID(), SIGTERM)
+        let exit = try await onPlainThread { daemon.waitForExit(timeout: .seconds(30)) }
+        #expect(exit.status == 0, "\(exit.summary)")
+        guard canStrace else {
+            print("note: strace cannot trace here: the descriptor half of this test did not run (make test-tools installs strace)")
+            return
+        }
+        let failed = try String(contentsOfFile: trace, encoding: .utf8).split(separator: "\n").filter { $0.contains("EBADF") }
+        #expect(failed.isEmpty, "system calls on a closed descriptor:\n\(failed.prefix(10).joined(separator: "\n"))")
     }
 
     @Test("mainspring-daemon --tls-certificate --tls-key: ECHO over TLS, HTTPS /healthz, SIGHUP reloads the files")

@@ -284,6 +284,14 @@ public final class Connection: @unchecked Sendable {
         source.write(text: text, newline: true)
     }
 
+    /// Queues the UTF-8 bytes of a slice of a string and a `\n`: a reply that is part of its
+    /// request (an echo) goes out without a string of its own (no allocation for text of
+    /// more than 15 bytes).
+    public func writeLine(_ text: Substring) {
+        source.withLoop { $0.preconditionOnLoop("Connection.writeLine(_:)") }
+        source.write(text: text, newline: true)
+    }
+
     /// Sends what is buffered, then half-closes: the peer reads end of file, and this side can
     /// still read.
     ///

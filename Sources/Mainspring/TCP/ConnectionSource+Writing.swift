@@ -14,7 +14,7 @@ extension ConnectionSource {
         scheduleFlush()
     }
 
-    func write(text: String, newline: Bool) {
+    func write<Text: StringProtocol>(text: Text, newline: Bool) {
         requireWritable()
         guard state.isOpen, socket != nil, newline || !text.isEmpty else { return }
         if pendingOutput.capacity == 0 { takeSpareOutputBuffer() }

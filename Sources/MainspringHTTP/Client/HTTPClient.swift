@@ -200,6 +200,8 @@ public final class HTTPClient: Sendable {
         let deadline = loop.clock.now.advanced(by: gracePeriod)
         while leased.withLock({ !$0.connections.isEmpty }) && loop.clock.now < deadline {
             // Polled every few milliseconds: a shutdown is rare, and a lease's end has no waiter.
+            // The sleep fails only when the calling task is cancelled or the loop is gone:
+            // either way, stop waiting and fail what is left now.
             guard (try? await loop.sleep(for: .milliseconds(5))) != nil else { break }
         }
         shutdown()
@@ -436,7 +438,8 @@ public final class HTTPClient: Sendable {
         // timer, a connect that comes too late is closed. The timer is the loop's (its clock:
         // virtual time on a simulated loop).
         let timer = Task {
-            // Cancelled when the connect wins: then it has nothing to report.
+            // The sleep fails when this timer is cancelled (the connect won: nothing to report)
+            // or the loop is gone (the connect then fails on its own).
             guard (try? await loop.sleep(for: timeout)) != nil else { return }
             _ = outcome.finish(.failure(.connectTimeout(host: target.host, port: target.port, timeout)))
         }

@@ -67,13 +67,17 @@ final class EvhttpConnection {
         connection.layer = layer
         // The filter's context is the connection, retained once; `contextFreedTrampoline` releases it.
         let context = Unmanaged.passRetained(connection).toOpaque()
-        // With a layer, freeing the filter leaves the underlying bufferevent to the layer
-        // (`closed()`): its output may still hold encrypted bytes, and close_notify goes last.
-        let options = layer == nil ? Int32(BEV_OPT_CLOSE_ON_FREE.rawValue) : 0
+        // Freeing the filter frees the underlying bufferevent, which closes the socket — with a
+        // layer too. Without the option evhttp closes the socket itself when it frees the
+        // connection, at once, while the underlying bufferevent still has its events on that
+        // descriptor and closes it again when it is freed (a later callback): the number may
+        // belong to another connection by then. evhttp shuts the socket's output down either
+        // way (`shutdown(SHUT_WR)`), so nothing can be sent after it.
         guard let filter = bufferevent_filter_new(underlying, inputFilterTrampoline, outputFilterTrampoline,
-                                                  options, contextFreedTrampoline, context)
+                                                  Int32(BEV_OPT_CLOSE_ON_FREE.rawValue), contextFreedTrampoline, context)
         else {
             Unmanaged<EvhttpConnection>.fromOpaque(context).release()
+            layer?.release(underlying: underlying)
             bufferevent_free(underlying)
             return nil
         }
@@ -127,15 +131,12 @@ final class EvhttpConnection {
             let fd = bufferevent_getfd(underlying)
             if fd >= 0 { disableNagle(fd) }
         }
-        if layer != nil {
-            // Through the layer, which encrypts and writes as the socket allows; it frees the
-            // connection's underlying bufferevent only once that output is out (`release`).
+        if let layer {
             if rewritesOwnAnswer {
                 guard rewriteOwnAnswer(source) else { return BEV_NEED_MORE }
                 rewritesOwnAnswer = false
             }
-            evbuffer_add_buffer(destination, source)
-            return BEV_OK
+            return writeThroughLayer(layer, source)
         }
         if rewritesOwnAnswer {
             guard rewriteOwnAnswer(source) else { return BEV_NEED_MORE }
@@ -159,6 +160,40 @@ final class EvhttpConnection {
             return written > 0 ? BEV_OK : BEV_NEED_MORE
         }
         return BEV_OK
+    }
+
+    /// The filter's output through a layer (TLS): written straight to the socket by the layer,
+    /// as the plain path writes, with what the socket did not take kept in the filter — so that
+    /// evhttp, which frees a `Connection: close` connection as soon as its output has left the
+    /// filter, frees it only once the response is in the kernel. (Handed to the layer's
+    /// bufferevent instead, the response waited there for a poll that never came: evhttp had
+    /// shut the socket down and freed it, and the client got an empty reply.)
+    private func writeThroughLayer(_ layer: any HTTPConnectionLayer, _ source: OpaquePointer) -> bufferevent_filter_result {
+        var wroteAny = false
+        while true {
+            let pending = evbuffer_get_length(source)
+            if pending == 0 { return BEV_OK }
+            // The same count again after a blocked write (OpenSSL's retry rule), else a piece of
+            // at most 64 KiB made contiguous.
+            let count = layerRetryCount ?? min(pending, 65_536)
+            guard let start = evbuffer_pullup(source, count) else { return wroteAny ? BEV_OK : BEV_NEED_MORE }
+            switch layer.writeNow(underlying: underlying, UnsafeRawBufferPointer(start: start, count: count)) {
+            case .wrote:
+                layerRetryCount = nil
+                evbuffer_drain(source, count)
+                wroteAny = true
+            case .blocked:
+                layerRetryCount = count
+                let fd = bufferevent_getfd(underlying)
+                if fd >= 0 { watchForRoom(fd: fd) }
+                return wroteAny ? BEV_OK : BEV_NEED_MORE
+            case .failed:
+                // The peer is gone: drop the output; reading will report the close.
+                layerRetryCount = nil
+                evbuffer_drain(source, pending)
+                return BEV_OK
+            }
+        }
     }
 
     private func watchForRoom(fd: Int32) {
@@ -226,6 +261,8 @@ final class EvhttpConnection {
 
     /// One of evhttp's own error pages waits in the output, to go out as plain text.
     private var rewritesOwnAnswer = false
+    /// The byte count of a layer write that blocked: the next one offers the same bytes again.
+    private var layerRetryCount: Int?
     /// The rewrite is putting the page back into the output.
     private var isRewriting = false
 

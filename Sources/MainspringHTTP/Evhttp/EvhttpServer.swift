@@ -43,10 +43,28 @@ package protocol HTTPConnectionLayer: Sendable {
     /// evhttp gives it its socket next), or nil to refuse the connection.
     func makeUnderlying(base: OpaquePointer) -> OpaquePointer?
 
-    /// The connection is done with `underlying` (its filter was freed): the layer sends its last
-    /// words (close_notify) once what is buffered has been written, then frees it — and its
-    /// socket — within a bounded time.
+    /// Writes `bytes` to the peer now, through the layer (encrypted), straight to the socket —
+    /// not into `underlying`'s output buffer, which libevent writes only on a later poll: evhttp
+    /// takes output that left the filter as sent, and frees a `Connection: close` connection
+    /// (shutting the socket down) at that moment. `.blocked`: the socket took none or part of
+    /// it; offer the same bytes again, the same count, once it has room (OpenSSL finishes a
+    /// record it began only from them).
+    func writeNow(underlying: OpaquePointer, _ bytes: UnsafeRawBufferPointer) -> HTTPLayerWrite
+
+    /// The connection's filter was freed, and `underlying` with it (libevent frees it, and
+    /// closes its socket, right after this call): the layer lets go of what it attached to it.
+    /// evhttp has shut the socket's output down already: nothing more can be sent.
     func release(underlying: OpaquePointer)
+}
+
+/// The outcome of `HTTPConnectionLayer.writeNow`.
+package enum HTTPLayerWrite {
+    /// All of the bytes were written.
+    case wrote
+    /// The socket has no room: offer the same bytes again when it has.
+    case blocked
+    /// The connection failed (the peer is gone): drop the output; reading reports the close.
+    case failed
 }
 
 /// What a loop's evhttp server tells its owner. Called inside libevent callbacks (except where

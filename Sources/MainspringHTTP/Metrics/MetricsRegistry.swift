@@ -145,10 +145,26 @@ final class SeriesTable<Series: Sendable & AnyObject>: Sendable {
     let labelNames: [String]
     let family: String
 
+    /// The series of a metric without labels (nil with labels): no lookup per update.
+    let unlabelled: Series?
+
     init(family: String, labelNames: [String], make: @escaping @Sendable () -> Series) {
         self.family = family
         self.labelNames = labelNames
         self.make = make
+        unlabelled = labelNames.isEmpty ? make() : nil
+        if let unlabelled {
+            table.withLock { $0[[]] = unlabelled }
+            order.withLock { $0.append([]) }
+        }
+    }
+
+    /// The unlabelled series; a precondition that the metric has no labels.
+    var only: Series {
+        guard let unlabelled else {
+            preconditionFailure("metric \(family) has labels (\(labelNames.joined(separator: ", "))): use series(…)")
+        }
+        return unlabelled
     }
 
     func series(_ values: [String]) -> Series {
@@ -189,21 +205,12 @@ public final class Counter: MetricFamily {
     public let help: String
     public let labelNames: [String]
     private let table: SeriesTable<Series>
-    /// The series of a metric without labels (nil with labels): no lookup per update.
-    private let unlabelled: Series?
 
     init(name: String, help: String, labelNames: [String]) {
         self.name = name
         self.help = help
         self.labelNames = labelNames
         table = SeriesTable(family: name, labelNames: labelNames) { Series() }
-        unlabelled = labelNames.isEmpty ? table.series([]) : nil
-    }
-
-    /// The unlabelled series; a precondition that the metric has no labels.
-    private var only: Series {
-        guard let unlabelled else { preconditionFailure("metric \(name) has labels (\(labelNames.joined(separator: ", "))): use series(…)") }
-        return unlabelled
     }
 
     /// The series for these label values, in the order of the counter's labels (the count of
@@ -211,7 +218,7 @@ public final class Counter: MetricFamily {
     public func series(_ labelValues: String...) -> Series { table.series(labelValues) }
 
     /// Adds `amount` to the counter; for a counter without labels (a precondition).
-    public func increment(by amount: Int = 1) { only.increment(by: amount) }
+    public func increment(by amount: Int = 1) { table.only.increment(by: amount) }
 
     func render(into text: inout PrometheusText) {
         text.family(name, .counter, help)
@@ -236,31 +243,22 @@ public final class Gauge: MetricFamily {
     public let help: String
     public let labelNames: [String]
     private let table: SeriesTable<Series>
-    /// The series of a metric without labels (nil with labels): no lookup per update.
-    private let unlabelled: Series?
 
     init(name: String, help: String, labelNames: [String]) {
         self.name = name
         self.help = help
         self.labelNames = labelNames
         table = SeriesTable(family: name, labelNames: labelNames) { Series() }
-        unlabelled = labelNames.isEmpty ? table.series([]) : nil
-    }
-
-    /// The unlabelled series; a precondition that the metric has no labels.
-    private var only: Series {
-        guard let unlabelled else { preconditionFailure("metric \(name) has labels (\(labelNames.joined(separator: ", "))): use series(…)") }
-        return unlabelled
     }
 
     /// The series for these label values (see ``Counter/series(_:)``).
     public func series(_ labelValues: String...) -> Series { table.series(labelValues) }
 
     /// Sets the gauge; for a gauge without labels (a precondition).
-    public func set(_ value: Double) { only.set(value) }
+    public func set(_ value: Double) { table.only.set(value) }
 
     /// Adds to the gauge; for a gauge without labels (a precondition).
-    public func add(_ amount: Double) { only.add(amount) }
+    public func add(_ amount: Double) { table.only.add(amount) }
 
     func render(into text: inout PrometheusText) {
         text.family(name, .gauge, help)
@@ -298,10 +296,7 @@ public final class Histogram: MetricFamily {
         }
 
         /// A duration, in seconds.
-        public func observe(_ duration: Duration) {
-            let (seconds, attoseconds) = duration.components
-            observe(Double(seconds) + Double(attoseconds) / 1e18)
-        }
+        public func observe(_ duration: Duration) { observe(duration.seconds) }
 
         /// Observations so far.
         public var count: Int { state.withLock { $0.count } }
@@ -321,8 +316,6 @@ public final class Histogram: MetricFamily {
     /// The upper bounds (`+Inf` implied).
     public let bounds: [Double]
     private let table: SeriesTable<Series>
-    /// The series of a metric without labels (nil with labels): no lookup per update.
-    private let unlabelled: Series?
 
     init(name: String, help: String, labelNames: [String], bounds: [Double]) {
         self.name = name
@@ -330,13 +323,6 @@ public final class Histogram: MetricFamily {
         self.labelNames = labelNames
         self.bounds = bounds
         table = SeriesTable(family: name, labelNames: labelNames) { Series(bounds: bounds) }
-        unlabelled = labelNames.isEmpty ? table.series([]) : nil
-    }
-
-    /// The unlabelled series; a precondition that the metric has no labels.
-    private var only: Series {
-        guard let unlabelled else { preconditionFailure("metric \(name) has labels (\(labelNames.joined(separator: ", "))): use series(…)") }
-        return unlabelled
     }
 
     func sameShape(as other: Histogram) -> Bool { bounds == other.bounds }
@@ -345,10 +331,10 @@ public final class Histogram: MetricFamily {
     public func series(_ labelValues: String...) -> Series { table.series(labelValues) }
 
     /// Observes `value`; for a histogram without labels (a precondition).
-    public func observe(_ value: Double) { only.observe(value) }
+    public func observe(_ value: Double) { table.only.observe(value) }
 
     /// Observes `duration` (in seconds); for a histogram without labels (a precondition).
-    public func observe(_ duration: Duration) { only.observe(duration) }
+    public func observe(_ duration: Duration) { table.only.observe(duration) }
 
     func render(into text: inout PrometheusText) {
         text.family(name, .histogram, help)

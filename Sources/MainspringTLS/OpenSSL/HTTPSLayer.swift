@@ -33,60 +33,28 @@ struct HTTPSLayer: HTTPConnectionLayer {
         return bev
     }
 
+    func writeNow(underlying: OpaquePointer, _ bytes: UnsafeRawBufferPointer) -> HTTPLayerWrite {
+        guard let ssl = bufferevent_openssl_get_ssl(underlying) else { return .failed }
+        ERR_clear_error()
+        let written = SSL_write(ssl, bytes.baseAddress, Int32(clamping: bytes.count))
+        if written > 0 { return .wrote }  // all of it: partial writes are off (libevent's mode)
+        let code = SSL_get_error(ssl, written)
+        // A failure's entries leave this thread's error queue, where they would make the next
+        // SSL_get_error on it, any connection's, an SSL_ERROR_SSL.
+        ERR_clear_error()
+        switch code {
+        case SSL_ERROR_WANT_WRITE, SSL_ERROR_WANT_READ: return .blocked
+        default: return .failed
+        }
+    }
+
+    /// Lets go of the session's context keeper (libevent frees the session, and the socket,
+    /// with the bufferevent right after). No close_notify: evhttp has shut the socket's output
+    /// down by now. (It used to be sent here, after evhttp had closed the socket too: to a
+    /// closed descriptor, or to whatever had been given that number since.)
     func release(underlying: OpaquePointer) {
-        Lingering.start(underlying)
+        guard let ssl = bufferevent_openssl_get_ssl(underlying), let keeper = SSL_get_ex_data(ssl, 0) else { return }
+        _ = SSL_set_ex_data(ssl, 0, nil)
+        Unmanaged<ServerContextSet>.fromOpaque(keeper).release()
     }
-}
-
-/// A connection the server is done with: what is buffered goes out, then close_notify, then
-/// the bufferevent (with its session and socket) is freed — at most 10 s later.
-private final class Lingering {
-    private let bufferevent: OpaquePointer
-    private var retained: Unmanaged<Lingering>?
-
-    private init(_ bufferevent: OpaquePointer) { self.bufferevent = bufferevent }
-
-    static func start(_ bufferevent: OpaquePointer) {
-        let lingering = Lingering(bufferevent)
-        let output = bufferevent_get_output(bufferevent)
-        if output == nil || evbuffer_get_length(output) == 0 {
-            lingering.finish()
-            return
-        }
-        let retained = Unmanaged.passRetained(lingering)
-        lingering.retained = retained
-        bufferevent_setcb(bufferevent, nil, lingerWriteTrampoline, lingerEventTrampoline, retained.toOpaque())
-        bufferevent_setwatermark(bufferevent, Int16(EV_WRITE), 0, 0)
-        var timeout = timeval(tv_sec: 10, tv_usec: 0)
-        bufferevent_set_timeouts(bufferevent, nil, &timeout)
-        bufferevent_disable(bufferevent, Int16(EV_READ))
-        _ = bufferevent_enable(bufferevent, Int16(EV_WRITE))
-    }
-
-    /// close_notify, then free (the session's context keeper is released with the session).
-    fileprivate func finish() {
-        bufferevent_setcb(bufferevent, nil, nil, nil, nil)
-        if let ssl = bufferevent_openssl_get_ssl(bufferevent) {
-            ERR_clear_error()
-            _ = SSL_shutdown(ssl)
-            ERR_clear_error()
-            if let keeper = SSL_get_ex_data(ssl, 0) {
-                _ = SSL_set_ex_data(ssl, 0, nil)
-                Unmanaged<ServerContextSet>.fromOpaque(keeper).release()
-            }
-        }
-        bufferevent_free(bufferevent)
-        retained?.release()
-        retained = nil
-    }
-}
-
-private let lingerWriteTrampoline: bufferevent_data_cb = { _, argument in
-    guard let argument else { return }
-    Unmanaged<Lingering>.fromOpaque(argument).takeUnretainedValue().finish()
-}
-
-private let lingerEventTrampoline: bufferevent_event_cb = { _, _, argument in
-    guard let argument else { return }
-    Unmanaged<Lingering>.fromOpaque(argument).takeUnretainedValue().finish()
 }
