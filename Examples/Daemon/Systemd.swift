@@ -76,12 +76,12 @@ func activatedSocket(named name: String?, log: DaemonLog) -> ActivatedSockets.So
 
 /// What the daemon tells its service manager. Every call is a cheap no-op without
 /// `$NOTIFY_SOCKET`. A notification that cannot be sent is logged (the first time) and
-/// otherwise ignored: the service keeps serving.
+/// otherwise ignored: the service keeps serving. `READY=1`, `STOPPING=1` and the watchdog are
+/// the service group's (`serviceManager(watchdogLoops:)`); reloads and status lines are here.
 final class ServiceManagerLink: Sendable {
     let notifier: ServiceNotifier
     private let log: DaemonLog
     private let environment: [String: String]
-    private let watchdog = Guarded<Watchdog?>(nil)
     private let statusTimer = Guarded<TimerHandle?>(nil)
     private let failureLogged = Guarded(false)
 
@@ -97,24 +97,35 @@ final class ServiceManagerLink: Sendable {
         }
     }
 
-    /// `READY=1` with a status line: the daemon accepts connections.
-    func ready(status: String) { send(.ready, .status(status)) }
+    /// What the service group tells the manager: `READY=1` and `STOPPING=1` through this
+    /// notifier, and a watchdog over `loops` when the manager asks for one (`$WATCHDOG_USEC`,
+    /// for this process if `$WATCHDOG_PID` is set): `WATCHDOG=1` every half interval while
+    /// every loop polls within half the interval. A malformed variable is a warning, and no
+    /// watchdog runs. Health changes are logged.
+    func serviceManager(watchdogLoops loops: [EventLoop]) -> ServiceGroup.ServiceManager {
+        var manager = ServiceGroup.ServiceManager(notifier: notifier, watchdogLoops: loops)
+        guard notifier.isEnabled else { return manager }
+        do {
+            manager.watchdogInterval = try Watchdog.requestedInterval(environment: environment)
+        } catch {
+            log(.warning, "mainspring-daemon: no watchdog: \(error)")
+        }
+        let log = self.log
+        manager.onWatchdogHealthChange = { health in
+            if health.isHealthy {
+                log(.info, "watchdog: the loops poll again; WATCHDOG=1 resumes")
+            } else {
+                log(.warning, "watchdog: \(health); WATCHDOG=1 withheld until it polls again")
+            }
+        }
+        return manager
+    }
 
     /// `RELOADING=1`, then `body` (the reload), then `READY=1` with a status line.
     func reload(status: () -> String, _ body: () -> Void) {
         send(.reloading, .status("reloading"))
         body()
         send(.ready, .status(status()))
-    }
-
-    /// `STOPPING=1` with a status line: the daemon is draining. The watchdog stops here: the
-    /// group's loops stop during the drain (which would read as stuck loops), and from now on
-    /// the manager's stop timeout (`TimeoutStopSec=`) bounds a drain that hangs.
-    func stopping(status: String) {
-        // The watchdog first: stop() returns once no ping can go out any more, so none follows
-        // STOPPING=1 (a ping in flight on its thread could otherwise land just after it).
-        watchdog.withLock { $0 }?.stop()
-        send(.stopping, .status(status))
     }
 
     /// One `STATUS=` line (for a daemon that keeps its own schedule, a task, say).
@@ -128,35 +139,23 @@ final class ServiceManagerLink: Sendable {
         statusTimer.withLock { $0 = timer }
     }
 
-    /// Starts the watchdog over `loops` when the manager asks for one (`$WATCHDOG_USEC`, for
-    /// this process if `$WATCHDOG_PID` is set): `WATCHDOG=1` every half interval while every
-    /// loop polls within half the interval. A malformed variable is a warning, and no watchdog
-    /// runs. Health changes are logged.
-    func startWatchdog(over loops: [EventLoop]) {
-        let log = self.log
-        do {
-            let started = try Watchdog.startIfRequested(watching: loops, notifier: notifier, environment: environment) { health in
-                if health.isHealthy {
-                    log(.info, "watchdog: the loops poll again; WATCHDOG=1 resumes")
-                } else {
-                    log(.warning, "watchdog: \(health); WATCHDOG=1 withheld until it polls again")
-                }
-            }
-            watchdog.withLock { $0 = started }
-        } catch {
-            log(.warning, "mainspring-daemon: no watchdog: \(error)")
-        }
-    }
-
     /// The watchdog's state for status lines: "", or "; watchdog: healthy".
-    var watchdogSummary: String {
-        watchdog.withLock { $0 }.map { "; watchdog: \($0.health)" } ?? ""
+    func watchdogSummary(_ watchdog: Watchdog?) -> String {
+        watchdog.map { "; watchdog: \($0.health)" } ?? ""
     }
 
-    /// Stops the watchdog and the status timer (the timer's loop thread only when it runs).
+    /// Stops the status timer (the timer's loop thread only when it runs).
     func stop() {
-        watchdog.withLock { $0 }?.stop()
         statusTimer.withLock { $0 }?.cancel()
+    }
+
+    /// A notification could not be sent: logged the first time.
+    func notificationFailed(_ error: EventLoopError) {
+        let first = failureLogged.withLock { logged in
+            defer { logged = true }
+            return !logged
+        }
+        if first { log(.warning, "mainspring-daemon: cannot notify the service manager: \(error) (not logged again)") }
     }
 
     private func send(_ notifications: ServiceNotification...) {
@@ -164,11 +163,7 @@ final class ServiceManagerLink: Sendable {
         do {
             try notifier.notify(notifications)
         } catch {
-            let first = failureLogged.withLock { logged in
-                defer { logged = true }
-                return !logged
-            }
-            if first { log(.warning, "mainspring-daemon: cannot notify the service manager: \(error) (not logged again)") }
+            notificationFailed(error)
         }
     }
 }

@@ -6,7 +6,8 @@ import MainspringTLS
 
 // mainspring-daemon: a line service on loopback, written with async/await, its connections
 // spread over an EventLoopGroup (AsyncLineService; see LineService for the protocol).
-// SIGINT/SIGTERM drain gracefully and exit 0; SIGHUP prints the counters to stderr. With
+// SIGINT/SIGTERM drain gracefully and exit 0 (a second one stops at once: exit 1); SIGHUP prints
+// the counters to stderr. Its parts are a ServiceGroup: started in order, stopped in reverse. With
 // --unix, the same service on a Unix stream socket too (or only). With --http-port and/or
 // --http-unix, an HTTP side (HTTPSide.swift: /metrics, /healthz, /echo, /work). Under systemd
 // (Systemd.swift): socket activation, readiness, status and reload notifications, a watchdog fed
@@ -38,8 +39,9 @@ let usage = """
       --help                 this text
     Sockets passed by socket activation (LISTEN_FDS) take the place of --host/--port (--unix
     still adds its socket).
-    Exit status: 0 after a clean shutdown, 1 when it cannot listen, 2 for a bad command line,
-    78 when the sockets or environment passed by the service manager cannot be used.
+    Exit status: 0 after a clean shutdown, 1 when it cannot listen (or a second SIGINT/SIGTERM
+    cut the drain short), 2 for a bad command line, 78 when the sockets or environment passed
+    by the service manager cannot be used.
     """
 
 let log = DaemonLog()
@@ -138,13 +140,15 @@ let manager = ServiceManagerLink(log: log)
 
 // Everything that needs a file descriptor of its own is set up before the service accepts its
 // first connection: once clients may have taken every descriptor (EMFILE), it would be too late.
-// - The signal handlers (their loop has an eventfd, an epoll and a timerfd).
+// - SIGHUP's handler (its eventfd): held until exit, so that a SIGHUP while stopping is ignored
+//   rather than fatal. (The service group watches SIGINT/SIGTERM from its start, before the
+//   line service listens.)
 // - The main loop's Dispatch main-queue bridge, installed by running the loop once: libdispatch
 //   creates an eventfd for it, and aborts the process if it cannot.
 let main = EventLoop.main
-let signals: EventLoop.Signals
+let hangupsHeld: Watcher
 do {
-    signals = try main.signals([SIGINT, SIGTERM, SIGHUP])
+    hangupsHeld = try main.onSignal(SIGHUP) {}
 } catch {
     log(.error, "mainspring-daemon: cannot watch signals: \(error)")
     exit(1)
@@ -159,17 +163,33 @@ do {
     exit(1)
 }
 
-/// The STATUS= line: where the daemon serves and its counters.
-@MainActor func status(of service: AsyncLineService) -> String {
-    "serving \(service.localAddresses.joined(separator: " and ")) on \(service.group.loops.count) loop(s): \(service.currentStats)"
-        + manager.watchdogSummary
+/// The daemon could not start (it said why): exit with this status.
+struct StartFailure: Error, CustomStringConvertible {
+    let status: Int32
+    var description: String { "exit status \(status)" }
 }
 
-// The daemon itself: a task on the main loop that starts the service (each connection served by
-// a task on its own loop), tells the service manager, then waits for signals. SIGINT/SIGTERM
-// drain and end it; SIGHUP prints the counters (the manager hears RELOADING=1 … READY=1 around
-// it: the daemon has no configuration to re-read).
-Task { @MainActor in
+/// The line service, once it listens (for status lines and SIGHUP's counters).
+let lineService = Guarded<AsyncLineService?>(nil)
+/// An HTTP side could not listen: the line service stops at once (no grace), to exit 1.
+let abandoning = Guarded(false)
+/// The service group (for the watchdog's state in status lines).
+let services = Guarded<ServiceGroup?>(nil)
+
+/// The STATUS= line: where the daemon serves and its counters.
+func status(of service: AsyncLineService) -> String {
+    "serving \(service.localAddresses.joined(separator: " and ")) on \(service.group.loops.count) loop(s): \(service.currentStats)"
+        + manager.watchdogSummary(services.withLock { $0 }?.watchdog)
+}
+
+// The daemon is a service group: the line service, then its HTTP sides, then the SIGHUP
+// handler, started in that order (each once the one before listens). SIGINT/SIGTERM stop them
+// in reverse: SIGHUP's handler, the HTTP sides, then the line service drains (up to --grace).
+// The group tells the service manager READY=1 once all three are up and STOPPING=1 when the
+// drain begins, and feeds its watchdog while the loops are healthy; SIGHUP prints the counters
+// (RELOADING=1 … READY=1 around it: the daemon has no configuration to re-read).
+let drainGrace = grace
+let lineMember = ServiceGroup.Member(name: "line service", stopDeadline: drainGrace + .seconds(10)) { @MainActor context in
     // The endpoints: the activated socket or host:port (not when --unix is given without
     // --port), then the unix socket.
     var endpoints: [LineService.Endpoint] = []
@@ -179,15 +199,6 @@ Task { @MainActor in
         endpoints.append(.address(host: host, port: port))
     }
     if let unixPath { endpoints.append(.unix(path: unixPath)) }
-    // The application's own metrics, on the HTTP side's /metrics beside the loops' figures.
-    let metrics = MetricsRegistry()
-    do {
-        options.requestCounter = try metrics.counter("mainspring_daemon_requests_total",
-                                                     help: "Line-protocol requests the daemon has read (each request line).")
-    } catch {
-        log(.error, "mainspring-daemon: \(error)")
-        exit(1)
-    }
     let service: AsyncLineService
     do {
         service = try await AsyncLineService(group: group, endpoints: endpoints, options: options, tls: tls)
@@ -197,41 +208,68 @@ Task { @MainActor in
         let unixFailed = unixPath.map { "\(error)".contains($0) } ?? false
         if let activated, !unixFailed {
             log(.error, "mainspring-daemon: cannot serve on the activated \(activated): \(error)")
-            exit(exitConfigurationError)
+            throw StartFailure(status: exitConfigurationError)
         }
         log(.error, "mainspring-daemon: cannot listen: \(error)")
-        exit(1)
+        throw StartFailure(status: 1)
     }
     // One line per endpoint: "listening on <address> with <n> loop(s)".
     for (index, address) in service.localAddresses.enumerated() {
         let how = index == 0 ? activated.map { " (socket activation: \($0))" } ?? "" : ""
         say("listening on \(address)\(how) with \(loops) loop(s)")
     }
-    var https: [HTTPServer] = []
-    /// An HTTP side could not listen (it said why): what did start goes, so that no socket file
-    /// is left behind (`--unix`'s, an HTTP one), then exit 1.
-    func abandon() async -> Never {
-        for http in https { await http.close() }
+    lineService.withLock { $0 = service }
+    context.started()
+    await context.stopRequested()
+    if abandoning.withLock({ $0 }) {
         await service.shutdown(gracePeriod: .zero)
-        exit(1)
+        return
+    }
+    let report = await service.shutdown(gracePeriod: drainGrace)
+    log(.info, "stopped: \(service.currentStats); \(report)")
+}
+
+// The application's own metrics, on the HTTP side's /metrics beside the loops' figures.
+let metrics = MetricsRegistry()
+do {
+    options.requestCounter = try metrics.counter("mainspring_daemon_requests_total",
+                                                 help: "Line-protocol requests the daemon has read (each request line).")
+} catch {
+    log(.error, "mainspring-daemon: \(error)")
+    exit(1)
+}
+let httpMember = ServiceGroup.Member(name: "HTTP side") { @MainActor context in
+    var https: [HTTPServer] = []
+    /// An HTTP side could not listen (it said why): what did start goes, then the line
+    /// service (no socket file is left behind: --unix's, an HTTP one), then exit 1.
+    func abandon() async throws -> Never {
+        for http in https { await http.close() }
+        abandoning.withLock { $0 = true }
+        throw StartFailure(status: 1)
     }
     if let httpPort {
-        guard let server = await startHTTPSide(group: group, host: host, port: httpPort, tls: tls, metrics: metrics) else { await abandon() }
+        guard let server = await startHTTPSide(group: group, host: host, port: httpPort, tls: tls, metrics: metrics) else {
+            try await abandon()
+        }
         https.append(server)
     }
     if let httpUnixPath {
-        guard let server = await startHTTPSide(group: group, unixPath: httpUnixPath, tls: tls, metrics: metrics) else { await abandon() }
+        guard let server = await startHTTPSide(group: group, unixPath: httpUnixPath, tls: tls, metrics: metrics) else {
+            try await abandon()
+        }
         https.append(server)
     }
+    context.started()
+    await context.stopRequested()
+    for http in https { await http.close() }
+}
 
-    // Accepting: tell the service manager, keep it posted, and feed its watchdog while the
-    // group's loops are healthy.
-    manager.ready(status: status(of: service))
-    manager.startWatchdog(over: group.loops)
-    manager.sendStatus(every: statusInterval, on: main) { MainActor.assumeIsolated { status(of: service) } }
-
-    for await signal in signals {
-        if signal == SIGHUP {
+let reloadMember = ServiceGroup.Member(name: "SIGHUP") { @MainActor context in
+    let hangups = try await main.signals([SIGHUP])
+    context.started()
+    let handler = Task { @MainActor in
+        for await _ in hangups {
+            guard let service = lineService.withLock({ $0 }) else { continue }
             manager.reload(status: { status(of: service) }) {
                 log(.info, "stats: \(service.currentStats)")
                 guard let tls else { return }
@@ -242,15 +280,53 @@ Task { @MainActor in
                     log(.error, "TLS: reload failed, the previous certificate stays: \(error)")
                 }
             }
-            continue
         }
-        let name = signal == SIGINT ? "SIGINT" : "SIGTERM"
-        manager.stopping(status: "\(name): draining (up to \(grace)): \(service.currentStats)")
-        log(.info, "\(name): draining (up to \(grace))…")
-        for http in https { await http.close() }
-        let report = await service.shutdown(gracePeriod: grace)
-        log(.info, "stopped: \(service.currentStats); \(report)")
+    }
+    await context.stopRequested()
+    handler.cancel()
+    await handler.value
+}
+
+var configuration = ServiceGroup.Configuration()
+configuration.serviceManager = manager.serviceManager(watchdogLoops: group.loops)
+configuration.serviceManager.readyStatus = { lineService.withLock { $0 }.map { status(of: $0) } }
+configuration.serviceManager.stoppingStatus = { reason in
+    "\(reason): draining (up to \(drainGrace)): " + (lineService.withLock { $0 }.map { "\($0.currentStats)" } ?? "")
+}
+let statusEvery = statusInterval
+configuration.onEvent = { event in
+    switch event {
+    case .ready:
+        // Keep the manager posted, from a timer on the main loop.
+        main.execute {
+            manager.sendStatus(every: statusEvery, on: main) {
+                lineService.withLock { $0 }.map { status(of: $0) } ?? ""
+            }
+        }
+    case .stopRequested(.signal(let signal)):
+        log(.info, "\(signal == SIGINT ? "SIGINT" : "SIGTERM"): draining (up to \(drainGrace))…")
+    case .notificationFailed(let error):
+        manager.notificationFailed(error)
+    default:
         break
+    }
+}
+let serviceGroup = ServiceGroup(httpPort == nil && httpUnixPath == nil ? [lineMember, reloadMember]
+                                    : [lineMember, httpMember, reloadMember],
+                                configuration: configuration)
+services.withLock { $0 = serviceGroup }
+
+let exitStatus = Guarded<Int32>(0)
+Task { @MainActor in
+    do throws(ServiceGroupError) {
+        try await serviceGroup.run()
+    } catch {
+        if case .serviceFailed(_, let failure as StartFailure, _) = error {
+            exitStatus.withLock { $0 = failure.status }  // said why already
+        } else {
+            log(.error, "mainspring-daemon: \(error)")
+            exitStatus.withLock { $0 = 1 }
+        }
     }
     main.stop()
 }
@@ -262,4 +338,5 @@ do {
     exit(1)
 }
 manager.stop()
-exit(0)
+hangupsHeld.cancel()
+exit(exitStatus.withLock { $0 })

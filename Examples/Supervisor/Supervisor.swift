@@ -226,6 +226,20 @@ final class Supervisor {
         }
     }
 
+    /// A forced stop (a second signal) cut `stop` short: every child still running gets
+    /// SIGKILL, with its process group, at once — none outlives the supervisor. Loop thread
+    /// (the loop may have stopped).
+    func killRemaining() {
+        stopping = true
+        for program in config.programs {
+            guard let child = children[program.name] else { continue }
+            child.restartTimer?.cancel()
+            guard let process = child.process else { continue }
+            say("supervisor: killing \(program.name) (forced stop)")
+            process.signalGroup(SIGKILL)
+        }
+    }
+
     /// SIGTERM: stops the children one after another, in the configuration's order (each:
     /// SIGTERM to its group, SIGKILL after its grace), then calls `done`.
     func stop(_ done: @escaping () -> Void) {

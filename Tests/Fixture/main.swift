@@ -28,6 +28,7 @@ var scenarios: [String: @MainActor () throws -> Void] = [
     "duration-misuse": durationMisuseScenario,
     "thousand-children": thousandChildrenScenario,
     "descriptor-exhaustion": descriptorExhaustionScenario,
+    "service-group": serviceGroupScenario,
 ]
 #if MAINSPRING_MAIN_EXECUTOR
 scenarios["main-executor"] = mainExecutorScenario
