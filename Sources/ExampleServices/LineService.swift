@@ -234,7 +234,8 @@ private final class Session {
     let stats: StatsCounters
     let startTime: Date
     /// Replies in request order; nil while the request is still in flight.
-    private var replies: [String?] = []
+    /// Replies in request order, filled as they are ready; whether each is an error (`ERR`).
+    private var replies: [(text: String, isError: Bool)?] = []
     private var firstReply = 0
     private var isDraining = false
     private var isQuitting = false
@@ -288,7 +289,7 @@ private final class Session {
         case .failure(let error):
             reply(now: "ERR \(error)")
         case .success(.echo(let text)):
-            reply(now: text)  // the slice of `line`: no copy unless it must wait for a slot
+            reply(now: text, isError: false)  // the slice of `line`: no copy unless it must wait
         case .success(.time):
             reply(now: ISO8601DateFormatter().string(from: Date()))
         case .success(.stats):
@@ -322,18 +323,18 @@ private final class Session {
         }
     }
 
-    private func reply(now text: String) { reply(now: text[...]) }
+    private func reply(now text: String) { reply(now: text[...], isError: text.hasPrefix("ERR")) }
 
     /// Replies now, or as soon as the replies ahead of it are out. A slice (an echo's text)
     /// goes straight out without a string of its own when nothing is in flight ahead of it.
-    private func reply(now text: Substring) {
+    private func reply(now text: Substring, isError: Bool) {
         if pending == 0 {
             // Nothing in flight ahead of it: straight out, no slot.
             connection.writeLine(text)
-            if text.hasPrefix("ERR") { stats.errors.add(1, ordering: .relaxed) }
+            if isError { stats.errors.add(1, ordering: .relaxed) }
             closeIfDone()
         } else {
-            fill(reserve(), String(text))
+            fill(reserve(), String(text), isError: isError)
         }
     }
 
@@ -342,12 +343,12 @@ private final class Session {
         return replies.count - 1
     }
 
-    private func fill(_ slot: Int, _ text: String) {
+    private func fill(_ slot: Int, _ text: String, isError: Bool? = nil) {
         guard slot >= firstReply, slot < replies.count else { return }
-        replies[slot] = text
+        replies[slot] = (text, isError ?? text.hasPrefix("ERR"))
         while firstReply < replies.count, let ready = replies[firstReply] {
-            connection.writeLine(ready)
-            if ready.hasPrefix("ERR") { stats.errors.add(1, ordering: .relaxed) }
+            connection.writeLine(ready.text)
+            if ready.isError { stats.errors.add(1, ordering: .relaxed) }
             firstReply += 1
         }
         if firstReply == replies.count {

@@ -18,7 +18,12 @@ extension ConnectionSource {
         requireWritable()
         guard state.isOpen, socket != nil, newline || !text.isEmpty else { return }
         if pendingOutput.capacity == 0 { takeSpareOutputBuffer() }
-        pendingOutput.append(contentsOf: text.utf8)
+        // In one copy where the text is contiguous (a native string or a slice of one); a
+        // Substring's UTF-8 view appended as a sequence went byte by byte (474 instructions for
+        // a 17-byte echo, bench-counts).
+        if text.utf8.withContiguousStorageIfAvailable({ pendingOutput.append(contentsOf: $0) }) == nil {
+            pendingOutput.append(contentsOf: text.utf8)
+        }
         if newline { pendingOutput.append(0x0A) }
         scheduleFlush()
     }
