@@ -163,14 +163,14 @@ struct ServiceGroupTests {
 
     /// A service that records its steps; `behaviour` says how it deviates.
     struct Recorder: Service {
-        enum Behaviour: Sendable { case normal, failAfterStart, returnAfterStart, ignoreStop, throwWhileStopping }
+        enum Behaviour: Sendable { case normal, neverStarts, failAfterStart, returnAfterStart, ignoreStop, throwWhileStopping }
         let name: String
         let steps: Steps
         var behaviour = Behaviour.normal
 
         func run(_ context: ServiceContext) async throws {
             steps.add("start \(name)")
-            context.started()
+            if behaviour != .neverStarts { context.started() }
             switch behaviour {
             case .failAfterStart:
                 steps.add("fail \(name)")
@@ -267,6 +267,37 @@ struct ServiceGroupTests {
         let all = steps.all
         #expect(all.firstIndex(of: "stop b")! < all.firstIndex(of: "stop a")!, "\(all)")
         #expect(all.firstIndex(of: "fail c")! < all.firstIndex(of: "stop b")!, "\(all)")
+    }
+
+    @Test("a service that does not call started() within its start deadline fails the group: it and the ones before it are stopped, the ones after never start")
+    func startDeadline() async throws {
+        let steps = Steps()
+        var configuration = configuration(steps)
+        configuration.startDeadline = .seconds(600)  // the member's own deadline wins
+        let group = ServiceGroup([.init(Recorder(name: "a", steps: steps)),
+                                  .init(Recorder(name: "b", steps: steps, behaviour: .neverStarts), startDeadline: .milliseconds(200)),
+                                  .init(Recorder(name: "c", steps: steps))],
+                                 configuration: configuration)
+        let began = ContinuousClock.now
+        do {
+            try await group.run()
+            Issue.record("run() returned")
+        } catch {
+            guard case .serviceFailed(let service, let failure, let report) = error else {
+                Issue.record("\(error)")
+                return
+            }
+            #expect(service == "b")
+            let timedOut = failure as? ServiceGroup.StartTimedOut
+            #expect(timedOut?.service == "b" && timedOut?.deadline == .milliseconds(200))
+            #expect("\(failure)" == "b did not start within 0.2 seconds")
+            #expect(report.reason == .serviceFailed("b"))
+            #expect(report.services.map { "\($0.outcome)" } == ["stopped", "stopped", "not started"])
+        }
+        // Never before the deadline; well before the group's own 600 s.
+        #expect(ContinuousClock.now - began >= .milliseconds(200))
+        #expect(ContinuousClock.now - began < .seconds(60))
+        #expect(steps.all == ["start a", "start b", "stopping: b failed", "stop b", "stopped b", "stop a", "stopped a"])
     }
 
     @Test("a service that returns early: a failure by default, a clean stop with .stopGroup, nothing with .ignore")

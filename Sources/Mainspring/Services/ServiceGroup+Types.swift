@@ -28,16 +28,22 @@ extension ServiceGroup {
         /// How long it has to return once asked to stop before it is cancelled and the group
         /// goes on; nil: the group's ``ServiceGroup/Configuration/stopDeadline``.
         public var stopDeadline: Duration?
+        /// How long it has, once started, to call ``ServiceContext/started()``; nil: the
+        /// group's ``ServiceGroup/Configuration/startDeadline``. Past it the start counts as a
+        /// failure (``ServiceGroup/StartTimedOut``): the group stops, this service included.
+        public var startDeadline: Duration?
         /// What its returning on its own means.
         public var whenItReturns: ReturnBehavior
 
-        /// `service`, with its own stop deadline (nil: the group's) and return behaviour.
+        /// `service`, with its own stop and start deadlines (nil: the group's) and return
+        /// behaviour.
         public init(_ service: any Service, name: String? = nil, stopDeadline: Duration? = nil,
-                    whenItReturns: ReturnBehavior = .failGroup)
+                    startDeadline: Duration? = nil, whenItReturns: ReturnBehavior = .failGroup)
         {
             self.service = service
             self.name = name ?? service.name
             self.stopDeadline = stopDeadline
+            self.startDeadline = startDeadline
             self.whenItReturns = whenItReturns
         }
 
@@ -49,11 +55,12 @@ extension ServiceGroup {
         ///     await context.stopRequested()
         /// }
         /// ```
-        public init(name: String, stopDeadline: Duration? = nil, whenItReturns: ReturnBehavior = .failGroup,
+        public init(name: String, stopDeadline: Duration? = nil, startDeadline: Duration? = nil,
+                    whenItReturns: ReturnBehavior = .failGroup,
                     run body: @escaping @Sendable (ServiceContext) async throws -> Void)
         {
             self.init(ClosureService(name: name, body: body), name: name, stopDeadline: stopDeadline,
-                      whenItReturns: whenItReturns)
+                      startDeadline: startDeadline, whenItReturns: whenItReturns)
         }
     }
 
@@ -72,6 +79,11 @@ extension ServiceGroup {
         /// of their own. Default 30 s. Past it, the service's task is cancelled and the group
         /// stops the next one.
         public var stopDeadline: Duration = .seconds(30)
+        /// How long a service has to call ``ServiceContext/started()``, for members without a
+        /// deadline of their own. Default nil: as long as it takes (a migration, a cache warmed
+        /// from disk). Past it the group stops with ``ServiceGroup/StartTimedOut`` as the
+        /// service's error — under systemd, before `TimeoutStartSec` kills it unexplained.
+        public var startDeadline: Duration?
         /// What the group tells the service manager: nothing by default.
         public var serviceManager: ServiceManager = .none
         /// Called for each step (``ServiceGroup/Event``), in order, from the task running

@@ -178,6 +178,8 @@ enum GroupEvent: Sendable {
     case cancelled
     /// Member `index`'s stop deadline passed (for its `generation`th stop request: only one).
     case deadline(Int)
+    /// Member `index` had not called `started()` by its start deadline.
+    case startDeadline(Int)
 }
 
 /// One run of a group: the state machine that `run()` drives, on its task alone.
@@ -262,6 +264,12 @@ private final class GroupRun {
         slots[index].context = context
         slots[index].phase = .starting
         emit(.starting(service: member.name))
+        if let deadline = member.startDeadline ?? group.configuration.startDeadline {
+            slots[index].deadlineTask = Task {
+                try? await Task.sleep(for: deadline)
+                if !Task.isCancelled { sink.yield(.startDeadline(index)) }
+            }
+        }
         slots[index].task = Task {
             let result: Result<Void, any Error>
             do {
@@ -303,6 +311,8 @@ private final class GroupRun {
         switch event {
         case .started(let index):
             guard case .starting = slots[index].phase else { return }
+            slots[index].deadlineTask?.cancel()
+            slots[index].deadlineTask = nil
             slots[index].phase = .running
             emit(.started(service: slots[index].member.name))
             startNext()
@@ -318,6 +328,12 @@ private final class GroupRun {
             beginStop(.triggered)
         case .cancelled:
             force(.cancelled)
+        case .startDeadline(let index):
+            guard case .starting = slots[index].phase, stopReason == nil else { return }
+            let member = slots[index].member
+            let deadline = member.startDeadline ?? group.configuration.startDeadline ?? .zero
+            failure = (member.name, ServiceGroup.StartTimedOut(service: member.name, deadline: deadline))
+            beginStop(.serviceFailed(member.name))
         case .deadline(let index):
             guard case .stopping(let since) = slots[index].phase else { return }
             let deadline = deadline(of: index)
@@ -411,6 +427,7 @@ private final class GroupRun {
             slots[index].phase = .stopping(since: .now)
             emit(.stopping(service: slots[index].member.name, deadline: deadline))
             let sink = self.sink
+            slots[index].deadlineTask?.cancel()  // a start deadline still pending
             slots[index].deadlineTask = Task {
                 try? await Task.sleep(for: deadline)
                 if !Task.isCancelled { sink.yield(.deadline(index)) }

@@ -44,3 +44,18 @@ public enum ServiceGroupError: Error, Sendable, CustomStringConvertible {
         }
     }
 }
+
+extension ServiceGroup {
+    /// The error of a service that did not call ``ServiceContext/started()`` within its start
+    /// deadline (``ServiceGroup/Member/startDeadline``): ``ServiceGroup/run()`` throws
+    /// ``ServiceGroupError/serviceFailed(service:error:report:)`` with it, after stopping the
+    /// group (that service is asked to stop too, within its stop deadline).
+    public struct StartTimedOut: Error, Sendable, Equatable, CustomStringConvertible {
+        /// The service.
+        public let service: String
+        /// The deadline it missed.
+        public let deadline: Duration
+
+        public var description: String { "\(service) did not start within \(deadline)" }
+    }
+}
