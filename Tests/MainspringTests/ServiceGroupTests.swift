@@ -33,6 +33,12 @@ struct ServiceGroupSignalTests {
         "event=ready",
     ]
 
+    /// The fixture's lines for service `name` asked to stop with the 20 s deadline and stopping
+    /// cleanly: the group's step, the service's two, the group's record of its end.
+    private static func cleanStop(_ name: String) -> [String] {
+        ["event=stopping \(name) (deadline 20.0 seconds)", "stop \(name)", "stopped \(name)", "event=\(name): stopped"]
+    }
+
     @Test("starts a, b, c in order; SIGTERM stops them c, b, a, each after the one after it returned; exit 0", arguments: [SIGTERM, SIGINT])
     func orderedStartAndReverseStop(signal: Int32) throws {
         let (child, _) = try start("order", until: "event=ready")
@@ -40,13 +46,9 @@ struct ServiceGroupSignalTests {
         let result = child.waitForExit(timeout: .seconds(60))
         #expect(result.status == 0 && !result.crashedBySignal, "\(result.summary)")
         let name = signal == SIGTERM ? "SIGTERM" : "SIGINT"
-        let expected = Self.startUp + [
-            "event=stopping: \(name)",
-            "event=stopping c (deadline 20.0 seconds)", "stop c", "stopped c", "event=c: stopped",
-            "event=stopping b (deadline 20.0 seconds)", "stop b", "stopped b", "event=b: stopped",
-            "event=stopping a (deadline 20.0 seconds)", "stop a", "stopped a", "event=a: stopped",
-            "reason=\(name)", "forced=false", "outcome-a=stopped", "outcome-b=stopped", "outcome-c=stopped",
-        ]
+        let expected = Self.startUp + ["event=stopping: \(name)"]
+            + Self.cleanStop("c") + Self.cleanStop("b") + Self.cleanStop("a")
+            + ["reason=\(name)", "forced=false", "outcome-a=stopped", "outcome-b=stopped", "outcome-c=stopped"]
         #expect(Array(result.lines.map(String.init).dropLast()) == expected, "\(result.summary)")
     }
 
@@ -60,14 +62,11 @@ struct ServiceGroupSignalTests {
         // Only the group's steps and the services' own lines before the cancellation (the
         // cancelled `b` prints "cancelled b" whenever its task gets to it).
         let steps = lines.filter { $0 != "cancelled b" && !$0.hasPrefix("error=") && !$0.hasPrefix("elapsed-ms=") }
-        let expected = Self.startUp + [
-            "event=stopping: SIGTERM",
-            "event=stopping c (deadline 20.0 seconds)", "stop c", "stopped c", "event=c: stopped",
-            "event=stopping b (deadline 0.3 seconds)", "stop b", "event=b: cancelled after its 0.3 seconds deadline",
-            "event=stopping a (deadline 20.0 seconds)", "stop a", "stopped a", "event=a: stopped",
-            "reason=SIGTERM", "forced=false", "outcome-a=stopped", "outcome-b=cancelled after its 0.3 seconds deadline",
-            "outcome-c=stopped",
-        ]
+        let expected = Self.startUp + ["event=stopping: SIGTERM"] + Self.cleanStop("c")
+            + ["event=stopping b (deadline 0.3 seconds)", "stop b", "event=b: cancelled after its 0.3 seconds deadline"]
+            + Self.cleanStop("a")
+            + ["reason=SIGTERM", "forced=false", "outcome-a=stopped", "outcome-b=cancelled after its 0.3 seconds deadline",
+               "outcome-c=stopped"]
         #expect(steps == expected, "\(result.summary)")
         #expect(result["error"]?.hasPrefix("the stop was not clean: SIGTERM; ") == true, "\(result.summary)")
     }
@@ -103,12 +102,9 @@ struct ServiceGroupSignalTests {
         let result = child.waitForExit(timeout: .seconds(60))
         #expect(result.status == 10, "\(result.summary)")
         let lines = result.lines.map(String.init).filter { !$0.hasPrefix("error=") && !$0.hasPrefix("elapsed-ms=") }
-        let expected = Self.startUp + [
-            "fail b", "event=b: failed: disk full", "event=stopping: b failed",
-            "event=stopping c (deadline 20.0 seconds)", "stop c", "stopped c", "event=c: stopped",
-            "event=stopping a (deadline 20.0 seconds)", "stop a", "stopped a", "event=a: stopped",
-            "reason=b failed", "forced=false", "outcome-a=stopped", "outcome-b=failed: disk full", "outcome-c=stopped",
-        ]
+        let expected = Self.startUp + ["fail b", "event=b: failed: disk full", "event=stopping: b failed"]
+            + Self.cleanStop("c") + Self.cleanStop("a")
+            + ["reason=b failed", "forced=false", "outcome-a=stopped", "outcome-b=failed: disk full", "outcome-c=stopped"]
         #expect(lines == expected, "\(result.summary)")
         #expect(result["error"]?.hasPrefix("b failed: disk full (b failed; ") == true, "\(result.summary)")
     }
@@ -119,13 +115,10 @@ struct ServiceGroupSignalTests {
         child.send(SIGTERM)
         let result = child.waitForExit(timeout: .seconds(60))
         #expect(result.status == 0, "\(result.summary)")
-        let expected = [
-            "event=starting a", "start a", "started a", "event=started a", "event=starting b", "start b",
-            "event=stopping: SIGTERM",
-            "event=stopping b (deadline 20.0 seconds)", "stop b", "stopped b", "event=b: stopped",
-            "event=stopping a (deadline 20.0 seconds)", "stop a", "stopped a", "event=a: stopped",
-            "reason=SIGTERM", "forced=false", "outcome-a=stopped", "outcome-b=stopped", "outcome-c=not started",
-        ]
+        let expected = ["event=starting a", "start a", "started a", "event=started a", "event=starting b", "start b",
+                        "event=stopping: SIGTERM"]
+            + Self.cleanStop("b") + Self.cleanStop("a")
+            + ["reason=SIGTERM", "forced=false", "outcome-a=stopped", "outcome-b=stopped", "outcome-c=not started"]
         #expect(Array(result.lines.map(String.init).dropLast()) == expected, "\(result.summary)")
     }
 
