@@ -305,7 +305,7 @@ private final class Session {
         case .success(.sleep(let milliseconds)):
             let slot = reserve()
             connection.loop.schedule(after: .milliseconds(milliseconds)) { [weak self] in
-                self?.fill(slot, "SLEPT \(milliseconds)")
+                self?.fill(slot, "SLEPT \(milliseconds)", isError: false)
             }
         case .success(.work(let chunks)):
             let slot = reserve()
@@ -318,7 +318,8 @@ private final class Session {
             job.onCompletion { [weak self] outcome in
                 guard let self else { return }
                 self.inFlightJobs.removeAll { $0 === job }
-                self.fill(slot, outcome == .completed ? "DONE \(chunks) \(checksum)" : "ERR work cancelled")
+                let completed = outcome == .completed
+                self.fill(slot, completed ? "DONE \(chunks) \(checksum)" : "ERR work cancelled", isError: !completed)
             }
         }
     }
@@ -343,9 +344,9 @@ private final class Session {
         return replies.count - 1
     }
 
-    private func fill(_ slot: Int, _ text: String, isError: Bool? = nil) {
+    private func fill(_ slot: Int, _ text: String, isError: Bool) {
         guard slot >= firstReply, slot < replies.count else { return }
-        replies[slot] = (text, isError ?? text.hasPrefix("ERR"))
+        replies[slot] = (text, isError)
         while firstReply < replies.count, let ready = replies[firstReply] {
             connection.writeLine(ready.text)
             if ready.isError { stats.errors.add(1, ordering: .relaxed) }

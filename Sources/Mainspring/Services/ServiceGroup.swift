@@ -266,6 +266,8 @@ private final class GroupRun {
         emit(.starting(service: member.name))
         if let deadline = member.startDeadline ?? group.configuration.startDeadline {
             slots[index].deadlineTask = Task {
+                // The sleep throws only when this task is cancelled (the service started, or the
+                // stop began): the check below then reports nothing.
                 try? await Task.sleep(for: deadline)
                 if !Task.isCancelled { sink.yield(.startDeadline(index)) }
             }
@@ -429,6 +431,7 @@ private final class GroupRun {
             let sink = self.sink
             slots[index].deadlineTask?.cancel()  // a start deadline still pending
             slots[index].deadlineTask = Task {
+                // Throws only when cancelled (the service ended in time): nothing to report then.
                 try? await Task.sleep(for: deadline)
                 if !Task.isCancelled { sink.yield(.deadline(index)) }
             }
