@@ -1,6 +1,6 @@
 import Foundation
 @testable import Mainspring
-import MainspringHTTP
+@testable import MainspringHTTP
 import MainspringTLS
 import Synchronization
 import Testing
@@ -447,8 +447,8 @@ struct HTTPClientTests {
         let waited = ContinuousClock.now - started
         #expect(waited < .milliseconds(2_800), "the head's 16 lines took 3.2 s to come; the timeout ended it after \(waited)")
 
-        // Interim responses without end: they count against the head's byte limit (here the
-        // only limit: the timeout is long).
+        // Interim responses without end: at most maxInterimResponses (10 by default) of them, and
+        // they count against the head's byte limit too (the timeout is long here).
         let patient = HTTPClient(loop: group.loops[0], configuration: .init(responseTimeout: .seconds(120),
                                                                              maxHeaderBytes: 4_096))
         let interim = try ScriptedServer { fd, _ in
@@ -458,7 +458,22 @@ struct HTTPClientTests {
             }
         }
         #expect(await clientError { _ = try await patient.get("http://127.0.0.1:\(interim.port)/") }
+            == .tooManyInterimResponses(limit: 10))
+        let tolerant = HTTPClient(loop: group.loops[0], configuration: .init(responseTimeout: .seconds(120),
+                                                                              maxHeaderBytes: 4_096,
+                                                                              maxInterimResponses: 1_000_000))
+        #expect(await clientError { _ = try await tolerant.get("http://127.0.0.1:\(interim.port)/") }
             == .headersTooLarge(limit: 4_096))
+        // Up to the limit they are skipped: ten of them, then the response.
+        let hinting = try ScriptedServer { fd, _ in
+            _ = readRequestHead(fd)
+            writeAll(fd, String(repeating: "HTTP/1.1 100 Continue\r\n\r\n", count: 8)
+                + "HTTP/1.1 102 Processing\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n"
+                + "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+        }
+        let hinted = try await patient.get("http://127.0.0.1:\(hinting.port)/")
+        #expect(hinted.status == 200 && hinted.text == "ok" && hinted.headers["link"] == nil)
+        tolerant.shutdown()
         patient.shutdown()
         client.shutdown()
         await group.shutdown(gracePeriod: .seconds(2))
@@ -508,6 +523,97 @@ struct HTTPClientTests {
         await strict.shutdown(gracePeriod: .milliseconds(100))
         #expect(await stuck.value == .clientClosed)
         #expect(ContinuousClock.now - graceStarted < .seconds(30))
+        await group.shutdown(gracePeriod: .seconds(2))
+    }
+
+    @Test("cancelling the calling task: before the request, in the pool's wait, in the connect, mid-exchange — each .cancelled at once, nothing left half-used")
+    func cancellation() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        let arrived = DispatchSemaphore(value: 0)
+        let stalling = try ScriptedServer { fd, _ in
+            _ = readRequestHead(fd)
+            arrived.signal()
+            var byte: UInt8 = 0
+            _ = recv(fd, &byte, 1, 0)  // until the client closes
+        }
+        let url = "http://127.0.0.1:\(stalling.port)/"
+        // Every wait here is far longer than the test: only the cancellation can end them.
+        let client = HTTPClient(loop: group.loops[0], configuration: .init(maxConnectionsPerHost: 1,
+                                                                            connectTimeout: .seconds(600),
+                                                                            responseTimeout: .seconds(600)))
+
+        // Already cancelled: fails before anything is made.
+        let early = Task {
+            withUnsafeCurrentTask { $0?.cancel() }
+            return await clientError { _ = try await client.get(url) }
+        }
+        #expect(await early.value == .cancelled)
+        #expect(stalling.accepted.value == 0 && client.connectionCount(for: url) == (busy: 0, idle: 0))
+
+        // Mid-exchange: the request reached the server, the response never comes.
+        let inFlight = Task { await clientError { _ = try await client.get(url) } }
+        #expect(arrived.wait(timeout: .now() + 30) == .success, "the request reached the server")
+        #expect(client.connectionCount(for: url) == (busy: 1, idle: 0))
+
+        // In the pool's wait: the one connection is busy.
+        let waiting = Task { await clientError { _ = try await client.get(url) } }
+        #expect(await eventually { client.waiterCount(for: url) == 1 })
+        waiting.cancel()
+        #expect(await waiting.value == .cancelled)
+        #expect(client.connectionCount(for: url) == (busy: 1, idle: 0) && client.waiterCount(for: url) == 0,
+                "the waiter took nothing and is gone")
+
+        inFlight.cancel()
+        #expect(await inFlight.value == .cancelled)
+        #expect(await eventually { client.connectionCount(for: url) == (busy: 0, idle: 0) },
+                "the interrupted connection is closed, not pooled with half a response")
+
+        // In the connect: a listener whose queue is full never completes it.
+        let full = try ScriptedServer(backlog: 0, accepting: false) { _, _ in }
+        var fillers: [Int32] = []
+        for _ in 0..<4 {
+            let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
+            var address = sockaddr_in()
+            address.sin_family = sa_family_t(AF_INET)
+            address.sin_addr.s_addr = UInt32(0x7F00_0001).bigEndian
+            address.sin_port = full.port.bigEndian
+            _ = withUnsafePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            }
+            fillers.append(fd)
+        }
+        let blackhole = "http://127.0.0.1:\(full.port)/"
+        let connecting = Task { await clientError { _ = try await client.get(blackhole) } }
+        #expect(await eventually { client.connectionCount(for: blackhole) == (busy: 1, idle: 0) })
+        let cancelledAt = ContinuousClock.now
+        connecting.cancel()
+        #expect(await connecting.value == .cancelled)
+        #expect(ContinuousClock.now - cancelledAt < .seconds(30), "not the 600 s connect timeout")
+        #expect(client.connectionCount(for: blackhole) == (busy: 0, idle: 0), "the slot is given back")
+        for fd in fillers { close(fd) }
+        client.shutdown()
+        await group.shutdown(gracePeriod: .milliseconds(200))  // the abandoned connect is still trying
+    }
+
+    @Test("the response timeout runs only while the client waits: a streamed body's consumer may pause longer than it between pieces")
+    func timeoutPausesBetweenReads() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        let server = try ScriptedServer { fd, _ in
+            _ = readRequestHead(fd)
+            writeAll(fd, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n6\r\nsecond\r\n0\r\n\r\n")
+            var byte: UInt8 = 0
+            _ = recv(fd, &byte, 1, 0)
+        }
+        let client = HTTPClient(loop: group.loops[0], configuration: .init(responseTimeout: .milliseconds(200)))
+        let response = try await client.stream(HTTPClientRequest(url: "http://127.0.0.1:\(server.port)/"))
+        var pieces: [String] = []
+        for try await piece in response.body {
+            pieces.append(String(decoding: piece, as: UTF8.self))
+            try await Task.sleep(for: .milliseconds(600))  // three timeouts' worth, the client not waiting
+        }
+        #expect(pieces.joined() == "firstsecond")
+        #expect(client.connectionCount(for: "http://127.0.0.1:\(server.port)/") == (busy: 0, idle: 1))
+        client.shutdown()
         await group.shutdown(gracePeriod: .seconds(2))
     }
 

@@ -29,15 +29,18 @@ final class ConnectionPool: Sendable {
         let since: LoopClock.Instant
     }
 
+    private typealias Waiter = (id: UInt64, continuation: CheckedContinuation<Result<Grant, HTTPClientError>, Never>)
+
     private struct Host {
         var open = 0
         var idle: [Idle] = []
-        var waiters: [CheckedContinuation<Result<Grant, HTTPClientError>, Never>] = []
+        var waiters: [Waiter] = []
     }
 
     private struct State {
         var hosts: [PoolKey: Host] = [:]
         var isShutDown = false
+        var nextWaiterID: UInt64 = 0
     }
 
     private let state = ClientLock(State())
@@ -78,27 +81,45 @@ final class ConnectionPool: Sendable {
         case .closed: throw .clientClosed
         case .wait: break
         }
-        let result: Result<Grant, HTTPClientError> = await withCheckedContinuation { continuation in
-            let resumeNow = state.withLock { state -> Result<Grant, HTTPClientError>? in
-                if state.isShutDown { return .failure(.clientClosed) }
-                var host = state.hosts[key, default: Host()]
-                defer { state.hosts[key] = host }
-                if let last = host.idle.popLast() { return .success(.idle(last.connection)) }
-                if host.open < limit {
-                    host.open += 1
-                    return .success(.newSlot)
+        // A wait the calling task's cancellation ends: its waiter is taken out of the queue and
+        // fails with `.cancelled` (a grant that came first is kept: the caller sees it, checks
+        // for cancellation and gives it back).
+        let id = state.withLock { state -> UInt64 in
+            state.nextWaiterID += 1
+            return state.nextWaiterID
+        }
+        let result: Result<Grant, HTTPClientError> = await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                let resumeNow = state.withLock { state -> Result<Grant, HTTPClientError>? in
+                    if state.isShutDown { return .failure(.clientClosed) }
+                    var host = state.hosts[key, default: Host()]
+                    defer { state.hosts[key] = host }
+                    if let last = host.idle.popLast() { return .success(.idle(last.connection)) }
+                    if host.open < limit {
+                        host.open += 1
+                        return .success(.newSlot)
+                    }
+                    // Checked under the lock: a cancellation handler that ran before this found
+                    // no waiter to take out.
+                    if Task.isCancelled { return .failure(.cancelled) }
+                    host.waiters.append((id, continuation))
+                    return nil
                 }
-                host.waiters.append(continuation)
-                return nil
+                if let resumeNow { continuation.resume(returning: resumeNow) }
             }
-            if let resumeNow { continuation.resume(returning: resumeNow) }
+        } onCancel: {
+            let waiter = state.withLock { state -> Waiter? in
+                guard let index = state.hosts[key]?.waiters.firstIndex(where: { $0.id == id }) else { return nil }
+                return state.hosts[key]!.waiters.remove(at: index)
+            }
+            waiter?.continuation.resume(returning: .failure(.cancelled))
         }
         return try result.get()
     }
 
     /// A response done on `connection`, which stays open: to the next waiter, or idle.
     func release(_ key: PoolKey, connection: Connection) {
-        let waiter = state.withLock { state -> CheckedContinuation<Result<Grant, HTTPClientError>, Never>? in
+        let waiter = state.withLock { state -> Waiter? in
             guard var host = state.hosts[key] else { return nil }
             defer { state.hosts[key] = host }
             if !host.waiters.isEmpty { return host.waiters.removeFirst() }
@@ -106,7 +127,7 @@ final class ConnectionPool: Sendable {
             return nil
         }
         if let waiter {
-            waiter.resume(returning: .success(.idle(connection)))
+            waiter.continuation.resume(returning: .success(.idle(connection)))
         } else if state.withLock({ $0.isShutDown }) {
             connection.close()
         }
@@ -114,14 +135,14 @@ final class ConnectionPool: Sendable {
 
     /// A connection closed (or never made): its room goes to the next waiter.
     func discard(_ key: PoolKey) {
-        let waiter = state.withLock { state -> CheckedContinuation<Result<Grant, HTTPClientError>, Never>? in
+        let waiter = state.withLock { state -> Waiter? in
             guard var host = state.hosts[key] else { return nil }
             defer { state.hosts[key] = host }
             if !host.waiters.isEmpty { return host.waiters.removeFirst() }  // the room passes on
             host.open -= 1
             return nil
         }
-        waiter?.resume(returning: .success(.newSlot))
+        waiter?.continuation.resume(returning: .success(.newSlot))
     }
 
     /// Busy and idle connections of `key`.
@@ -132,12 +153,17 @@ final class ConnectionPool: Sendable {
         }
     }
 
+    /// Requests waiting for a connection of `key`.
+    func waiterCount(for key: PoolKey) -> Int {
+        state.withLock { $0.hosts[key]?.waiters.count ?? 0 }
+    }
+
     /// Ends the pool: returns the idle connections (to close) and fails the waiters.
     func shutdown() -> [Connection] {
         let (idle, waiters) = state.withLock { state in
             state.isShutDown = true
             var idle: [Connection] = []
-            var waiters: [CheckedContinuation<Result<Grant, HTTPClientError>, Never>] = []
+            var waiters: [Waiter] = []
             for key in state.hosts.keys {
                 idle += state.hosts[key]!.idle.map(\.connection)
                 waiters += state.hosts[key]!.waiters
@@ -147,7 +173,7 @@ final class ConnectionPool: Sendable {
             }
             return (idle, waiters)
         }
-        for waiter in waiters { waiter.resume(returning: .failure(.clientClosed)) }
+        for waiter in waiters { waiter.continuation.resume(returning: .failure(.clientClosed)) }
         return idle
     }
 }

@@ -53,7 +53,7 @@ public final class HTTPClient: Sendable {
         public var connectTimeout: Duration
         /// How long the response's head may take once the request is sent (all of it, interim
         /// `1xx` responses included), and each later read of its body (a wait). Timed on the
-        /// loop's clock.
+        /// loop's clock, by one loop timer per request.
         public var responseTimeout: Duration
         /// How long an idle connection stays in the pool.
         public var idleTimeout: Duration
@@ -77,15 +77,20 @@ public final class HTTPClient: Sendable {
         public var secureConnector: Connector?
         /// The options of the client's connections (line length, output limit).
         public var connectionOptions: Connection.Options
+        /// How many interim responses (`100 Continue`, `102`, `103 Early Hints`) may come before
+        /// the final one; more is ``HTTPClientError/tooManyInterimResponses(limit:)``. They count
+        /// against ``responseTimeout`` and ``maxHeaderBytes`` too.
+        public var maxInterimResponses: Int
 
         /// The defaults: 8 connections a host, 10 s connect, 30 s response, 60 s idle, 64 KiB of
-        /// head, 16 MiB of body, no redirects, host names through the system's resolver.
+        /// head, 16 MiB of body, no redirects, host names through the system's resolver, at most
+        /// 10 interim responses.
         public init(maxConnectionsPerHost: Int = 8, connectTimeout: Duration = .seconds(10),
                     responseTimeout: Duration = .seconds(30), idleTimeout: Duration = .seconds(60),
                     maxHeaderBytes: Int = 65_536, maxBodyBytes: Int = 16 << 20, redirectLimit: Int = 0,
                     userAgent: String? = "Mainspring", resolver: Resolver = .system,
                     connector: Connector = .tcp, secureConnector: Connector? = nil,
-                    connectionOptions: Connection.Options = .init())
+                    connectionOptions: Connection.Options = .init(), maxInterimResponses: Int = 10)
         {
             self.maxConnectionsPerHost = maxConnectionsPerHost
             self.connectTimeout = connectTimeout
@@ -99,6 +104,7 @@ public final class HTTPClient: Sendable {
             self.connector = connector
             self.secureConnector = secureConnector
             self.connectionOptions = connectionOptions
+            self.maxInterimResponses = maxInterimResponses
         }
     }
 
@@ -164,6 +170,8 @@ public final class HTTPClient: Sendable {
     /// The connections lent to requests now, and whether the client was shut down (set once;
     /// a lease made after it is closed at once).
     private let leased = ClientLock<(connections: [ObjectIdentifier: Connection], isShutDown: Bool)>(([:], false))
+    /// The last URL a request named, and its parse.
+    private let lastTarget = ClientLock<(url: String, target: HTTPTarget)?>(nil)
 
     /// A client whose connections live on `loop`. Makes no connection yet. Any thread.
     public init(loop: EventLoop, configuration: Configuration = .init()) {
@@ -227,6 +235,12 @@ public final class HTTPClient: Sendable {
         // A URL that does not parse names no pool entry: nothing is held for it.
         guard let target = try? HTTPTarget(parsing: url) else { return (0, 0) }
         return pool.counts(for: PoolKey(target))
+    }
+
+    /// How many requests wait for a connection to `url`'s scheme, host and port. (Tests.)
+    func waiterCount(for url: String) -> Int {
+        guard let target = try? HTTPTarget(parsing: url) else { return 0 }
+        return pool.waiterCount(for: PoolKey(target))
     }
 
     // MARK: Requests
@@ -293,7 +307,7 @@ public final class HTTPClient: Sendable {
 
     /// Sends `request` (following redirects) and reads the final response's head.
     private func send(_ request: HTTPClientRequest) async throws(HTTPClientError) -> (ResponseHead, ResponseReader) {
-        var target = try HTTPTarget(parsing: request.url)
+        var target = try target(of: request.url)
         var method = request.method
         var body = request.body
         var headers = request.headers
@@ -330,12 +344,14 @@ public final class HTTPClient: Sendable {
         var attempt = 0
         while true {
             attempt += 1
+            if Task.isCancelled { throw .cancelled }
             let lease = try await acquire(target)
             do {
                 let head = try await sendAndReadHead(bytes, method: method, target: target, lease: lease)
                 return head
             } catch let failure {
                 if isShutDown { throw .clientClosed }
+                if Task.isCancelled { throw .cancelled }
                 let retry = lease.reused && idempotent && attempt == 1 && failure.beforeResponse
                 if !retry { throw failure.error }
             }
@@ -356,7 +372,7 @@ public final class HTTPClient: Sendable {
             try await lease.connection.send(bytes)
         } catch {
             reader.abandon()
-            throw Failure(error: .sendFailed(error), beforeResponse: true)
+            throw Failure(error: Task.isCancelled ? .cancelled : .sendFailed(error), beforeResponse: true)
         }
         do {
             let head = try await reader.readHead(url: target.url)
@@ -368,20 +384,40 @@ public final class HTTPClient: Sendable {
         }
     }
 
+    /// `url` parsed (`URLComponents` costs about a microsecond): the last URL's parse is kept,
+    /// so that a client calling one endpoint again and again parses it once.
+    private func target(of url: String) throws(HTTPClientError) -> HTTPTarget {
+        if let last = lastTarget.withLock({ $0 }), last.url == url { return last.target }
+        let target = try HTTPTarget(parsing: url)
+        lastTarget.withLock { $0 = (url, target) }
+        return target
+    }
+
     private func requestBytes(method: HTTPMethod, target: HTTPTarget, headers: HTTPHeaders, body: [UInt8]) -> [UInt8] {
-        var head = "\(method.rawValue) \(target.pathAndQuery) HTTP/1.1\r\n"
-        if !headers.contains("host") { head += "Host: \(target.hostHeader)\r\n" }
-        if let userAgent = configuration.userAgent, !headers.contains("user-agent") {
-            head += "User-Agent: \(userAgent)\r\n"
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(128 + target.pathAndQuery.utf8.count + body.count)
+        func append(_ text: String) { bytes.append(contentsOf: text.utf8) }
+        func field(_ name: String, _ value: String) {
+            append(name)
+            bytes.append(contentsOf: [58, 32])  // ": "
+            append(value)
+            bytes.append(contentsOf: [13, 10])
         }
+        append(method.rawValue)
+        bytes.append(32)
+        append(target.pathAndQuery)
+        append(" HTTP/1.1\r\n")
+        if !headers.contains("host") { field("Host", target.hostHeader) }
+        if let userAgent = configuration.userAgent, !headers.contains("user-agent") { field("User-Agent", userAgent) }
         if !headers.contains("content-length") && !headers.contains("transfer-encoding")
             && (!body.isEmpty || method == .post || method == .put || method == .patch)
         {
-            head += "Content-Length: \(body.count)\r\n"
+            field("Content-Length", String(body.count))
         }
-        for (name, value) in headers { head += "\(name): \(value)\r\n" }
-        head += "\r\n"
-        return Array(head.utf8) + body
+        for (name, value) in headers { field(name, value) }
+        bytes.append(contentsOf: [13, 10])
+        bytes.append(contentsOf: body)
+        return bytes
     }
 
     // MARK: Connections
@@ -390,7 +426,15 @@ public final class HTTPClient: Sendable {
     private func acquire(_ target: HTTPTarget) async throws(HTTPClientError) -> Lease {
         let key = PoolKey(target)
         while true {
-            switch try await pool.acquire(key) {
+            let grant = try await pool.acquire(key)
+            if Task.isCancelled {  // a grant that came with the cancellation goes back unused
+                switch grant {
+                case .idle(let connection): pool.release(key, connection: connection)
+                case .newSlot: pool.discard(key)
+                }
+                throw .cancelled
+            }
+            switch grant {
             case .idle(let connection):
                 if await isReusable(connection) {
                     let lease = Lease(key: key, connection: connection, reused: true)
@@ -417,6 +461,7 @@ public final class HTTPClient: Sendable {
     /// unread on it. (`submit` throws only when the loop has shut down: then it cannot.)
     func isReusable(_ connection: Connection) async -> Bool {
         guard connection.isOpen else { return false }
+        if loop.isCurrent { return !connection.peerHasEnded && connection.bufferedInputBytes == 0 }
         return (try? await loop.submit { connection.isOpen && !connection.peerHasEnded && connection.bufferedInputBytes == 0 })
             ?? false
     }
@@ -430,30 +475,30 @@ public final class HTTPClient: Sendable {
             connector = configuration.connector
         }
         let address = try await configuration.resolver.resolve(target.host)
-        let outcome = ConnectRace()
+        if Task.isCancelled { throw .cancelled }
+        let race = ConnectRace(loop: loop)
         let loop = self.loop
         let options = configuration.connectionOptions
-        let timeout = configuration.connectTimeout
-        // The connect and its timer race; the loser is let go: a connect that wins cancels the
-        // timer, a connect that comes too late is closed. The timer is the loop's (its clock:
-        // virtual time on a simulated loop).
-        let timer = Task {
-            // The sleep fails when this timer is cancelled (the connect won: nothing to report)
-            // or the loop is gone (the connect then fails on its own).
-            guard (try? await loop.sleep(for: timeout)) != nil else { return }
-            _ = outcome.finish(.failure(.connectTimeout(host: target.host, port: target.port, timeout)))
-        }
-        defer { timer.cancel() }
-        let result: Result<Connection, HTTPClientError> = await withCheckedContinuation { continuation in
-            outcome.arm(continuation)
-            Task {
-                do throws(EventLoopError) {
-                    let connection = try await connector.connect(address, target.port, target.host, loop, options)
-                    if !outcome.finish(.success(connection)) { connection.close() }  // too late
-                } catch {
-                    _ = outcome.finish(.failure(Self.connectError(error, target: target)))
+        let timeout = HTTPClientError.connectTimeout(host: target.host, port: target.port, configuration.connectTimeout)
+        let limit = configuration.connectTimeout
+        // The connect, its timeout (a timer of the loop: its clock, virtual time on a simulated
+        // loop) and the task's cancellation race; the first decides. A connect that wins cancels
+        // the timer; one that comes too late is closed.
+        let result: Result<Connection, HTTPClientError> = await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                race.arm(continuation)
+                race.startTimer(after: limit, failure: timeout)
+                Task {
+                    do throws(EventLoopError) {
+                        let connection = try await connector.connect(address, target.port, target.host, loop, options)
+                        if !race.finish(.success(connection)) { connection.close() }  // too late
+                    } catch {
+                        _ = race.finish(.failure(Self.connectError(error, target: target)))
+                    }
                 }
             }
+        } onCancel: {
+            _ = race.finish(.failure(.cancelled))
         }
         return try result.get()
     }
@@ -488,25 +533,59 @@ struct Lease: Sendable {
     let reused: Bool
 }
 
-/// The first of a connect and its timeout.
-private final class ConnectRace: Sendable {
-    private let state = ClientLock<(continuation: CheckedContinuation<Result<Connection, HTTPClientError>, Never>?, done: Bool)>(
-        (nil, false))
+/// The first of a connect, its timeout and the caller's cancellation.
+private final class ConnectRace: @unchecked Sendable {
+    typealias Waiter = CheckedContinuation<Result<Connection, HTTPClientError>, Never>
+    /// The waiter, or the result that came before it did; `done` once a result is in.
+    private let state = ClientLock<(continuation: Waiter?, early: Result<Connection, HTTPClientError>?, done: Bool)>(
+        (nil, nil, false))
+    private let loop: EventLoop
+    /// The timeout's timer. Loop thread only.
+    private var timer: TimerHandle?
 
-    func arm(_ continuation: CheckedContinuation<Result<Connection, HTTPClientError>, Never>) {
-        state.withLock { $0.continuation = continuation }
+    init(loop: EventLoop) { self.loop = loop }
+
+    func arm(_ continuation: Waiter) {
+        let early = state.withLock { state -> Result<Connection, HTTPClientError>? in
+            if let early = state.early {
+                state.early = nil
+                return early
+            }
+            state.continuation = continuation
+            return nil
+        }
+        if let early { continuation.resume(returning: early) }
+    }
+
+    /// Arms the timeout on the loop: `failure` unless something else finished first.
+    func startTimer(after limit: Duration, failure: HTTPClientError) {
+        loop.execute { [self] in
+            guard !state.withLock({ $0.done }) else { return }
+            timer = loop.schedule(after: limit) { [self] in
+                timer = nil
+                _ = finish(.failure(failure))
+            }
+        }
     }
 
     /// Resumes the waiter with `result` if nothing did yet; false if it came too late.
     func finish(_ result: Result<Connection, HTTPClientError>) -> Bool {
-        let continuation = state.withLock { state -> CheckedContinuation<Result<Connection, HTTPClientError>, Never>? in
-            guard !state.done else { return nil }
+        let (first, continuation) = state.withLock { state -> (Bool, Waiter?) in
+            guard !state.done else { return (false, nil) }
             state.done = true
-            defer { state.continuation = nil }
-            return state.continuation
+            guard let continuation = state.continuation else {
+                state.early = result
+                return (true, nil)
+            }
+            state.continuation = nil
+            return (true, continuation)
         }
-        guard let continuation else { return false }
-        continuation.resume(returning: result)
+        guard first else { return false }
+        continuation?.resume(returning: result)
+        loop.execute { [self] in
+            timer?.cancel()
+            timer = nil
+        }
         return true
     }
 }

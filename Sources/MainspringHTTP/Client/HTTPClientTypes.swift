@@ -90,6 +90,14 @@ public enum HTTPClientError: Error, Sendable, Equatable, CustomStringConvertible
     /// The client was shut down (``HTTPClient/shutdown()``): before the request, or while it
     /// was in flight.
     case clientClosed
+    /// The calling task was cancelled: before the request, while it waited for a connection or
+    /// for its connect, or while its response was being read. A connection the cancellation
+    /// interrupted mid-exchange is closed (a pooled connection is never left with half a
+    /// response on it); one that was not yet used goes back to the pool.
+    case cancelled
+    /// The server sent more interim (`1xx`) responses before the final one than
+    /// ``HTTPClient/Configuration/maxInterimResponses``.
+    case tooManyInterimResponses(limit: Int)
 
     public var description: String {
         switch self {
@@ -110,6 +118,8 @@ public enum HTTPClientError: Error, Sendable, Equatable, CustomStringConvertible
         case .invalidRedirect(let location): return "redirect to an invalid location \(location.debugDescription)"
         case .sendFailed(let reason): return "sending the request failed: \(reason)"
         case .clientClosed: return "the client was shut down"
+        case .cancelled: return "the request's task was cancelled"
+        case .tooManyInterimResponses(let limit): return "more than \(limit) interim (1xx) responses"
         }
     }
 

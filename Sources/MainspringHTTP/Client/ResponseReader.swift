@@ -86,14 +86,17 @@ final class ResponseReader: @unchecked Sendable {
     private var bodyReceived = 0
     /// Settled: released to the pool or closed. Any thread.
     private let settled = Atomic<Bool>(false)
-    private let timeoutFired = TimeoutFlag()
-    var timedOut: Bool { timeoutFired.value.load(ordering: .relaxed) }
+    /// The exchange's response timeout (one loop timer).
+    private let deadline: ResponseDeadline
+    var timedOut: Bool { deadline.fired }
 
     init(client: HTTPClient, lease: Lease, method: HTTPMethod) {
         self.client = client
         self.lease = lease
         self.method = method
         connection = lease.connection
+        deadline = ResponseDeadline(loop: client.loop, limit: client.configuration.responseTimeout,
+                                    connection: lease.connection)
     }
 
     deinit { abandon() }
@@ -101,6 +104,7 @@ final class ResponseReader: @unchecked Sendable {
     /// Closes the connection unless the response was read to its end.
     func abandon() {
         guard !settled.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        deadline.settle()
         client.release(lease, reusable: false)
     }
 
@@ -109,6 +113,7 @@ final class ResponseReader: @unchecked Sendable {
         var reusable = keepAlive
         if reusable { reusable = await client.isReusable(connection) }
         guard !settled.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        deadline.settle()
         client.release(lease, reusable: reusable)
     }
 
@@ -116,33 +121,37 @@ final class ResponseReader: @unchecked Sendable {
 
     /// Runs `phase` — the whole head (interim `1xx` responses included), or one read of the
     /// body — under one response timeout: when it passes, the connection is closed and the
-    /// phase's failure becomes ``HTTPClientError/responseTimeout(_:)``. The timer is one of the
-    /// loop's (`EventLoop.sleep(for:)`), so it runs on the loop's clock — virtual time on a
-    /// simulated loop — and a server that trickles its head a line at a time cannot stretch it.
+    /// phase's failure becomes ``HTTPClientError/responseTimeout(_:)``. One timer of the loop
+    /// serves every phase of the exchange (``ResponseDeadline``), so it runs on the loop's clock
+    /// — virtual time on a simulated loop — and a server that trickles its head a line at a time
+    /// cannot stretch it. A read that the calling task's cancellation ended is
+    /// ``HTTPClientError/cancelled`` (the connection is closed: the rest of the response is
+    /// not read).
+    @inline(__always)
     private func underResponseTimeout<T: Sendable>(_ phase: () async throws(HTTPClientError) -> T)
         async throws(HTTPClientError) -> T
     {
-        let limit = client.configuration.responseTimeout
-        let connection = self.connection
-        let fired = timeoutFired
-        let loop = client.loop
-        let timer = Task {
-            try await loop.sleep(for: limit)
-            fired.value.store(true, ordering: .relaxed)
-            connection.close()
-        }
-        defer { timer.cancel() }
+        deadline.beginPhase()
         let result: T
         do {
             result = try await phase()
         } catch {
-            if fired.value.load(ordering: .relaxed) { throw .responseTimeout(limit) }
-            if client.isShutDown { throw .clientClosed }
-            throw error
+            throw failure(error)
         }
+        deadline.endPhase()
         // A read of a connection closed here ends with nil rather than an error.
-        if fired.value.load(ordering: .relaxed) { throw .responseTimeout(limit) }
+        if deadline.fired { throw .responseTimeout(client.configuration.responseTimeout) }
         return result
+    }
+
+    /// What a phase's failure is reported as: a timeout, the client's shutdown and the task's
+    /// cancellation close the connection, and the read then fails for that.
+    private func failure(_ error: HTTPClientError) -> HTTPClientError {
+        deadline.endPhase()
+        if deadline.fired { return .responseTimeout(client.configuration.responseTimeout) }
+        if client.isShutDown { return .clientClosed }
+        if Task.isCancelled { return .cancelled }
+        return error
     }
 
     /// A read's failure as the client reports it: the connection closed mid-response.
@@ -159,8 +168,9 @@ final class ResponseReader: @unchecked Sendable {
         }
     }
 
-    /// A line (without CRLF) within `budget` bytes; `.headersTooLarge`-style failure by the caller.
-    private func line(limit: Int) async throws(HTTPClientError) -> (text: String, size: Int)? {
+    /// A line (without its CRLF or LF) within `limit` bytes, as bytes; `size` is `Int.max` when
+    /// `limit` bytes came without a line end (the caller's `.headersTooLarge`-style failure).
+    private func line(limit: Int) async throws(HTTPClientError) -> (bytes: [UInt8], size: Int)? {
         let found: Connection.Delimited?
         do {
             found = try await connection.read(until: [10], limit: max(1, limit))
@@ -171,13 +181,18 @@ final class ResponseReader: @unchecked Sendable {
         case nil:
             return nil
         case .tooLong:
-            return ("", Int.max)
+            return ([], Int.max)
         case .found(var bytes):
             receivedNothing = false
             let size = bytes.count + 1  // and its \n
             if bytes.last == 13 { bytes.removeLast() }
-            return (String(decoding: bytes, as: UTF8.self), size)
+            return (bytes, size)
         }
+    }
+
+    /// The start of a line for an error's text.
+    private static func excerpt(_ bytes: some Collection<UInt8>) -> String {
+        String(decoding: bytes.prefix(80), as: UTF8.self)
     }
 
     // MARK: The head
@@ -192,71 +207,124 @@ final class ResponseReader: @unchecked Sendable {
     private func readHeadLines(url: String) async throws(HTTPClientError) -> ResponseHead {
         let maxHead = client.configuration.maxHeaderBytes
         var budget = maxHead
+        var interim = 0
         while true {
             guard let statusLine = try await line(limit: budget) else {
                 throw .closedMidResponse(progress)
             }
             if statusLine.size == Int.max { throw .headersTooLarge(limit: maxHead) }
             budget -= statusLine.size
-            let (version, status, reason) = try parseStatusLine(statusLine.text)
+            let (version, status, reason) = try parseStatusLine(statusLine.bytes)
             var headers = HTTPHeaders()
             while true {
                 guard let field = try await line(limit: budget) else { throw .closedMidResponse(progress) }
                 if field.size > budget { throw .headersTooLarge(limit: maxHead) }
                 budget -= field.size
-                if field.text.isEmpty { break }
-                let (name, value) = try parseField(field.text)
+                if field.bytes.isEmpty { break }
+                let (name, value) = try parseField(field.bytes)
                 headers.add(name, value)
             }
-            if (100..<200).contains(status) && status != 101 { continue }  // 100 Continue, 103: the real one follows
+            if (100..<200).contains(status) && status != 101 {  // 100 Continue, 103: the real one follows
+                interim += 1
+                let limit = client.configuration.maxInterimResponses
+                if interim > limit { throw .tooManyInterimResponses(limit: limit) }
+                continue
+            }
             try frame(status: status, version: version, headers: headers)
             if case .done = framing { await finish() } else if case .none = framing { await finish() }
             return ResponseHead(status: status, reason: reason, headers: headers, url: url)
         }
     }
 
-    private func parseStatusLine(_ line: String) throws(HTTPClientError) -> (minor: Int, status: Int, reason: String) {
-        let start = String(line.prefix(80))
-        let bytes = Array(line.utf8)
-        // "HTTP/1.x NNN[ reason]"
-        guard bytes.count >= 12, line.hasPrefix("HTTP/1."), bytes[8] == 32,
-              let minor = Int(String(decoding: bytes[7...7], as: UTF8.self)),
-              bytes[9...11].allSatisfy({ $0 >= 48 && $0 <= 57 }),
-              bytes.count == 12 || bytes[12] == 32,
-              let status = Int(String(decoding: bytes[9...11], as: UTF8.self)), status >= 100
-        else { throw .malformedStatusLine(start) }
+    /// `HTTP/1.x NNN[ reason]`: the minor version, the status, the reason phrase.
+    private func parseStatusLine(_ bytes: [UInt8]) throws(HTTPClientError) -> (minor: Int, status: Int, reason: String) {
+        let prefix: [UInt8] = Array("HTTP/1.".utf8)
+        func digit(_ byte: UInt8) -> Int? { byte >= 48 && byte <= 57 ? Int(byte - 48) : nil }
+        guard bytes.count >= 12, bytes.starts(with: prefix), bytes[8] == 32,
+              let minor = digit(bytes[7]),
+              let hundreds = digit(bytes[9]), let tens = digit(bytes[10]), let ones = digit(bytes[11]),
+              bytes.count == 12 || bytes[12] == 32
+        else { throw .malformedStatusLine(Self.excerpt(bytes)) }
+        let status = hundreds * 100 + tens * 10 + ones
+        guard status >= 100 else { throw .malformedStatusLine(Self.excerpt(bytes)) }
         let reason = bytes.count > 13 ? String(decoding: bytes[13...], as: UTF8.self) : ""
         return (minor, status, reason)
     }
 
-    private func parseField(_ line: String) throws(HTTPClientError) -> (String, String) {
-        guard let colon = line.firstIndex(of: ":"), colon != line.startIndex else {
-            throw .malformedHeader(String(line.prefix(80)))
+    /// `name: value`: the name (no spaces or tabs in it), the value without the optional
+    /// whitespace (spaces and tabs) around it.
+    private func parseField(_ bytes: [UInt8]) throws(HTTPClientError) -> (String, String) {
+        guard let colon = bytes.firstIndex(of: 58), colon != 0,
+              !bytes[..<colon].contains(where: { $0 == 32 || $0 == 9 })
+        else { throw .malformedHeader(Self.excerpt(bytes)) }
+        var start = colon + 1
+        var end = bytes.count
+        while start < end && (bytes[start] == 32 || bytes[start] == 9) { start += 1 }
+        while end > start && (bytes[end - 1] == 32 || bytes[end - 1] == 9) { end -= 1 }
+        return (String(decoding: bytes[..<colon], as: UTF8.self), String(decoding: bytes[start..<end], as: UTF8.self))
+    }
+
+    /// Whether a comma-separated list field (`Connection`, `Transfer-Encoding`) names `token`
+    /// (ASCII, any case) in any of its `values`.
+    static func list(_ values: [String], contains token: String) -> Bool {
+        let wanted = Array(token.utf8)
+        for value in values {
+            var utf8 = value.utf8[...]
+            while !utf8.isEmpty {
+                let comma = utf8.firstIndex(of: 44) ?? utf8.endIndex
+                var item = utf8[..<comma]
+                while let first = item.first, first == 32 || first == 9 { item = item.dropFirst() }
+                while let last = item.last, last == 32 || last == 9 { item = item.dropLast() }
+                if item.count == wanted.count
+                    && zip(item, wanted).allSatisfy({ ($0 >= 65 && $0 <= 90 ? $0 + 32 : $0) == $1 })
+                {
+                    return true
+                }
+                utf8 = comma == utf8.endIndex ? utf8[utf8.endIndex...] : utf8[utf8.index(after: comma)...]
+            }
         }
-        let name = String(line[..<colon])
-        guard !name.contains(where: { $0 == " " || $0 == "\t" }) else { throw .malformedHeader(String(line.prefix(80))) }
-        let value = line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces)
-        return (name, value)
+        return false
+    }
+
+    /// A `Content-Length` value: ASCII digits (a few), optional whitespace around them.
+    static func contentLength(_ value: String) -> Int? {
+        var length = 0
+        var digits = 0
+        var utf8 = value.utf8[...]
+        while let first = utf8.first, first == 32 || first == 9 { utf8 = utf8.dropFirst() }
+        while let last = utf8.last, last == 32 || last == 9 { utf8 = utf8.dropLast() }
+        for byte in utf8 {
+            guard byte >= 48 && byte <= 57, digits < 18 else { return nil }
+            length = length * 10 + Int(byte - 48)
+            digits += 1
+        }
+        return digits == 0 ? nil : length
     }
 
     private func frame(status: Int, version minor: Int, headers: HTTPHeaders) throws(HTTPClientError) {
-        let connectionTokens = headers.values(of: "connection").flatMap { $0.lowercased().split(separator: ",") }
-            .map { $0.trimmingCharacters(in: .whitespaces) }
-        keepAlive = minor >= 1 ? !connectionTokens.contains("close") : connectionTokens.contains("keep-alive")
+        let connectionField = headers.values(of: "connection")
+        keepAlive = minor >= 1 ? !Self.list(connectionField, contains: "close")
+                               : Self.list(connectionField, contains: "keep-alive")
         if method == .head || status == 204 || status == 304 {
             framing = .done
             return
         }
-        if let encoding = headers["transfer-encoding"], encoding.lowercased().contains("chunked") {
+        if Self.list(headers.values(of: "transfer-encoding"), contains: "chunked") {
             framing = .chunked(remainingInChunk: 0, started: false)
             return
         }
-        let lengths = Set(headers.values(of: "content-length").flatMap { $0.split(separator: ",") }
-            .map { $0.trimmingCharacters(in: .whitespaces) })
-        if !lengths.isEmpty {
-            guard lengths.count == 1, let text = lengths.first, let length = Int(text), length >= 0 else {
-                throw .invalidContentLength(headers.values(of: "content-length").joined(separator: ", "))
+        let lengthFields = headers.values(of: "content-length")
+        if !lengthFields.isEmpty {
+            // One value, or a list of one value repeated (RFC 9110 8.6); anything else is invalid.
+            var length: Int?
+            if lengthFields.count == 1 && !lengthFields[0].utf8.contains(44) {
+                length = Self.contentLength(lengthFields[0])
+            } else {
+                let lengths = lengthFields.flatMap { $0.split(separator: ",", omittingEmptySubsequences: false) }
+                    .map { Self.contentLength(String($0)) }
+                if let first = lengths.first, lengths.allSatisfy({ $0 == first }) { length = first }
             }
+            guard let length else { throw .invalidContentLength(lengthFields.joined(separator: ", ")) }
             framing = length == 0 ? .done : .length(remaining: length)
             return
         }
@@ -313,7 +381,7 @@ final class ResponseReader: @unchecked Sendable {
             var remaining = remainingInChunk
             if remaining == 0 {
                 if started {  // the CRLF after the previous chunk's data
-                    guard let end = try await line(limit: 2), end.text.isEmpty else {
+                    guard let end = try await line(limit: 2), end.bytes.isEmpty else {
                         abandon()
                         throw .malformedChunk("no CRLF after a chunk")
                     }
@@ -323,12 +391,13 @@ final class ResponseReader: @unchecked Sendable {
                     abandon()
                     throw .closedMidResponse(what)
                 }
-                let hex = sizeLine.text.split(separator: ";", maxSplits: 1).first.map {
+                let text = String(decoding: sizeLine.bytes, as: UTF8.self)
+                let hex = text.split(separator: ";", maxSplits: 1).first.map {
                     $0.trimmingCharacters(in: .whitespaces)
                 } ?? ""
                 guard sizeLine.size != Int.max, !hex.isEmpty, hex.count <= 15, let size = Int(hex, radix: 16) else {
                     abandon()
-                    throw .malformedChunk(String(sizeLine.text.prefix(80)))
+                    throw .malformedChunk(String(text.prefix(80)))
                 }
                 if size == 0 {
                     try await readTrailers()
@@ -362,8 +431,8 @@ final class ResponseReader: @unchecked Sendable {
                 throw .headersTooLarge(limit: client.configuration.maxHeaderBytes)
             }
             budget -= field.size
-            if field.text.isEmpty { return }
-            let (name, value) = try parseField(field.text)
+            if field.bytes.isEmpty { return }
+            let (name, value) = try parseField(field.bytes)
             trailers.add(name, value)
         }
     }
@@ -380,9 +449,4 @@ final class ResponseReader: @unchecked Sendable {
             }
         }
     }
-}
-
-/// Whether a response timeout fired (shared with its timer's task).
-final class TimeoutFlag: Sendable {
-    let value = Atomic<Bool>(false)
 }
