@@ -26,6 +26,7 @@ let scenarios: [Scenario] = [
     spawnScenario,
     childOutputScenario,
     httpClientScenario,
+    sheddingScenario,
     udpScenario,
     unixScenario,
     resolveScenario,

@@ -16,12 +16,13 @@ public enum HTTPService {
     /// The largest `n` of `/work`.
     public static let maxWorkChunks = 1_000_000
 
-    /// The routes, with one `Feeder` per loop of `group` for `/work` and `exporter` tracking
-    /// the work jobs.
+    /// The routes, with one `Feeder` per loop of `group` for `/work` (`feeders`, or new ones)
+    /// and `exporter` tracking the work jobs. Pass the feeders to shed load on their backlog
+    /// (`HTTPServer.LoadShedding.watchedFeeders`).
     public static func routes(group: EventLoopGroup, exporter: LoopMetricsExporter,
-                              healthThreshold: Duration = .seconds(1)) -> HTTPRoutes
+                              healthThreshold: Duration = .seconds(1), feeders: [Feeder]? = nil) -> HTTPRoutes
     {
-        let feeders = FeederSet(loops: group.loops)
+        let feeders = FeederSet(loops: group.loops, feeders: feeders)
         let sequence = Counter()
         var routes = HTTPRoutes()
         routes.serveMetrics(exporter: exporter)
@@ -67,7 +68,9 @@ public enum HTTPService {
 /// One `Feeder` per loop (`.background`, the default budget).
 private final class FeederSet: Sendable {
     private let feeders: [(loop: EventLoop, feeder: Feeder)]
-    init(loops: [EventLoop]) { feeders = loops.map { ($0, Feeder(loop: $0)) } }
+    init(loops: [EventLoop], feeders given: [Feeder]?) {
+        feeders = loops.map { loop in (loop, given?.first { $0.loop === loop } ?? Feeder(loop: loop)) }
+    }
     func feeder(for loop: EventLoop) -> Feeder {
         feeders.first { $0.loop === loop }?.feeder ?? Feeder(loop: loop)
     }

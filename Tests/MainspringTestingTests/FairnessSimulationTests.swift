@@ -38,6 +38,30 @@ import Testing
         #expect(metrics.stalls == 0)
     }
 
+    /// A feeder's backlog as a time (`oldestPendingJobWait`): how long the oldest job that has
+    /// not started has waited — exactly, on virtual time — and zero once every job has started.
+    @Test func aFeedersBacklogIsTheWaitOfItsOldestJobNotStarted() throws {
+        let simulation = try Simulation(seed: 1)
+        let feeder = Feeder(loop: simulation.loop)
+        #expect(feeder.oldestPendingJobWait == .zero, "nothing fed")
+        feeder.pause()
+        let start = simulation.now
+        let first = feeder.feed(chunks: 10) { _ in simulation.consume(.milliseconds(10)) }
+        #expect(feeder.oldestPendingJobWait == .zero, "fed just now")
+        simulation.advance(by: .milliseconds(30))
+        #expect(feeder.oldestPendingJobWait == .milliseconds(30), "paused: the job has waited all along")
+        let second = feeder.feed(chunks: 5) { _ in simulation.consume(.milliseconds(10)) }
+        let secondFed = simulation.now
+        feeder.resume()
+        simulation.advance(by: .milliseconds(50))
+        #expect(first.progress.completed > 0 && second.progress.completed == 0, "\(first.progress) \(second.progress)")
+        #expect(feeder.oldestPendingJobWait == simulation.now - secondFed, "the first runs: the second waits")
+        #expect(simulation.now - start >= .milliseconds(80))
+        simulation.advance(by: .milliseconds(200))
+        #expect(first.isFinished && second.isFinished)
+        #expect(feeder.oldestPendingJobWait == .zero, "every job has run")
+    }
+
     /// Input that keeps the loop saturated — a 1 ms `.input` handler that is always ready again
     /// — does not starve fed background work: the guaranteed share (`backgroundShare`, 0.25 by
     /// default) holds over a simulated second, and no background chunk waits longer than

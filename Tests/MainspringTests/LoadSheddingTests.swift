@@ -147,6 +147,59 @@ struct LoadSheddingTests {
         await clients.shutdown(gracePeriod: .seconds(2))
     }
 
+    @Test("work handed to a feeder: requests are routed at once while the work piles up; with the feeder watched, its backlog sheds /fed and spares /healthz")
+    func shedsOnFeederBacklog() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        let feeder = Feeder(loop: group.loops[0])
+        var routes = HTTPRoutes()
+        // Each chunk 200 µs of CPU: the loop reads and routes requests between chunks.
+        routes.on([.get], "/fed", responding: { request, responder in
+            let chunks = Int(request.query("chunks") ?? "1") ?? 1
+            let job = feeder.feed(chunks: chunks) { _ in
+                let end = ContinuousClock.now + .microseconds(200)
+                while ContinuousClock.now < end {}
+            }
+            job.onCompletion { outcome in responder.send(.text("\(outcome)\n")) }
+        })
+        routes.get("/healthz") { _ in .text("ok\n") }
+        var configuration = HTTPServer.Configuration()
+        configuration.loadShedding = .init(queueWaitTarget: .milliseconds(20), watchedFeeders: [feeder])
+        let server = try await HTTPServer(group: group, configuration: configuration, routes: routes)
+        let clients = try EventLoopGroup(loopCount: 1)
+        let client = HTTPClient(loop: clients.loops[0], configuration: .init(maxConnectionsPerHost: 16, responseTimeout: .seconds(120)))
+        let base = "http://127.0.0.1:\(server.port)"
+        // A job of 20 s of chunks, and one queued behind it: the backlog grows from there.
+        let long = Task { try await client.get("\(base)/fed?chunks=100000") }
+        let queued = Task { try await client.get("\(base)/fed?chunks=1") }
+        // Until the queued job has waited past the target (it waits on: the long job runs 20 s).
+        let loop = group.loops[0]
+        let deadline = ContinuousClock.now + .seconds(30)
+        var backlog = Duration.zero
+        while backlog <= .milliseconds(20) && ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(5))
+            backlog = try await loop.submit { feeder.oldestPendingJobWait }
+        }
+        #expect(backlog > .milliseconds(20))
+        #expect(server.statistics.snapshot.requestsShed == 0, "the requests' own queue waits stay short: nothing shed for them")
+        let shed = try await client.get("\(base)/fed?chunks=1")
+        #expect(shed.status == 503 && shed.headers["retry-after"] == "1", "shed: the feeder's oldest job has waited over 20 ms")
+        #expect(try await client.get("\(base)/healthz").status == 200, "/healthz is never shed")
+        #expect(server.statistics.snapshot.requestsShed >= 1)
+        feeder.cancelAll()
+        #expect(try await long.value.text == "cancelled\n")
+        #expect(try await queued.value.text == "cancelled\n")
+        // The backlog is gone: /fed is served again.
+        var served = false
+        while !served && ContinuousClock.now < deadline + .seconds(30) {
+            served = try await client.get("\(base)/fed?chunks=1").status == 200
+        }
+        #expect(served)
+        client.shutdown()
+        await server.close()
+        await group.shutdown(gracePeriod: .seconds(2))
+        await clients.shutdown(gracePeriod: .seconds(2))
+    }
+
     @Test("a route limited to 2 in flight: with 2 parked, 4 more get 503 + Retry-After at once; places come back when responses are written")
     func routeConcurrencyLimit() async throws {
         let group = try EventLoopGroup(loopCount: 2)

@@ -112,10 +112,15 @@ public final class FeedJob: Sendable {
         init(runner: FeedRunner) { self.runner = runner }
     }
 
+    /// When the job was submitted, on its loop's clock (ns): what `Feeder.oldestPendingJobWait`
+    /// measures from.
+    let submittedAt: UInt64
+
     init(feeder: Feeder, runner: FeedRunner, total: Int?) {
         self.feeder = feeder
         self.total = total
         self.local = LoopBound(Local(runner: runner))
+        submittedAt = feeder.loop.timeSource.now()
     }
 
     // MARK: Public
@@ -198,6 +203,9 @@ public final class FeedJob: Sendable {
     // MARK: Feeder side (loop thread)
 
     var isCancelled: Bool { control.load(ordering: .acquiring) & Self.cancelledFlag != 0 }
+
+    /// Whether a chunk of the job has run, or it has finished (it is not waiting to start).
+    var hasStarted: Bool { completedChunks.load(ordering: .relaxed) > 0 || isFinished }
 
     /// Whether the feeder may run a chunk of this job now.
     var isRunnable: Bool { control.load(ordering: .relaxed) == 0 }

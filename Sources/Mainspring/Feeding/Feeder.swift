@@ -204,6 +204,38 @@ public final class Feeder: Sendable {
         if mustSchedule { scheduleFirstTurn() }
     }
 
+    // MARK: Backlog
+
+    /// How long the job that has waited longest for its first chunk has been waiting: the
+    /// feeder's backlog as a time, zero when every job fed so far has started (or none was).
+    ///
+    /// A feeder is serial, so under more work than it can run its jobs queue — out of sight of
+    /// the loop's input queue wait, which input-first scheduling keeps short. This is the figure
+    /// that grows instead: an HTTP server sheds load on it (`HTTPServer.LoadShedding`'s
+    /// `watchedFeeders`), and a health check can report it. Chunks queued with `enqueue` are
+    /// not jobs and do not count.
+    ///
+    /// Loop thread only (precondition). Costs a look at the jobs up to the first waiting one
+    /// (usually the one running, then it) and, when the loop holds none, a lock.
+    public var oldestPendingJobWait: Duration {
+        loop.preconditionOnLoop("Feeder.oldestPendingJobWait")
+        var oldest: UInt64?
+        let line = local.value
+        for case .job(let job)? in line.items[line.head...] where !job.hasStarted {
+            oldest = job.submittedAt
+            break
+        }
+        if oldest == nil {
+            oldest = shared.withLock { state in
+                for case .job(let job) in state.inbox where !job.hasStarted { return job.submittedAt }
+                return nil
+            }
+        }
+        guard let oldest else { return .zero }
+        let now = loop.timeSource.now()
+        return now > oldest ? .nanoseconds(Int64(clamping: now - oldest)) : .zero
+    }
+
     // MARK: Control
 
     /// Stops running chunks after the chunk in progress, until `resume()`. Submissions are kept.

@@ -6,7 +6,9 @@ extension HTTPServer {
     /// at once instead of queueing it until its clients have given up — work done for nobody.
     ///
     /// The signal is the one Mainspring measures exactly: how long each request waited on its
-    /// loop between being read and its handler starting (its queue wait, on the loop's clock).
+    /// loop between being read and its handler starting (its queue wait, on the loop's clock);
+    /// and, for handlers that hand their work to a `Feeder`, how long that work waits to start
+    /// (`watchedFeeders`).
     /// Each loop keeps the 99th percentile of its requests' waits over a short `window`; while
     /// the last full window's p99 is above `queueWaitTarget`, requests get `503 Service
     /// Unavailable` with `Retry-After` before they are routed — except those for `neverShed`
@@ -35,18 +37,34 @@ extension HTTPServer {
         /// Paths that are never shed nor refused for their deadline (exact matches).
         /// Default `/healthz`, `/readyz` and `/metrics`.
         public var neverShed: Set<String>
+        /// Feeders whose backlog counts as their loop's lag: while the job that has waited
+        /// longest on a request's loop's feeder (`Feeder.oldestPendingJobWait`) has waited more
+        /// than `queueWaitTarget`, requests on that loop are shed as when the queue wait is over
+        /// it. Handlers that hand their work to a feeder need this: the loop runs input first,
+        /// so their requests are routed at once and the queue wait stays short while the work
+        /// piles up in the feeder. Default none. Costs a look at the feeder per request.
+        public var watchedFeeders: [Feeder]
 
         /// Shedding with a target of `queueWaitTarget`. The durations are periods: zero or
         /// negative stops the program with a message naming them when a server is made.
         public init(queueWaitTarget: Duration = .milliseconds(50), window: Duration = .milliseconds(100),
                     retryAfterSeconds: Int = 1, requestDeadline: Duration? = nil,
-                    neverShed: Set<String> = ["/healthz", "/readyz", "/metrics"])
+                    neverShed: Set<String> = ["/healthz", "/readyz", "/metrics"], watchedFeeders: [Feeder] = [])
         {
             self.queueWaitTarget = queueWaitTarget
             self.window = window
             self.retryAfterSeconds = retryAfterSeconds
             self.requestDeadline = requestDeadline
             self.neverShed = neverShed
+            self.watchedFeeders = watchedFeeders
+        }
+
+        /// Equal settings: the same values and the same feeders (by identity).
+        public static func == (lhs: LoadShedding, rhs: LoadShedding) -> Bool {
+            lhs.queueWaitTarget == rhs.queueWaitTarget && lhs.window == rhs.window
+                && lhs.retryAfterSeconds == rhs.retryAfterSeconds && lhs.requestDeadline == rhs.requestDeadline
+                && lhs.neverShed == rhs.neverShed && lhs.watchedFeeders.count == rhs.watchedFeeders.count
+                && zip(lhs.watchedFeeders, rhs.watchedFeeders).allSatisfy { $0 === $1 }
         }
     }
 }

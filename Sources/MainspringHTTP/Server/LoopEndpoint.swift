@@ -131,10 +131,20 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
         let wait = now &- receivedAt
         gauge.record(wait: wait, now: now)
         let pastDeadline = shedding.requestDeadline.map { wait > $0.clampedNanoseconds } ?? false
-        guard pastDeadline || gauge.isOverTarget, !shedding.neverShed.contains(raw.pathAndQuery.path) else { return false }
+        guard pastDeadline || gauge.isOverTarget || isWorkBacklogged(shedding),
+              !shedding.neverShed.contains(raw.pathAndQuery.path)
+        else { return false }
         if pastDeadline { statistics.requestPastDeadline() } else { statistics.requestShed() }
         reply(.status(503, headers: retryAfter), to: raw, method: raw.method)
         return true
+    }
+
+    /// Whether a watched feeder of this loop has a job that has waited past the target.
+    private func isWorkBacklogged(_ shedding: HTTPServer.LoadShedding) -> Bool {
+        for feeder in shedding.watchedFeeders where feeder.loop === loop {
+            if feeder.oldestPendingJobWait > shedding.queueWaitTarget { return true }
+        }
+        return false
     }
 
     private func dispatch(_ raw: EvhttpRequest) {
