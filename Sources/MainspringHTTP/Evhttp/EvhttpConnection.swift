@@ -39,6 +39,8 @@ final class EvhttpConnection {
     /// The security layer under the connection (HTTPS), if any: output then goes through the
     /// underlying bufferevent (which encrypts), not straight to the socket.
     fileprivate var layer: (any HTTPConnectionLayer)?
+    /// Whether there is a layer (HTTPS) under the connection.
+    var hasLayer: Bool { layer != nil }
 
     /// The request handed over and not yet finished.
     var current: EvhttpRequest?
@@ -416,6 +418,48 @@ final class EvhttpConnection {
 
     /// evhttp is being freed with this connection open: its own close report is not needed.
     func detach() { isDetached = true }
+
+    // MARK: Taking the socket over (a WebSocket upgrade)
+
+    /// Takes the socket away from this connection (libevent 2.1's evhttp has no way to hand
+    /// one over), for the caller to free the evhttp connection next: returns a duplicate of the
+    /// socket and the bytes that arrived after the current request, or nil (nothing changed)
+    /// over a layer (TLS: the session cannot leave OpenSSL's bufferevent), with output still
+    /// waiting, or when the connection is closed.
+    ///
+    /// evhttp shuts a connection's socket down (`shutdown(SHUT_WR)`) when it frees it, which a
+    /// duplicate would share; so the descriptor number evhttp knows is pointed at a fresh,
+    /// unconnected socket (`dup2`) for evhttp to shut down and close, once the socket's events
+    /// are out of epoll (a registration belongs to the socket, not the number: left in, it
+    /// would report the duplicate's readiness under the old number).
+    func takeOverSocket() -> (descriptor: Int32, leftover: [UInt8])? {
+        guard layer == nil, !isClosed, let filter, outputIsEmpty, answeredAt == 0, !rejectPending else { return nil }
+        let fd = bufferevent_getfd(underlying)
+        guard fd >= 0 else { return nil }
+        let copy = fcntl(fd, F_DUPFD_CLOEXEC, 0)
+        guard copy >= 0 else { return nil }
+        let placeholder = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard placeholder >= 0 else {
+            Glibc.close(copy)
+            return nil
+        }
+        bufferevent_disable(underlying, Int16(EV_READ | EV_WRITE))
+        if let writable { event_del(writable) }
+        var leftover: [UInt8] = []
+        for buffer in [bufferevent_get_input(filter), bufferevent_get_input(underlying)] {
+            guard let buffer else { continue }
+            let length = evbuffer_get_length(buffer)
+            guard length > 0 else { continue }
+            let start = leftover.count
+            leftover.append(contentsOf: repeatElement(0, count: length))
+            leftover.withUnsafeMutableBytes { _ = evbuffer_remove(buffer, $0.baseAddress! + start, length) }
+        }
+        _ = dup2(placeholder, fd)
+        _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+        Glibc.close(placeholder)
+        disableNagle(copy)
+        return (copy, leftover)
+    }
 }
 
 // MARK: - Trampolines (inside libevent: record, hand off)

@@ -182,6 +182,25 @@ final class EvhttpRequest {
     }
 }
 
+extension EvhttpRequest {
+    /// Takes this request's connection away from evhttp (a WebSocket upgrade): its socket (a
+    /// duplicate the caller owns) and the bytes that came after the request; evhttp frees its
+    /// connection and this request at once, without sending anything (the request then
+    /// finishes unwritten, as if its connection were lost). nil, with nothing changed, when it
+    /// cannot be taken (see `EvhttpConnection.takeOverSocket`). Loop thread.
+    func takeOverConnection() -> (descriptor: Int32, leftover: [UInt8])? {
+        guard let raw, let evcon = evhttp_request_get_connection(raw), let taken = connection.takeOverSocket() else {
+            return nil
+        }
+        self.raw = nil
+        evhttp_connection_free(evcon)
+        return taken
+    }
+
+    /// Whether the connection is under a layer (HTTPS): it cannot be taken over.
+    var isOverLayer: Bool { connection.hasLayer }
+}
+
 // MARK: - Trampolines (inside libevent: record, hand off)
 
 private let chunkDrainedTrampoline: @convention(c) (OpaquePointer?, UnsafeMutableRawPointer?) -> Void = { _, argument in

@@ -12,3 +12,9 @@ func disableNagle(_ fd: Int32) {
     var one: Int32 = 1
     _ = setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
 }
+
+/// Closes a descriptor the server took over and could not hand on (a WebSocket upgrade whose
+/// connection could not be made).
+func closeDescriptor(_ fd: Int32) {
+    _ = close(fd)
+}

@@ -16,6 +16,7 @@ enum RouteHandler: Sendable {
     case async(@Sendable (HTTPRequest) async throws -> HTTPResponse)
     case deferred(@Sendable (HTTPRequest, HTTPResponder) -> Void)
     case streaming(@Sendable (HTTPRequest, HTTPResponseWriter) throws -> Void)
+    case webSocket(WebSocketRoute)
 }
 
 /// The routes of an `HTTPServer`: by method and path (exact or prefix), each with a handler.

@@ -193,6 +193,8 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
             } catch {
                 writer.fail(with: error)
             }
+        case .webSocket(let route):
+            upgradeToWebSocket(route, request, raw)
         }
     }
 

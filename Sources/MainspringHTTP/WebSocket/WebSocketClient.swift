@@ -1,0 +1,153 @@
+import Foundation
+@_spi(MainspringHTTP) import Mainspring
+import Synchronization
+
+extension WebSocket {
+    /// Connects to a `ws://` URL (`ws://host:port/path?query`) from `loop` and completes the
+    /// opening handshake; returns the open WebSocket. Any task.
+    ///
+    /// The handshake is checked: status `101`, `Upgrade: websocket`, `Connection: upgrade`,
+    /// `Sec-WebSocket-Accept` matching the random key sent, a subprotocol only among those
+    /// offered, no extension (none is offered). Connecting and the handshake together have
+    /// `configuration.handshakeTimeout`. Frames sent are masked with a fresh random key each.
+    /// - Parameters:
+    ///   - subprotocols: offered in `Sec-WebSocket-Protocol`, in order of preference; the
+    ///     server's choice is `subprotocol`.
+    ///   - headers: added to the upgrade request (`Origin`, `Authorization`, …).
+    /// - Throws: `WebSocketError.invalidURL` (not `ws://`: `wss://` is not supported yet),
+    ///   `.connectFailed`, `.handshakeFailed`.
+    public static func connect(to url: String, on loop: EventLoop, configuration: Configuration = .init(),
+                               subprotocols: [String] = [], headers: HTTPHeaders = [:]) async throws(WebSocketError) -> WebSocket
+    {
+        guard let parts = URLComponents(string: url), parts.scheme?.lowercased() == "ws", let host = parts.host, !host.isEmpty
+        else {
+            throw .invalidURL(url)
+        }
+        let port = parts.port ?? 80
+        guard (1...65_535).contains(port) else { throw .invalidURL(url) }
+        var path = parts.percentEncodedPath.isEmpty ? "/" : parts.percentEncodedPath
+        if let query = parts.percentEncodedQuery { path += "?" + query }
+        return try await connect(host: host, port: UInt16(port), path: path, on: loop, configuration: configuration,
+                                 subprotocols: subprotocols, headers: headers)
+    }
+
+    /// Connects to `host:port` (a literal or a name) and asks for a WebSocket on `path` (the
+    /// request target, query included); `connect(to:on:configuration:subprotocols:headers:)`
+    /// otherwise.
+    public static func connect(host: String, port: UInt16, path: String = "/", on loop: EventLoop,
+                               configuration: Configuration = .init(), subprotocols: [String] = [],
+                               headers: HTTPHeaders = [:]) async throws(WebSocketError) -> WebSocket
+    {
+        configuration.check("WebSocket.connect")
+        let connection: Connection
+        do {
+            connection = try await Connection.connect(
+                to: host, port: port, on: loop,
+                options: .init(outputLimit: configuration.outputLimit, closeTimeout: configuration.closeTimeout))
+        } catch {
+            throw .connectFailed("\(error)")
+        }
+        let deadline = HandshakeDeadline(connection: connection)
+        loop.execute { deadline.arm(after: configuration.handshakeTimeout) }
+        do throws(WebSocketError) {
+            let subprotocol = try await handshake(connection, host: host, port: port, path: path,
+                                                  subprotocols: subprotocols, headers: headers, deadline: deadline)
+            let core = WebSocketCore(connection: connection, configuration: configuration, isClient: true)
+            let started: Bool = await withUnsafeContinuation { continuation in
+                loop.executeNowOrPostForHTTP({
+                    guard deadline.disarm() else { return continuation.resume(returning: false) }
+                    core.start(leftover: [])
+                    continuation.resume(returning: true)
+                }, orElse: { continuation.resume(returning: false) })
+            }
+            guard started else { throw WebSocketError.handshakeFailed("no 101 within \(configuration.handshakeTimeout)") }
+            return WebSocket(core: core, subprotocol: subprotocol, request: nil)
+        } catch {
+            connection.close()
+            if deadline.hasFired { throw .handshakeFailed("no 101 within \(configuration.handshakeTimeout)") }
+            throw error
+        }
+    }
+
+    /// Sends the upgrade request and checks the answer; returns the subprotocol chosen.
+    private static func handshake(_ connection: Connection, host: String, port: UInt16, path: String, subprotocols: [String],
+                                  headers: HTTPHeaders, deadline: HandshakeDeadline) async throws(WebSocketError) -> String?
+    {
+        let key = WebSocketHandshake.makeKey()
+        let hostField = (host.contains(":") ? "[\(host)]" : host) + (port == 80 ? "" : ":\(port)")
+        var request = "GET \(path) HTTP/1.1\r\nHost: \(hostField)\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        request += "Sec-WebSocket-Key: \(key)\r\nSec-WebSocket-Version: 13\r\n"
+        if !subprotocols.isEmpty { request += "Sec-WebSocket-Protocol: \(subprotocols.joined(separator: ", "))\r\n" }
+        for field in headers.fields where !(field.name + field.value).utf8.contains(where: { $0 == 0x0D || $0 == 0x0A }) {
+            request += "\(field.name): \(field.value)\r\n"
+        }
+        request += "\r\n"
+        let head: [UInt8]
+        do {
+            try await connection.send(request)
+            switch try await connection.read(until: [0x0D, 0x0A, 0x0D, 0x0A], limit: 16_384) {
+            case .found(let bytes): head = bytes
+            case .tooLong: throw WebSocketError.handshakeFailed("response head over 16 KiB")
+            case nil: throw WebSocketError.handshakeFailed("the server closed the connection")
+            }
+        } catch let error as WebSocketError {
+            throw error
+        } catch {
+            throw .handshakeFailed(deadline.hasFired ? "timed out" : "\(error)")
+        }
+        let lines = String(decoding: head, as: UTF8.self).components(separatedBy: "\r\n")
+        let status = lines.first ?? ""
+        let statusParts = status.split(separator: " ", maxSplits: 2)
+        guard statusParts.count >= 2, statusParts[0].hasPrefix("HTTP/1."), statusParts[1] == "101" else {
+            throw .handshakeFailed("status \(status.isEmpty ? "missing" : status)")
+        }
+        var fields = HTTPHeaders()
+        for line in lines.dropFirst() where !line.isEmpty {
+            guard let colon = line.firstIndex(of: ":") else { throw .handshakeFailed("malformed header line") }
+            fields.add(String(line[..<colon]), line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces))
+        }
+        guard WebSocketHandshake.list(fields.values(of: "Upgrade"), contains: "websocket") else {
+            throw .handshakeFailed("no Upgrade: websocket")
+        }
+        guard WebSocketHandshake.list(fields.values(of: "Connection"), contains: "upgrade") else {
+            throw .handshakeFailed("no Connection: upgrade")
+        }
+        guard fields["Sec-WebSocket-Accept"] == WebSocketHandshake.acceptValue(forKey: key) else {
+            throw .handshakeFailed("Sec-WebSocket-Accept does not match the key")
+        }
+        if fields.contains("Sec-WebSocket-Extensions") { throw .handshakeFailed("an extension was not offered") }
+        guard let chosen = fields["Sec-WebSocket-Protocol"] else { return nil }
+        guard subprotocols.contains(chosen) else { throw .handshakeFailed("subprotocol \(chosen) was not offered") }
+        return chosen
+    }
+}
+
+/// The client handshake's deadline: a loop timer that closes the connection. Loop thread only,
+/// except `hasFired`.
+private final class HandshakeDeadline: @unchecked Sendable {
+    private let connection: Connection
+    private var timer: TimerHandle?
+    private var isDisarmed = false
+    private let fired = Mutex(false)
+
+    init(connection: Connection) { self.connection = connection }
+
+    var hasFired: Bool { fired.withLock { $0 } }
+
+    func arm(after timeout: Duration) {
+        guard !isDisarmed else { return }
+        timer = connection.loop.schedule(after: timeout) { [self] in
+            guard !isDisarmed else { return }
+            fired.withLock { $0 = true }
+            connection.close()
+        }
+    }
+
+    /// Stops the timer; false when it fired first.
+    func disarm() -> Bool {
+        isDisarmed = true
+        timer?.cancel()
+        timer = nil
+        return !hasFired
+    }
+}

@@ -1,0 +1,112 @@
+import Mainspring
+
+/// A WebSocket route: its configuration, its upgrade decision, its handler.
+struct WebSocketRoute: Sendable {
+    let configuration: WebSocket.Configuration
+    let shouldUpgrade: (@Sendable (HTTPRequest) -> WebSocket.Upgrade)?
+    let handler: @Sendable (WebSocket) async throws -> Void
+}
+
+extension HTTPRoutes {
+    /// A WebSocket endpoint (RFC 6455) on `path`: a `GET` with a valid opening handshake is
+    /// answered `101 Switching Protocols` (with `Sec-WebSocket-Accept`), and `handler` runs with
+    /// the WebSocket in a task that prefers the request's loop (as an `async` route's handler
+    /// does). When it returns the WebSocket closes (1000; 1011 if it threw).
+    ///
+    /// ```swift
+    /// routes.webSocket("/ws/echo") { socket in
+    ///     for await message in socket.messages { try await socket.send(message) }
+    /// }
+    /// ```
+    ///
+    /// - A request that is not an upgrade, or whose `Connection` lacks `upgrade`, or whose
+    ///   `Sec-WebSocket-Key` is missing or not 16 bytes of base64, gets `400`; one without
+    ///   `Upgrade: websocket` `426`; a `Sec-WebSocket-Version` other than 13 `426` with
+    ///   `Sec-WebSocket-Version: 13`.
+    /// - `shouldUpgrade` (on the request's loop, before the `101`; keep it short) checks what
+    ///   the application cares about — the `Origin` (a browser's cross-site request), a token —
+    ///   and chooses a subprotocol among `request.webSocketSubprotocols`: `.refuse(response)`
+    ///   answers with that response instead. nil accepts every valid upgrade, with no
+    ///   subprotocol. Choosing a subprotocol the client did not offer answers `500`.
+    /// - Over HTTPS (an `HTTPServer` made by `MainspringTLS`) the upgrade is answered `501`: the
+    ///   TLS session cannot be taken from evhttp's connection in libevent 2.1.
+    ///
+    /// Once upgraded, the connection is the WebSocket's: it leaves the server's connection
+    /// count, timeouts and `close()` (which does not close WebSockets: close them yourself, or
+    /// let the group's shutdown do it), and lives until either side closes it.
+    /// - Complexity: the upgrade itself costs a `dup` of the socket and a new connection on the
+    ///   same loop; each frame costs its header and, from a client, its unmasking.
+    public mutating func webSocket(_ path: String, match: PathMatch = .exact,
+                                   configuration: WebSocket.Configuration = .init(),
+                                   shouldUpgrade: (@Sendable (HTTPRequest) -> WebSocket.Upgrade)? = nil,
+                                   _ handler: @escaping @Sendable (WebSocket) async throws -> Void)
+    {
+        configuration.check("HTTPRoutes.webSocket(\(path))")
+        add([.get], path, match: match,
+            .webSocket(WebSocketRoute(configuration: configuration, shouldUpgrade: shouldUpgrade, handler: handler)))
+    }
+}
+
+extension LoopEndpoint {
+    /// Answers an upgrade request on a WebSocket route: an error response, or `101` and the
+    /// WebSocket. Loop thread.
+    func upgradeToWebSocket(_ route: WebSocketRoute, _ request: HTTPRequest, _ raw: EvhttpRequest) {
+        if let problem = WebSocketHandshake.problem(with: request) {
+            reply(problem, to: raw, method: request.method)
+            return
+        }
+        var subprotocol: String?
+        var extra = HTTPHeaders()
+        switch route.shouldUpgrade?(request) ?? .accept() {
+        case .refuse(let response):
+            reply(response, to: raw, method: request.method)
+            return
+        case .accept(let chosen, let headers):
+            if let chosen, !request.webSocketSubprotocols.contains(chosen) {
+                reply(.text("WebSocket subprotocol \(chosen) was not offered\n", status: 500), to: raw, method: request.method)
+                return
+            }
+            subprotocol = chosen
+            extra = headers
+        }
+        if raw.isOverLayer {
+            reply(.text("WebSocket over HTTPS is not supported\n", status: 501), to: raw, method: request.method)
+            return
+        }
+        var head = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        head += "Sec-WebSocket-Accept: \(WebSocketHandshake.acceptValue(forKey: request.headers["Sec-WebSocket-Key"] ?? ""))\r\n"
+        if let subprotocol { head += "Sec-WebSocket-Protocol: \(subprotocol)\r\n" }
+        for field in extra where !(field.name + field.value).utf8.contains(where: { $0 == 0x0D || $0 == 0x0A }) {
+            head += "\(field.name): \(field.value)\r\n"
+        }
+        head += "\r\n"
+        guard let (descriptor, leftover) = raw.takeOverConnection() else {
+            reply(.status(500), to: raw, method: request.method)
+            return
+        }
+        let configuration = route.configuration
+        let connection: Connection
+        do {
+            connection = try Connection.adopting(
+                descriptor: descriptor, on: loop,
+                options: .init(outputLimit: configuration.outputLimit, closeTimeout: configuration.closeTimeout))
+        } catch {
+            closeDescriptor(descriptor)
+            return
+        }
+        statistics.recordResponse(status: 101)
+        connection.write(head)
+        let core = WebSocketCore(connection: connection, configuration: configuration, isClient: false)
+        core.start(leftover: leftover)
+        let socket = WebSocket(core: core, subprotocol: subprotocol, request: request)
+        let handler = route.handler
+        Task(executorPreference: loop) {
+            do {
+                try await handler(socket)
+                await socket.close(code: .normalClosure)
+            } catch {
+                await socket.close(code: .internalError)
+            }
+        }
+    }
+}

@@ -1,0 +1,158 @@
+import Mainspring
+
+extension WebSocket {
+    /// A message: a text message (valid UTF-8, checked as it arrives) or a binary one, whole
+    /// (its fragments reassembled).
+    public enum Message: Sendable, Equatable {
+        /// A text message.
+        case text(String)
+        /// A binary message.
+        case binary([UInt8])
+    }
+
+    /// The status code of a close frame (RFC 6455 §7.4).
+    public struct CloseCode: RawRepresentable, Sendable, Hashable, CustomStringConvertible {
+        /// The code as sent.
+        public var rawValue: UInt16
+
+        /// A code (any value; `isValidOnTheWire` says whether a peer may send it).
+        public init(rawValue: UInt16) { self.rawValue = rawValue }
+
+        /// 1000: the purpose of the connection was fulfilled.
+        public static let normalClosure = CloseCode(rawValue: 1000)
+        /// 1001: the endpoint is going away (a server shutting down, a silent peer dropped).
+        public static let goingAway = CloseCode(rawValue: 1001)
+        /// 1002: the peer broke the protocol (an unmasked client frame, a reserved bit, …).
+        public static let protocolError = CloseCode(rawValue: 1002)
+        /// 1003: a kind of message the endpoint does not accept.
+        public static let unsupportedData = CloseCode(rawValue: 1003)
+        /// 1005: the close frame had no status code. Never sent; reported locally.
+        public static let noStatusReceived = CloseCode(rawValue: 1005)
+        /// 1006: the connection was lost without a close frame. Never sent; reported locally.
+        public static let abnormalClosure = CloseCode(rawValue: 1006)
+        /// 1007: a text message (or a close reason) that is not valid UTF-8.
+        public static let invalidPayload = CloseCode(rawValue: 1007)
+        /// 1008: a message that breaks the endpoint's policy.
+        public static let policyViolation = CloseCode(rawValue: 1008)
+        /// 1009: a message over the endpoint's size limit.
+        public static let messageTooBig = CloseCode(rawValue: 1009)
+        /// 1010: the client wanted an extension the server did not agree to.
+        public static let mandatoryExtension = CloseCode(rawValue: 1010)
+        /// 1011: the server met an unexpected condition (a handler that threw).
+        public static let internalError = CloseCode(rawValue: 1011)
+
+        /// Whether a close frame may carry this code: 1000–1003, 1007–1014 (RFC 6455 and the
+        /// IANA registry) and 3000–4999 (libraries, applications). 1005, 1006 and 1015 are
+        /// reported locally only; a close frame with any other code is a protocol error (1002).
+        public var isValidOnTheWire: Bool {
+            switch rawValue {
+            case 1000...1003, 1007...1014, 3000...4999: true
+            default: false
+            }
+        }
+
+        public var description: String { String(rawValue) }
+    }
+
+    /// How a WebSocket ended, as seen from this side: the peer's close frame's code and
+    /// reason; `.noStatusReceived` for a close frame without a code; `.abnormalClosure` when the
+    /// connection ended without a close frame from the peer (lost, timed out, or failed by this
+    /// side for bad input — then `reason` says what was wrong).
+    public struct CloseStatus: Sendable, Equatable, CustomStringConvertible {
+        /// The code.
+        public var code: CloseCode
+        /// The reason (UTF-8 text, at most 123 bytes on the wire); empty when none was given.
+        public var reason: String
+
+        /// A status.
+        public init(code: CloseCode, reason: String = "") {
+            self.code = code
+            self.reason = reason
+        }
+
+        public var description: String { reason.isEmpty ? "\(code)" : "\(code) \(reason)" }
+    }
+
+    /// Limits and timeouts of a WebSocket (server and client side alike).
+    ///
+    /// The three durations are periods (see Mainspring's "Durations"): zero or negative stops
+    /// the program with a message naming it when a route or a connection is made with them.
+    public struct Configuration: Sendable, Equatable {
+        /// The largest message accepted, in bytes, over all its fragments. A frame whose declared
+        /// length would take the message past it is refused before any of it is buffered: the
+        /// connection closes with 1009. Default 1 MiB.
+        public var maxMessageBytes: Int
+        /// Messages received and not yet taken from `messages` above which reading pauses (TCP
+        /// then slows the peer down). Pings are still answered from what was read. Default 16.
+        public var maxQueuedMessages: Int
+        /// Buffered output above which `send` suspends and `trySend` refuses, until half of it
+        /// has drained. Default 1 MiB.
+        public var outputLimit: Int
+        /// With no frame from the peer for this long a ping is sent; with still none after as
+        /// long again, the connection is closed as lost (1006 here, close code 1001 sent). nil:
+        /// no pings. Default 30 s.
+        public var pingInterval: Duration?
+        /// How long the closing handshake may take: after this side sends its close frame, the
+        /// peer's close frame (and, for a client, the server's end of the connection) is waited
+        /// for this long, then the connection is closed anyway. Default 5 s.
+        public var closeTimeout: Duration
+        /// A client only: how long connecting and the opening handshake may take. Default 10 s.
+        public var handshakeTimeout: Duration
+
+        /// The documented defaults.
+        public init(maxMessageBytes: Int = 1 << 20, maxQueuedMessages: Int = 16, outputLimit: Int = 1 << 20,
+                    pingInterval: Duration? = .seconds(30), closeTimeout: Duration = .seconds(5),
+                    handshakeTimeout: Duration = .seconds(10))
+        {
+            self.maxMessageBytes = maxMessageBytes
+            self.maxQueuedMessages = maxQueuedMessages
+            self.outputLimit = outputLimit
+            self.pingInterval = pingInterval
+            self.closeTimeout = closeTimeout
+            self.handshakeTimeout = handshakeTimeout
+        }
+
+        /// Stops the program when a value breaks the rules above; `function` is the call.
+        func check(_ function: String) {
+            requireUsage(maxMessageBytes >= 0, "\(function): WebSocket.Configuration.maxMessageBytes must not be negative")
+            requireUsage(maxQueuedMessages >= 1, "\(function): WebSocket.Configuration.maxQueuedMessages must be at least 1")
+            requireUsage(outputLimit >= 1, "\(function): WebSocket.Configuration.outputLimit must be at least 1")
+            if let pingInterval { _ = requirePositive(pingInterval, "WebSocket.Configuration.pingInterval") }
+            _ = requirePositive(closeTimeout, "WebSocket.Configuration.closeTimeout")
+            _ = requirePositive(handshakeTimeout, "WebSocket.Configuration.handshakeTimeout")
+        }
+    }
+
+    /// A server route's answer to an upgrade request (see `HTTPRoutes.webSocket`).
+    public enum Upgrade: Sendable {
+        /// Accept, choosing `subprotocol` (one the client offered in `Sec-WebSocket-Protocol`,
+        /// see `HTTPRequest.webSocketSubprotocols`; nil: none) and adding `headers` to the `101`.
+        case accept(subprotocol: String? = nil, headers: HTTPHeaders = [:])
+        /// Refuse with this response (`403` for an origin not allowed, say).
+        case refuse(HTTPResponse)
+    }
+}
+
+/// Why a WebSocket operation failed.
+public enum WebSocketError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// The WebSocket is closing or closed: nothing more can be sent. `status` is how it ended,
+    /// once it has.
+    case closed(WebSocket.CloseStatus?)
+    /// A client only: the URL is not a `ws://` URL with a host (`wss://` needs `MainspringTLS`).
+    case invalidURL(String)
+    /// A client only: connecting failed (`reason` is the connection's account).
+    case connectFailed(String)
+    /// A client only: the server's answer to the opening handshake was not a valid `101`
+    /// (`reason` names what was wrong: the status, `Sec-WebSocket-Accept`, …), or it did not
+    /// come within `handshakeTimeout`.
+    case handshakeFailed(String)
+
+    public var description: String {
+        switch self {
+        case .closed(let status): status.map { "the WebSocket is closed (\($0))" } ?? "the WebSocket is closing"
+        case .invalidURL(let url): "not a ws:// URL: \(url)"
+        case .connectFailed(let reason): "WebSocket connect failed: \(reason)"
+        case .handshakeFailed(let reason): "WebSocket handshake failed: \(reason)"
+        }
+    }
+}
