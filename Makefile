@@ -30,22 +30,23 @@ deps:
 ## systemd tests and testssl.sh for the TLS scan test (best effort: without them those tests are
 ## skipped, saying so).
 ## And the KV server's oracles: redis-server and redis-cli/redis-benchmark (redis-server,
-## redis-tools) and a Python virtual environment with redis-py and pytest (kv-venv).
+## redis-tools) and a Python virtual environment with redis-py, pytest and websockets (kv-venv).
 test-tools:
 	@./scripts/install-deps.sh curl python3-prometheus-client prometheus openssl redis-server redis-tools strace
 	@./scripts/install-tools.sh
 	@$(MAKE) --no-print-directory kv-venv
 
-## A virtual environment under .build/kv-venv with redis-py and pytest from PyPI (PIP_FIND_LINKS
-## may point at local wheels), for the KV server's tests (Examples/KV/tests). Best effort, like
-## systemd's tools: without it those tests are skipped, saying so.
+## A virtual environment under .build/kv-venv with redis-py, pytest and websockets from PyPI
+## (PIP_FIND_LINKS may point at local wheels), for the KV server's tests (Examples/KV/tests) and
+## the WebSocket interop tests. Best effort, like systemd's tools: without it those tests are
+## skipped, saying so.
 KV_VENV := .build/kv-venv
 kv-venv:
-	@if [ -x $(KV_VENV)/bin/python ] && $(KV_VENV)/bin/python -c "import redis, pytest" 2>/dev/null; then exit 0; fi; \
-	echo "Making $(KV_VENV) (redis, pytest)…" >&2; \
+	@if [ -x $(KV_VENV)/bin/python ] && $(KV_VENV)/bin/python -c "import redis, pytest, websockets" 2>/dev/null; then exit 0; fi; \
+	echo "Making $(KV_VENV) (redis, pytest, websockets)…" >&2; \
 	{ python3 -m venv $(KV_VENV) || { ./scripts/install-deps.sh python3-venv && python3 -m venv $(KV_VENV); }; } \
-		&& $(KV_VENV)/bin/pip install -q --disable-pip-version-check redis pytest \
-		|| echo "note: could not make $(KV_VENV); the KV server's pytest tests will be skipped." >&2
+		&& $(KV_VENV)/bin/pip install -q --disable-pip-version-check redis pytest websockets \
+		|| echo "note: could not make $(KV_VENV); the KV server's pytest tests and the WebSocket interop tests will be skipped." >&2
 
 bench-tools:
 	@./scripts/install-deps.sh wrk redis-server redis-tools

@@ -5,7 +5,7 @@ import MainspringHTTP
 import MainspringTLS
 
 // The daemon's HTTP side (`--http-port`, `--http-unix`): /metrics (with the daemon's own metrics),
-// /healthz, POST /echo, /work?n=… on the same loops as the line service. Self-contained: give it the group and the address.
+// /healthz, POST /echo, /work?n=…, the WebSocket echo /ws/echo on the same loops as the line service. Self-contained: give it the group and the address.
 
 /// Starts the HTTP side on `group` and prints its bound port; nil (after saying why on stderr)
 /// when it cannot listen.

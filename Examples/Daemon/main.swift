@@ -21,8 +21,9 @@ let usage = """
                              ("@name": abstract namespace) — instead of TCP, or beside it when
                              --port is given too; a stale socket file there is replaced, the
                              file is removed at exit
-      --http-port <n>        also serve HTTP (/metrics, /healthz, POST /echo, /work?n=) on this
-                             port (0: any free port; the bound one is printed)
+      --http-port <n>        also serve HTTP (/metrics, /healthz, POST /echo, /work?n=, and
+                             GET /ws/echo, a WebSocket echo) on this port (0: any free port;
+                             the bound one is printed)
       --http-unix <path>     also serve HTTP on a Unix stream socket at this path (beside
                              --http-port when both are given); removed at exit
       --loops <n>            event loops / threads (default: the number of cores)

@@ -112,8 +112,9 @@ final class WebSocketCore: @unchecked Sendable {
         case .close(let status):
             peerStatus = status ?? WebSocket.CloseStatus(code: .noStatusReceived)
             if !closeSent {
-                // Echo the peer's code (RFC 6455 §5.5.1); an empty close frame gets an empty one.
-                writeFrame(.close, status.map { WebSocketFrame.closePayload($0.code, reason: "") } ?? [])
+                // Echo the peer's code and reason (RFC 6455 §5.5.1); an empty close frame gets
+                // an empty one.
+                writeFrame(.close, status.map { WebSocketFrame.closePayload($0.code, reason: $0.reason) } ?? [])
                 markCloseSent()
             }
             endMessages()

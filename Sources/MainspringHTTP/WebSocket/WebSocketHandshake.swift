@@ -24,13 +24,19 @@ enum WebSocketHandshake {
         }
     }
 
-    /// What is wrong with an upgrade request, as the response to send; nil when it is a valid
-    /// WebSocket opening handshake. `426` with `Sec-WebSocket-Version: 13` for another version
-    /// (or none); `400` for the rest.
+    /// What is wrong with an upgrade request, as the response to send (which closes the
+    /// connection); nil when it is a valid WebSocket opening handshake. `426` with
+    /// `Sec-WebSocket-Version: 13` for another version (or none); `400` for the rest.
     static func problem(with request: HTTPRequest) -> HTTPResponse? {
+        guard var response = check(request) else { return nil }
+        response.headers.set("Connection", "close")
+        return response
+    }
+
+    private static func check(_ request: HTTPRequest) -> HTTPResponse? {
         guard request.method == .get else { return .text("WebSocket upgrade needs GET\n", status: 400) }
         guard list(request.headers.values(of: "Upgrade"), contains: "websocket") else {
-            return .text("expected Upgrade: websocket\n", status: 426, headers: ["Upgrade": "websocket", "Connection": "Upgrade"])
+            return .text("expected Upgrade: websocket\n", status: 426, headers: ["Upgrade": "websocket"])
         }
         guard list(request.headers.values(of: "Connection"), contains: "upgrade") else {
             return .text("expected Connection: Upgrade\n", status: 400)

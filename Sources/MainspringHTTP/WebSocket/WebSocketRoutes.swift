@@ -27,7 +27,8 @@ extension HTTPRoutes {
     ///   the application cares about — the `Origin` (a browser's cross-site request), a token —
     ///   and chooses a subprotocol among `request.webSocketSubprotocols`: `.refuse(response)`
     ///   answers with that response instead. nil accepts every valid upgrade, with no
-    ///   subprotocol. Choosing a subprotocol the client did not offer answers `500`.
+    ///   subprotocol. Choosing a subprotocol the client did not offer answers `500`. A refused
+    ///   or invalid upgrade's response closes the connection.
     /// - Over HTTPS (an `HTTPServer` made by `MainspringTLS`) the upgrade is answered `501`: the
     ///   TLS session cannot be taken from evhttp's connection in libevent 2.1.
     ///
@@ -58,7 +59,8 @@ extension LoopEndpoint {
         var subprotocol: String?
         var extra = HTTPHeaders()
         switch route.shouldUpgrade?(request) ?? .accept() {
-        case .refuse(let response):
+        case .refuse(var response):
+            response.headers.set("Connection", "close")
             reply(response, to: raw, method: request.method)
             return
         case .accept(let chosen, let headers):
