@@ -11,6 +11,9 @@ extension WebSocket {
     /// offered, no extension (none is offered). Connecting and the handshake together have
     /// `configuration.handshakeTimeout`. Frames sent are masked with a fresh random key each.
     /// - Parameters:
+    ///   - url: `ws://host[:port][/path][?query]`; the port defaults to 80.
+    ///   - loop: the loop the WebSocket lives on (its connection, its timers).
+    ///   - configuration: limits and timeouts, `handshakeTimeout` among them.
     ///   - subprotocols: offered in `Sec-WebSocket-Protocol`, in order of preference; the
     ///     server's choice is `subprotocol`.
     ///   - headers: added to the upgrade request (`Origin`, `Authorization`, …).
