@@ -112,6 +112,34 @@ func writeAll(_ fd: Int32, _ text: String) -> Bool {
     return true
 }
 
+/// Fills the accept queue of a server that does not accept (`accepting: false`, backlog 0) with
+/// four non-blocking connects, so that the kernel drops the next SYNs: a connect to it is never
+/// answered. Returns the fillers' descriptors, to close.
+func fillQueue(of server: ScriptedServer) -> [Int32] {
+    (0..<4).map { _ in
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = UInt32(0x7F00_0001).bigEndian
+        address.sin_port = server.port.bigEndian
+        _ = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        return fd
+    }
+}
+
+/// A server that reads each request's head, signals `arrived`, and never answers: it waits for
+/// the client to close.
+func stallingServer(signalling arrived: DispatchSemaphore) throws -> ScriptedServer {
+    try ScriptedServer { fd, _ in
+        _ = readRequestHead(fd)
+        arrived.signal()
+        var byte: UInt8 = 0
+        _ = recv(fd, &byte, 1, 0)  // until the client closes
+    }
+}
+
 /// The error `body` throws (nil if none).
 func clientError(_ body: () async throws -> Void) async -> HTTPClientError? {
     do {
@@ -405,18 +433,7 @@ struct HTTPClientTests {
 
         // A listener that never accepts, its queue filled: the kernel drops further SYNs.
         let full = try ScriptedServer(backlog: 0, accepting: false) { _, _ in }
-        var fillers: [Int32] = []
-        for _ in 0..<4 {
-            let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
-            var address = sockaddr_in()
-            address.sin_family = sa_family_t(AF_INET)
-            address.sin_addr.s_addr = UInt32(0x7F00_0001).bigEndian
-            address.sin_port = full.port.bigEndian
-            _ = withUnsafePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-            }
-            fillers.append(fd)
-        }
+        let fillers = fillQueue(of: full)
         try await Task.sleep(for: .milliseconds(100))  // the fillers' handshakes (loopback: microseconds)
         started = ContinuousClock.now
         let error = await clientError { _ = try await client.get("http://127.0.0.1:\(full.port)/") }
@@ -484,12 +501,7 @@ struct HTTPClientTests {
         let group = try EventLoopGroup(loopCount: 1)
         // Requests that reached the server: the server reads the head, says so, then stalls.
         let arrived = DispatchSemaphore(value: 0)
-        let stalling = try ScriptedServer { fd, _ in
-            _ = readRequestHead(fd)
-            arrived.signal()
-            var byte: UInt8 = 0
-            _ = recv(fd, &byte, 1, 0)  // until the client closes
-        }
+        let stalling = try stallingServer(signalling: arrived)
         let client = HTTPClient(loop: group.loops[0], configuration: .init(responseTimeout: .seconds(120)))
         let inFlight = Task { await clientError { _ = try await client.get("http://127.0.0.1:\(stalling.port)/") } }
         #expect(arrived.wait(timeout: .now() + 30) == .success, "the request reached the server")
@@ -530,12 +542,7 @@ struct HTTPClientTests {
     func cancellation() async throws {
         let group = try EventLoopGroup(loopCount: 1)
         let arrived = DispatchSemaphore(value: 0)
-        let stalling = try ScriptedServer { fd, _ in
-            _ = readRequestHead(fd)
-            arrived.signal()
-            var byte: UInt8 = 0
-            _ = recv(fd, &byte, 1, 0)  // until the client closes
-        }
+        let stalling = try stallingServer(signalling: arrived)
         let url = "http://127.0.0.1:\(stalling.port)/"
         // Every wait here is far longer than the test: only the cancellation can end them.
         let client = HTTPClient(loop: group.loops[0], configuration: .init(maxConnectionsPerHost: 1,
@@ -570,18 +577,7 @@ struct HTTPClientTests {
 
         // In the connect: a listener whose queue is full never completes it.
         let full = try ScriptedServer(backlog: 0, accepting: false) { _, _ in }
-        var fillers: [Int32] = []
-        for _ in 0..<4 {
-            let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
-            var address = sockaddr_in()
-            address.sin_family = sa_family_t(AF_INET)
-            address.sin_addr.s_addr = UInt32(0x7F00_0001).bigEndian
-            address.sin_port = full.port.bigEndian
-            _ = withUnsafePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-            }
-            fillers.append(fd)
-        }
+        let fillers = fillQueue(of: full)
         let blackhole = "http://127.0.0.1:\(full.port)/"
         let connecting = Task { await clientError { _ = try await client.get(blackhole) } }
         #expect(await eventually { client.connectionCount(for: blackhole) == (busy: 1, idle: 0) })
