@@ -2,6 +2,7 @@ import ExampleServices
 import Foundation
 import Mainspring
 @testable import MainspringHTTP
+import Synchronization
 import Testing
 
 #if canImport(Glibc)
@@ -91,6 +92,8 @@ private let hasCurl = ["/usr/bin", "/usr/local/bin"].contains { FileManager.defa
 
 /// A server on its own one-loop group: the daemon's routes (`/ws/echo`) and test routes.
 private final class WebSocketServer: @unchecked Sendable {
+    /// Messages `/ws/flood` has sent so far.
+    let flooded = FloodCount()
     let group: EventLoopGroup
     let server: HTTPServer
     var port: UInt16 { server.port }
@@ -112,6 +115,17 @@ private final class WebSocketServer: @unchecked Sendable {
             try await socket.send(text: "protocol \(socket.subprotocol ?? "none")")
             for await message in socket.messages { try await socket.send(message) }
         }
+        routes.webSocket("/ws/closer", configuration: .init(closeTimeout: .milliseconds(200))) { socket in
+            await socket.close(code: .init(rawValue: 4100), reason: "closing first")
+        }
+        let flooded = self.flooded
+        routes.webSocket("/ws/flood", configuration: .init(outputLimit: 256 * 1024)) { socket in
+            let chunk = [UInt8](repeating: 0x5A, count: 65_536)
+            while true {
+                try await socket.send(binary: chunk)
+                flooded.count.add(1, ordering: .relaxed)
+            }
+        }
         extra(&routes)
         server = try await HTTPServer(group: group, routes: routes)
     }
@@ -120,6 +134,11 @@ private final class WebSocketServer: @unchecked Sendable {
         await server.close()
         await group.shutdown(gracePeriod: .seconds(2))
     }
+}
+
+/// A counter shared with a route.
+private final class FloodCount: Sendable {
+    let count = Atomic<Int>(0)
 }
 
 /// A blocking WebSocket client on a plain socket that sends whatever bytes it is told to (for
@@ -576,6 +595,72 @@ struct WebSocketServerTests {
         await plain.close()
         await socket.close()
         await server.stop()
+    }
+}
+
+extension WebSocketServerTests {
+    @Test("Closing handshake deadline: a peer that never answers the server's close frame is cut off after closeTimeout")
+    func closeDeadline() async throws {
+        let server = try await WebSocketServer()
+        let port = server.port
+        try await onThread {
+            let socket = try RawWebSocket(port: port, path: "/ws/closer")
+            let frame = try #require(socket.readFrame())
+            #expect(frame.opcode == 0x8 && frame.payload == closePayload(4100, "closing first"))
+            let started = ContinuousClock.now
+            #expect(socket.readsEndOfFile())
+            #expect(ContinuousClock.now - started >= .milliseconds(120))
+            #expect(ContinuousClock.now - started < .seconds(10))
+        }
+        await server.stop()
+    }
+
+    @Test("Backpressure: send suspends while a peer does not read (bounded output), and resumes as it reads")
+    func backpressure() async throws {
+        let server = try await WebSocketServer()
+        let port = server.port
+        let socket = try await onThread { try RawWebSocket(port: port, path: "/ws/flood") }
+        // Not reading: the sender fills the output limit and the kernel's buffers, then waits.
+        var last = -1
+        var stable = 0
+        let deadline = ContinuousClock.now + .seconds(20)
+        while stable < 5 && ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(100))
+            let now = server.flooded.count.load(ordering: .relaxed)
+            stable = now == last ? stable + 1 : 0
+            last = now
+        }
+        #expect(stable >= 5, "the sender never stopped")
+        // 64 KiB each: a few MiB of kernel buffers on loopback plus the 256 KiB limit.
+        #expect(last < 512, "\(last) messages sent to a peer that reads nothing")
+        let stalled = last
+        try await onThread {
+            for _ in 0..<(stalled + 64) { _ = try #require(socket.readFrame()) }
+        }
+        #expect(server.flooded.count.load(ordering: .relaxed) > stalled)
+        await server.stop()
+    }
+
+    @Test("mainspring-daemon --http-port 0 serves GET /ws/echo: text and binary echoed to the library's client")
+    func daemonEcho() async throws {
+        let daemon = try startExecutable("mainspring-daemon", arguments: ["--port", "0", "--http-port", "0", "--loops", "2"])
+        _ = daemon.readLine(timeout: .seconds(30))
+        let banner = try #require(daemon.readLine(timeout: .seconds(30)), "no HTTP banner")
+        let port = try #require(banner.split(separator: ":").last.flatMap { UInt16($0) }, "\(banner)")
+        let group = try EventLoopGroup(loopCount: 1)
+        // 2 MiB back: over the client's default limit (1 MiB), so raise it.
+        let socket = try await WebSocket.connect(to: "ws://127.0.0.1:\(port)/ws/echo", on: group.loops[0],
+                                                 configuration: .init(maxMessageBytes: 4 << 20))
+        try await socket.send(text: "daemon")
+        #expect(await socket.receive() == .text("daemon"))
+        let big = (0..<(2 << 20)).map { UInt8(truncatingIfNeeded: $0) }
+        try await socket.send(binary: big)
+        #expect(await socket.receive() == .binary(big))
+        #expect(await socket.close() == WebSocket.CloseStatus(code: .normalClosure))
+        await group.shutdown(gracePeriod: .seconds(2))
+        daemon.send(SIGTERM)
+        let exit = daemon.waitForExit(timeout: .seconds(30))
+        #expect(exit.status == 0 && !exit.crashedBySignal, "\(exit.summary)")
     }
 }
 

@@ -8,8 +8,10 @@ extension WebSocket {
     ///
     /// The handshake is checked: status `101`, `Upgrade: websocket`, `Connection: upgrade`,
     /// `Sec-WebSocket-Accept` matching the random key sent, a subprotocol only among those
-    /// offered, no extension (none is offered). Connecting and the handshake together have
-    /// `configuration.handshakeTimeout`. Frames sent are masked with a fresh random key each.
+    /// offered, no extension (none is offered). The handshake has
+    /// `configuration.handshakeTimeout` once connected; connecting has the connection's own
+    /// limits (a name's resolve timeout, the system's connect timeout). Frames sent are masked
+    /// with a fresh random key each.
     /// - Parameters:
     ///   - url: `ws://host[:port][/path][?query]`; the port defaults to 80.
     ///   - loop: the loop the WebSocket lives on (its connection, its timers).

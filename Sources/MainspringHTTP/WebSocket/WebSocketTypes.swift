@@ -82,8 +82,8 @@ extension WebSocket {
         /// length would take the message past it is refused before any of it is buffered: the
         /// connection closes with 1009. Default 1 MiB.
         public var maxMessageBytes: Int
-        /// Messages received and not yet taken from `messages` above which reading pauses (TCP
-        /// then slows the peer down). Pings are still answered from what was read. Default 16.
+        /// Messages received and not yet taken from `messages` at which reading pauses (TCP then
+        /// slows the peer down; its pings wait too) until one is taken. Default 16.
         public var maxQueuedMessages: Int
         /// Buffered output above which `send` suspends and `trySend` refuses, until half of it
         /// has drained. Default 1 MiB.
@@ -96,7 +96,7 @@ extension WebSocket {
         /// peer's close frame (and, for a client, the server's end of the connection) is waited
         /// for this long, then the connection is closed anyway. Default 5 s.
         public var closeTimeout: Duration
-        /// A client only: how long connecting and the opening handshake may take. Default 10 s.
+        /// A client only: how long the opening handshake may take once connected. Default 10 s.
         public var handshakeTimeout: Duration
 
         /// The documented defaults.
