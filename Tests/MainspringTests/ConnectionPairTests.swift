@@ -24,6 +24,48 @@ struct ConnectionPairTests {
         await group.shutdown(gracePeriod: .seconds(2))
     }
 
+    @Test("a task cancelled with output queued: the peer still gets all of it, then end of input, and the reason is .cancelled; abort() drops it")
+    func cancellationSendsWhatWasQueued() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        let loop = group.loops[0]
+        let options = Connection.Options(outputLimit: 16 << 20)
+        // Far more than a socketpair's buffers hold: most of it is still queued in the library.
+        let payload = [UInt8](repeating: 0x61, count: 4 << 20)
+        let (sender, receiver) = try await Connection.makePair(on: loop, options: options)
+        let (queued, queuedSignal) = AsyncStream.makeStream(of: Void.self)
+        let task = Task(executorPreference: loop) {
+            try await sender.send(payload)
+            try await sender.send(line: "BYE")
+            queuedSignal.yield()
+            _ = try await sender.readLine()  // the receiver sends nothing: only the cancellation ends this
+        }
+        for await _ in queued { break }
+        task.cancel()
+        var received = 0
+        var tail: [UInt8] = []
+        while let chunk = try await receiver.read(upTo: 1 << 16) {
+            received += chunk.count
+            tail = Array((tail + chunk).suffix(4))
+        }
+        #expect(received == payload.count + 4 && tail == Array("BYE\n".utf8), "\(received) bytes")
+        #expect(await sender.closed == .cancelled)
+        let thrown: Connection.CloseReason?
+        do { try await task.value; thrown = nil } catch { thrown = error as? Connection.CloseReason }
+        #expect(thrown == .cancelled)
+        receiver.close()
+
+        // abort(): now, whatever is queued.
+        let (aborting, reading) = try await Connection.makePair(on: loop, options: options)
+        try await aborting.send(payload)
+        aborting.abort()
+        var got = 0
+        while let chunk = try await reading.read(upTo: 1 << 16) { got += chunk.count }
+        #expect(got < payload.count, "the queued output was dropped: \(got) bytes arrived")
+        #expect(await aborting.closed == .cancelled)
+        reading.close()
+        await group.shutdown(gracePeriod: .seconds(2))
+    }
+
     @Test("adopting: one end of the caller's socketpair works as a connection; a pipe, a listening socket, a closed descriptor are refused by name")
     func adoptingDescriptors() async throws {
         var fds: [Int32] = [-1, -1]

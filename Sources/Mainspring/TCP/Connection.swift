@@ -101,8 +101,10 @@ public final class Connection: @unchecked Sendable {
         case idleTimeout
         /// The socket failed (`ECONNRESET`, `ECONNREFUSED`, …).
         case error(Int32)
-        /// A task iterating or sending was cancelled, or the loop shut down with the connection
-        /// still open (`EventLoopGroup.shutdown` after its grace period): closed at once, output
+        /// A task reading or sending was cancelled — the connection then closes as `close()`
+        /// closes it: what was queued before is still sent, within `closeTimeout` — or
+        /// `abort()` was called, or the loop shut down with the connection still open
+        /// (`EventLoopGroup.shutdown` after its grace period): those two close at once, output
         /// not yet sent dropped.
         case cancelled
         /// The connection's TLS layer failed (`MainspringTLS`): a handshake refused or timed out,
@@ -320,6 +322,20 @@ public final class Connection: @unchecked Sendable {
         } else {
             let source = UncheckedSource(source)
             loop.execute { source.value.closeGracefully() }
+        }
+    }
+
+    /// Closes the connection **now**, dropping whatever output has not been sent yet, and runs
+    /// `onClose(.cancelled)`; reads and sends in progress end with `.cancelled`. For "this peer
+    /// must go, whatever it was owed" — a protocol violation, a shutdown past its deadline; to
+    /// say goodbye first, `close()` (which sends what was queued, within `closeTimeout`).
+    /// Idempotent; a no-op once closed. Any thread, as `close()`.
+    public func abort() {
+        if loop.isCurrent {
+            source.finish(.cancelled)
+        } else {
+            let source = UncheckedSource(source)
+            loop.execute { source.value.finish(.cancelled) }
         }
     }
 

@@ -26,6 +26,8 @@ extension ConnectionSource {
         @exclusivity(unchecked) var cancelledWaitTickets: Set<Int> = []
         /// `shutdownOutput()` came, with nothing to send, before the connect finished.
         @exclusivity(unchecked) var shutdownWhenConnected = false
+        /// The graceful close under way was started by a task's cancellation (`cancel()`).
+        @exclusivity(unchecked) var closesForCancellation = false
     }
 
     /// `rare`, made now if it was not yet (for a write to one of its members).
@@ -96,6 +98,11 @@ extension ConnectionSource {
         get { rare?.cancelledWaitTickets ?? [] }
         set { if rare != nil || !newValue.isEmpty { rareState.cancelledWaitTickets = newValue } }
         _modify { yield &rareState.cancelledWaitTickets }
+    }
+
+    var closesForCancellation: Bool {
+        get { rare?.closesForCancellation ?? false }
+        set { if rare != nil || newValue { rareState.closesForCancellation = newValue } }
     }
 
     var shutdownWhenConnected: Bool {

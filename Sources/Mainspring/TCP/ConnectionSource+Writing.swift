@@ -167,7 +167,7 @@ extension ConnectionSource {
         guard let socket else { return }
         let actions = state.outputDrained(to: socket.outputLength, limit: kept.outputLimit)
         if actions.contains(.finishClosing) {
-            finish(.closed)
+            finish(closingReason)
             return
         }
         if actions.contains(.shutdownWrite) { socket.shutdownWrite() }
@@ -292,7 +292,7 @@ extension ConnectionSource {
         endAsyncOperationsForClosing()
         switch step {
         case .finish:
-            finish(.closed)
+            finish(closingReason)
         case .flush:
             socket.setWriteLowWatermark(0)
             socket.setTimeouts(readNanoseconds: nil, writeNanoseconds: kept.closeTimeoutNanoseconds)
@@ -350,9 +350,27 @@ extension ConnectionSource {
 
     /// A task using the connection was cancelled: the connection closes at once (output that was
     /// not sent is dropped) and every suspended operation ends with `.cancelled`.
+    /// The task using the connection was cancelled: its reads and sends end now with
+    /// `.cancelled`, and the connection closes as `close()` closes it — what was queued before
+    /// (a goodbye) is still sent, within `closeTimeout` — and reports `.cancelled`. A connection
+    /// with nothing to send, not yet connected, or not a socket closes at once.
     func cancel() {
-        finish(.cancelled)
+        guard role == .socket, state.isOpen, state.isConnected, let socket,
+              socket.outputLength > 0 || !pendingOutput.isEmpty
+        else {
+            finish(.cancelled)
+            return
+        }
+        closesForCancellation = true
+        endAsyncRead(with: .cancelled)
+        failSenders(.cancelled)
+        failWritableWaiters(.cancelled)
+        closeGracefully()
     }
+
+    /// What a graceful close reports once its output is sent (or `closeTimeout` passed):
+    /// `.closed`, or `.cancelled` when a task's cancellation started it.
+    var closingReason: Connection.CloseReason { closesForCancellation ? .cancelled : .closed }
 
     /// The last `Connection` handle is gone: nobody can read, write or close it any more, so it
     /// closes (gracefully) — unless a callback handler still holds on to it.

@@ -308,7 +308,7 @@ final class ConnectionSource: Source {
                 finish(.error(code == 0 ? ECONNRESET : code))
             }
         } else if event.contains(.timeout) {
-            finish(state.timeoutReason)
+            finish(state.isClosing ? closingReason : state.timeoutReason)
         } else {
             if event.contains(.connected), state.connected() {
                 applyReadChange()
@@ -340,7 +340,7 @@ final class ConnectionSource: Source {
 
     /// Closes the socket and reports `reason`, once.
     func finish(_ reason: Connection.CloseReason) {
-        let graceful = reason == .closed && state.isClosing
+        let graceful = state.isClosing && reason == closingReason
         guard state.finish(reason) else { return }
         if graceful, socket != nil { transport?.willClose() }
         closedFlag.store(true, ordering: .releasing)
