@@ -1,31 +1,33 @@
 extension KVValue {
-    /// Runs `body` on the list held here (moved out, so an unshared list changes in place);
-    /// nil when this is not a list.
+    /// Runs `body` on the `Kind` collection held here (moved out, so an unshared collection
+    /// changes in place); nil when this is not of that kind.
     @inline(__always)
-    mutating func withList<R>(_ body: (inout ListValue) -> R) -> R? {
-        guard case .list(var box) = self else { return nil }
+    mutating func withCollection<Kind: CollectionKind, R>(
+        _ kind: Kind.Type, _ body: (inout Kind.Collection) -> R
+    ) -> R? {
+        guard var box = Kind.box(in: self) else { return nil }
         self = .placeholder  // now `box` is the only reference, unless a copy of this value exists
         if !isKnownUniquelyReferenced(&box) { box = CollectionBox(box.collection) }
-        defer { self = .list(box) }
+        defer { self = Kind.value(box) }
         return body(&box.collection)
     }
 
+    /// `withCollection(ListKind.self, body)`.
+    @inline(__always)
+    mutating func withList<R>(_ body: (inout ListValue) -> R) -> R? {
+        withCollection(ListKind.self, body)
+    }
+
+    /// `withCollection(HashKind.self, body)`.
     @inline(__always)
     mutating func withHash<R>(_ body: (inout ByteMap<[UInt8]>) -> R) -> R? {
-        guard case .hash(var box) = self else { return nil }
-        self = .placeholder
-        if !isKnownUniquelyReferenced(&box) { box = CollectionBox(box.collection) }
-        defer { self = .hash(box) }
-        return body(&box.collection)
+        withCollection(HashKind.self, body)
     }
 
+    /// `withCollection(SetKind.self, body)`.
     @inline(__always)
     mutating func withSet<R>(_ body: (inout ByteMap<Void>) -> R) -> R? {
-        guard case .set(var box) = self else { return nil }
-        self = .placeholder
-        if !isKnownUniquelyReferenced(&box) { box = CollectionBox(box.collection) }
-        defer { self = .set(box) }
-        return body(&box.collection)
+        withCollection(SetKind.self, body)
     }
 
     /// Whether the value is an empty list, hash or set (its key must then go).
@@ -67,16 +69,37 @@ extension KVCore {
             replyArity(front ? "lpop" : "rpop", into: &output)
             return .replied
         }
+        return popElements(a, ListKind.self, nullArrayForMissingKey: true, &output) { list, output in
+            RESP.appendBulkString((front ? list.popFront() : list.popBack())!, to: &output)
+        }
+    }
+
+    /// What LPOP, RPOP and SPOP share once the argument count is checked: `KEY [COUNT]`, popping
+    /// one element (a bulk reply) or up to COUNT (an array), and deleting the key emptied.
+    /// A missing key with a COUNT answers a null array when `nullArrayForMissingKey` (LPOP,
+    /// RPOP), else an empty one (SPOP); without, a null bulk. `popOne` takes an element out of
+    /// a collection that is not empty and appends it to the reply as a bulk string.
+    @inline(__always)
+    func popElements<Kind: CollectionKind>(
+        _ a: [[UInt8]], _ kind: Kind.Type, nullArrayForMissingKey: Bool, _ output: inout [UInt8],
+        popOne: (inout Kind.Collection, inout [UInt8]) -> Void
+    ) -> KVExecution {
         var count: Int?
         if a.count == 3 {
             guard let value = positiveCountArgument(a[2], &output) else { return .replied }
             count = value
         }
         guard let slot = liveSlot(a[1]) else {
-            if count != nil { RESP.appendNullArray(to: &output) } else { RESP.appendNullBulk(to: &output) }
+            if count == nil {
+                RESP.appendNullBulk(to: &output)
+            } else if nullArrayForMissingKey {
+                RESP.appendNullArray(to: &output)
+            } else {
+                RESP.appendEmptyArray(to: &output)
+            }
             return .replied
         }
-        guard case .list = entry(at: slot).value else {
+        guard Kind.box(in: entry(at: slot).value) != nil else {
             replyWrongType(&output)
             return .replied
         }
@@ -85,17 +108,15 @@ extension KVCore {
             return .replied
         }
         let empty = modifyValue(at: slot) { value -> Bool in
-            value.withList { list -> Bool in
+            value.withCollection(Kind.self) { collection -> Bool in
                 if let count {
-                    let popping = min(count, list.count)
+                    let popping = min(count, collection.count)
                     RESP.appendArrayHeader(popping, to: &output)
-                    for _ in 0..<popping {
-                        RESP.appendBulkString((front ? list.popFront() : list.popBack())!, to: &output)
-                    }
+                    for _ in 0..<popping { popOne(&collection, &output) }
                 } else {
-                    RESP.appendBulkString((front ? list.popFront() : list.popBack())!, to: &output)
+                    popOne(&collection, &output)
                 }
-                return list.isEmpty
+                return collection.isEmpty
             } ?? false
         }
         if empty { deleteKey(slot: slot) }
@@ -103,15 +124,7 @@ extension KVCore {
     }
 
     func llen(_ a: [[UInt8]], _ output: inout [UInt8]) {
-        guard let slot = readSlot(a[1]) else {
-            RESP.appendInteger(0, to: &output)
-            return
-        }
-        guard case .list(let box) = entry(at: slot).value else {
-            replyWrongType(&output)
-            return
-        }
-        RESP.appendInteger(box.collection.count, to: &output)
+        memberCount(a, ListKind.self, &output)
     }
 
     func lrange(_ a: [[UInt8]], _ output: inout [UInt8]) -> KVExecution {
@@ -122,11 +135,9 @@ extension KVCore {
             RESP.appendEmptyArray(to: &output)
             return .replied
         }
-        guard case .list(let box) = keyspace.slots[slot].value!.value else {
-            replyWrongType(&output)
+        guard let list = collection(ListKind.self, at: slot, &output) else {  // a snapshot, if sliced
             return .replied
         }
-        let list = box.collection  // a snapshot, if the reply is sliced
         let length = Int64(list.count)
         if start < 0 { start += length }
         if end < 0 { end += length }
@@ -153,11 +164,7 @@ extension KVCore {
             RESP.appendNullBulk(to: &output)
             return
         }
-        guard case .list(let box) = entry(at: slot).value else {
-            replyWrongType(&output)
-            return
-        }
-        let list = box.collection
+        guard let list = collection(ListKind.self, at: slot, &output) else { return }
         guard var index = integerArgument(a[2], &output) else { return }
         if index < 0 { index += Int64(list.count) }
         if index < 0 || index >= Int64(list.count) {
@@ -191,38 +198,53 @@ extension KVCore {
         if let added { RESP.appendInteger(added, to: &output) } else { replyWrongType(&output) }
     }
 
-    /// The hash in `slot` for reading, or nil after a WRONGTYPE reply.
+    /// The `Kind` collection in `slot` for reading, or nil after a WRONGTYPE reply.
     @inline(__always)
-    func hashValue(at slot: Int, _ output: inout [UInt8]) -> ByteMap<[UInt8]>? {
-        guard case .hash(let box) = keyspace.slots[slot].value!.value else {
+    func collection<Kind: CollectionKind>(
+        _ kind: Kind.Type, at slot: Int, _ output: inout [UInt8]
+    ) -> Kind.Collection? {
+        guard let box = Kind.box(in: keyspace.slots[slot].value!.value) else {
             replyWrongType(&output)
             return nil
         }
         return box.collection
     }
 
-    func hget(_ a: [[UInt8]], _ output: inout [UInt8]) {
+    /// LLEN, HLEN and SCARD: the collection's size (0 for a missing key).
+    func memberCount<Kind: CollectionKind>(_ a: [[UInt8]], _ kind: Kind.Type, _ output: inout [UInt8]) {
         guard let slot = readSlot(a[1]) else {
-            RESP.appendNullBulk(to: &output)
+            RESP.appendInteger(0, to: &output)
             return
         }
-        guard let map = hashValue(at: slot, &output) else { return }
-        if let value = map.value(for: a[2]) {
-            RESP.appendBulkString(value, to: &output)
-        } else {
-            RESP.appendNullBulk(to: &output)
-        }
+        guard let held = collection(Kind.self, at: slot, &output) else { return }
+        RESP.appendInteger(held.count, to: &output)
     }
 
-    func hdel(_ a: [[UInt8]], _ output: inout [UInt8]) {
+    /// HEXISTS and SISMEMBER: 1 when the field or member `a[2]` is there, else 0.
+    func containsMember<Kind: CollectionKind, Value>(
+        _ a: [[UInt8]], _ kind: Kind.Type, _ output: inout [UInt8]
+    ) where Kind.Collection == ByteMap<Value> {
+        guard let slot = readSlot(a[1]) else {
+            RESP.appendInteger(0, to: &output)
+            return
+        }
+        guard let map = collection(Kind.self, at: slot, &output) else { return }
+        RESP.appendInteger(map.find(a[2]) != nil ? 1 : 0, to: &output)
+    }
+
+    /// HDEL and SREM: removes the fields or members `a[2...]`, answers how many were there and
+    /// deletes the key emptied.
+    func removeMembers<Kind: CollectionKind, Value>(
+        _ a: [[UInt8]], _ kind: Kind.Type, _ output: inout [UInt8]
+    ) where Kind.Collection == ByteMap<Value> {
         guard let slot = liveSlot(a[1]) else {
             RESP.appendInteger(0, to: &output)
             return
         }
         let result = modifyValue(at: slot) { value in
-            value.withHash { map -> (Int, Bool) in
+            value.withCollection(Kind.self) { map -> (Int, Bool) in
                 var removed = 0
-                for field in a.dropFirst(2) where map.remove(field) != nil { removed += 1 }
+                for member in a.dropFirst(2) where map.remove(member) != nil { removed += 1 }
                 return (removed, map.isEmpty)
             }
         }
@@ -234,12 +256,29 @@ extension KVCore {
         RESP.appendInteger(removed, to: &output)
     }
 
+    func hget(_ a: [[UInt8]], _ output: inout [UInt8]) {
+        guard let slot = readSlot(a[1]) else {
+            RESP.appendNullBulk(to: &output)
+            return
+        }
+        guard let map = collection(HashKind.self, at: slot, &output) else { return }
+        if let value = map.value(for: a[2]) {
+            RESP.appendBulkString(value, to: &output)
+        } else {
+            RESP.appendNullBulk(to: &output)
+        }
+    }
+
+    func hdel(_ a: [[UInt8]], _ output: inout [UInt8]) {
+        removeMembers(a, HashKind.self, &output)
+    }
+
     func hgetall(_ a: [[UInt8]], _ output: inout [UInt8]) -> KVExecution {
         guard let slot = readSlot(a[1]) else {
             RESP.appendEmptyArray(to: &output)
             return .replied
         }
-        guard let map = hashValue(at: slot, &output) else { return .replied }
+        guard let map = collection(HashKind.self, at: slot, &output) else { return .replied }
         if map.count >= configuration.slicingThreshold {
             return .sliced(KVSlicedReply(core: self, kind: .hash(map, cursor: 0)))
         }
@@ -254,21 +293,11 @@ extension KVCore {
     }
 
     func hlen(_ a: [[UInt8]], _ output: inout [UInt8]) {
-        guard let slot = readSlot(a[1]) else {
-            RESP.appendInteger(0, to: &output)
-            return
-        }
-        guard let map = hashValue(at: slot, &output) else { return }
-        RESP.appendInteger(map.count, to: &output)
+        memberCount(a, HashKind.self, &output)
     }
 
     func hexists(_ a: [[UInt8]], _ output: inout [UInt8]) {
-        guard let slot = readSlot(a[1]) else {
-            RESP.appendInteger(0, to: &output)
-            return
-        }
-        guard let map = hashValue(at: slot, &output) else { return }
-        RESP.appendInteger(map.find(a[2]) != nil ? 1 : 0, to: &output)
+        containsMember(a, HashKind.self, &output)
     }
 
     func hincrby(_ a: [[UInt8]], _ output: inout [UInt8]) {
@@ -326,33 +355,7 @@ extension KVCore {
     }
 
     func srem(_ a: [[UInt8]], _ output: inout [UInt8]) {
-        guard let slot = liveSlot(a[1]) else {
-            RESP.appendInteger(0, to: &output)
-            return
-        }
-        let result = modifyValue(at: slot) { value in
-            value.withSet { map -> (Int, Bool) in
-                var removed = 0
-                for member in a.dropFirst(2) where map.remove(member) != nil { removed += 1 }
-                return (removed, map.isEmpty)
-            }
-        }
-        guard let (removed, empty) = result else {
-            replyWrongType(&output)
-            return
-        }
-        if empty { deleteKey(slot: slot) }
-        RESP.appendInteger(removed, to: &output)
-    }
-
-    /// The set in `slot` for reading, or nil after a WRONGTYPE reply.
-    @inline(__always)
-    func setValue(at slot: Int, _ output: inout [UInt8]) -> ByteMap<Void>? {
-        guard case .set(let box) = keyspace.slots[slot].value!.value else {
-            replyWrongType(&output)
-            return nil
-        }
-        return box.collection
+        removeMembers(a, SetKind.self, &output)
     }
 
     func smembers(_ a: [[UInt8]], _ output: inout [UInt8]) -> KVExecution {
@@ -360,7 +363,7 @@ extension KVCore {
             RESP.appendEmptyArray(to: &output)
             return .replied
         }
-        guard let map = setValue(at: slot, &output) else { return .replied }
+        guard let map = collection(SetKind.self, at: slot, &output) else { return .replied }
         if map.count >= configuration.slicingThreshold {
             return .sliced(KVSlicedReply(core: self, kind: .set(map, cursor: 0)))
         }
@@ -372,21 +375,11 @@ extension KVCore {
     }
 
     func sismember(_ a: [[UInt8]], _ output: inout [UInt8]) {
-        guard let slot = readSlot(a[1]) else {
-            RESP.appendInteger(0, to: &output)
-            return
-        }
-        guard let map = setValue(at: slot, &output) else { return }
-        RESP.appendInteger(map.find(a[2]) != nil ? 1 : 0, to: &output)
+        containsMember(a, SetKind.self, &output)
     }
 
     func scard(_ a: [[UInt8]], _ output: inout [UInt8]) {
-        guard let slot = readSlot(a[1]) else {
-            RESP.appendInteger(0, to: &output)
-            return
-        }
-        guard let map = setValue(at: slot, &output) else { return }
-        RESP.appendInteger(map.count, to: &output)
+        memberCount(a, SetKind.self, &output)
     }
 
     func spop(_ a: [[UInt8]], _ output: inout [UInt8]) -> KVExecution {
@@ -394,40 +387,8 @@ extension KVCore {
             replySyntaxError(&output)
             return .replied
         }
-        var count: Int?
-        if a.count == 3 {
-            guard let value = positiveCountArgument(a[2], &output) else { return .replied }
-            count = value
+        return popElements(a, SetKind.self, nullArrayForMissingKey: false, &output) { map, output in
+            RESP.appendBulkString(map.remove(slot: map.randomSlot()!).key, to: &output)
         }
-        guard let slot = liveSlot(a[1]) else {
-            if count != nil { RESP.appendEmptyArray(to: &output) } else { RESP.appendNullBulk(to: &output) }
-            return .replied
-        }
-        guard case .set = entry(at: slot).value else {
-            replyWrongType(&output)
-            return .replied
-        }
-        if count == 0 {
-            RESP.appendEmptyArray(to: &output)
-            return .replied
-        }
-        let empty = modifyValue(at: slot) { value -> Bool in
-            value.withSet { map -> Bool in
-                if let count {
-                    let popping = min(count, map.count)
-                    RESP.appendArrayHeader(popping, to: &output)
-                    for _ in 0..<popping {
-                        let member = map.remove(slot: map.randomSlot()!).key
-                        RESP.appendBulkString(member, to: &output)
-                    }
-                } else {
-                    let member = map.remove(slot: map.randomSlot()!).key
-                    RESP.appendBulkString(member, to: &output)
-                }
-                return map.isEmpty
-            } ?? false
-        }
-        if empty { deleteKey(slot: slot) }
-        return .replied
     }
 }

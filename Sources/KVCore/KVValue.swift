@@ -92,3 +92,63 @@ final class KeysScanProgress {
 struct WeakKeysScan {
     weak var progress: KeysScanProgress?
 }
+
+/// What the code shared by lists, hashes and sets needs of the collection itself.
+protocol KVCollection {
+    /// Elements, fields or members held.
+    var count: Int { get }
+    /// Whether nothing is held (the key must then go).
+    var isEmpty: Bool { get }
+}
+
+extension ListValue: KVCollection {}
+extension ByteMap: KVCollection {}
+
+/// One of the collection kinds a `KVValue` holds (`ListKind`, `HashKind`, `SetKind`), so that a
+/// command that does the same thing to a hash as to a set (or a list) is written once, generic
+/// over the kind. Caseless enums used as types only: the generic code is specialized for each,
+/// so it costs what the hand-written `case .hash(let box)` did.
+protocol CollectionKind {
+    /// The collection in the kind's box.
+    associatedtype Collection: KVCollection
+    /// The box, when `value` is of this kind; nil when it is of another.
+    static func box(in value: KVValue) -> CollectionBox<Collection>?
+    /// A value of this kind holding `box`.
+    static func value(_ box: CollectionBox<Collection>) -> KVValue
+}
+
+/// `KVValue.list`, as a `CollectionKind`.
+enum ListKind: CollectionKind {
+    @inline(__always)
+    static func box(in value: KVValue) -> CollectionBox<ListValue>? {
+        if case .list(let box) = value { return box }
+        return nil
+    }
+
+    @inline(__always)
+    static func value(_ box: CollectionBox<ListValue>) -> KVValue { .list(box) }
+}
+
+/// `KVValue.hash`, as a `CollectionKind`.
+enum HashKind: CollectionKind {
+    @inline(__always)
+    static func box(in value: KVValue) -> CollectionBox<ByteMap<[UInt8]>>? {
+        if case .hash(let box) = value { return box }
+        return nil
+    }
+
+    @inline(__always)
+    static func value(_ box: CollectionBox<ByteMap<[UInt8]>>) -> KVValue { .hash(box) }
+}
+
+/// `KVValue.set`, as a `CollectionKind`.
+enum SetKind: CollectionKind {
+    @inline(__always)
+    static func box(in value: KVValue) -> CollectionBox<ByteMap<Void>>? {
+        if case .set(let box) = value { return box }
+        return nil
+    }
+
+    @inline(__always)
+    static func value(_ box: CollectionBox<ByteMap<Void>>) -> KVValue { .set(box) }
+}
