@@ -90,6 +90,9 @@ let package = Package(
             dependencies: ["Mainspring", "MainspringHTTP", "MainspringTLS"],
             path: "Sources/ExampleServices"
         ),
+        // The `--flag value` command line that mainspring-daemon and mainspring-kv share: a target
+        // of its own, without dependencies, so that the KV server does not build TLS to have it.
+        .target(name: "ExampleCommandLine", path: "Sources/ExampleCommandLine"),
         // The pure logic of a Redis-protocol server (RESP2 parser, reply encoder, keyspace,
         // commands, sliced slow commands): no dependencies, so the network side wires it up.
         .target(name: "KVCore", path: "Sources/KVCore"),
@@ -113,7 +116,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "mainspring-daemon",
-            dependencies: ["Mainspring", "MainspringHTTP", "MainspringTLS", "ExampleServices"],
+            dependencies: ["Mainspring", "MainspringHTTP", "MainspringTLS", "ExampleServices", "ExampleCommandLine"],
             path: "Examples/Daemon",
             exclude: ["systemd"]  // the unit files
         ),
@@ -139,7 +142,7 @@ let package = Package(
         // holds the redis-py oracle and the redis-cli session the tests run against it).
         .executableTarget(
             name: "mainspring-kv",
-            dependencies: ["Mainspring", "MainspringHTTP", "KVCore"],
+            dependencies: ["Mainspring", "MainspringHTTP", "KVCore", "ExampleCommandLine"],
             path: "Examples/KV",
             exclude: ["tests"]
         ),

@@ -1,3 +1,4 @@
+import ExampleCommandLine
 import ExampleServices
 import Foundation
 import Mainspring
@@ -70,48 +71,36 @@ var socketName: String?
 var statusInterval = Duration.seconds(5)
 var tlsCertificate: String?
 var tlsKey: String?
-var arguments = Array(CommandLine.arguments.dropFirst())
-while !arguments.isEmpty {
-    let flag = arguments.removeFirst()
-    if flag == "--help" || flag == "-h" {
-        say(usage)
-        exit(0)
-    }
-    guard let value = arguments.first else { fail("\(flag) needs a value") }
-    arguments.removeFirst()
-    func number(_ range: ClosedRange<Int>) -> Int {
-        guard let n = Int(value), range.contains(n) else { fail("\(flag) needs a number in \(range), not '\(value)'") }
-        return n
-    }
-    switch flag {
-    case "--host": host = value
+forEachFlag(in: Array(CommandLine.arguments.dropFirst()), help: { say(usage) }, fail: fail) { flag in
+    switch flag.name {
+    case "--host": host = flag.value
     case "--port":
-        port = UInt16(number(0...65_535))
+        port = UInt16(flag.number(0...65_535))
         portGiven = true
-    case "--http-port": httpPort = UInt16(number(0...65_535))
+    case "--http-port": httpPort = UInt16(flag.number(0...65_535))
     case "--unix":
-        guard !value.isEmpty else { fail("--unix needs a path") }
-        unixPath = value
+        guard !flag.value.isEmpty else { fail("--unix needs a path") }
+        unixPath = flag.value
     case "--http-unix":
-        guard !value.isEmpty else { fail("--http-unix needs a path") }
-        httpUnixPath = value
-    case "--loops": loops = number(1...256)
-    case "--max-line": options.maxLineLength = number(16...(16 << 20))
-    case "--output-limit": options.outputLimit = number(1_024...(1 << 30))
+        guard !flag.value.isEmpty else { fail("--http-unix needs a path") }
+        httpUnixPath = flag.value
+    case "--loops": loops = flag.number(1...256)
+    case "--max-line": options.maxLineLength = flag.number(16...(16 << 20))
+    case "--output-limit": options.outputLimit = flag.number(1_024...(1 << 30))
     case "--idle-timeout":
-        let seconds = number(0...86_400)
+        let seconds = flag.number(0...86_400)
         options.idleTimeout = seconds == 0 ? nil : .seconds(seconds)
-    case "--grace": grace = .seconds(number(0...3_600))
+    case "--grace": grace = .seconds(flag.number(0...3_600))
     case "--fd-limit":
         var limit = rlimit()
         getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
-        limit.rlim_cur = rlim_t(number(16...1_048_576))
+        limit.rlim_cur = rlim_t(flag.number(16...1_048_576))
         guard setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { fail("cannot set the descriptor limit") }
-    case "--socket-name": socketName = value
-    case "--status-interval": statusInterval = .milliseconds(number(0...3_600_000))
-    case "--tls-certificate": tlsCertificate = value
-    case "--tls-key": tlsKey = value
-    default: fail("unknown option \(flag)")
+    case "--socket-name": socketName = flag.value
+    case "--status-interval": statusInterval = .milliseconds(flag.number(0...3_600_000))
+    case "--tls-certificate": tlsCertificate = flag.value
+    case "--tls-key": tlsKey = flag.value
+    default: fail("unknown option \(flag.name)")
     }
 }
 

@@ -1,3 +1,4 @@
+import ExampleCommandLine
 import Foundation
 import KVCore
 import Mainspring
@@ -51,27 +52,15 @@ func fail(_ message: String) -> Never {
 var options = ServerOptions()
 options.port = 6379
 var httpPort: UInt16?
-var arguments = Array(CommandLine.arguments.dropFirst())
-while !arguments.isEmpty {
-    let flag = arguments.removeFirst()
-    if flag == "--help" || flag == "-h" {
-        print(usage)
-        exit(0)
-    }
-    guard let value = arguments.first else { fail("\(flag) needs a value") }
-    arguments.removeFirst()
-    func number(_ range: ClosedRange<Int>) -> Int {
-        guard let n = Int(value), range.contains(n) else { fail("\(flag) needs a number in \(range), not '\(value)'") }
-        return n
-    }
-    switch flag {
-    case "--port": options.port = UInt16(number(0...65_535))
-    case "--host": options.host = value
-    case "--loops": options.loops = number(1...64)
-    case "--http-port": httpPort = UInt16(number(0...65_535))
-    case "--client-output-limit": options.clientOutputLimit = number(0...(1 << 40))
-    case "--maxclients": options.maxClients = number(1...1_000_000)
-    default: fail("unknown option \(flag)")
+forEachFlag(in: Array(CommandLine.arguments.dropFirst()), help: { print(usage) }, fail: fail) { flag in
+    switch flag.name {
+    case "--port": options.port = UInt16(flag.number(0...65_535))
+    case "--host": options.host = flag.value
+    case "--loops": options.loops = flag.number(1...64)
+    case "--http-port": httpPort = UInt16(flag.number(0...65_535))
+    case "--client-output-limit": options.clientOutputLimit = flag.number(0...(1 << 40))
+    case "--maxclients": options.maxClients = flag.number(1...1_000_000)
+    default: fail("unknown option \(flag.name)")
     }
 }
 
