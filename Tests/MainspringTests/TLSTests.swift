@@ -388,21 +388,29 @@ struct TLSTests {
         await group.shutdown(gracePeriod: .seconds(2))
     }
 
-    @Test("a TLS peer that leaves mid-stream (no close_notify, or a reset) or mid-handshake: the error says what happened, in words, never OpenSSL's 'reason(N)'")
+    @Test("a peer that leaves mid-stream reads the same over TLS as over plain TCP (closed without close_notify: the end of input; reset: ECONNRESET); mid-handshake: the error in words, never OpenSSL's 'reason(N)'")
     func peerLeavesErrorsInWords() async throws {
         let certs = try #require(certificates)
         let group = try EventLoopGroup(loopCount: 1)
         let loop = group.loops[0]
         let context = try TLSServerContext(configuration: serverConfiguration(certs, handshakeTimeout: .seconds(30)))
-        let reasons = Locked<[String]>([])
-        let port = try await loop.submit {
-            let listener = try Listener(on: loop, tls: context) { connection in
-                connection.onClose { reason in reasons.withLock { $0.append("\(reason)") } }
-                connection.readLines { event in
-                    if case .line = event { connection.writeLine("ok") }
+        // What each server saw: its line events' end, then the close reason. At the end of the
+        // input it closes the connection itself, as a line service does.
+        let seen = Locked<[String]>([])
+        let serve: @Sendable (Connection) -> Void = { connection in
+            connection.onClose { reason in seen.withLock { $0.append("close: \(reason)") } }
+            connection.readLines { event in
+                switch event {
+                case .line: connection.writeLine("ok")
+                case .endOfFile:
+                    seen.withLock { $0.append("end of input") }
+                    connection.close()
+                default: break
                 }
             }
-            return listener.port
+        }
+        let (plainPort, port) = try await loop.submit {
+            (try Listener(on: loop, accept: serve).port, try Listener(on: loop, tls: context, accept: serve).port)
         }
         // A client that talks, reads the answer (and the TLS 1.3 session tickets before it: unread,
         // they would make the close a reset), then closes its socket without close_notify — or,
@@ -414,7 +422,8 @@ struct TLSTests {
         if mode == "mid-handshake":
             sock.sendall(bytes([0x16, 0x03, 0x01, 0x02, 0x00, 0x01]))
         else:
-            sock = ssl.create_default_context(cafile=cafile).wrap_socket(sock, server_hostname="localhost")
+            if sys.argv[4] == "tls":
+                sock = ssl.create_default_context(cafile=cafile).wrap_socket(sock, server_hostname="localhost")
             sock.sendall(b"hello\\n")
             data = b""
             while not data.endswith(b"ok\\n"):
@@ -427,19 +436,20 @@ struct TLSTests {
         os.close(sock.fileno())
         os._exit(0)
         """
-        for (mode, expected) in [("no close_notify", "TLS: the peer closed the connection without close_notify"),
-                                 ("reset", "TLS: system call failed: Connection reset by peer")]
+        for (mode, expected) in [("no close_notify", ["end of input", "close: closed"]),
+                                 ("reset", ["close: \(Connection.CloseReason.error(ECONNRESET))"])]
         {
-            let before = reasons.value.count
-            let result = try await runProgram("python3", arguments: ["-c", script, "\(port)", certs.caCertificate, mode],
-                                              timeout: .seconds(30))
-            #expect(result.status == 0, "\(mode): \(result.summary)")
-            #expect(await eventually { reasons.value.count > before }, "\(mode): the server's connection never closed")
-            let reason = reasons.value.last ?? ""
-            #expect(!reason.contains("reason("), "\(mode): \(reason)")
-            #expect(reason == expected, "\(mode)")
+            for (transport, target) in [("plain", plainPort), ("tls", port)] {
+                seen.withLock { $0 = [] }
+                let result = try await runProgram("python3", arguments: ["-c", script, "\(target)", certs.caCertificate, mode, transport],
+                                                  timeout: .seconds(30))
+                #expect(result.status == 0, "\(mode) \(transport): \(result.summary)")
+                #expect(await eventually { seen.value.contains { $0.hasPrefix("close:") } },
+                        "\(mode) \(transport): the server's connection never closed")
+                #expect(seen.value == expected, "\(mode) over \(transport)")
+            }
         }
-        let result = try await runProgram("python3", arguments: ["-c", script, "\(port)", certs.caCertificate, "mid-handshake"],
+        let result = try await runProgram("python3", arguments: ["-c", script, "\(port)", certs.caCertificate, "mid-handshake", "tls"],
                                           timeout: .seconds(30))
         #expect(result.status == 0, "mid-handshake: \(result.summary)")
         #expect(await eventually { context.statistics.failedHandshakes >= 1 }, "the half handshake was never counted")
@@ -474,7 +484,7 @@ struct TLSTests {
         await group.shutdown(gracePeriod: .seconds(2))
     }
 
-    @Test("replies go straight to the socket (one SSL_write) while nothing waits in libevent's buffer: a 32 MB reply the socket cannot take is finished from that buffer, the lines behind it follow in order, the next reply goes straight out again; a reset in the middle closes with the reset in words")
+    @Test("replies go straight to the socket (one SSL_write) while nothing waits in libevent's buffer: a 32 MB reply the socket cannot take is finished from that buffer, the lines behind it follow in order, the next reply goes straight out again; a reset in the middle closes with ECONNRESET (or EPIPE), as over plain TCP")
     func directWrites() async throws {
         let certs = try #require(certificates)
         let group = try EventLoopGroup(loopCount: 1)
@@ -485,6 +495,7 @@ struct TLSTests {
             let listener = try Listener(on: loop, tls: context) { connection in
                 connection.onClose { reason in reasons.withLock { $0.append("\(reason)") } }
                 connection.readLines { event in
+                    if case .endOfFile = event { connection.close() }
                     guard case .line(let text) = event else { return }
                     if text.hasPrefix("blob "), let count = Int(text.dropFirst(5)) {
                         // Bytes 0, 1, … 250, 0, 1, … (Python makes the same to compare).
@@ -548,7 +559,8 @@ struct TLSTests {
         #expect(await eventually { reasons.value.count == 2 }, "the server's connection never closed after the reset")
         let reason = reasons.value.last ?? ""
         #expect(!reason.contains("reason("), "\(reason)")
-        #expect(reason.hasPrefix("TLS: ") && (reason.contains("reset") || reason.contains("Broken pipe")), "\(reason)")
+        #expect(reason == "\(Connection.CloseReason.error(ECONNRESET))" || reason == "\(Connection.CloseReason.error(EPIPE))",
+                "a reset reads as it does over plain TCP: \(reason)")
         await group.shutdown(gracePeriod: .seconds(2))
     }
 

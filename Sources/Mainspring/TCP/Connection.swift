@@ -108,8 +108,10 @@ public final class Connection: @unchecked Sendable {
         /// not yet sent dropped.
         case cancelled
         /// The connection's TLS layer failed (`MainspringTLS`): a handshake refused or timed out,
-        /// a certificate that did not verify, a record that did not decrypt, a peer that ended
-        /// without close_notify. `reason` is OpenSSL's account, naming the check that failed.
+        /// a certificate that did not verify, a record that did not decrypt. `reason` is
+        /// OpenSSL's account, naming the check that failed. A TLS peer that goes away is not
+        /// this: as over plain TCP, a socket that ends (with or without close_notify) is the end
+        /// of the input, and one that fails (a reset) is `.error(errno)`.
         case tls(String)
         /// A connect by name failed before the connection was established: the name did not
         /// resolve (`EventLoopError.hostNotFound`, `.resolveTimedOut`), or every address refused
