@@ -130,6 +130,26 @@ func loadTest(connect: @escaping @Sendable () -> BenchClient?, duration: Duratio
                       cpuPerRequest: cpu / Double(max(count, 1)) * 1e6)
 }
 
+/// A blocking TCP socket connected to 127.0.0.1:`port`, with Nagle's algorithm off (the
+/// benchmarks' clients: `BenchClient`, the KV scenario's RESP client); nil when it cannot connect.
+func connectLoopback(port: UInt16) -> Int32? {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_port = port.bigEndian
+    address.sin_addr.s_addr = UInt32(0x7F00_0001).bigEndian
+    let rc = withUnsafePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+    }
+    guard rc == 0 else {
+        close(fd)
+        return nil
+    }
+    var one: Int32 = 1
+    setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
+    return fd
+}
+
 /// A blocking loopback client.
 final class BenchClient {
     let fd: Int32
@@ -137,20 +157,8 @@ final class BenchClient {
     private var start = 0
 
     init?(port: UInt16) {
-        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = port.bigEndian
-        address.sin_addr.s_addr = UInt32(0x7F00_0001).bigEndian
-        let rc = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        if rc != 0 {
-            close(fd)
-            return nil
-        }
-        var one: Int32 = 1
-        setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
+        guard let fd = connectLoopback(port: port) else { return nil }
+        self.fd = fd
     }
 
     /// A blocking client of the Unix stream socket at `path`.

@@ -116,17 +116,9 @@ struct WrkResult {
 
 /// Runs wrk and reads `Requests/sec`, the requests completed and the 99% latency (in ms).
 func runWrk(_ path: String, _ arguments: [String]) -> WrkResult {
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: path)
-    process.arguments = arguments
-    let output = Foundation.Pipe()
-    process.standardOutput = output
-    process.standardError = FileHandle.nullDevice
-    guard (try? process.run()) != nil else { return WrkResult() }
-    let data = output.fileHandleForReading.readDataToEndOfFile()
-    process.waitUntilExit()
+    guard let text = standardOutput(of: path, arguments) else { return WrkResult() }
     var result = WrkResult()
-    for line in String(decoding: data, as: UTF8.self).split(separator: "\n") {
+    for line in text.split(separator: "\n") {
         let fields = line.split(separator: " ", omittingEmptySubsequences: true)
         if fields.first == "Requests/sec:", fields.count > 1 { result.rate = Double(fields[1]) ?? .nan }
         if fields.first == "99%", fields.count > 1 { result.p99 = milliseconds(String(fields[1])) }

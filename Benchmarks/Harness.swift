@@ -221,3 +221,19 @@ func blockingAwait<T: Sendable>(_ body: @escaping @Sendable () async -> T) -> T 
     box.done.wait()
     return box.value!
 }
+
+/// What the tool at `path` writes to its standard output when run with `arguments` (its
+/// standard error thrown away), read to the end and the tool waited for; nil when it cannot be
+/// started. For the outside tools the scenarios read figures from: `nm`, `wrk`, `redis-benchmark`.
+func standardOutput(of path: String, _ arguments: [String]) -> String? {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: path)
+    process.arguments = arguments
+    let output = Foundation.Pipe()
+    process.standardOutput = output
+    process.standardError = FileHandle.nullDevice
+    guard (try? process.run()) != nil else { return nil }
+    let data = output.fileHandleForReading.readDataToEndOfFile()
+    process.waitUntilExit()
+    return String(decoding: data, as: UTF8.self)
+}

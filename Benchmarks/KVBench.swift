@@ -133,18 +133,11 @@ private final class BenchServer {
 
 /// Runs redis-benchmark; the requests/s of each test, by lowercase name (`lrange_100`).
 private func runRedisBenchmark(_ path: String, port: UInt16, requests: Int, pipeline: Int) -> [(String, Double)] {
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: path)
-    process.arguments = ["-p", "\(port)", "-q", "-n", "\(requests)", "-c", "50", "-P", "\(pipeline)", "-t", kvBenchTests]
-    let output = Foundation.Pipe()
-    process.standardOutput = output
-    process.standardError = FileHandle.nullDevice
-    guard (try? process.run()) != nil else { return [] }
-    let data = output.fileHandleForReading.readDataToEndOfFile()
-    process.waitUntilExit()
+    let arguments = ["-p", "\(port)", "-q", "-n", "\(requests)", "-c", "50", "-P", "\(pipeline)", "-t", kvBenchTests]
+    guard let text = standardOutput(of: path, arguments) else { return [] }
     var figures: [(String, Double)] = []
     // "SET: 123456.79 requests per second, p50=0.191 msec" (progress lines end with \r).
-    for line in String(decoding: data, as: UTF8.self).split(whereSeparator: { $0 == "\n" || $0 == "\r" }) {
+    for line in text.split(whereSeparator: { $0 == "\n" || $0 == "\r" }) {
         guard let colon = line.firstIndex(of: ":"), line.contains("requests per second") else { continue }
         let name = line[..<colon].split(separator: " ").first.map { $0.lowercased() } ?? ""
         if name == "lpush" && line.contains("needed to benchmark") { continue }
@@ -163,20 +156,8 @@ private final class RESPBenchClient {
     private var position = 0
 
     init?(port: UInt16) {
-        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = port.bigEndian
-        address.sin_addr.s_addr = UInt32(0x7F00_0001).bigEndian
-        let rc = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        guard rc == 0 else {
-            close(fd)
-            return nil
-        }
-        var one: Int32 = 1
-        setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
+        guard let fd = connectLoopback(port: port) else { return nil }
+        self.fd = fd
     }
 
     deinit { close(fd) }
