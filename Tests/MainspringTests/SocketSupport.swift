@@ -11,38 +11,10 @@ final class TestClient: @unchecked Sendable {
     private var pending: [UInt8] = []
 
     init(port: UInt16, host: String = "127.0.0.1") throws {
-        let family = host.contains(":") ? AF_INET6 : AF_INET
         // The descriptor is stored only once connected: a class whose init throws after its
         // properties are set runs `deinit`, which would close the descriptor a second time (by
         // then perhaps another thread's: a new loop's epoll instance, say).
-        let fd = socket(family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { throw POSIXError(.EMFILE) }
-        var rc: Int32
-        if family == AF_INET {
-            var address = sockaddr_in()
-            address.sin_family = sa_family_t(AF_INET)
-            address.sin_port = port.bigEndian
-            inet_pton(AF_INET, host, &address.sin_addr)
-            rc = withUnsafePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-            }
-        } else {
-            var address = sockaddr_in6()
-            address.sin6_family = sa_family_t(AF_INET6)
-            address.sin6_port = port.bigEndian
-            inet_pton(AF_INET6, host, &address.sin6_addr)
-            rc = withUnsafePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in6>.size)) }
-            }
-        }
-        guard rc == 0 else {
-            let code = errno
-            close(fd)
-            throw POSIXError(POSIXErrorCode(rawValue: code) ?? .ECONNREFUSED)
-        }
-        var timeout = timeval(tv_sec: 10, tv_usec: 0)
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
-        self.fd = fd
+        fd = try connectTestSocket(port: port, host: host)
     }
 
     deinit { close(fd) }
@@ -58,14 +30,7 @@ final class TestClient: @unchecked Sendable {
 
     /// Sends all of `bytes` (blocking).
     func send(_ bytes: some Collection<UInt8>) {
-        let bytes = Array(bytes)
-        var offset = 0
-        while offset < bytes.count {
-            let n = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress! + offset, $0.count - offset, Int32(MSG_NOSIGNAL)) }
-            if n < 0 && errno == EINTR { continue }
-            if n <= 0 { return }
-            offset += n
-        }
+        sendAll(Array(bytes), to: fd)
     }
 
     /// Reads one line (without "\n"); nil at end of file, error or timeout.
@@ -191,5 +156,52 @@ private func isBindable(_ port: UInt16) -> Bool {
     address.sin_addr.s_addr = UInt32(0x7F00_0001).bigEndian
     return withUnsafePointer(to: &address) {
         $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
+    }
+}
+
+/// A blocking TCP socket (close-on-exec) connected to `host`:`port` (IPv4, or IPv6 when `host`
+/// has a colon), whose reads give up after `receiveTimeoutSeconds`: the tests' plain clients
+/// (`TestClient`, the KV tests' `RESPClient`). Throws the connect's errno.
+func connectTestSocket(port: UInt16, host: String = "127.0.0.1", receiveTimeoutSeconds: Int = 10) throws -> Int32 {
+    let family = host.contains(":") ? AF_INET6 : AF_INET
+    let fd = socket(family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+    guard fd >= 0 else { throw POSIXError(.EMFILE) }
+    var rc: Int32
+    if family == AF_INET {
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = port.bigEndian
+        inet_pton(AF_INET, host, &address.sin_addr)
+        rc = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+    } else {
+        var address = sockaddr_in6()
+        address.sin6_family = sa_family_t(AF_INET6)
+        address.sin6_port = port.bigEndian
+        inet_pton(AF_INET6, host, &address.sin6_addr)
+        rc = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in6>.size)) }
+        }
+    }
+    guard rc == 0 else {
+        let code = errno
+        close(fd)
+        throw POSIXError(POSIXErrorCode(rawValue: code) ?? .ECONNREFUSED)
+    }
+    var timeout = timeval(tv_sec: receiveTimeoutSeconds, tv_usec: 0)
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+    return fd
+}
+
+/// Sends all of `bytes` on the blocking socket `fd` (retrying after EINTR); stops early, quietly,
+/// when the peer is gone.
+func sendAll(_ bytes: [UInt8], to fd: Int32) {
+    var offset = 0
+    while offset < bytes.count {
+        let n = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress! + offset, $0.count - offset, Int32(MSG_NOSIGNAL)) }
+        if n < 0 && errno == EINTR { continue }
+        if n <= 0 { return }
+        offset += n
     }
 }
