@@ -7,6 +7,7 @@ extension FuzzHarness {
         ("demo-commands", demoCommands),
         ("daemon-commands", daemonCommands),
         ("http-heads", httpHead),
+        ("websocket-frames", webSocketFrames),
     ]
 
     /// Harness names, in order.

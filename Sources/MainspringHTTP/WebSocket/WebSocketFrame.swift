@@ -343,3 +343,63 @@ struct WebSocketDecoder: Sendable {
         return WebSocket.CloseStatus(code: code, reason: String(decoding: reason, as: UTF8.self))
     }
 }
+
+/// The WebSocket decoder's outcome on bytes, for the fuzz harness (`MainspringFuzzing`, through
+/// `@_spi(Fuzzing)`): the decoder is fed in pieces as they arrive, so a harness feeds the same
+/// bytes cut several ways and compares.
+@_spi(Fuzzing)
+public enum WebSocketFrameCheck {
+    /// What the decoder made of some bytes.
+    public struct Outcome: Equatable, Sendable {
+        /// The events, described (`text …`, `binary <count>`, `ping <count>`, `close <code>`).
+        public var events: [String]
+        /// The close code of the violation found, if any (decoding stops there).
+        public var violation: UInt16?
+        /// Bytes left undecoded (a frame not complete yet).
+        public var leftover: Int
+
+        public init(events: [String], violation: UInt16?, leftover: Int) {
+            self.events = events
+            self.violation = violation
+            self.leftover = leftover
+        }
+    }
+
+    /// Decodes `bytes` as a server (masked frames expected) or a client, fed in pieces of the
+    /// sizes in `pieces` (cycled; sizes below 1 count as 1), with `maxMessageBytes` as the limit.
+    public static func decode(_ bytes: [UInt8], pieces: [Int], asServer: Bool, maxMessageBytes: Int = 4096) -> Outcome {
+        var decoder = WebSocketDecoder(expectsMaskedFrames: asServer, maxMessageBytes: maxMessageBytes)
+        var outcome = Outcome(events: [], violation: nil, leftover: 0)
+        var offset = 0
+        var turn = 0
+        feeding: while offset < bytes.count {
+            let size = min(max(pieces.isEmpty ? bytes.count : pieces[turn % pieces.count], 1), bytes.count - offset)
+            decoder.append(Array(bytes[offset..<(offset + size)]))
+            offset += size
+            turn += 1
+            do throws(WebSocketViolation) {
+                while let event = try decoder.next() {
+                    switch event {
+                    case .message(.text(let text)): outcome.events.append("text \(text.utf8.count)")
+                    case .message(.binary(let data)): outcome.events.append("binary \(data.count)")
+                    case .ping(let payload): outcome.events.append("ping \(payload.count)")
+                    case .pong(let payload): outcome.events.append("pong \(payload.count)")
+                    case .close(let status): outcome.events.append("close \(status.map { String($0.code.rawValue) } ?? "none")")
+                    }
+                }
+            } catch {
+                outcome.violation = error.code.rawValue
+                break feeding
+            }
+        }
+        outcome.leftover = outcome.violation == nil ? decoder.bufferedCount : 0
+        return outcome
+    }
+
+    /// `payload` as one frame of `opcode` (a raw opcode value, 0–15), masked with `maskingKey`
+    /// when there is one: what a harness re-encodes and decodes again.
+    public static func encode(opcode: UInt8, payload: [UInt8], maskingKey: UInt32?) -> [UInt8]? {
+        guard let opcode = WebSocketOpcode(rawValue: opcode) else { return nil }
+        return WebSocketFrame(opcode: opcode, payload: payload).encoded(maskingKey: maskingKey)
+    }
+}
