@@ -436,11 +436,9 @@ final class EvhttpConnection {
         guard layer == nil, !isClosed, let filter, outputIsEmpty, answeredAt == 0, !rejectPending else { return nil }
         let fd = bufferevent_getfd(underlying)
         guard fd >= 0 else { return nil }
-        let copy = fcntl(fd, F_DUPFD_CLOEXEC, 0)
-        guard copy >= 0 else { return nil }
-        let placeholder = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard placeholder >= 0 else {
-            Glibc.close(copy)
+        guard let copy = duplicateDescriptor(fd) else { return nil }
+        guard let placeholder = makePlaceholderSocket() else {
+            closeDescriptor(copy)
             return nil
         }
         bufferevent_disable(underlying, Int16(EV_READ | EV_WRITE))
@@ -454,9 +452,7 @@ final class EvhttpConnection {
             leftover.append(contentsOf: repeatElement(0, count: length))
             leftover.withUnsafeMutableBytes { _ = evbuffer_remove(buffer, $0.baseAddress! + start, length) }
         }
-        _ = dup2(placeholder, fd)
-        _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
-        Glibc.close(placeholder)
+        move(placeholder, onto: fd)
         disableNagle(copy)
         return (copy, leftover)
     }

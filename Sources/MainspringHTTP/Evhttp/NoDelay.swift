@@ -1,6 +1,7 @@
-// TCP_NODELAY for evhttp's connections, in a file that imports only Glibc: the socket constants
-// are declared again by libevent's headers, and a whole-module build would otherwise see them
-// from two modules.
+// TCP_NODELAY for evhttp's connections, and the descriptor steps of taking a connection over (a
+// WebSocket upgrade), in a file that imports only Glibc: the socket constants are declared again
+// by libevent's headers, and a build would otherwise see them from two modules (a clean build of
+// the module then fails to find SOCK_STREAM elsewhere).
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -17,4 +18,26 @@ func disableNagle(_ fd: Int32) {
 /// connection could not be made).
 func closeDescriptor(_ fd: Int32) {
     _ = close(fd)
+}
+
+/// A close-on-exec duplicate of `fd`, or nil.
+func duplicateDescriptor(_ fd: Int32) -> Int32? {
+    let copy = fcntl(fd, F_DUPFD_CLOEXEC, 0)
+    return copy >= 0 ? copy : nil
+}
+
+/// A fresh, unconnected Unix socket (close-on-exec) to put in place of a socket taken over, or
+/// nil when none can be made.
+func makePlaceholderSocket() -> Int32? {
+    let placeholder = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+    return placeholder >= 0 ? placeholder : nil
+}
+
+/// Points the descriptor number `fd` at `placeholder` in one step (`dup2`), and closes
+/// `placeholder`'s own number: whatever still uses `fd` — shuts it down, closes it — no longer
+/// reaches the socket it was.
+func move(_ placeholder: Int32, onto fd: Int32) {
+    _ = dup2(placeholder, fd)
+    _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+    _ = close(placeholder)
 }
