@@ -41,9 +41,7 @@ private final class ReadinessSource: Source {
     func wait(for events: IOEvents) throws(EventLoopError) {
         guard !isClosed else { return }
         native?.delete()
-        let event = try NativeEvent(base: loop.base, fd: fd, readiness: events.readiness, persistent: false, target: self)
-        try event.add()
-        native = event
+        try addNativeEvent(fd: fd, readiness: events.readiness, persistent: false)
     }
 
     override func perform(_ readiness: Readiness) {

@@ -50,10 +50,7 @@ class DescriptorSource: Source {
             return
         }
         do {
-            let event = try NativeEvent(base: loop.base, fd: fd, readiness: events.readiness, persistent: true,
-                                        target: self)
-            try event.add()
-            native = event
+            try addNativeEvent(fd: fd, readiness: events.readiness, persistent: true)
         } catch {
             close()
             throw error

@@ -35,9 +35,7 @@ final class InotifyHub: Source {
         self.fd = fd
         super.init(loop: loop, priority: .input)
         do {
-            let event = try NativeEvent(base: loop.base, fd: fd, readiness: .read, persistent: true, target: self)
-            try event.add()
-            native = event
+            try addNativeEvent(fd: fd, readiness: .read, persistent: true)
         } catch {
             close()
             throw error

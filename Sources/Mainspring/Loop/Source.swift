@@ -107,6 +107,16 @@ class Source: NativeEventTarget {
 
     // MARK: For subclasses
 
+    /// Makes the source's native event — `fd` watched for `readiness`, persistent or one-shot —
+    /// adds it to the loop and keeps it in `native`. On a throw (the loop refused it) `native`
+    /// is left as it was; the caller decides whether the source then closes.
+    @inline(__always)
+    final func addNativeEvent(fd: Int32, readiness: Readiness, persistent: Bool) throws(EventLoopError) {
+        let event = try NativeEvent(base: loop.base, fd: fd, readiness: readiness, persistent: persistent, target: self)
+        try event.add()
+        native = event
+    }
+
     /// The source's kind in a simulation's trace and deadlock report: its type's name.
     var traceLabel: String { String(describing: type(of: self)) }
 

@@ -156,9 +156,7 @@ final class ProcessSource: Source {
             watch = .simulated  // the program reports its exit (`Subprocess.launchSimulated`)
         } else if descriptor >= 0 {
             do {
-                let event = try NativeEvent(base: loop.base, fd: descriptor, readiness: .read, persistent: true, target: self)
-                try event.add()
-                native = event
+                try addNativeEvent(fd: descriptor, readiness: .read, persistent: true)
                 watch = .processDescriptor
             } catch {
                 // The loop refused the pidfd (out of memory): polling still reaps the child.

@@ -36,9 +36,7 @@ final class DatagramSource: Source {
 
     func startReading(_ handler: @escaping (DatagramEvent) -> Void) throws(EventLoopError) {
         requireUsage(self.handler == nil, "Mainspring: DatagramSocket: the socket already has a consumer (onReceive or datagrams)")
-        let event = try NativeEvent(base: loop.base, fd: fd, readiness: .read, persistent: true, target: self)
-        try event.add()
-        native = event
+        try addNativeEvent(fd: fd, readiness: .read, persistent: true)
         self.handler = handler
         receiveBuffers = DatagramReceiveBuffers(size: options.maximumDatagramSize, batch: options.receiveBatchSize)
     }
