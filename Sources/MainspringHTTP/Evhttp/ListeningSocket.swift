@@ -1,5 +1,7 @@
 // The listening side of an HTTP server: one TCP (or Unix stream) socket bound once, shared by every loop of the
 // server. Each loop's evhttp accepts from a duplicate of it (see `EvhttpServer.accept(on:)`).
+// CLibevent as well as Glibc for the socket constants: see NoDelay.swift.
+internal import CLibevent
 #if canImport(Glibc)
 import Glibc
 #endif

@@ -1,7 +1,10 @@
 // TCP_NODELAY for evhttp's connections, and the descriptor steps of taking a connection over (a
-// WebSocket upgrade), in a file that imports only Glibc: the socket constants are declared again
-// by libevent's headers, and a build would otherwise see them from two modules (a clean build of
-// the module then fails to find SOCK_STREAM elsewhere).
+// WebSocket upgrade). The socket constants (SOCK_STREAM, …) come from <sys/socket.h>, which
+// libevent's headers include too: which module clang credits them to depends on the order it
+// reads the headers in, and a whole-module (release) build then finds them only in the files
+// that import both — so every file of this module that names one imports CLibevent as well as
+// Glibc.
+internal import CLibevent
 #if canImport(Glibc)
 import Glibc
 #endif
