@@ -1,4 +1,5 @@
 #include "baselines.h"
+#include "echo_line_protocol.h"
 
 #include <event2/event.h>
 #include <pthread.h>
@@ -248,7 +249,7 @@ struct echo_service {
     pthread_t thread;
 };
 
-static void echo_read_cb(struct bufferevent *bev, void *ctx) {
+void ms_echo_line_read_cb(struct bufferevent *bev, void *ctx) {
     (void)ctx;
     struct evbuffer *input = bufferevent_get_input(bev);
     struct evbuffer *output = bufferevent_get_output(bev);
@@ -265,7 +266,7 @@ static void echo_read_cb(struct bufferevent *bev, void *ctx) {
     }
 }
 
-static void echo_event_cb(struct bufferevent *bev, short what, void *ctx) {
+void ms_echo_line_event_cb(struct bufferevent *bev, short what, void *ctx) {
     (void)ctx;
     if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR)) bufferevent_free(bev);
 }
@@ -280,7 +281,7 @@ static void echo_accept_cb(struct evconnlistener *listener, evutil_socket_t fd, 
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     }
     struct bufferevent *bev = bufferevent_socket_new(service->base, fd, BEV_OPT_CLOSE_ON_FREE);
-    bufferevent_setcb(bev, echo_read_cb, NULL, echo_event_cb, service);
+    bufferevent_setcb(bev, ms_echo_line_read_cb, NULL, ms_echo_line_event_cb, service);
     bufferevent_enable(bev, EV_READ | EV_WRITE);
 }
 

@@ -1,6 +1,7 @@
 #include "tls_baselines.h"
 
 #include "baselines.h"
+#include "echo_line_protocol.h"
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/bufferevent_ssl.h>
@@ -112,28 +113,6 @@ static struct tls_server *new_server(const char *certificate, const char *key) {
 
 /* ---- the line protocol over TLS ---- */
 
-static void echo_read_cb(struct bufferevent *bev, void *ctx) {
-    (void)ctx;
-    struct evbuffer *input = bufferevent_get_input(bev);
-    struct evbuffer *output = bufferevent_get_output(bev);
-    size_t length;
-    char *line;
-    while ((line = evbuffer_readln(input, &length, EVBUFFER_EOL_LF)) != NULL) {
-        if (length >= 5 && memcmp(line, "ECHO ", 5) == 0) {
-            evbuffer_add(output, line + 5, length - 5);
-            evbuffer_add(output, "\n", 1);
-        } else {
-            evbuffer_add(output, "ERR\n", 4);
-        }
-        free(line);
-    }
-}
-
-static void echo_event_cb(struct bufferevent *bev, short what, void *ctx) {
-    (void)ctx;
-    if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR)) bufferevent_free(bev);
-}
-
 static void echo_accept_cb(struct evconnlistener *listener, evutil_socket_t fd, struct sockaddr *address,
                            int length, void *ctx) {
     (void)listener; (void)address; (void)length;
@@ -150,7 +129,7 @@ static void echo_accept_cb(struct evconnlistener *listener, evutil_socket_t fd, 
         return;
     }
     bufferevent_openssl_set_allow_dirty_shutdown(bev, 1);
-    bufferevent_setcb(bev, echo_read_cb, NULL, echo_event_cb, server);
+    bufferevent_setcb(bev, ms_echo_line_read_cb, NULL, ms_echo_line_event_cb, server);
     bufferevent_enable(bev, EV_READ | EV_WRITE);
 }
 
