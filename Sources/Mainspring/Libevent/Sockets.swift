@@ -155,8 +155,17 @@ final class BufferedSocket {
     private let base: EventBase
 
     /// Wraps a connected, non-blocking socket.
-    init(base: EventBase, fd: Int32, target: NativeEventTarget) throws(EventLoopError) {
-        try base.refuseIfSimulated("a connection on descriptor \(fd)")
+    convenience init(base: EventBase, fd: Int32, target: NativeEventTarget) throws(EventLoopError) {
+        try self.init(wrapping: fd, on: base, target: target, refusing: "a connection on descriptor \(fd)")
+    }
+
+    /// What the other initializers but `adopting` start with: a bufferevent on `fd` (-1: no
+    /// socket yet), closing it when freed, its callbacks going to `target`. A simulated loop
+    /// refuses it, naming `what`.
+    private init(wrapping fd: Int32, on base: EventBase, target: NativeEventTarget, refusing what: @autoclosure () -> String)
+        throws(EventLoopError)
+    {
+        try base.refuseIfSimulated(what())
         guard let bev = bufferevent_socket_new(base.raw, fd, Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)) else {
             throw .libevent(function: "bufferevent_socket_new", errno: errno)
         }
@@ -182,28 +191,15 @@ final class BufferedSocket {
     /// A bufferevent without a socket yet (a connect by name, still resolving or trying
     /// addresses): writes are buffered in its output until `attach(fd:)` (libevent's own
     /// `bufferevent_socket_connect_hostname` works this way).
-    init(unconnectedOn base: EventBase, target: NativeEventTarget) throws(EventLoopError) {
-        try base.refuseIfSimulated("a connection")
-        guard let bev = bufferevent_socket_new(base.raw, -1, Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)) else {
-            throw .libevent(function: "bufferevent_socket_new", errno: errno)
-        }
-        self.raw = bev
-        self.base = base
-        let arg = callbackArgument(for: target)
-        bufferevent_setcb(bev, socketReadTrampoline, socketWriteTrampoline, socketEventTrampoline, arg)
+    convenience init(unconnectedOn base: EventBase, target: NativeEventTarget) throws(EventLoopError) {
+        try self.init(wrapping: -1, on: base, target: target, refusing: "a connection")
     }
 
     /// Starts a non-blocking connect to `address` (a literal's one address); `socketEvent(.connected)`
     /// or an error follows.
-    init(connectingTo address: SocketAddress, base: EventBase, target: NativeEventTarget) throws(EventLoopError) {
-        try base.refuseIfSimulated("a connection to \(address)")
-        guard let bev = bufferevent_socket_new(base.raw, -1, Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)) else {
-            throw .libevent(function: "bufferevent_socket_new", errno: errno)
-        }
-        self.raw = bev
-        self.base = base
-        let arg = callbackArgument(for: target)
-        bufferevent_setcb(bev, socketReadTrampoline, socketWriteTrampoline, socketEventTrampoline, arg)
+    convenience init(connectingTo address: SocketAddress, base: EventBase, target: NativeEventTarget) throws(EventLoopError) {
+        try self.init(wrapping: -1, on: base, target: target, refusing: "a connection to \(address)")
+        let bev = raw
         let rc = address.storage.withUnsafeBytes { bytes in
             bufferevent_socket_connect(bev, bytes.baseAddress!.assumingMemoryBound(to: sockaddr.self), Int32(bytes.count))
         }
