@@ -11,15 +11,7 @@ extension FuzzHarness {
     public static func httpHead(_ input: [UInt8]) {
         let whole = RequestHeadCheck.verdict(input, pieces: [input.count])
         precondition(RequestHeadCheck.verdict(input, pieces: [1]) == whole, "byte-by-byte feeding changed the verdict")
-        var state = UInt32(truncatingIfNeeded: input.count) &* 2_654_435_761 | 1
-        for byte in input.prefix(16) { state = (state ^ UInt32(byte)) &* 16_777_619 | 1 }
-        var sizes: [Int] = []
-        for _ in 0..<32 {
-            state ^= state << 13
-            state ^= state >> 17
-            state ^= state << 5
-            sizes.append(Int(state % 11) + 1)
-        }
+        let sizes = pieceSizes(seed: UInt32(truncatingIfNeeded: input.count), mixing: input.prefix(16), largest: 11)
         let cut = RequestHeadCheck.verdict(input, pieces: sizes)
         precondition(cut == whole, "chunking changed the verdict: \(cut) vs \(whole)")
         precondition(!whole.isOversized, "a fuzz input over 1 MiB")

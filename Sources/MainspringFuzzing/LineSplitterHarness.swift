@@ -16,14 +16,7 @@ public enum FuzzHarness {
         let maxLength = Int(control & 0x3F) + 1
         let reference = split(data, maxLength: maxLength, chunkSizes: [data.count + 1])
         // Cut the same input into chunks of pseudo-random sizes from the control byte.
-        var state = UInt32(control) &* 2_654_435_761 | 1
-        var sizes: [Int] = []
-        for _ in 0..<32 {
-            state ^= state << 13
-            state ^= state >> 17
-            state ^= state << 5
-            sizes.append(Int(state % 7) + 1)
-        }
+        let sizes = pieceSizes(seed: UInt32(control), largest: 7)
         let chunked = split(data, maxLength: maxLength, chunkSizes: sizes)
         precondition(chunked == reference, "chunking changed the events: \(chunked) vs \(reference)")
         let oneByOne = split(data, maxLength: maxLength, chunkSizes: [1])

@@ -7,15 +7,7 @@ extension FuzzHarness {
     /// the bytes arrive (whole, a byte at a time, in pseudo-random pieces), a violation's code
     /// must be one of 1002, 1007, 1009, and a binary frame made of the input decodes back whole.
     public static func webSocketFrames(_ input: [UInt8]) {
-        var state = UInt32(truncatingIfNeeded: input.count) &* 2_654_435_761 | 1
-        for byte in input.prefix(16) { state = (state ^ UInt32(byte)) &* 16_777_619 | 1 }
-        var sizes: [Int] = []
-        for _ in 0..<32 {
-            state ^= state << 13
-            state ^= state >> 17
-            state ^= state << 5
-            sizes.append(Int(state % 13) + 1)
-        }
+        let sizes = pieceSizes(seed: UInt32(truncatingIfNeeded: input.count), mixing: input.prefix(16), largest: 13)
         for asServer in [true, false] {
             let whole = WebSocketFrameCheck.decode(input, pieces: [input.count], asServer: asServer)
             precondition(WebSocketFrameCheck.decode(input, pieces: [1], asServer: asServer) == whole,
