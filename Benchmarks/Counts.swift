@@ -94,6 +94,7 @@ private let countedScenarios: [(name: String, item: String)] = [
     ("daemon-pipelined", "one `ECHO` request, as `daemon`, sent in windows of 16 (one write of 16 requests, then the 16 replies), as the timed scenario's clients send them"),
     ("tls-pipelined", "one `ECHO` request, as `daemon-pipelined`, over TLS 1.3 (one established connection, RSA-2048 certificate; the handshake and the warm-up requests are not counted)"),
     ("http", "one keep-alive `GET /hello` read, routed and answered over loopback TCP (one client, one request at a time)"),
+    ("http-client", "one keep-alive `GET /hello` sent and its response read by the client, against the C evhttp server of `http` (one connection, one request at a time; only the client's thread counted)"),
     ("feeder", "one chunk of a `Feeder.feed(chunks:)` job (the chunk adds its index to a sum; no C baseline)"),
 ]
 
@@ -165,6 +166,13 @@ private let countedVariants: [CountedVariant] = [
     },
     CountedVariant(scenario: "http", variant: "libevent-c", small: 1_000, large: 4_000) { items in
         try countedHTTPC(items)
+    },
+    // http-client: HTTPClient vs the C evhttp client (HTTPClientBench.swift), one C server.
+    CountedVariant(scenario: "http-client", variant: "mainspring", small: 1_000, large: 4_000) { items in
+        try countedHTTPClientMainspring(items, configuration: countsConfiguration)
+    },
+    CountedVariant(scenario: "http-client", variant: "libevent-c", small: 1_000, large: 4_000) { items in
+        try countedHTTPClientC(items)
     },
     // feeder: a chunk within a turn (a budget that never runs out) and a turn per chunk.
     CountedVariant(scenario: "feeder", variant: "budget", small: 20_000, large: 70_000) { items in

@@ -102,3 +102,66 @@ private func httpClientRequests(port: UInt16) -> (rate: Double, seconds: Double)
     let seconds = Double(clientMilliseconds) / 1e3
     return (failed == 0 && completed > 0 ? Double(completed) / seconds : .nan, Double(end - started) / 1e9)
 }
+
+// MARK: Counted runs (`mainspring-bench --counts http-client`)
+
+/// Warm-up requests before the counted ones (connection made, pool and buffers grown).
+private let countedClientWarmup = 200
+
+/// HTTPClient on a loop of its own against the C server, one request at a time: warm-up
+/// requests, then `items` requests from a task on the loop while the loop spins inside the
+/// counted region (only the client's loop thread is counted, not the server's).
+func countedHTTPClientMainspring(_ items: Int, configuration: EventLoop.Configuration) throws -> [String: Double] {
+    var port: UInt16 = 0
+    let server = ms_baseline_http_start(&port)
+    defer { ms_baseline_http_stop(server) }
+    let group = try EventLoopGroup(loopCount: 1, configuration: configuration)
+    defer { group.shutdown(gracePeriod: .seconds(5)) }
+    let loop = group.loops[0]
+    let client = HTTPClient(loop: loop)
+    defer { client.shutdown() }
+    let url = "http://127.0.0.1:\(port)/hello"
+    final class Run: @unchecked Sendable {
+        var done = false
+        var failed = 0
+    }
+    let run = Run()
+    let finished = DispatchSemaphore(value: 0)
+    loop.execute {
+        let requests: @Sendable (Int) async -> Void = { count in
+            for _ in 0..<count {
+                let status = (try? await client.get(url))?.status
+                if status != 200 { run.failed += 1 }
+            }
+        }
+        // The warm-up, then the counted requests: each a task on the loop, run by a spin.
+        run.done = false
+        Task(executorPreference: loop) {
+            await requests(countedClientWarmup)
+            run.done = true
+        }
+        loop.spin(until: { run.done })
+        run.done = false
+        countedRegion {
+            Task(executorPreference: loop) {
+                await requests(items)
+                run.done = true
+            }
+            loop.spin(until: { run.done })
+        }
+        finished.signal()
+    }
+    finished.wait()
+    if run.failed > 0 { throw BenchError.usage("http-client counts: \(run.failed) requests failed") }
+    return [:]
+}
+
+/// The C evhttp client, one connection, one request at a time (`ms_count_http_client`).
+func countedHTTPClientC(_ items: Int) throws -> [String: Double] {
+    var port: UInt16 = 0
+    let server = ms_baseline_http_start(&port)
+    defer { ms_baseline_http_stop(server) }
+    let failed = ms_count_http_client(port, Int64(countedClientWarmup), Int64(items))
+    if failed > 0 { throw BenchError.usage("http-client counts: \(failed) requests failed") }
+    return [:]
+}

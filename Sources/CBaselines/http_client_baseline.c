@@ -95,3 +95,55 @@ int64_t ms_baseline_http_client(uint16_t port, int connections, int warmup_ms, i
     *failures = run.failed;
     return run.completed - run.completed_at_start;
 }
+
+/* ---- cost counts: one connection, one request at a time ---- */
+
+struct counted_client {
+    struct event_base *base;
+    struct evhttp_connection *connection;
+    int64_t remaining;
+    int64_t failed;
+};
+
+static void counted_issue(struct counted_client *c);
+
+static void counted_response_cb(struct evhttp_request *request, void *arg) {
+    struct counted_client *c = arg;
+    if (request == NULL || evhttp_request_get_response_code(request) != 200) {
+        c->failed++;
+    } else {
+        struct evbuffer *body = evhttp_request_get_input_buffer(request);
+        evbuffer_drain(body, evbuffer_get_length(body));
+    }
+    if (--c->remaining > 0) {
+        counted_issue(c);
+    } else {
+        event_base_loopbreak(c->base);
+    }
+}
+
+static void counted_issue(struct counted_client *c) {
+    struct evhttp_request *request = evhttp_request_new(counted_response_cb, c);
+    evhttp_add_header(evhttp_request_get_output_headers(request), "Host", "bench");
+    if (evhttp_make_request(c->connection, request, EVHTTP_REQ_GET, "/hello") != 0) c->failed++;
+}
+
+static void counted_dispatch(void *arg) {
+    struct counted_client *c = arg;
+    counted_issue(c);
+    event_base_dispatch(c->base);
+}
+
+int64_t ms_count_http_client(uint16_t port, int64_t warmup, int64_t count) {
+    struct event_config *cfg = event_config_new();
+    event_config_set_flag(cfg, EVENT_BASE_FLAG_NOLOCK | EVENT_BASE_FLAG_PRECISE_TIMER);
+    struct counted_client c = {event_base_new_with_config(cfg), NULL, warmup, 0};
+    event_config_free(cfg);
+    c.connection = evhttp_connection_base_new(c.base, NULL, "127.0.0.1", port);
+    counted_dispatch(&c);
+    c.remaining = count;
+    ms_counted_region(counted_dispatch, &c);
+    evhttp_connection_free(c.connection);
+    event_base_free(c.base);
+    return c.failed;
+}

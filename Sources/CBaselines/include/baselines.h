@@ -105,6 +105,11 @@ double ms_baseline_child_output(const char *path, const char *argument, int64_t 
 int64_t ms_baseline_http_client(uint16_t port, int connections, int warmup_ms, int duration_ms, double *seconds,
                                 int64_t *failures);
 
+/// Counted: one evhttp_connection to `port`, `warmup` sequential `GET /hello` requests, then
+/// `count` more inside `ms_counted_region` (each made from the previous one's completion).
+/// Returns the number of failed requests.
+int64_t ms_count_http_client(uint16_t port, int64_t warmup, int64_t count);
+
 /* ---- udp (socket_baselines.c) ---- */
 
 /// udp: a plain-C libevent UDP echo server on 127.0.0.1 (an ephemeral port, written to `*port`)

@@ -138,27 +138,27 @@ public enum HTTPClientError: Error, Sendable, Equatable, CustomStringConvertible
     }
 }
 
-/// Where a request goes: the parts of its URL the client uses.
+/// Where a request goes: the parts of its URL the client uses, and what it sends from them
+/// (made once per URL: a client calling one endpoint again and again keeps its target).
 struct HTTPTarget: Sendable, Hashable {
-    var secure: Bool
-    var host: String
-    var port: UInt16
+    let secure: Bool
+    let host: String
+    let port: UInt16
     /// Path and query, as sent on the request line.
-    var pathAndQuery: String
-
+    let pathAndQuery: String
     /// The `Host` header: the host as in the URL (brackets around IPv6), the port unless default.
-    var hostHeader: String {
-        let name = host.contains(":") ? "[\(host)]" : host
-        return port == (secure ? 443 : 80) ? name : "\(name):\(port)"
-    }
-
-    var url: String { "\(secure ? "https" : "http")://\(hostHeader)\(pathAndQuery)" }
+    let hostHeader: String
+    /// The URL, normalized (a response's `url`, the base of a redirect).
+    let url: String
 
     init(secure: Bool, host: String, port: UInt16, pathAndQuery: String) {
         self.secure = secure
         self.host = host
         self.port = port
         self.pathAndQuery = pathAndQuery
+        let name = host.utf8.contains(UInt8(ascii: ":")) ? "[\(host)]" : host
+        hostHeader = port == (secure ? 443 : 80) ? name : "\(name):\(port)"
+        url = "\(secure ? "https" : "http")://\(hostHeader)\(pathAndQuery)"
     }
 
     init(parsing url: String) throws(HTTPClientError) {
@@ -167,16 +167,17 @@ struct HTTPTarget: Sendable, Hashable {
         else { throw .invalidURL(url) }
         guard scheme == "http" || scheme == "https" else { throw .unsupportedScheme(scheme) }
         if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
-        secure = scheme == "https"
-        self.host = host
-        if let port = components.port {
-            guard let valid = UInt16(exactly: port), valid > 0 else { throw .invalidURL(url) }
-            self.port = valid
+        let secure = scheme == "https"
+        let port: UInt16
+        if let given = components.port {
+            guard let valid = UInt16(exactly: given), valid > 0 else { throw .invalidURL(url) }
+            port = valid
         } else {
             port = secure ? 443 : 80
         }
         let path = components.percentEncodedPath.isEmpty ? "/" : components.percentEncodedPath
-        pathAndQuery = components.percentEncodedQuery.map { "\(path)?\($0)" } ?? path
+        self.init(secure: secure, host: host, port: port,
+                  pathAndQuery: components.percentEncodedQuery.map { "\(path)?\($0)" } ?? path)
     }
 
     /// `location` (absolute, or relative to this target) as a target.

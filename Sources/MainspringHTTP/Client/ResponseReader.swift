@@ -302,18 +302,28 @@ final class ResponseReader: @unchecked Sendable {
     }
 
     private func frame(status: Int, version minor: Int, headers: HTTPHeaders) throws(HTTPClientError) {
-        let connectionField = headers.values(of: "connection")
+        // The three fields that frame a response, in one pass over the head.
+        var connectionField: [String] = []
+        var encodingField: [String] = []
+        var lengthFields: [String] = []
+        for (name, value) in headers.fields {
+            switch name.utf8.count {
+            case 10 where name.caseInsensitiveEquals("connection"): connectionField.append(value)
+            case 14 where name.caseInsensitiveEquals("content-length"): lengthFields.append(value)
+            case 17 where name.caseInsensitiveEquals("transfer-encoding"): encodingField.append(value)
+            default: break
+            }
+        }
         keepAlive = minor >= 1 ? !Self.list(connectionField, contains: "close")
                                : Self.list(connectionField, contains: "keep-alive")
         if method == .head || status == 204 || status == 304 {
             framing = .done
             return
         }
-        if Self.list(headers.values(of: "transfer-encoding"), contains: "chunked") {
+        if Self.list(encodingField, contains: "chunked") {
             framing = .chunked(remainingInChunk: 0, started: false)
             return
         }
-        let lengthFields = headers.values(of: "content-length")
         if !lengthFields.isEmpty {
             // One value, or a list of one value repeated (RFC 9110 8.6); anything else is invalid.
             var length: Int?
