@@ -141,7 +141,7 @@ bench: deps bench-tools
 	$(SWIFT) run -c release --skip-build mainspring-bench $(ARGS)
 
 ## Deterministic per-item costs (instructions, retains/releases, heap allocations) of post-local,
-## post-remote, a daemon request (plain and over TLS), an HTTP request and a Feeder chunk, counted under valgrind's callgrind (about
+## post-remote, a daemon request (plain and over TLS), an HTTP request (server and client) and a Feeder chunk, counted under valgrind's callgrind (about
 ## 2 minutes; installs valgrind, and openssl for the TLS certificate, when they are missing). ARGS="post-local --callers" to choose and to
 ## see which functions make the calls; ARGS=--json for records.
 ## Its own build, with DWARF 4 debug information: valgrind 3.19 cannot read the DWARF 5 that
