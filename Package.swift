@@ -63,11 +63,19 @@ let package = Package(
             dependencies: ["Mainspring", "MainspringHTTP", "CLibevent", "CMainspringTLS"],
             path: "Sources/MainspringTLS"
         ),
-        // HTTP for daemons on libevent's evhttp: routes, streaming, Prometheus metrics, health.
-        // Only its Evhttp/ folder imports CLibevent.
+        // zlib through pkg-config, for WebSocket compression (permessage-deflate); `make`
+        // installs zlib1g-dev when it is missing.
+        .systemLibrary(
+            name: "CZlib",
+            path: "Sources/CZlib",
+            pkgConfig: "zlib",
+            providers: [.apt(["zlib1g-dev"])]
+        ),
+        // HTTP for daemons on libevent's evhttp: routes, streaming, Prometheus metrics, health,
+        // WebSockets. Only its Evhttp/ folder imports CLibevent, only its Deflate/ folder CZlib.
         .target(
             name: "MainspringHTTP",
-            dependencies: ["Mainspring", "CLibevent"],
+            dependencies: ["Mainspring", "CLibevent", "CZlib"],
             path: "Sources/MainspringHTTP"
         ),
         // Plain-C TLS peers for the `tls` benchmark (libevent + bufferevent_openssl), and a

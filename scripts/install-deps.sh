@@ -1,6 +1,7 @@
 #!/bin/sh
 # Installs what Mainspring needs from Debian's packages. Always: libevent-dev and pkg-config,
-# when pkg-config cannot find libevent, and libssl-dev when it cannot find OpenSSL (MainspringTLS). Then any extra packages a make target names as
+# when pkg-config cannot find libevent, zlib1g-dev when it cannot find zlib (WebSocket compression),
+# and libssl-dev when it cannot find OpenSSL (MainspringTLS). Then any extra packages a make target names as
 # arguments (`install-deps.sh valgrind`), each only when it is missing: a package counts as
 # present when dpkg has it installed or a program of that name is on the PATH.
 # Uses sudo only when not root.
@@ -9,6 +10,10 @@ set -eu
 missing=""
 if ! { command -v pkg-config >/dev/null 2>&1 && pkg-config --exists libevent; }; then
     missing="libevent-dev pkg-config"
+fi
+# MainspringHTTP's WebSocket compression (permessage-deflate): zlib.
+if ! { command -v pkg-config >/dev/null 2>&1 && pkg-config --exists zlib; }; then
+    missing="$missing zlib1g-dev"
 fi
 # MainspringTLS: OpenSSL 3 and libevent's OpenSSL layer (libevent_openssl comes with libevent-dev).
 if ! { command -v pkg-config >/dev/null 2>&1 && pkg-config --exists libevent_openssl openssl; }; then

@@ -9,7 +9,7 @@ import MainspringHTTP
 /// | `GET /metrics` | the loops', the work jobs' and the server's metrics (Prometheus text) |
 /// | `GET /healthz` | `ok`, or `503` naming a loop stuck in one callback for over `healthThreshold` |
 /// | `POST /echo` | the body back, with its `Content-Type` |
-/// | `GET /ws/echo` | a WebSocket that sends every text and binary message back |
+/// | `GET /ws/echo` | a WebSocket that sends every text and binary message back (permessage-deflate when offered) |
 /// | `GET /work?n=…` | n chunks of `WorkUnit` (about 50 µs each) fed through the loop's `Feeder`, streamed: `progress 10% (…)` per tenth, then `result <n> <checksum>` |
 ///
 /// A library, so that the daemon, the benchmark and the tests serve the very same routes.
@@ -17,8 +17,9 @@ public enum HTTPService {
     /// The largest `n` of `/work`.
     public static let maxWorkChunks = 1_000_000
 
-    /// The WebSocket settings of `/ws/echo`: messages up to 16 MiB, the rest the defaults.
-    public static let webSocketConfiguration = WebSocket.Configuration(maxMessageBytes: 16 << 20)
+    /// The WebSocket settings of `/ws/echo`: messages up to 16 MiB, permessage-deflate when the
+    /// client offers it, the rest the defaults.
+    public static let webSocketConfiguration = WebSocket.Configuration(maxMessageBytes: 16 << 20, compression: .init())
 
     /// The routes, with one `Feeder` per loop of `group` for `/work` (`feeders`, or new ones)
     /// and `exporter` tracking the work jobs. Pass the feeders to shed load on their backlog

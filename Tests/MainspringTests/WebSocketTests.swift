@@ -863,3 +863,199 @@ struct WebSocketInteropTests {
         await group.shutdown(gracePeriod: .seconds(2))
     }
 }
+
+// MARK: - permessage-deflate
+
+@Suite("WebSocket compression (permessage-deflate)", .serialized)
+struct WebSocketCompressionTests {
+    @Test("Negotiation: the server's answer to offers, and the client's reading of answers")
+    func negotiation() {
+        let defaults = WebSocket.Compression()
+        #expect(DeflateAgreement.answer(offers: ["permessage-deflate; client_max_window_bits"], settings: defaults)?.response
+            == "permessage-deflate")
+        let asked = DeflateAgreement.answer(
+            offers: ["permessage-deflate; server_no_context_takeover; client_no_context_takeover; server_max_window_bits=10"],
+            settings: defaults)
+        #expect(asked?.response == "permessage-deflate; server_no_context_takeover; client_no_context_takeover; server_max_window_bits=10")
+        #expect(asked?.agreement == DeflateAgreement(serverNoContextTakeover: true, clientNoContextTakeover: true,
+                                                      serverMaxWindowBits: 10, clientMaxWindowBits: 15))
+        // The first acceptable offer wins: an unknown parameter, a bad value, a duplicate, an
+        // 8-bit server window (zlib has none) are each skipped.
+        #expect(DeflateAgreement.answer(offers: ["permessage-deflate; foo, permessage-deflate; server_max_window_bits=16",
+                                                 "permessage-deflate; client_no_context_takeover; client_no_context_takeover",
+                                                 "permessage-deflate; server_max_window_bits=8, x-webkit-deflate-frame"],
+                                        settings: defaults) == nil)
+        #expect(DeflateAgreement.answer(offers: ["permessage-deflate; foo, permessage-deflate"], settings: defaults)?.response
+            == "permessage-deflate")
+        // This side's settings: no context takeover and a smaller window are announced.
+        #expect(DeflateAgreement.answer(offers: ["permessage-deflate"], settings: .init(contextTakeover: false, maxWindowBits: 11))?.response
+            == "permessage-deflate; server_no_context_takeover; server_max_window_bits=11")
+        // The client's side.
+        #expect(DeflateAgreement.offer(defaults) == "permessage-deflate; client_max_window_bits")
+        #expect(DeflateAgreement.accepted(["permessage-deflate; client_max_window_bits=12; server_no_context_takeover"], settings: defaults)
+            == DeflateAgreement(serverNoContextTakeover: true, clientNoContextTakeover: false, serverMaxWindowBits: 15, clientMaxWindowBits: 12))
+        #expect(DeflateAgreement.accepted(["permessage-deflate; client_max_window_bits=8"], settings: defaults) == nil)
+        #expect(DeflateAgreement.accepted(["permessage-deflate; mystery"], settings: defaults) == nil)
+        #expect(DeflateAgreement.accepted(["permessage-deflate", "permessage-deflate"], settings: defaults) == nil)
+    }
+
+    @Test("zlib: messages round-trip with and without context takeover; inflating stops at the limit (a bomb); garbage is refused")
+    func zlib() throws {
+        for takeover in [true, false] {
+            let deflater = try #require(Deflater(windowBits: 15, contextTakeover: takeover))
+            let inflater = try #require(Inflater())
+            var sizes: [Int] = []
+            for i in 0..<5 {
+                let message = Array(String(repeating: "{\"id\":\(i),\"name\":\"sensor\",\"value\":42}", count: 50).utf8)
+                let compressed = message.withUnsafeBytes { deflater.compress($0) }
+                sizes.append(compressed.count)
+                #expect(try inflater.inflate(compressed + [0, 0, 0xFF, 0xFF], limit: 1 << 20) == message)
+            }
+            // With context takeover the later messages refer back to the first: smaller.
+            if takeover { #expect(sizes[1] < sizes[0] / 2, "\(sizes)") } else { #expect(sizes[1] == sizes[0], "\(sizes)") }
+            let empty = [UInt8]().withUnsafeBytes { deflater.compress($0) }
+            #expect(empty == [0x00])
+            #expect(try inflater.inflate(empty + [0, 0, 0xFF, 0xFF], limit: 10) == [])
+        }
+        let deflater = try #require(Deflater(windowBits: 15, contextTakeover: true))
+        let bomb = [UInt8](repeating: 0, count: 10 << 20).withUnsafeBytes { deflater.compress($0) }
+        #expect(bomb.count < 20_000)
+        #expect(throws: InflateFailure.tooBig) { try Inflater()!.inflate(bomb + [0, 0, 0xFF, 0xFF], limit: 1 << 20) }
+        #expect(throws: InflateFailure.corrupt) { try Inflater()!.inflate([0xFF, 0xFF, 0xFF, 0x00, 0x12], limit: 1 << 20) }
+    }
+
+    @Test("Compressed frames: RSV1 on a continuation or a control frame is 1002; the inflated size counts against the limit (1009)")
+    func compressedFrames() throws {
+        let deflater = try #require(Deflater(windowBits: 15, contextTakeover: true))
+        let text = Array(String(repeating: "abc", count: 1000).utf8)
+        let compressed = text.withUnsafeBytes { deflater.compress($0) }
+        func decode(_ frames: [[UInt8]], limit: Int = 1 << 20) -> Result<[WebSocketEvent], WebSocketViolation> {
+            var decoder = WebSocketDecoder(expectsMaskedFrames: true, maxMessageBytes: limit, inflater: Inflater())
+            var events: [WebSocketEvent] = []
+            do throws(WebSocketViolation) {
+                for frame in frames {
+                    decoder.append(frame)
+                    while let event = try decoder.next() { events.append(event) }
+                }
+            } catch {
+                return .failure(error)
+            }
+            return .success(events)
+        }
+        let whole = WebSocketFrame(reserved: 0x40, opcode: .text, payload: compressed).encoded(maskingKey: 9)
+        #expect(try decode([whole]).get() == [.message(.text(String(repeating: "abc", count: 1000)))])
+        // Fragmented: the compressed bytes cut in two frames.
+        let half = compressed.count / 2
+        let first = WebSocketFrame(fin: false, reserved: 0x40, opcode: .text, payload: Array(compressed[..<half])).encoded(maskingKey: 9)
+        let second = WebSocketFrame(opcode: .continuation, payload: Array(compressed[half...])).encoded(maskingKey: 9)
+        #expect(try decode([first, second]).get() == [.message(.text(String(repeating: "abc", count: 1000)))])
+        let badContinuation = WebSocketFrame(reserved: 0x40, opcode: .continuation, payload: Array(compressed[half...])).encoded(maskingKey: 9)
+        #expect(throws: WebSocketViolation.self) { try decode([first, badContinuation]).get() }
+        let badPing = WebSocketFrame(reserved: 0x40, opcode: .ping, payload: []).encoded(maskingKey: 9)
+        if case .failure(let violation) = decode([badPing]) { #expect(violation.code == .protocolError) } else { Issue.record("RSV1 ping") }
+        if case .failure(let violation) = decode([whole], limit: 2000) { #expect(violation.code == .messageTooBig) } else { Issue.record("limit") }
+    }
+
+    @Test("The library's client and server, compressed both ways (with and without context takeover)")
+    func clientAndServer() async throws {
+        let server = try await WebSocketServer()
+        let loop = server.group.loops[0]
+        for compression in [WebSocket.Compression(), WebSocket.Compression(contextTakeover: false, maxWindowBits: 10)] {
+            let socket = try await WebSocket.connect(to: "ws://127.0.0.1:\(server.port)/ws/echo", on: loop,
+                                                     configuration: .init(compression: compression))
+            #expect(socket.isCompressed)
+            for i in 0..<20 {
+                let text = String(repeating: "message \(i) ", count: 200)
+                try await socket.send(text: text)
+                #expect(await socket.receive() == .text(text))
+            }
+            let noise = (0..<100_000).map { UInt8(truncatingIfNeeded: ($0 &* 2_654_435_761) >> 13) }
+            try await socket.send(binary: noise)
+            #expect(await socket.receive() == .binary(noise))
+            #expect(socket.trySend(text: "offered"))
+            #expect(await socket.receive() == .text("offered"))
+            #expect(await socket.close() == WebSocket.CloseStatus(code: .normalClosure))
+        }
+        // Not asked for: not used.
+        let plain = try await WebSocket.connect(to: "ws://127.0.0.1:\(server.port)/ws/echo", on: loop)
+        #expect(!plain.isCompressed)
+        await plain.close()
+        let refused = try await WebSocket.connect(to: "ws://127.0.0.1:\(server.port)/ws/small", on: loop,
+                                                  configuration: .init(compression: .init()))
+        #expect(!refused.isCompressed)  // that route does not compress
+        await refused.close()
+        await server.stop()
+    }
+
+    @Test("Python's client, compressing: echo, a 1 MB repetitive message, and a decompression bomb over the limit closed with 1009",
+          .enabled(if: hasPythonWebSockets, "needs .build/kv-venv with websockets (make test-tools makes it)"))
+    func pythonClient() async throws {
+        let server = try await WebSocketServer()
+        let script = """
+        import sys
+        from websockets.sync.client import connect
+        from websockets.exceptions import ConnectionClosed
+        url = sys.argv[1]
+        with connect(url, max_size=None) as ws:
+            print("extensions", [e.name for e in ws.protocol.extensions])
+            ws.send("héllo"); print("text", ws.recv())
+            ws.send(["frag", "ment"]); print("fragmented", ws.recv())
+            big = "0123456789abcdef" * 65536
+            ws.send(big); print("big", ws.recv() == big)
+            ws.send(bytes(range(256))); print("binary", ws.recv() == bytes(range(256)))
+        with connect(url, max_size=None) as ws:
+            ws.send(bytes(20 * 1024 * 1024))
+            try:
+                ws.recv(timeout=30)
+            except ConnectionClosed as e:
+                print("bomb", e.rcvd.code if e.rcvd else None)
+        """
+        let result = try await PythonChild.run(["-c", script, "ws://127.0.0.1:\(server.port)/ws/echo"])
+        #expect(result.status == 0, "\(result.stderr)")
+        #expect(result.stdout == """
+        extensions ['permessage-deflate']
+        text héllo
+        fragmented fragment
+        big True
+        binary True
+        bomb 1009
+
+        """, "\(result.stdout)\n\(result.stderr)")
+        await server.stop()
+    }
+
+    @Test("The library's client, compressing, against Python's server (which limits the client's window)",
+          .enabled(if: hasPythonWebSockets, "needs .build/kv-venv with websockets (make test-tools makes it)"))
+    func pythonServer() async throws {
+        let script = """
+        from websockets.sync.server import serve
+        def handler(ws):
+            names = [e.name for e in ws.protocol.extensions]
+            for message in ws:
+                ws.send(message if message != "extensions?" else ",".join(names))
+        with serve(handler, "127.0.0.1", 0, max_size=None) as server:
+            print(server.socket.getsockname()[1], flush=True)
+            server.serve_forever()
+        """
+        let child = try PythonChild(["-c", script])
+        defer { child.kill() }
+        let portLine = try await onThread { child.readLine() ?? "" }
+        let port = try #require(UInt16(portLine), "python server port: \(portLine)")
+        let group = try EventLoopGroup(loopCount: 1)
+        let socket = try await WebSocket.connect(to: "ws://127.0.0.1:\(port)/", on: group.loops[0],
+                                                 configuration: .init(compression: .init()))
+        #expect(socket.isCompressed)
+        try await socket.send(text: "extensions?")
+        #expect(await socket.receive() == .text("permessage-deflate"))
+        for i in 0..<10 {
+            let text = String(repeating: "line \(i) of a repetitive stream\n", count: 500)
+            try await socket.send(text: text)
+            #expect(await socket.receive() == .text(text))
+        }
+        let bytes = (0..<200_000).map { UInt8(truncatingIfNeeded: $0 % 251) }
+        try await socket.send(binary: bytes)
+        #expect(await socket.receive() == .binary(bytes))
+        #expect(await socket.close() == WebSocket.CloseStatus(code: .normalClosure))
+        await group.shutdown(gracePeriod: .seconds(2))
+    }
+}

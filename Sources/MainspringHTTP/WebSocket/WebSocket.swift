@@ -117,6 +117,7 @@ public final class WebSocket: Sendable {
     /// (each concurrent sender adds at most its one message over the limit).
     /// - Throws: `WebSocketError.closed` once a close frame was sent or the connection is gone.
     public nonisolated(nonsending) func send(text: String) async throws(WebSocketError) {
+        if core.compresses { return try await send(message: .text, Array(text.utf8)) }
         var text = text
         let frame = text.withUTF8 { core.encode(.text, UnsafeRawBufferPointer($0)) }
         try await send(encoded: frame)
@@ -124,6 +125,7 @@ public final class WebSocket: Sendable {
 
     /// Sends a binary message; see `send(text:)`.
     public nonisolated(nonsending) func send(binary bytes: [UInt8]) async throws(WebSocketError) {
+        if core.compresses { return try await send(message: .binary, bytes) }
         let frame = bytes.withUnsafeBytes { core.encode(.binary, $0) }
         try await send(encoded: frame)
     }
@@ -138,12 +140,26 @@ public final class WebSocket: Sendable {
 
     private nonisolated(nonsending) func send(encoded frame: [UInt8]) async throws(WebSocketError) {
         let core = self.core
+        try await send { core.write(encoded: frame) }
+    }
+
+    /// A message compressed on the loop (permessage-deflate).
+    private nonisolated(nonsending) func send(message opcode: WebSocketOpcode, _ payload: [UInt8]) async throws(WebSocketError) {
+        let core = self.core
+        try await send { core.write(message: opcode, payload) }
+    }
+
+    /// Runs `write` on the loop, then waits while the output is over the limit.
+    private nonisolated(nonsending) func send(
+        _ write: @escaping @Sendable () -> (written: Bool, mustWait: Bool)
+    ) async throws(WebSocketError) {
+        let core = self.core
         let outcome: (written: Bool, mustWait: Bool)
         if core.loop.isCurrent {
-            outcome = core.write(encoded: frame)
+            outcome = write()
         } else {
             outcome = await withUnsafeContinuation { continuation in
-                core.loop.execute(priority: .normal, { continuation.resume(returning: core.write(encoded: frame)) },
+                core.loop.execute(priority: .normal, { continuation.resume(returning: write()) },
                                   orElse: { continuation.resume(returning: (false, false)) })
             }
         }
@@ -162,14 +178,24 @@ public final class WebSocket: Sendable {
     /// whether it was taken. Any thread. The form for fan-out to many peers, each with its own
     /// slow-consumer policy (drop the message, or close the slow peer).
     public func trySend(text: String) -> Bool {
+        if core.compresses { return offer(message: .text, Array(text.utf8)) }
         var text = text
         return offer(text.withUTF8 { core.encode(.text, UnsafeRawBufferPointer($0)) })
     }
 
     /// `trySend(text:)` for a binary message.
     public func trySend(binary bytes: [UInt8]) -> Bool {
-        offer(bytes.withUnsafeBytes { core.encode(.binary, $0) })
+        if core.compresses { return offer(message: .binary, bytes) }
+        return offer(bytes.withUnsafeBytes { core.encode(.binary, $0) })
     }
+
+    private func offer(message opcode: WebSocketOpcode, _ payload: [UInt8]) -> Bool {
+        core.loop.isCurrent ? core.offer(message: opcode, payload) : core.offerFromElsewhere(message: opcode, payload)
+    }
+
+    /// Whether permessage-deflate was agreed: this side's messages are compressed, the peer's
+    /// may be.
+    public var isCompressed: Bool { core.compresses }
 
     private func offer(_ frame: [UInt8]) -> Bool {
         core.loop.isCurrent ? core.offer(encoded: frame) : core.offerFromElsewhere(encoded: frame)

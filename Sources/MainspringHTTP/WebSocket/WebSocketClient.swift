@@ -8,7 +8,7 @@ extension WebSocket {
     ///
     /// The handshake is checked: status `101`, `Upgrade: websocket`, `Connection: upgrade`,
     /// `Sec-WebSocket-Accept` matching the random key sent, a subprotocol only among those
-    /// offered, no extension (none is offered). The handshake has
+    /// offered, permessage-deflate only if `configuration.compression` offered it. The handshake has
     /// `configuration.handshakeTimeout` once connected; connecting has the connection's own
     /// limits (a name's resolve timeout, the system's connect timeout). Frames sent are masked
     /// with a fresh random key each.
@@ -55,9 +55,10 @@ extension WebSocket {
         let deadline = HandshakeDeadline(connection: connection)
         loop.execute { deadline.arm(after: configuration.handshakeTimeout) }
         do throws(WebSocketError) {
-            let subprotocol = try await handshake(connection, host: host, port: port, path: path,
-                                                  subprotocols: subprotocols, headers: headers, deadline: deadline)
-            let core = WebSocketCore(connection: connection, configuration: configuration, isClient: true)
+            let (subprotocol, agreement) = try await handshake(
+                connection, host: host, port: port, path: path, subprotocols: subprotocols, headers: headers,
+                compression: configuration.compression, deadline: deadline)
+            let core = WebSocketCore(connection: connection, configuration: configuration, isClient: true, agreement: agreement)
             let started: Bool = await withUnsafeContinuation { continuation in
                 loop.executeNowOrPostForHTTP({
                     guard deadline.disarm() else { return continuation.resume(returning: false) }
@@ -76,13 +77,15 @@ extension WebSocket {
 
     /// Sends the upgrade request and checks the answer; returns the subprotocol chosen.
     private static func handshake(_ connection: Connection, host: String, port: UInt16, path: String, subprotocols: [String],
-                                  headers: HTTPHeaders, deadline: HandshakeDeadline) async throws(WebSocketError) -> String?
+                                  headers: HTTPHeaders, compression: Compression?,
+                                  deadline: HandshakeDeadline) async throws(WebSocketError) -> (String?, DeflateAgreement?)
     {
         let key = WebSocketHandshake.makeKey()
         let hostField = (host.contains(":") ? "[\(host)]" : host) + (port == 80 ? "" : ":\(port)")
         var request = "GET \(path) HTTP/1.1\r\nHost: \(hostField)\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
         request += "Sec-WebSocket-Key: \(key)\r\nSec-WebSocket-Version: 13\r\n"
         if !subprotocols.isEmpty { request += "Sec-WebSocket-Protocol: \(subprotocols.joined(separator: ", "))\r\n" }
+        if let compression { request += "Sec-WebSocket-Extensions: \(DeflateAgreement.offer(compression))\r\n" }
         for field in headers.fields where !(field.name + field.value).utf8.contains(where: { $0 == 0x0D || $0 == 0x0A }) {
             request += "\(field.name): \(field.value)\r\n"
         }
@@ -120,10 +123,17 @@ extension WebSocket {
         guard fields["Sec-WebSocket-Accept"] == WebSocketHandshake.acceptValue(forKey: key) else {
             throw .handshakeFailed("Sec-WebSocket-Accept does not match the key")
         }
-        if fields.contains("Sec-WebSocket-Extensions") { throw .handshakeFailed("an extension was not offered") }
-        guard let chosen = fields["Sec-WebSocket-Protocol"] else { return nil }
+        var agreement: DeflateAgreement?
+        let extensions = fields.values(of: "Sec-WebSocket-Extensions")
+        if !extensions.isEmpty {
+            guard let compression, let agreed = DeflateAgreement.accepted(extensions, settings: compression) else {
+                throw .handshakeFailed("extensions not offered or not valid: \(extensions.joined(separator: ", "))")
+            }
+            agreement = agreed
+        }
+        guard let chosen = fields["Sec-WebSocket-Protocol"] else { return (nil, agreement) }
         guard subprotocols.contains(chosen) else { throw .handshakeFailed("subprotocol \(chosen) was not offered") }
-        return chosen
+        return (chosen, agreement)
     }
 }
 

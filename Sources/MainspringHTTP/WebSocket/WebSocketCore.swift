@@ -37,13 +37,31 @@ final class WebSocketCore: @unchecked Sendable {
     private var heardSinceTick = true
     private var pingOutstanding = false
 
-    init(connection: Connection, configuration: WebSocket.Configuration, isClient: Bool) {
+    /// permessage-deflate's compressor for this side's messages, when it was agreed.
+    private let deflater: Deflater?
+
+    /// `agreement`: permessage-deflate as the handshake agreed it (nil: no compression).
+    init(connection: Connection, configuration: WebSocket.Configuration, isClient: Bool, agreement: DeflateAgreement? = nil) {
         self.loop = connection.loop
         self.connection = connection
         self.configuration = configuration
         self.isClient = isClient
-        decoder = WebSocketDecoder(expectsMaskedFrames: !isClient, maxMessageBytes: configuration.maxMessageBytes)
+        var inflater: Inflater?
+        if let agreement {
+            inflater = Inflater()
+            deflater = isClient
+                ? Deflater(windowBits: agreement.clientMaxWindowBits, contextTakeover: !agreement.clientNoContextTakeover)
+                : Deflater(windowBits: agreement.serverMaxWindowBits, contextTakeover: !agreement.serverNoContextTakeover)
+        } else {
+            deflater = nil
+        }
+        decoder = WebSocketDecoder(expectsMaskedFrames: !isClient, maxMessageBytes: configuration.maxMessageBytes,
+                                   inflater: inflater)
     }
+
+    /// Whether this side compresses its messages (permessage-deflate was agreed): they are then
+    /// encoded on the loop, in the order they are written (the compressor's window spans them).
+    var compresses: Bool { deflater != nil }
 
     /// Starts reading (after `leftover`, bytes that came with the handshake) and the keep-alive.
     /// Loop thread.
@@ -233,9 +251,44 @@ final class WebSocketCore: @unchecked Sendable {
         return true
     }
 
-    /// Encodes a data message as this side must send it (masked by a client).
+    /// Encodes a data message as this side must send it (masked by a client). Without
+    /// compression, any thread; with it, the loop's thread only, in sending order.
     func encode(_ opcode: WebSocketOpcode, _ payload: UnsafeRawBufferPointer) -> [UInt8] {
-        WebSocketFrame.encode(opcode: opcode, payload: payload, maskingKey: isClient ? UInt32.random(in: .min ... .max) : nil)
+        let maskingKey = isClient ? UInt32.random(in: .min ... .max) : nil
+        guard let deflater else { return WebSocketFrame.encode(opcode: opcode, payload: payload, maskingKey: maskingKey) }
+        let compressed = deflater.compress(payload)
+        return compressed.withUnsafeBytes {
+            WebSocketFrame.encode(reserved: 0x40, opcode: opcode, payload: $0, maskingKey: maskingKey)
+        }
+    }
+
+    /// `write(encoded:)` for a message encoded here, on the loop (compressed).
+    func write(message opcode: WebSocketOpcode, _ payload: [UInt8]) -> (written: Bool, mustWait: Bool) {
+        guard !closeSent, finalStatus == nil else { return (false, false) }
+        return write(encoded: payload.withUnsafeBytes { encode(opcode, $0) })
+    }
+
+    /// `offer(encoded:)` for a message encoded here, on the loop (compressed).
+    func offer(message opcode: WebSocketOpcode, _ payload: [UInt8]) -> Bool {
+        guard !closeSent, finalStatus == nil, connection.isWritable else { return false }
+        connection.write(payload.withUnsafeBytes { encode(opcode, $0) })
+        return true
+    }
+
+    /// `offerFromElsewhere(encoded:)` for a message encoded on the loop (compressed).
+    func offerFromElsewhere(message opcode: WebSocketOpcode, _ payload: [UInt8]) -> Bool {
+        guard !isClosing, connection.isWritable else { return false }
+        let count = payload.count
+        let posted = postedBytes.wrappingAdd(count, ordering: .relaxed).newValue
+        if posted - count > configuration.outputLimit {
+            postedBytes.wrappingSubtract(count, ordering: .relaxed)
+            return false
+        }
+        loop.execute { [self] in
+            postedBytes.wrappingSubtract(count, ordering: .relaxed)
+            if !closeSent && finalStatus == nil { connection.write(payload.withUnsafeBytes { encode(opcode, $0) }) }
+        }
+        return true
     }
 
     func ping(_ payload: [UInt8]) {

@@ -196,10 +196,16 @@ struct WebSocketDecoder: Sendable {
     private var utf8 = UTF8Validator()
     /// A close frame has been decoded: any frame after it is a violation.
     private(set) var closeReceived = false
+    /// permessage-deflate's decompressor, when it was agreed: RSV1 then marks a compressed
+    /// message (on its first frame only).
+    private let inflater: Inflater?
+    /// The message being assembled is compressed.
+    private var messageCompressed = false
 
-    init(expectsMaskedFrames: Bool, maxMessageBytes: Int) {
+    init(expectsMaskedFrames: Bool, maxMessageBytes: Int, inflater: Inflater? = nil) {
         self.expectsMaskedFrames = expectsMaskedFrames
         self.maxMessageBytes = maxMessageBytes
+        self.inflater = inflater
     }
 
     /// Bytes not decoded yet.
@@ -227,9 +233,14 @@ struct WebSocketDecoder: Sendable {
         let fin = first & 0x80 != 0
         let reserved = first & 0x70
         let masked = second & 0x80 != 0
-        guard reserved == 0 else { throw .protocolError("reserved bits set without an extension") }
+        guard reserved & (inflater == nil ? 0x70 : 0x30) == 0 else {
+            throw .protocolError("reserved bits set without an extension")
+        }
         guard let opcode = WebSocketOpcode(rawValue: first & 0x0F) else {
             throw .protocolError("reserved opcode \(first & 0x0F)")
+        }
+        if reserved != 0 && opcode != .text && opcode != .binary {
+            throw .protocolError("RSV1 on a control or continuation frame")
         }
         if masked != expectsMaskedFrames {
             throw .protocolError(expectsMaskedFrames ? "unmasked frame from a client" : "masked frame from a server")
@@ -295,23 +306,26 @@ struct WebSocketDecoder: Sendable {
                 return .close(try Self.closeStatus(frame.payload))
             case .text, .binary:
                 guard messageOpcode == nil else { throw .protocolError("new message inside a fragmented message") }
+                messageCompressed = frame.reserved & 0x40 != 0
+                let data = messageCompressed ? try inflate(frame.payload, final: frame.fin, sofar: 0) : frame.payload
                 if frame.opcode == .text {
                     utf8.reset()
-                    guard utf8.validate(frame.payload) else {
+                    guard utf8.validate(data) else {
                         throw WebSocketViolation(code: .invalidPayload, reason: "text message not valid UTF-8")
                     }
                 }
                 if frame.fin {
-                    return .message(try finish(frame.opcode, frame.payload))
+                    return .message(try finish(frame.opcode, data))
                 }
                 messageOpcode = frame.opcode
-                message = frame.payload
+                message = data
             case .continuation:
                 guard let opcode = messageOpcode else { throw .protocolError("continuation frame without a message") }
-                if opcode == .text, !utf8.validate(frame.payload) {
+                let data = messageCompressed ? try inflate(frame.payload, final: frame.fin, sofar: message.count) : frame.payload
+                if opcode == .text, !utf8.validate(data) {
                     throw WebSocketViolation(code: .invalidPayload, reason: "text message not valid UTF-8")
                 }
-                message.append(contentsOf: frame.payload)
+                message.append(contentsOf: data)
                 if frame.fin {
                     messageOpcode = nil
                     let payload = message
@@ -321,6 +335,19 @@ struct WebSocketDecoder: Sendable {
             }
         }
         return nil
+    }
+
+    /// A compressed message's fragment inflated (with the tail RFC 7692 §7.2.2 removed put back
+    /// after its last one), at most the limit's remainder.
+    private func inflate(_ payload: [UInt8], final: Bool, sofar: Int) throws(WebSocketViolation) -> [UInt8] {
+        guard let inflater else { throw .protocolError("compressed message without permessage-deflate") }
+        do throws(InflateFailure) {
+            return try inflater.inflate(final ? payload + [0x00, 0x00, 0xFF, 0xFF] : payload, limit: maxMessageBytes - sofar)
+        } catch .tooBig {
+            throw WebSocketViolation(code: .messageTooBig, reason: "message over \(maxMessageBytes) bytes inflated")
+        } catch {
+            throw .protocolError("compressed data that does not inflate")
+        }
     }
 
     private mutating func finish(_ opcode: WebSocketOpcode, _ payload: [UInt8]) throws(WebSocketViolation) -> WebSocket.Message {

@@ -78,6 +78,14 @@ extension LoopEndpoint {
         var head = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
         head += "Sec-WebSocket-Accept: \(WebSocketHandshake.acceptValue(forKey: request.headers["Sec-WebSocket-Key"] ?? ""))\r\n"
         if let subprotocol { head += "Sec-WebSocket-Protocol: \(subprotocol)\r\n" }
+        var agreement: DeflateAgreement?
+        if let compression = route.configuration.compression,
+           let (response, agreed) = DeflateAgreement.answer(offers: request.headers.values(of: "Sec-WebSocket-Extensions"),
+                                                            settings: compression)
+        {
+            head += "Sec-WebSocket-Extensions: \(response)\r\n"
+            agreement = agreed
+        }
         for field in extra where !(field.name + field.value).utf8.contains(where: { $0 == 0x0D || $0 == 0x0A }) {
             head += "\(field.name): \(field.value)\r\n"
         }
@@ -98,7 +106,7 @@ extension LoopEndpoint {
         }
         statistics.recordResponse(status: 101)
         connection.write(head)
-        let core = WebSocketCore(connection: connection, configuration: configuration, isClient: false)
+        let core = WebSocketCore(connection: connection, configuration: configuration, isClient: false, agreement: agreement)
         core.start(leftover: leftover)
         let socket = WebSocket(core: core, subprotocol: subprotocol, request: request)
         let handler = route.handler

@@ -98,18 +98,31 @@ extension WebSocket {
         public var closeTimeout: Duration
         /// A client only: how long the opening handshake may take once connected. Default 10 s.
         public var handshakeTimeout: Duration
+        /// Compression of messages (permessage-deflate, RFC 7692), used only when both sides
+        /// ask for it: a server with it accepts a client's offer, a client with it offers.
+        /// nil: none. Default nil.
+        public var compression: Compression? = nil
 
         /// The documented defaults.
         public init(maxMessageBytes: Int = 1 << 20, maxQueuedMessages: Int = 16, outputLimit: Int = 1 << 20,
                     pingInterval: Duration? = .seconds(30), closeTimeout: Duration = .seconds(5),
-                    handshakeTimeout: Duration = .seconds(10))
+                    handshakeTimeout: Duration = .seconds(10), compression: Compression? = nil)
         {
+            self.compression = compression
             self.maxMessageBytes = maxMessageBytes
             self.maxQueuedMessages = maxQueuedMessages
             self.outputLimit = outputLimit
             self.pingInterval = pingInterval
             self.closeTimeout = closeTimeout
             self.handshakeTimeout = handshakeTimeout
+        }
+
+        /// Stops the program when a value breaks the rules above; `function` is the call.
+        func checkCompression(_ function: String) {
+            if let compression {
+                requireUsage((9...15).contains(compression.maxWindowBits),
+                             "\(function): WebSocket.Compression.maxWindowBits must be in 9...15, not \(compression.maxWindowBits)")
+            }
         }
 
         /// Stops the program when a value breaks the rules above; `function` is the call.
@@ -120,6 +133,27 @@ extension WebSocket {
             if let pingInterval { _ = requirePositive(pingInterval, "WebSocket.Configuration.pingInterval") }
             _ = requirePositive(closeTimeout, "WebSocket.Configuration.closeTimeout")
             _ = requirePositive(handshakeTimeout, "WebSocket.Configuration.handshakeTimeout")
+            checkCompression(function)
+        }
+    }
+
+    /// permessage-deflate (RFC 7692) settings: how this side compresses. Messages from the peer
+    /// are inflated whatever its settings, and the inflated size counts against
+    /// `Configuration.maxMessageBytes` as it is produced (a decompression bomb fails with 1009
+    /// after at most 16 KiB past the limit). Each compressed WebSocket holds a zlib compressor
+    /// and decompressor: about 256 KiB with a 15-bit window (`maxWindowBits`), less with less.
+    public struct Compression: Sendable, Equatable {
+        /// Whether this side's compressor keeps its window from one message to the next (better
+        /// ratios on similar messages); false resets it after each message (and says so in the
+        /// handshake: `server_no_context_takeover` or `client_no_context_takeover`). Default true.
+        public var contextTakeover: Bool
+        /// This side's compressor's window, 9–15 bits (the peer may ask for less). Default 15.
+        public var maxWindowBits: Int
+
+        /// Settings; the defaults compress with full context and a 32 KiB window.
+        public init(contextTakeover: Bool = true, maxWindowBits: Int = 15) {
+            self.contextTakeover = contextTakeover
+            self.maxWindowBits = maxWindowBits
         }
     }
 
