@@ -854,17 +854,9 @@ private func readableNames(_ symbols: [String]) -> [String: String] {
 
 /// The function symbols of an object file, sorted by address (`nm`; empty when unavailable).
 private func symbolTable(_ object: String) -> [(address: UInt64, name: String)] {
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-    process.arguments = ["nm", "--defined-only", object]
-    let output = Foundation.Pipe()
-    process.standardOutput = output
-    process.standardError = FileHandle.nullDevice
-    guard (try? process.run()) != nil else { return [] }
-    let data = output.fileHandleForReading.readDataToEndOfFile()
-    process.waitUntilExit()
+    guard let text = standardOutput(of: "/usr/bin/env", ["nm", "--defined-only", object]) else { return [] }
     var table: [(address: UInt64, name: String)] = []
-    for line in String(decoding: data, as: UTF8.self).split(separator: "\n") {
+    for line in text.split(separator: "\n") {
         let fields = line.split(separator: " ", maxSplits: 2)
         guard fields.count == 3, "tTwW".contains(fields[1]), let address = UInt64(fields[0], radix: 16) else { continue }
         table.append((address, String(fields[2])))
