@@ -2,6 +2,7 @@ import ExampleServices
 import Foundation
 import Mainspring
 @testable import MainspringHTTP
+import MainspringTLS
 import Synchronization
 import Testing
 
@@ -1056,6 +1057,75 @@ struct WebSocketCompressionTests {
         try await socket.send(binary: bytes)
         #expect(await socket.receive() == .binary(bytes))
         #expect(await socket.close() == WebSocket.CloseStatus(code: .normalClosure))
+        await group.shutdown(gracePeriod: .seconds(2))
+    }
+}
+
+// MARK: - wss://
+
+@Suite("WebSocket over TLS", .serialized)
+struct WebSocketTLSTests {
+    @Test("wss:// through MainspringTLS's connector against Python's TLS server; without a connector it is refused; our HTTPS server answers the upgrade 501",
+          .enabled(if: hasPythonWebSockets, "needs .build/kv-venv with websockets (make test-tools makes it)"))
+    func wss() async throws {
+        let certs = try #require(TestCertificates.shared, "needs the openssl command")
+        let script = """
+        import ssl, sys
+        from websockets.sync.server import serve
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(sys.argv[1], sys.argv[2])
+        def handler(ws):
+            for message in ws:
+                ws.send(message)
+        with serve(handler, "127.0.0.1", 0, ssl=context) as server:
+            print(server.socket.getsockname()[1], flush=True)
+            server.serve_forever()
+        """
+        let child = try PythonChild(["-c", script, certs.serverCertificate, certs.serverKey])
+        defer { child.kill() }
+        let portLine = try await onThread { child.readLine() ?? "" }
+        let port = try #require(UInt16(portLine), "python server port: \(portLine)")
+        let group = try EventLoopGroup(loopCount: 1)
+        let loop = group.loops[0]
+        let trusting = try TLSClientContext(configuration: .init(trustRoots: .file(certs.caCertificate)))
+        let socket = try await WebSocket.connect(to: "wss://127.0.0.1:\(port)/", on: loop,
+                                                 configuration: .init(compression: .init()), secureConnector: .tls(trusting))
+        try await socket.send(text: "over tls")
+        #expect(await socket.receive() == .text("over tls"))
+        let bytes = (0..<100_000).map { UInt8(truncatingIfNeeded: $0) }
+        try await socket.send(binary: bytes)
+        #expect(await socket.receive() == .binary(bytes))
+        #expect(await socket.close() == WebSocket.CloseStatus(code: .normalClosure))
+        // Not trusted: the connect fails, naming TLS.
+        let untrusting = try TLSClientContext()
+        do {
+            _ = try await WebSocket.connect(to: "wss://127.0.0.1:\(port)/", on: loop, secureConnector: .tls(untrusting))
+            Issue.record("an untrusted server was accepted")
+        } catch {
+            guard case .connectFailed = error else { Issue.record("\(error)"); return }
+        }
+        // No connector: refused before connecting.
+        do {
+            _ = try await WebSocket.connect(to: "wss://127.0.0.1:\(port)/", on: loop)
+            Issue.record("wss:// without a connector was accepted")
+        } catch {
+            guard case .invalidURL = error else { Issue.record("\(error)"); return }
+        }
+        // The library's HTTPS server: the WebSocket route answers 501.
+        var routes = HTTPRoutes()
+        routes.webSocket("/ws") { _ in }
+        let tls = try TLSServerContext(configuration: .init(certificates: [
+            TLSCertificate(certificateFile: certs.serverCertificate, keyFile: certs.serverKey),
+        ]))
+        let server = try await HTTPServer(group: group, routes: routes, tls: tls)
+        do {
+            _ = try await WebSocket.connect(to: "wss://127.0.0.1:\(server.port)/ws", on: loop, secureConnector: .tls(trusting))
+            Issue.record("the HTTPS server upgraded")
+        } catch {
+            guard case .handshakeFailed(let reason) = error else { Issue.record("\(error)"); return }
+            #expect(reason.contains("501"), "\(reason)")
+        }
+        await server.close()
         await group.shutdown(gracePeriod: .seconds(2))
     }
 }

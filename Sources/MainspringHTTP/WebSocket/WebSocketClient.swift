@@ -3,8 +3,8 @@ import Foundation
 import Synchronization
 
 extension WebSocket {
-    /// Connects to a `ws://` URL (`ws://host:port/path?query`) from `loop` and completes the
-    /// opening handshake; returns the open WebSocket. Any task.
+    /// Connects to a `ws://` or `wss://` URL (`ws://host:port/path?query`) from `loop` and
+    /// completes the opening handshake; returns the open WebSocket. Any task.
     ///
     /// The handshake is checked: status `101`, `Upgrade: websocket`, `Connection: upgrade`,
     /// `Sec-WebSocket-Accept` matching the random key sent, a subprotocol only among those
@@ -12,43 +12,65 @@ extension WebSocket {
     /// `configuration.handshakeTimeout` once connected; connecting has the connection's own
     /// limits (a name's resolve timeout, the system's connect timeout). Frames sent are masked
     /// with a fresh random key each.
+    ///
+    /// `wss://` runs over `secureConnector`, which `MainspringTLS` provides (this module does not
+    /// link OpenSSL): `secureConnector: .tls(context)`, the server's certificate checked against
+    /// the URL's host as the context's configuration says.
     /// - Parameters:
-    ///   - url: `ws://host[:port][/path][?query]`; the port defaults to 80.
+    ///   - url: `ws://host[:port][/path][?query]` (port 80 by default) or `wss://…` (443).
     ///   - loop: the loop the WebSocket lives on (its connection, its timers).
     ///   - configuration: limits and timeouts, `handshakeTimeout` among them.
     ///   - subprotocols: offered in `Sec-WebSocket-Protocol`, in order of preference; the
     ///     server's choice is `subprotocol`.
     ///   - headers: added to the upgrade request (`Origin`, `Authorization`, …).
-    /// - Throws: `WebSocketError.invalidURL` (not `ws://`: `wss://` is not supported yet),
-    ///   `.connectFailed`, `.handshakeFailed`.
+    ///   - secureConnector: how a `wss://` URL is connected (TLS); nil refuses `wss://`.
+    /// - Throws: `WebSocketError.invalidURL` (not `ws://` or `wss://` with a host, or `wss://`
+    ///   without a `secureConnector`), `.connectFailed`, `.handshakeFailed`.
     public static func connect(to url: String, on loop: EventLoop, configuration: Configuration = .init(),
-                               subprotocols: [String] = [], headers: HTTPHeaders = [:]) async throws(WebSocketError) -> WebSocket
+                               subprotocols: [String] = [], headers: HTTPHeaders = [:],
+                               secureConnector: HTTPClient.Connector? = nil) async throws(WebSocketError) -> WebSocket
     {
-        guard let parts = URLComponents(string: url), parts.scheme?.lowercased() == "ws", let host = parts.host, !host.isEmpty
+        guard let parts = URLComponents(string: url), let scheme = parts.scheme?.lowercased(), scheme == "ws" || scheme == "wss",
+              let host = parts.host, !host.isEmpty
         else {
             throw .invalidURL(url)
         }
-        let port = parts.port ?? 80
+        let secure = scheme == "wss"
+        let connector: HTTPClient.Connector
+        if secure {
+            guard let secureConnector else { throw .invalidURL("\(url) (wss:// needs a secureConnector: MainspringTLS's .tls(context))") }
+            connector = secureConnector
+        } else {
+            connector = .tcp
+        }
+        let port = parts.port ?? (secure ? 443 : 80)
         guard (1...65_535).contains(port) else { throw .invalidURL(url) }
         var path = parts.percentEncodedPath.isEmpty ? "/" : parts.percentEncodedPath
         if let query = parts.percentEncodedQuery { path += "?" + query }
-        return try await connect(host: host, port: UInt16(port), path: path, on: loop, configuration: configuration,
-                                 subprotocols: subprotocols, headers: headers)
+        return try await open(host: host, port: UInt16(port), defaultPort: secure ? 443 : 80, path: path, on: loop,
+                              configuration: configuration, subprotocols: subprotocols, headers: headers, connector: connector)
     }
 
     /// Connects to `host:port` (a literal or a name) and asks for a WebSocket on `path` (the
-    /// request target, query included); `connect(to:on:configuration:subprotocols:headers:)`
+    /// request target, query included), over plain TCP; `connect(to:on:configuration:subprotocols:headers:secureConnector:)`
     /// otherwise.
     public static func connect(host: String, port: UInt16, path: String = "/", on loop: EventLoop,
                                configuration: Configuration = .init(), subprotocols: [String] = [],
                                headers: HTTPHeaders = [:]) async throws(WebSocketError) -> WebSocket
     {
+        try await open(host: host, port: port, defaultPort: 80, path: path, on: loop, configuration: configuration,
+                       subprotocols: subprotocols, headers: headers, connector: .tcp)
+    }
+
+    private static func open(host: String, port: UInt16, defaultPort: UInt16, path: String, on loop: EventLoop,
+                             configuration: Configuration, subprotocols: [String], headers: HTTPHeaders,
+                             connector: HTTPClient.Connector) async throws(WebSocketError) -> WebSocket
+    {
         configuration.check("WebSocket.connect")
         let connection: Connection
         do {
-            connection = try await Connection.connect(
-                to: host, port: port, on: loop,
-                options: .init(outputLimit: configuration.outputLimit, closeTimeout: configuration.closeTimeout))
+            connection = try await connector.connect(
+                host, port, host, loop, .init(outputLimit: configuration.outputLimit, closeTimeout: configuration.closeTimeout))
         } catch {
             throw .connectFailed("\(error)")
         }
@@ -56,8 +78,8 @@ extension WebSocket {
         loop.execute { deadline.arm(after: configuration.handshakeTimeout) }
         do throws(WebSocketError) {
             let (subprotocol, agreement) = try await handshake(
-                connection, host: host, port: port, path: path, subprotocols: subprotocols, headers: headers,
-                compression: configuration.compression, deadline: deadline)
+                connection, host: host, port: port, defaultPort: defaultPort, path: path, subprotocols: subprotocols,
+                headers: headers, compression: configuration.compression, deadline: deadline)
             let core = WebSocketCore(connection: connection, configuration: configuration, isClient: true, agreement: agreement)
             let started: Bool = await withUnsafeContinuation { continuation in
                 loop.executeNowOrPostForHTTP({
@@ -76,12 +98,13 @@ extension WebSocket {
     }
 
     /// Sends the upgrade request and checks the answer; returns the subprotocol chosen.
-    private static func handshake(_ connection: Connection, host: String, port: UInt16, path: String, subprotocols: [String],
+    private static func handshake(_ connection: Connection, host: String, port: UInt16, defaultPort: UInt16, path: String,
+                                  subprotocols: [String],
                                   headers: HTTPHeaders, compression: Compression?,
                                   deadline: HandshakeDeadline) async throws(WebSocketError) -> (String?, DeflateAgreement?)
     {
         let key = WebSocketHandshake.makeKey()
-        let hostField = (host.contains(":") ? "[\(host)]" : host) + (port == 80 ? "" : ":\(port)")
+        let hostField = (host.contains(":") ? "[\(host)]" : host) + (port == defaultPort ? "" : ":\(port)")
         var request = "GET \(path) HTTP/1.1\r\nHost: \(hostField)\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
         request += "Sec-WebSocket-Key: \(key)\r\nSec-WebSocket-Version: 13\r\n"
         if !subprotocols.isEmpty { request += "Sec-WebSocket-Protocol: \(subprotocols.joined(separator: ", "))\r\n" }

@@ -172,7 +172,8 @@ public enum WebSocketError: Error, Sendable, Equatable, CustomStringConvertible 
     /// The WebSocket is closing or closed: nothing more can be sent. `status` is how it ended,
     /// once it has.
     case closed(WebSocket.CloseStatus?)
-    /// A client only: the URL is not a `ws://` URL with a host (`wss://` needs `MainspringTLS`).
+    /// A client only: the URL is not a `ws://` or `wss://` URL with a host, or it is `wss://`
+    /// and no `secureConnector` was given (`MainspringTLS` provides one).
     case invalidURL(String)
     /// A client only: connecting failed (`reason` is the connection's account).
     case connectFailed(String)
@@ -184,7 +185,7 @@ public enum WebSocketError: Error, Sendable, Equatable, CustomStringConvertible 
     public var description: String {
         switch self {
         case .closed(let status): status.map { "the WebSocket is closed (\($0))" } ?? "the WebSocket is closing"
-        case .invalidURL(let url): "not a ws:// URL: \(url)"
+        case .invalidURL(let url): "not a usable ws:// or wss:// URL: \(url)"
         case .connectFailed(let reason): "WebSocket connect failed: \(reason)"
         case .handshakeFailed(let reason): "WebSocket handshake failed: \(reason)"
         }
