@@ -665,6 +665,22 @@ extension WebSocketServerTests {
     }
 }
 
+extension WebSocketServerTests {
+    @Test("HTTPServer.close() closes the WebSockets it upgraded with 1001")
+    func serverCloseClosesWebSockets() async throws {
+        let server = try await WebSocketServer()
+        let group = try EventLoopGroup(loopCount: 1)
+        let socket = try await WebSocket.connect(to: "ws://127.0.0.1:\(server.port)/ws/echo", on: group.loops[0])
+        try await socket.send(text: "before")
+        #expect(await socket.receive() == .text("before"))
+        await server.server.close()
+        #expect(await socket.receive() == nil)
+        #expect(await socket.closed == WebSocket.CloseStatus(code: .goingAway, reason: "server closing"))
+        await group.shutdown(gracePeriod: .seconds(2))
+        await server.stop()
+    }
+}
+
 // MARK: - The library's client
 
 @Suite("WebSocket client", .serialized)

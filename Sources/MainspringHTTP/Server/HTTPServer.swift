@@ -37,7 +37,8 @@ import Mainspring
 ///
 /// ## Shutdown
 /// `close()` stops accepting; requests in flight finish (their responses say
-/// `Connection: close`), then idle connections are closed. Requests in flight are busy work of
+/// `Connection: close`), then idle connections are closed; the WebSockets the server upgraded
+/// get a close frame (1001) and close once their peers answer. Requests in flight are busy work of
 /// their loop: `EventLoopGroup.shutdown(gracePeriod:)` waits for them, and closes the server's
 /// connections when the grace period ends.
 public final class HTTPServer: Sendable {

@@ -26,6 +26,9 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
     private let shedding: HTTPServer.LoadShedding?
     @exclusivity(unchecked) private var gauge: QueueWaitGauge
     private let retryAfter: HTTPHeaders
+    /// The WebSockets this loop upgraded and that are still open: `close()` starts their closing
+    /// handshakes (1001). Loop thread only.
+    var openWebSockets: [ObjectIdentifier: WebSocketCore] = [:]
 
     init(loop: EventLoop, routes: HTTPRoutes, statistics: HTTPServerStatistics, shared: ServerShared,
          limits: EvhttpLimits, socket: ListeningSocket, shedding: HTTPServer.LoadShedding? = nil) throws(HTTPServerError)
@@ -245,6 +248,9 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
         guard !isDraining else { return }
         isDraining = true
         evhttp?.stopAccepting()
+        let sockets = openWebSockets.values
+        openWebSockets = [:]
+        for socket in sockets { socket.startClose(code: .goingAway, reason: "server closing") }
         if inFlight == 0 { finishDraining() }
     }
 

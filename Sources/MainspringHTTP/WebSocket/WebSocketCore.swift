@@ -36,6 +36,8 @@ final class WebSocketCore: @unchecked Sendable {
     private var pingTimer: TimerHandle?
     private var heardSinceTick = true
     private var pingOutstanding = false
+    /// Runs once when the connection has closed (the server's table of open WebSockets).
+    var whenClosed: (() -> Void)?
 
     /// permessage-deflate's compressor for this side's messages, when it was agreed.
     private let deflater: Deflater?
@@ -358,6 +360,9 @@ final class WebSocketCore: @unchecked Sendable {
         let waiters = closedWaiters
         closedWaiters = []
         for waiter in waiters { waiter.resume(returning: status) }
+        let finished = whenClosed
+        whenClosed = nil
+        finished?()
     }
 
     func waitForClose(_ continuation: UnsafeContinuation<WebSocket.CloseStatus, Never>) {

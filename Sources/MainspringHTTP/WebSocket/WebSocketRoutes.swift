@@ -33,8 +33,9 @@ extension HTTPRoutes {
     ///   TLS session cannot be taken from evhttp's connection in libevent 2.1.
     ///
     /// Once upgraded, the connection is the WebSocket's: it leaves the server's connection
-    /// count, timeouts and `close()` (which does not close WebSockets: close them yourself, or
-    /// let the group's shutdown do it), and lives until either side closes it.
+    /// count and timeouts, and lives until either side closes it — or the server's `close()`,
+    /// which starts the closing handshake of every WebSocket it upgraded (1001, "server
+    /// closing") without waiting for it.
     /// - Complexity: the upgrade itself costs a `dup` of the socket and a new connection on the
     ///   same loop; each frame costs its header and, from a client, its unmasking.
     public mutating func webSocket(_ path: String, match: PathMatch = .exact,
@@ -107,6 +108,9 @@ extension LoopEndpoint {
         statistics.recordResponse(status: 101)
         connection.write(head)
         let core = WebSocketCore(connection: connection, configuration: configuration, isClient: false, agreement: agreement)
+        let key = ObjectIdentifier(core)
+        openWebSockets[key] = core
+        core.whenClosed = { [weak self] in self?.openWebSockets[key] = nil }
         core.start(leftover: leftover)
         let socket = WebSocket(core: core, subprotocol: subprotocol, request: request)
         let handler = route.handler
