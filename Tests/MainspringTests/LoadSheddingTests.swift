@@ -151,11 +151,13 @@ struct LoadSheddingTests {
     func shedsOnFeederBacklog() async throws {
         let group = try EventLoopGroup(loopCount: 1)
         let feeder = Feeder(loop: group.loops[0])
+        let longJobRunning = Locked(false)
         var routes = HTTPRoutes()
         // Each chunk 200 µs of CPU: the loop reads and routes requests between chunks.
         routes.on([.get], "/fed", responding: { request, responder in
             let chunks = Int(request.query("chunks") ?? "1") ?? 1
             let job = feeder.feed(chunks: chunks) { _ in
+                if chunks > 1 { longJobRunning.withLock { $0 = true } }
                 let end = ContinuousClock.now + .microseconds(200)
                 while ContinuousClock.now < end {}
             }
@@ -168,8 +170,9 @@ struct LoadSheddingTests {
         let clients = try EventLoopGroup(loopCount: 1)
         let client = HTTPClient(loop: clients.loops[0], configuration: .init(maxConnectionsPerHost: 16, responseTimeout: .seconds(120)))
         let base = "http://127.0.0.1:\(server.port)"
-        // A job of 20 s of chunks, and one queued behind it: the backlog grows from there.
+        // A job of 20 s of chunks, running, then one queued behind it: the backlog grows from there.
         let long = Task { try await client.get("\(base)/fed?chunks=100000") }
+        #expect(await eventually { longJobRunning.value }, "the long job never started")
         let queued = Task { try await client.get("\(base)/fed?chunks=1") }
         // Until the queued job has waited past the target (it waits on: the long job runs 20 s).
         let loop = group.loops[0]
