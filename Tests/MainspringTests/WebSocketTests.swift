@@ -74,6 +74,19 @@ private final class PythonChild: @unchecked Sendable {
         process.waitUntilExit()
     }
 
+    /// Starts a Python server that prints its port on its first line: the child (kill it when
+    /// done) and the port. A child that prints no port is killed, and the test fails here.
+    static func server(_ arguments: [String]) async throws -> (child: PythonChild, port: UInt16) {
+        let child = try PythonChild(arguments)
+        let portLine = try await onThread { child.readLine() ?? "" }
+        do {
+            return (child, try #require(UInt16(portLine), "python server port: \(portLine)"))
+        } catch {
+            child.kill()
+            throw error
+        }
+    }
+
     /// Runs a script to its end (killed after `timeout`): status, stdout, stderr.
     static func run(_ arguments: [String], timeout: Duration = .seconds(60)) async throws -> (status: Int32, stdout: String, stderr: String) {
         let child = try PythonChild(arguments)
@@ -852,10 +865,8 @@ struct WebSocketInteropTests {
             print(server.socket.getsockname()[1], flush=True)
             server.serve_forever()
         """
-        let child = try PythonChild(["-c", script])
+        let (child, port) = try await PythonChild.server(["-c", script])
         defer { child.kill() }
-        let portLine = try await onThread { child.readLine() ?? "" }
-        let port = try #require(UInt16(portLine), "python server port: \(portLine)")
         let group = try EventLoopGroup(loopCount: 1)
         let loop = group.loops[0]
         let socket = try await WebSocket.connect(to: "ws://127.0.0.1:\(port)/", on: loop)
@@ -1054,10 +1065,8 @@ struct WebSocketCompressionTests {
             print(server.socket.getsockname()[1], flush=True)
             server.serve_forever()
         """
-        let child = try PythonChild(["-c", script])
+        let (child, port) = try await PythonChild.server(["-c", script])
         defer { child.kill() }
-        let portLine = try await onThread { child.readLine() ?? "" }
-        let port = try #require(UInt16(portLine), "python server port: \(portLine)")
         let group = try EventLoopGroup(loopCount: 1)
         let socket = try await WebSocket.connect(to: "ws://127.0.0.1:\(port)/", on: group.loops[0],
                                                  configuration: .init(compression: .init()))
@@ -1097,10 +1106,8 @@ struct WebSocketTLSTests {
             print(server.socket.getsockname()[1], flush=True)
             server.serve_forever()
         """
-        let child = try PythonChild(["-c", script, certs.serverCertificate, certs.serverKey])
+        let (child, port) = try await PythonChild.server(["-c", script, certs.serverCertificate, certs.serverKey])
         defer { child.kill() }
-        let portLine = try await onThread { child.readLine() ?? "" }
-        let port = try #require(UInt16(portLine), "python server port: \(portLine)")
         let group = try EventLoopGroup(loopCount: 1)
         let loop = group.loops[0]
         let trusting = try TLSClientContext(configuration: .init(trustRoots: .file(certs.caCertificate)))

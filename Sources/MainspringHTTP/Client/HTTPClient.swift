@@ -239,6 +239,7 @@ public final class HTTPClient: Sendable {
 
     /// How many requests wait for a connection to `url`'s scheme, host and port. (Tests.)
     func waiterCount(for url: String) -> Int {
+        // A URL that does not parse names no pool entry: nobody waits for it.
         guard let target = try? HTTPTarget(parsing: url) else { return 0 }
         return pool.waiterCount(for: PoolKey(target))
     }
@@ -461,9 +462,9 @@ public final class HTTPClient: Sendable {
     /// unread on it. (`submit` throws only when the loop has shut down: then it cannot.)
     func isReusable(_ connection: Connection) async -> Bool {
         guard connection.isOpen else { return false }
-        if loop.isCurrent { return !connection.peerHasEnded && connection.bufferedInputBytes == 0 }
-        return (try? await loop.submit { connection.isOpen && !connection.peerHasEnded && connection.bufferedInputBytes == 0 })
-            ?? false
+        let idle: @Sendable () -> Bool = { connection.isOpen && !connection.peerHasEnded && connection.bufferedInputBytes == 0 }
+        if loop.isCurrent { return idle() }
+        return (try? await loop.submit(idle)) ?? false
     }
 
     private func connect(_ target: HTTPTarget) async throws(HTTPClientError) -> Connection {

@@ -257,43 +257,15 @@ final class ResponseReader: @unchecked Sendable {
         guard let colon = bytes.firstIndex(of: 58), colon != 0,
               !bytes[..<colon].contains(where: { $0 == 32 || $0 == 9 })
         else { throw .malformedHeader(Self.excerpt(bytes)) }
-        var start = colon + 1
-        var end = bytes.count
-        while start < end && (bytes[start] == 32 || bytes[start] == 9) { start += 1 }
-        while end > start && (bytes[end - 1] == 32 || bytes[end - 1] == 9) { end -= 1 }
-        return (String(decoding: bytes[..<colon], as: UTF8.self), String(decoding: bytes[start..<end], as: UTF8.self))
-    }
-
-    /// Whether a comma-separated list field (`Connection`, `Transfer-Encoding`) names `token`
-    /// (ASCII, any case) in any of its `values`.
-    static func list(_ values: [String], contains token: String) -> Bool {
-        let wanted = Array(token.utf8)
-        for value in values {
-            var utf8 = value.utf8[...]
-            while !utf8.isEmpty {
-                let comma = utf8.firstIndex(of: 44) ?? utf8.endIndex
-                var item = utf8[..<comma]
-                while let first = item.first, first == 32 || first == 9 { item = item.dropFirst() }
-                while let last = item.last, last == 32 || last == 9 { item = item.dropLast() }
-                if item.count == wanted.count
-                    && zip(item, wanted).allSatisfy({ ($0 >= 65 && $0 <= 90 ? $0 + 32 : $0) == $1 })
-                {
-                    return true
-                }
-                utf8 = comma == utf8.endIndex ? utf8[utf8.endIndex...] : utf8[utf8.index(after: comma)...]
-            }
-        }
-        return false
+        return (String(decoding: bytes[..<colon], as: UTF8.self),
+                String(decoding: trimmingOptionalWhitespace(bytes[(colon + 1)...]), as: UTF8.self))
     }
 
     /// A `Content-Length` value: ASCII digits (a few), optional whitespace around them.
     static func contentLength(_ value: String) -> Int? {
         var length = 0
         var digits = 0
-        var utf8 = value.utf8[...]
-        while let first = utf8.first, first == 32 || first == 9 { utf8 = utf8.dropFirst() }
-        while let last = utf8.last, last == 32 || last == 9 { utf8 = utf8.dropLast() }
-        for byte in utf8 {
+        for byte in trimmingOptionalWhitespace(value.utf8) {
             guard byte >= 48 && byte <= 57, digits < 18 else { return nil }
             length = length * 10 + Int(byte - 48)
             digits += 1
@@ -314,13 +286,13 @@ final class ResponseReader: @unchecked Sendable {
             default: break
             }
         }
-        keepAlive = minor >= 1 ? !Self.list(connectionField, contains: "close")
-                               : Self.list(connectionField, contains: "keep-alive")
+        keepAlive = minor >= 1 ? !HTTPHeaders.list(connectionField, contains: "close")
+                               : HTTPHeaders.list(connectionField, contains: "keep-alive")
         if method == .head || status == 204 || status == 304 {
             framing = .done
             return
         }
-        if Self.list(encodingField, contains: "chunked") {
+        if HTTPHeaders.list(encodingField, contains: "chunked") {
             framing = .chunked(remainingInChunk: 0, started: false)
             return
         }

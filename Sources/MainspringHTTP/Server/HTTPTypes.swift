@@ -67,6 +67,38 @@ public struct HTTPHeaders: Sendable, Equatable, Sequence, ExpressibleByDictionar
     public var description: String { fields.map { "\($0.name): \($0.value)" }.joined(separator: "\n") }
 }
 
+extension HTTPHeaders {
+    /// Whether a comma-separated list field (`Connection`, `Upgrade`, `Transfer-Encoding`)
+    /// names `token` (ASCII, any case; optional whitespace around each item) in any of its
+    /// `values`. Reads bytes: no string is made.
+    static func list(_ values: [String], contains token: String) -> Bool {
+        let wanted = token.utf8
+        func lowered(_ byte: UInt8) -> UInt8 { byte >= 0x41 && byte <= 0x5A ? byte + 0x20 : byte }
+        for value in values {
+            var rest = value.utf8[...]
+            while !rest.isEmpty {
+                let comma = rest.firstIndex(of: 44) ?? rest.endIndex
+                let item = trimmingOptionalWhitespace(rest[..<comma])
+                if item.count == wanted.count && zip(item, wanted).allSatisfy({ lowered($0) == lowered($1) }) {
+                    return true
+                }
+                rest = comma == rest.endIndex ? rest[rest.endIndex...] : rest[rest.index(after: comma)...]
+            }
+        }
+        return false
+    }
+}
+
+/// `bytes` without the optional whitespace of HTTP (spaces and tabs) at either end.
+func trimmingOptionalWhitespace<Bytes: BidirectionalCollection>(_ bytes: Bytes) -> Bytes.SubSequence
+    where Bytes.Element == UInt8
+{
+    var trimmed = bytes[...]
+    while let first = trimmed.first, first == 32 || first == 9 { trimmed = trimmed.dropFirst() }
+    while let last = trimmed.last, last == 32 || last == 9 { trimmed = trimmed.dropLast() }
+    return trimmed
+}
+
 extension String {
     func caseInsensitiveEquals(_ other: String) -> Bool {
         guard utf8.count == other.utf8.count else { return false }

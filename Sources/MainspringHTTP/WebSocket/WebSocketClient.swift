@@ -137,10 +137,10 @@ extension WebSocket {
             guard let colon = line.firstIndex(of: ":") else { throw .handshakeFailed("malformed header line") }
             fields.add(String(line[..<colon]), line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces))
         }
-        guard WebSocketHandshake.list(fields.values(of: "Upgrade"), contains: "websocket") else {
+        guard HTTPHeaders.list(fields.values(of: "Upgrade"), contains: "websocket") else {
             throw .handshakeFailed("no Upgrade: websocket")
         }
-        guard WebSocketHandshake.list(fields.values(of: "Connection"), contains: "upgrade") else {
+        guard HTTPHeaders.list(fields.values(of: "Connection"), contains: "upgrade") else {
             throw .handshakeFailed("no Connection: upgrade")
         }
         guard fields["Sec-WebSocket-Accept"] == WebSocketHandshake.acceptValue(forKey: key) else {

@@ -239,8 +239,14 @@ final class WebSocketCore: @unchecked Sendable {
 
     /// `trySend` from another thread: counted against the limit while on its way to the loop.
     func offerFromElsewhere(encoded frame: [UInt8]) -> Bool {
+        post(counting: frame.count) { frame }
+    }
+
+    /// Posts the frame `make` makes on the loop, its `count` bytes counted against the output
+    /// limit while on their way (false, posting nothing, when that would go over it or the
+    /// socket is closing or full).
+    private func post(counting count: Int, _ make: @escaping @Sendable () -> [UInt8]) -> Bool {
         guard !isClosing, connection.isWritable else { return false }
-        let count = frame.count
         let posted = postedBytes.wrappingAdd(count, ordering: .relaxed).newValue
         if posted - count > configuration.outputLimit {
             postedBytes.wrappingSubtract(count, ordering: .relaxed)
@@ -248,7 +254,7 @@ final class WebSocketCore: @unchecked Sendable {
         }
         loop.execute { [self] in
             postedBytes.wrappingSubtract(count, ordering: .relaxed)
-            if !closeSent && finalStatus == nil { connection.write(frame) }
+            if !closeSent && finalStatus == nil { connection.write(make()) }
         }
         return true
     }
@@ -279,18 +285,7 @@ final class WebSocketCore: @unchecked Sendable {
 
     /// `offerFromElsewhere(encoded:)` for a message encoded on the loop (compressed).
     func offerFromElsewhere(message opcode: WebSocketOpcode, _ payload: [UInt8]) -> Bool {
-        guard !isClosing, connection.isWritable else { return false }
-        let count = payload.count
-        let posted = postedBytes.wrappingAdd(count, ordering: .relaxed).newValue
-        if posted - count > configuration.outputLimit {
-            postedBytes.wrappingSubtract(count, ordering: .relaxed)
-            return false
-        }
-        loop.execute { [self] in
-            postedBytes.wrappingSubtract(count, ordering: .relaxed)
-            if !closeSent && finalStatus == nil { connection.write(payload.withUnsafeBytes { encode(opcode, $0) }) }
-        }
-        return true
+        post(counting: payload.count) { [self] in payload.withUnsafeBytes { encode(opcode, $0) } }
     }
 
     func ping(_ payload: [UInt8]) {

@@ -17,13 +17,6 @@ enum WebSocketHandshake {
         return Data((0..<16).map { _ in UInt8.random(in: .min ... .max, using: &generator) }).base64EncodedString()
     }
 
-    /// Whether a header's comma-separated list holds `token` (any case).
-    static func list(_ values: [String], contains token: String) -> Bool {
-        values.contains { value in
-            value.split(separator: ",").contains { $0.trimmingCharacters(in: .whitespaces).caseInsensitiveEquals(token) }
-        }
-    }
-
     /// What is wrong with an upgrade request, as the response to send (which closes the
     /// connection); nil when it is a valid WebSocket opening handshake. `426` with
     /// `Sec-WebSocket-Version: 13` for another version (or none); `400` for the rest.
@@ -35,10 +28,10 @@ enum WebSocketHandshake {
 
     private static func check(_ request: HTTPRequest) -> HTTPResponse? {
         guard request.method == .get else { return .text("WebSocket upgrade needs GET\n", status: 400) }
-        guard list(request.headers.values(of: "Upgrade"), contains: "websocket") else {
+        guard HTTPHeaders.list(request.headers.values(of: "Upgrade"), contains: "websocket") else {
             return .text("expected Upgrade: websocket\n", status: 426, headers: ["Upgrade": "websocket"])
         }
-        guard list(request.headers.values(of: "Connection"), contains: "upgrade") else {
+        guard HTTPHeaders.list(request.headers.values(of: "Connection"), contains: "upgrade") else {
             return .text("expected Connection: Upgrade\n", status: 400)
         }
         guard request.headers["Sec-WebSocket-Version"]?.trimmingCharacters(in: .whitespaces) == "13" else {
