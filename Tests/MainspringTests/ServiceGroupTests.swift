@@ -191,6 +191,19 @@ struct ServiceGroupTests {
         var description: String { "disk full" }
     }
 
+    /// What `group.run()` threw, when it is `serviceFailed`; anything else (or returning) is
+    /// recorded as an issue, and nil.
+    private func serviceFailure(of group: ServiceGroup) async -> (service: String, error: any Error, report: ServiceGroup.Report)? {
+        do {
+            try await group.run()
+            Issue.record("run() returned")
+        } catch {
+            if case .serviceFailed(let service, let failure, let report) = error { return (service, failure, report) }
+            Issue.record("\(error)")
+        }
+        return nil
+    }
+
     private func configuration(_ steps: Steps) -> ServiceGroup.Configuration {
         var configuration = ServiceGroup.Configuration()
         configuration.stopSignals = []
@@ -244,14 +257,7 @@ struct ServiceGroupTests {
         let group = ServiceGroup(services: [Recorder(name: "a", steps: steps), Recorder(name: "b", steps: steps),
                                             Recorder(name: "c", steps: steps, behaviour: .failAfterStart)],
                                  configuration: configuration(steps))
-        do {
-            try await group.run()
-            Issue.record("run() returned")
-        } catch {
-            guard case .serviceFailed(let service, let failure, let report) = error else {
-                Issue.record("\(error)")
-                return
-            }
+        if let (service, failure, report) = await serviceFailure(of: group) {
             #expect(service == "c" && failure is DiskFull)
             #expect(report.reason == .serviceFailed("c"))
             #expect(report.services.map { "\($0.outcome)" } == ["stopped", "stopped", "failed: disk full"])
@@ -272,14 +278,7 @@ struct ServiceGroupTests {
                                   .init(Recorder(name: "c", steps: steps))],
                                  configuration: configuration)
         let began = ContinuousClock.now
-        do {
-            try await group.run()
-            Issue.record("run() returned")
-        } catch {
-            guard case .serviceFailed(let service, let failure, let report) = error else {
-                Issue.record("\(error)")
-                return
-            }
+        if let (service, failure, report) = await serviceFailure(of: group) {
             #expect(service == "b")
             let timedOut = failure as? ServiceGroup.StartTimedOut
             #expect(timedOut?.service == "b" && timedOut?.deadline == .milliseconds(200))
