@@ -38,10 +38,15 @@ import Synchronization
 /// thread may use the loops (a test's body may resume on another thread after an `await`); two
 /// threads may not drive it at once (precondition).
 ///
+/// ## The network
+/// `Listener`, `Connection` (connect by address or by name, `makePair(on:)`) and what rides on
+/// them (`HTTPClient`) run unchanged over the simulation's ``network``: in memory, on virtual
+/// time, with its latency, segment size, window, partitions and resets.
+///
 /// ## Nothing real mixed in
-/// Real descriptors, sockets, listeners, signals and child processes on a simulated loop are
-/// refused with `EventLoopError.simulatedLoop`, rather than mixing real I/O with virtual time
-/// (whose timeouts would then fire spuriously).
+/// Real descriptors, Unix and datagram sockets, signals and child processes on a simulated
+/// loop are refused with `EventLoopError.simulatedLoop`, rather than mixing real I/O with
+/// virtual time (whose timeouts would then fire spuriously).
 public final class Simulation: @unchecked Sendable {
     /// The seed every choice of this simulation comes from.
     public let seed: UInt64
@@ -64,7 +69,13 @@ public final class Simulation: @unchecked Sendable {
         self.core = core
         loop = try EventLoop(simulation: core, configuration: configuration)
         _ = core.add(loop)
+        core.networkCore.setHost("127.0.0.1", for: loop)
+        network = SimulatedNetwork(simulation: core)
     }
+
+    /// The simulation's network: listeners and connections on its loops run over it, in memory
+    /// and on virtual time, with its latency, segments and faults.
+    public let network: SimulatedNetwork
 
     /// Virtual time since the simulation started.
     public var now: Duration { Duration(nanoseconds: core.clock.elapsed) }
@@ -140,11 +151,19 @@ public final class Simulation: @unchecked Sendable {
     /// inside its waits, but one that is itself spinning further up the stack resumes only
     /// when the inner spin returns, so its timers can fire late (never early).
     /// - Throws: `EventLoopError` when a loop cannot be made.
-    public func makeGroup(loopCount: Int, configuration: EventLoop.Configuration = .init()) throws -> EventLoopGroup {
+    ///
+    /// The group's loops are one host of the simulated network, `host` (a dotted IPv4
+    /// address): its listeners listen there, its connections come from there, and
+    /// ``SimulatedNetwork/partition(_:_:)`` and ``SimulatedNetwork/reset(_:_:)`` name it.
+    /// ``loop`` is host `127.0.0.1`.
+    public func makeGroup(loopCount: Int, host: String = "127.0.0.1", configuration: EventLoop.Configuration = .init())
+        throws -> EventLoopGroup
+    {
         var made: [EventLoop] = []
         for _ in 0..<max(1, loopCount) {
             let member = try EventLoop(simulation: core, configuration: configuration)
             _ = core.add(member)
+            core.withDriving { core.networkCore.setHost(host, for: member) }
             made.append(member)
         }
         let group = EventLoopGroup(simulatedLoops: made)

@@ -38,9 +38,15 @@ final class SimulationCore: LoopSimulating, @unchecked Sendable {
     private(set) var processes: [SimulatedProcess] = []
     private var nextProcessIdentifier: Int32 = 1_000_000
 
+    /// The simulation's network: its streams' bytes move between the loops' dispatches.
+    let networkCore: NetworkCore
+
     init(seed: UInt64) {
         random = SplitMix64(seed: seed)
+        networkCore = NetworkCore(clock: clock, seed: seed)
     }
+
+    var network: (any SimulatedNetworking)? { networkCore }
 
     func makeProgram(executable: String, arguments: [String], environment: [String: String]?,
                      on loop: EventLoop) -> (any SimulatedChild)?
@@ -113,8 +119,12 @@ final class SimulationCore: LoopSimulating, @unchecked Sendable {
     @discardableResult
     func runUntilIdle(notPast limit: UInt64? = nil) -> Int {
         var ran = 0
-        while clock.nanoseconds <= (limit ?? .max), let (index, loop) = pickRunnable() {
-            ran += iterate(index, loop)
+        while clock.nanoseconds <= (limit ?? .max) {
+            if let (index, loop) = pickRunnable() {
+                ran += iterate(index, loop)
+            } else if !networkCore.runOneDue() {
+                break
+            }
         }
         return ran
     }
@@ -147,6 +157,7 @@ final class SimulationCore: LoopSimulating, @unchecked Sendable {
         for (index, loop) in liveLoops where index == spinning || !dispatching.contains(index) {
             if let deadline = loop.nextDeadline, deadline < (earliest ?? .max) { earliest = deadline }
         }
+        if let network = networkCore.nextEventTime, network < (earliest ?? .max) { earliest = network }
         return earliest
     }
 
@@ -174,6 +185,7 @@ final class SimulationCore: LoopSimulating, @unchecked Sendable {
                 _ = iterate(index, other)
                 continue
             }
+            if networkCore.runOneDue() { continue }
             guard let next = earliestDeadline(allowing: spinning) else {
                 guard let deadline else { return waitForCrossThreadWork() }
                 clock.advance(to: deadline)
@@ -209,7 +221,8 @@ final class SimulationCore: LoopSimulating, @unchecked Sendable {
             let open = loop.openSourceSummary
             return open.isEmpty ? nil : "loop \(index): \(open.joined(separator: ", "))"
         }
-        return parts.isEmpty ? "no open sources" : parts.joined(separator: "; ")
+        let all = parts + [networkCore.summary].compactMap { $0 }
+        return all.isEmpty ? "no open sources" : all.joined(separator: "; ")
     }
 }
 

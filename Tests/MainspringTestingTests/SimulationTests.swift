@@ -143,13 +143,16 @@ final class Box<Value: Sendable>: @unchecked Sendable {
         #expect(result.value?.1 == .milliseconds(250))
     }
 
+    /// What is real — a Unix socket's file, a descriptor the caller has — is refused on a
+    /// simulated loop, by name; TCP listeners and connections go over the simulation's network
+    /// (NetworkSimulationTests).
     @Test func realDescriptorsAreRefused() throws {
         let simulation = try Simulation()
         let loop = simulation.loop
         let thrown = Box<EventLoopError?>(nil)
         loop.execute {
             do throws(EventLoopError) {
-                _ = try Listener(host: "127.0.0.1", port: 0, on: loop) { _ in }
+                _ = try Listener(unixPath: "/tmp/mainspring-simulated.sock", on: loop) { _ in }
             } catch {
                 thrown.value = error
             }
@@ -159,23 +162,21 @@ final class Box<Value: Sendable>: @unchecked Sendable {
             Issue.record("expected simulatedLoop, got \(String(describing: thrown.value))")
             return
         }
-        #expect(refused.contains("listener"))
-        // A connected pair is a socketpair: refused too, by name, until the simulation has a
-        // network of its own.
-        let pair = Box<EventLoopError?>(nil)
+        #expect(refused.contains("unix socket listener"))
+        let adopted = Box<EventLoopError?>(nil)
         loop.execute {
             do throws(EventLoopError) {
-                _ = try Connection.makePair(on: loop)
+                _ = try Connection.adopting(descriptor: 0, on: loop)
             } catch {
-                pair.value = error
+                adopted.value = error
             }
         }
         simulation.runUntilIdle()
-        guard case .simulatedLoop(let what)? = pair.value else {
-            Issue.record("expected simulatedLoop, got \(String(describing: pair.value))")
+        guard case .simulatedLoop(let what)? = adopted.value else {
+            Issue.record("expected simulatedLoop, got \(String(describing: adopted.value))")
             return
         }
-        #expect(what.contains("Connection.makePair"))
+        #expect(what.contains("Connection.adopting"))
     }
 
     @Test func theSameSeedGivesTheSameTraceAndSeedsChooseTheOrder() throws {

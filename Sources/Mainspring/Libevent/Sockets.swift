@@ -175,6 +175,33 @@ final class BufferedSocket {
         bufferevent_setcb(bev, socketReadTrampoline, socketWriteTrampoline, socketEventTrampoline, arg)
     }
 
+    /// A socket of the simulation's network (`MainspringTesting`) on a simulated loop's base: a
+    /// bufferevent without a descriptor (libevent never polls it: the loop never polls), whose
+    /// input the network fills and whose output it takes (see `SimulatedSocket`). `end` is the
+    /// network's side, attached now; nil until a connect finishes (`attach(simulated:)`).
+    init(simulatedOn base: EventBase, end: (any SimulatedStreamEnd)?, target: NativeEventTarget) throws(EventLoopError) {
+        guard let bev = bufferevent_socket_new(base.raw, -1, 0) else {
+            throw .libevent(function: "bufferevent_socket_new", errno: errno)
+        }
+        self.raw = bev
+        self.base = base
+        let arg = callbackArgument(for: target)
+        bufferevent_setcb(bev, socketReadTrampoline, socketWriteTrampoline, socketEventTrampoline, arg)
+        let simulated = SimulatedSocket(socket: self, bufferevent: bev, target: target)
+        base.simulatedSockets[ObjectIdentifier(self)] = simulated
+        if let end { simulated.attach(end) }
+    }
+
+    /// The simulation's side of a simulated socket (nil on a real loop).
+    var simulated: SimulatedSocket? {
+        base.refusesDescriptors ? base.simulatedSockets[ObjectIdentifier(self)] : nil
+    }
+
+    /// Gives a simulated socket (made without one) the end of the stream its connect made.
+    func attach(simulated end: any SimulatedStreamEnd) {
+        simulated?.attach(end)
+    }
+
     /// Takes over `bufferevent`, made elsewhere in the package on `base` (a TLS bufferevent over
     /// an established session, say): its callbacks go to `target` from now on, and `deinit`
     /// frees it (closing its socket, if it was made with `BEV_OPT_CLOSE_ON_FREE`).
@@ -215,7 +242,10 @@ final class BufferedSocket {
         try check(bufferevent_setfd(raw, fd), "bufferevent_setfd")
     }
 
-    deinit { bufferevent_free(raw) }
+    deinit {
+        if base.refusesDescriptors { base.simulatedSockets.removeValue(forKey: ObjectIdentifier(self))?.socketClosing() }
+        bufferevent_free(raw)
+    }
 
     var fd: Int32 { bufferevent_getfd(raw) }
 
@@ -224,11 +254,15 @@ final class BufferedSocket {
     func enable(_ events: IOEvents) throws(EventLoopError) {
         try base.takeInjectedFailure("bufferevent_enable")
         try check(bufferevent_enable(raw, events.readiness.libeventFlags), "bufferevent_enable")
+        if base.refusesDescriptors { simulated?.changed() }
     }
 
     /// Stops polling for `events`. (`bufferevent_disable` only deletes events, which cannot
     /// fail for a valid bufferevent: its result is 0 by construction.)
-    func disable(_ events: IOEvents) { bufferevent_disable(raw, events.readiness.libeventFlags) }
+    func disable(_ events: IOEvents) {
+        bufferevent_disable(raw, events.readiness.libeventFlags)
+        if base.refusesDescriptors { simulated?.changed() }
+    }
 
     var inputLength: Int { evbuffer_get_length(bufferevent_get_input(raw)) }
     var outputLength: Int { evbuffer_get_length(bufferevent_get_output(raw)) }
@@ -334,6 +368,7 @@ final class BufferedSocket {
     func writeNow(_ bytes: [UInt8]) -> Int {
         guard evbuffer_get_length(bufferevent_get_output(raw)) == 0 else { return 0 }
         let fd = bufferevent_getfd(raw)
+        guard fd >= 0 else { return 0 }  // a simulated socket (MainspringTesting): buffered
         return bytes.withUnsafeBytes { sendWithoutBlocking(fd, $0) }
     }
 
@@ -341,10 +376,17 @@ final class BufferedSocket {
     func setWriteLowWatermark(_ bytes: Int) { bufferevent_setwatermark(raw, Int16(EV_WRITE), bytes, 0) }
 
     /// libevent stops reading the socket while this many bytes of input are buffered.
-    func setReadHighWatermark(_ bytes: Int) { bufferevent_setwatermark(raw, Int16(EV_READ), 0, bytes) }
+    func setReadHighWatermark(_ bytes: Int) {
+        bufferevent_setwatermark(raw, Int16(EV_READ), 0, bytes)
+        if base.refusesDescriptors { simulated?.changed() }
+    }
 
     /// Read and write inactivity timeouts (nil: none).
     func setTimeouts(readNanoseconds: UInt64?, writeNanoseconds: UInt64?) {
+        if base.refusesDescriptors {
+            simulated?.setTimeouts(read: readNanoseconds, write: writeNanoseconds)
+            return
+        }
         var read = timeval(nanoseconds: readNanoseconds ?? 0)
         var write = timeval(nanoseconds: writeNanoseconds ?? 0)
         switch (readNanoseconds, writeNanoseconds) {
@@ -356,7 +398,13 @@ final class BufferedSocket {
     }
 
     /// Half-closes the socket: the peer reads end of file once our output is sent.
-    func shutdownWrite() { shutdown(fd, Int32(SHUT_WR)) }
+    func shutdownWrite() {
+        if base.refusesDescriptors {
+            simulated?.end?.socketShutdownWrite()
+            return
+        }
+        shutdown(fd, Int32(SHUT_WR))
+    }
 }
 
 /// The input buffer, read in place by the line splitter (`InPlaceLineSplitter`).

@@ -112,6 +112,9 @@ public protocol LoopSimulating: AnyObject, Sendable {
     /// when none is (the spawn then fails as for a missing program).
     func makeProgram(executable: String, arguments: [String], environment: [String: String]?,
                      on loop: EventLoop) -> (any SimulatedChild)?
+
+    /// The simulation's network (see `SimulatedNetworking`); nil: sockets are refused.
+    var network: (any SimulatedNetworking)? { get }
 }
 
 /// The scheduler's clock on a simulated loop: virtual time, and every dispatch told to the

@@ -6,16 +6,16 @@ extension Connection {
     /// exact reads, backpressure, half-close, close reasons) over one end of a Unix
     /// `socketpair`. Loop thread only.
     ///
-    /// On a simulated loop (`MainspringTesting`) this is refused for now: a pair there needs the
-    /// simulation's own network.
+    /// On a simulated loop (`MainspringTesting`) the two are ends of one stream of the
+    /// simulation's network: its latency, segments and faults apply between them.
     /// - Throws: `EventLoopError.system` (`socketpair`: out of descriptors, say), `.wrongThread`,
     ///   `.simulatedLoop`.
     public static func makePair(on loop: EventLoop, options: Options = .init()) throws(EventLoopError)
         -> (Connection, Connection)
     {
         guard loop.claimThread() else { throw .wrongThread(function: "Connection.makePair(on:options:)") }
-        if loop.isSimulated { throw .simulatedLoop(refused: "Connection.makePair (a socketpair: real descriptors)") }
         options.check("Connection.makePair")
+        if loop.isSimulated { return try makeSimulatedPair(on: loop, options: options) }
         let (first, second) = try makeStreamSocketPair()
         let one: ConnectionSource
         do {
@@ -72,5 +72,27 @@ extension Connection {
             throw .system(function: "fcntl(\(descriptor), F_SETFD, FD_CLOEXEC)", errno: code)
         }
         return Connection(source: try ConnectionSource(loop: loop, fd: descriptor, peer: "descriptor \(descriptor)", options: options))
+    }
+}
+
+extension Connection {
+    /// `makePair` on a simulated loop: the two ends of one stream of the simulation's network.
+    private static func makeSimulatedPair(on loop: EventLoop, options: Options) throws(EventLoopError) -> (Connection, Connection) {
+        let network = try loop.requireSimulatedNetwork(for: "Connection.makePair")
+        let (first, second) = network.makePair(on: loop)
+        let one: ConnectionSource
+        do {
+            one = try ConnectionSource(loop: loop, simulated: first, peer: "pair", options: options)
+        } catch {
+            second.socketClosed(unreadInput: false)
+            throw error
+        }
+        do {
+            let other = try ConnectionSource(loop: loop, simulated: second, peer: "pair", options: options)
+            return (Connection(source: one), Connection(source: other))
+        } catch {
+            one.close()
+            throw error
+        }
     }
 }

@@ -234,6 +234,29 @@ final class ConnectionSource: Source {
         configureSocket()
     }
 
+    /// A connection over one end of a stream of a simulation's network (`MainspringTesting`):
+    /// accepted by a listener, or one of a pair. On a failure the end is closed.
+    init(loop: EventLoop, simulated end: any SimulatedStreamEnd, peer: String, options: Connection.Options)
+        throws(EventLoopError)
+    {
+        self.role = .socket
+        self.remoteAddress = peer
+        self.kept = KeptOptions(options)
+        self.splitter = InPlaceLineSplitter(maxLineLength: options.maxLineLength)
+        self.state = ConnectionState(connected: true)
+        self.readLimit = Self.inputLimit(maxLineLength: options.maxLineLength)
+        self.layer = nil
+        super.init(loop: loop, priority: .input, keepsLoopBusy: true)
+        do {
+            socket = try BufferedSocket(simulatedOn: loop.base, end: end, target: self)
+        } catch {
+            end.socketClosed(unreadInput: false)
+            close()
+            throw error
+        }
+        configureSocket()
+    }
+
     init(loop: EventLoop, connectingTo host: String, port: UInt16, options: Connection.Options) throws(EventLoopError) {
         _ = ignoreSIGPIPE
         options.check("Connection.connect")
@@ -245,6 +268,10 @@ final class ConnectionSource: Source {
         self.readLimit = Self.inputLimit(maxLineLength: options.maxLineLength)
         self.layer = nil
         super.init(loop: loop, priority: .input, keepsLoopBusy: true)
+        if loop.isSimulated {
+            try connectOverSimulatedNetwork(host: host, port: port, options: options)
+            return
+        }
         if let literal = numericAddress(host, port: port) {
             // One address: libevent connects the socket itself, which exists from now on.
             do {

@@ -1,16 +1,30 @@
 /// An accepted socket on its way to another loop: closed if it never gets there.
 private final class AcceptedSocket: @unchecked Sendable {
     private var fd: Int32
+    /// On a simulated loop: the stream's end instead of a descriptor (`MainspringTesting`).
+    private var simulated: (any SimulatedStreamEnd)?
     let peer: String
     init(fd: Int32, peer: String) {
         self.fd = fd
+        self.peer = peer
+    }
+    init(simulated end: any SimulatedStreamEnd, peer: String) {
+        self.fd = -1
+        self.simulated = end
         self.peer = peer
     }
     func take() -> Int32 {
         defer { fd = -1 }
         return fd
     }
-    deinit { if fd >= 0 { closeDescriptor(fd) } }
+    func takeSimulated() -> (any SimulatedStreamEnd)? {
+        defer { simulated = nil }
+        return simulated
+    }
+    deinit {
+        if fd >= 0 { closeDescriptor(fd) }
+        simulated?.socketClosed(unreadInput: false)
+    }
 }
 
 /// Where a listener's socket comes from.
@@ -41,6 +55,8 @@ final class ListenerSource: Source {
     }
 
     private var listener: SocketListener?
+    /// On a simulated loop: the simulation's network listens instead (`MainspringTesting`).
+    private var simulatedListener: (any SimulatedListening)?
     private let target = Target()
     /// Weak: the group's loops hold this source, so a strong reference would be a cycle.
     private weak var group: EventLoopGroup?
@@ -69,6 +85,22 @@ final class ListenerSource: Source {
         self.preparer = preparer
         super.init(loop: loop, priority: .input)
         target.source = self
+        if loop.isSimulated, case .binding(let host, let port, let backlog) = socket {
+            do throws(EventLoopError) {
+                guard preparer == nil else { throw EventLoopError.simulatedLoop(refused: "a TLS listener (TLS over the simulated network is not supported yet)") }
+                let network = try loop.requireSimulatedNetwork(for: "a TCP listener on \(host):\(port)")
+                let made = try network.listen(on: loop, host: host, port: port, backlog: backlog) { [target] end, peer in
+                    target.accepted(simulated: end, peer: peer)
+                }
+                self.port = made.port
+                self.localAddress = made.localAddress
+                simulatedListener = made
+            } catch {
+                close()
+                throw error
+            }
+            return
+        }
         do {
             let made = switch socket {
             case .binding(let host, let port, let backlog):
@@ -107,6 +139,10 @@ final class ListenerSource: Source {
         // connection that fails on its way is simply not delivered).
         let preparer = self.preparer
         let make: @Sendable (@escaping (Connection?) -> Void) -> Void = { done in
+            if let end = socket.takeSimulated() {
+                done(try? Connection(source: ConnectionSource(loop: destination, simulated: end, peer: socket.peer, options: options)))
+                return
+            }
             let fd = socket.take()
             if let preparer {
                 preparer.prepare(fd: fd, peer: socket.peer, on: destination, options: options, done: done)
@@ -126,7 +162,7 @@ final class ListenerSource: Source {
             // are not counted against the queue until they are ready: a few slow clients must
             // not stop the listener.
             let prepares = preparer != nil
-            if !prepares, queue.reserve() { listener?.disable() }
+            if !prepares, queue.reserve() { stopAccepting() }
             // Runs on the connection's loop; accepting resumes on this one.
             let acceptor = UncheckedListenerSource(self)
             let resumeAccepting: @Sendable (Bool) -> Void = { resume in
@@ -166,7 +202,7 @@ final class ListenerSource: Source {
     func resumeAfterConsumer() {
         guard !isClosed, pauseTimer == nil else { return }
         if case .queue(let queue) = delivery, queue.isAcceptPaused {
-            listener?.disable()
+            stopAccepting()
             return
         }
         enableAccepting()
@@ -177,6 +213,7 @@ final class ListenerSource: Source {
     /// turns false and `connections` ends.
     private func enableAccepting() {
         do {
+            simulatedListener?.setAccepting(true)
             try listener?.enable()
         } catch {
             registrationFailed(error)
@@ -202,9 +239,17 @@ final class ListenerSource: Source {
         }
     }
 
+    /// Stops accepting (the backlog holds new connections).
+    private func stopAccepting() {
+        listener?.disable()
+        simulatedListener?.setAccepting(false)
+    }
+
     override func didClose() {
         shared.isClosed.store(true, ordering: .releasing)
         listener = nil
+        simulatedListener?.close()
+        simulatedListener = nil
         if case .queue(let queue) = delivery { queue.finish() }
         delivery = nil
         accepted.removeAll()  // closes the fds
@@ -220,6 +265,14 @@ final class ListenerSource: Source {
                 return
             }
             source.accepted.append(AcceptedSocket(fd: fd, peer: peer))
+            source.fire(.read)
+        }
+        func accepted(simulated end: any SimulatedStreamEnd, peer: String) {
+            guard let source else {
+                end.socketClosed(unreadInput: false)
+                return
+            }
+            source.accepted.append(AcceptedSocket(simulated: end, peer: peer))
             source.fire(.read)
         }
         override func acceptFailed(errno: Int32) {

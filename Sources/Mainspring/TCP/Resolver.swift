@@ -129,6 +129,15 @@ extension EventLoop {
             return
         }
         _ = requirePositive(timeout, "EventLoop.resolve's timeout")
+        if isSimulated {
+            // The simulation's table (`SimulatedNetwork.register(name:address:)`), at once.
+            guard let addresses = simulatedNetwork?.resolve(host, port: port), !addresses.isEmpty else {
+                done(.failure(.hostNotFound(host: host, reason: "no address registered with the simulation's network")))
+                return
+            }
+            done(.success(addresses))
+            return
+        }
         let pending = PendingResolve(done)
         pending.timer = schedule(after: timeout) {
             pending.finish(.failure(.resolveTimedOut(host: host, timeout: timeout)))

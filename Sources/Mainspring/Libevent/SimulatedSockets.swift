@@ -1,0 +1,150 @@
+internal import CLibevent
+
+/// One socket of a simulation's network, as the network sees it (`MainspringTesting`): the
+/// buffers of a bufferevent without a descriptor, on a simulated loop. The network puts what
+/// arrives into the input and tells the connection, takes what the connection wrote from the
+/// output, and reports the end of the input, errors and timeouts — what a socket's bufferevent
+/// does after `read(2)` and `write(2)`, here on virtual time.
+///
+/// The connection's own code is the real one: it sees a `BufferedSocket` like any other. Loop
+/// thread only (the thread driving the simulation). Every call is a no-op once the socket is
+/// gone (`isOpen` false): its connection closed it.
+@_spi(Simulation)
+public final class SimulatedSocket {
+    private var raw: OpaquePointer?
+    private unowned(unsafe) let target: NativeEventTarget
+    /// The network's side, once attached.
+    private(set) var end: (any SimulatedStreamEnd)?
+
+    init(socket: BufferedSocket, bufferevent: OpaquePointer, target: NativeEventTarget) {
+        self.raw = bufferevent
+        self.target = target
+        let argument = callbackArgument(for: self)
+        evbuffer_add_cb(bufferevent_get_output(bufferevent), simulatedBufferChanged, argument)
+        evbuffer_add_cb(bufferevent_get_input(bufferevent), simulatedBufferChanged, argument)
+    }
+
+    /// The inactivity timeouts the connection set (kept for an end attached later).
+    private var timeouts: (read: UInt64?, write: UInt64?) = (nil, nil)
+
+    func attach(_ end: any SimulatedStreamEnd) {
+        guard raw != nil, self.end == nil else { return }
+        self.end = end
+        end.attach(self)
+        if timeouts.read != nil || timeouts.write != nil { end.socketSetTimeouts(read: timeouts.read, write: timeouts.write) }
+    }
+
+    func setTimeouts(read: UInt64?, write: UInt64?) {
+        timeouts = (read, write)
+        end?.socketSetTimeouts(read: read, write: write)
+    }
+
+    /// Its `BufferedSocket` is being freed: the network hears of it, and nothing is called on
+    /// the bufferevent from now on.
+    func socketClosing() {
+        guard let raw else { return }
+        let unread = evbuffer_get_length(bufferevent_get_input(raw)) > 0
+        let argument = callbackArgument(for: self)
+        evbuffer_remove_cb(bufferevent_get_output(raw), simulatedBufferChanged, argument)
+        evbuffer_remove_cb(bufferevent_get_input(raw), simulatedBufferChanged, argument)
+        self.raw = nil
+        let end = self.end
+        self.end = nil
+        end?.socketClosed(unreadInput: unread)
+    }
+
+    /// Its buffers, reading or watermarks changed: the network may move bytes.
+    func changed() { end?.socketChanged() }
+
+    /// Whether its connection still has it.
+    public var isOpen: Bool { raw != nil }
+
+    /// Bytes written by the connection and not yet taken by the network.
+    public var outputCount: Int {
+        guard let raw else { return 0 }
+        return evbuffer_get_length(bufferevent_get_output(raw))
+    }
+
+    /// Takes up to `limit` bytes of the output (the network sends them); when the output falls
+    /// to the connection's low watermark, its write callback runs, as after a `write(2)`.
+    public func takeOutput(upTo limit: Int) -> [UInt8] {
+        guard let raw, limit > 0 else { return [] }
+        let output = bufferevent_get_output(raw)
+        let count = min(limit, evbuffer_get_length(output))
+        guard count > 0 else { return [] }
+        // A socket bufferevent keeps the front of its output frozen but while it writes itself.
+        evbuffer_unfreeze(output, 1)
+        let bytes = [UInt8](unsafeUninitializedCapacity: count) { buffer, initialized in
+            initialized = max(0, Int(evbuffer_remove(output, buffer.baseAddress, count)))
+        }
+        evbuffer_freeze(output, 1)
+        var low = 0
+        bufferevent_getwatermark(raw, Int16(EV_WRITE), &low, nil)
+        if bufferevent_get_enabled(raw) & Int16(EV_WRITE) != 0, evbuffer_get_length(output) <= low {
+            target.socketDrained()
+        }
+        return bytes
+    }
+
+    /// Bytes in the input the connection has not taken.
+    public var inputCount: Int {
+        guard let raw else { return 0 }
+        return evbuffer_get_length(bufferevent_get_input(raw))
+    }
+
+    /// Whether the connection reads now (reading enabled, and its input under the high
+    /// watermark): the network delivers only then, as a socket's bufferevent reads only then.
+    public var isReading: Bool { inputRoom > 0 }
+
+    /// How many more bytes the connection reads now: 0 while its reading is off, else what
+    /// its high watermark leaves (`Int.max` without one).
+    public var inputRoom: Int {
+        guard let raw, bufferevent_get_enabled(raw) & Int16(EV_READ) != 0 else { return 0 }
+        var high = 0
+        bufferevent_getwatermark(raw, Int16(EV_READ), nil, &high)
+        guard high > 0 else { return .max }
+        return max(0, high - evbuffer_get_length(bufferevent_get_input(raw)))
+    }
+
+    /// Appends `bytes` to the input and tells the connection (its read callback), as after a
+    /// `read(2)`.
+    public func deliver(_ bytes: [UInt8]) {
+        guard let raw, !bytes.isEmpty else { return }
+        // … and the end of its input frozen but while it reads.
+        let input = bufferevent_get_input(raw)
+        evbuffer_unfreeze(input, 0)
+        _ = bytes.withUnsafeBytes { evbuffer_add(input, $0.baseAddress, $0.count) }
+        evbuffer_freeze(input, 0)
+        target.socketReadable()
+    }
+
+    /// The peer's end of the stream (`read(2)` returned 0).
+    public func deliverEndOfFile() {
+        guard raw != nil else { return }
+        target.socketEvent([.reading, .endOfFile], errno: 0)
+    }
+
+    /// The stream failed with `code` (`ECONNRESET`, `ETIMEDOUT`).
+    public func deliverError(_ code: Int32) {
+        guard raw != nil else { return }
+        target.socketEvent([.reading, .error], errno: code)
+    }
+
+    /// An inactivity timeout passed: reading (`reading`) or writing.
+    public func deliverTimeout(reading: Bool) {
+        guard let raw else { return }
+        bufferevent_disable(raw, Int16(reading ? EV_READ : EV_WRITE))
+        target.socketEvent([reading ? .reading : .writing, .timeout], errno: 0)
+    }
+
+    /// Whether output is pending and writing is enabled (a write timeout runs only then).
+    public var isWritePending: Bool {
+        guard let raw else { return false }
+        return bufferevent_get_enabled(raw) & Int16(EV_WRITE) != 0 && evbuffer_get_length(bufferevent_get_output(raw)) > 0
+    }
+}
+
+/// An evbuffer callback of a simulated socket's buffers: records that they changed.
+private let simulatedBufferChanged: evbuffer_cb_func = { _, _, argument in
+    callbackTarget(argument, as: SimulatedSocket.self).changed()
+}

@@ -1,0 +1,77 @@
+/// What a simulation's network provides to the library's stream sockets on its loops
+/// (`MainspringTesting`'s `SimulatedNetwork`): listening, connecting, pairs and names, with the
+/// bytes moved in memory on virtual time. The library's own `Listener` and `Connection` run over
+/// it unchanged: each end of a simulated stream is a bufferevent without a descriptor
+/// (`SimulatedSocket`), fed and drained by the network.
+///
+/// Everything here is called on the thread that drives the simulation (the loops' thread).
+@_spi(Simulation)
+public protocol SimulatedNetworking: AnyObject, Sendable {
+    /// Listens on `host:port` of `loop`'s host (`port` 0: the network picks one). `accepted`
+    /// runs on `loop`'s thread with each new stream's server end and the peer's address.
+    /// - Throws: `EventLoopError.system` with `EADDRINUSE` when the port is taken,
+    ///   `.invalidAddress` when `host` is not an address of `loop`'s host.
+    func listen(on loop: EventLoop, host: String, port: UInt16, backlog: Int32,
+                accepted: @escaping (any SimulatedStreamEnd, String) -> Void) throws(EventLoopError)
+        -> any SimulatedListening
+
+    /// Connects from `loop`'s host to `address`; `done` runs once on `loop`'s thread with the
+    /// client end once the peer accepted (refused: `.system` with `ECONNREFUSED`; nobody at
+    /// that address, or a partition: `ETIMEDOUT` after the network's connect timeout).
+    func connect(from loop: EventLoop, to address: SocketAddress,
+                 _ done: @escaping (Result<any SimulatedStreamEnd, EventLoopError>) -> Void)
+
+    /// Two ends of one stream on `loop`'s host, connected now (`Connection.makePair(on:)`).
+    func makePair(on loop: EventLoop) -> (any SimulatedStreamEnd, any SimulatedStreamEnd)
+
+    /// The addresses registered for `name` (nil: none), each with `port`.
+    func resolve(_ name: String, port: UInt16) -> [SocketAddress]?
+}
+
+/// A simulated listening socket (see `SimulatedNetworking.listen`).
+@_spi(Simulation)
+public protocol SimulatedListening: AnyObject {
+    /// The port it listens on.
+    var port: UInt16 { get }
+    /// "address:port", for messages.
+    var localAddress: String { get }
+    /// Accepts (true) or holds new connections in the backlog (false).
+    func setAccepting(_ accepting: Bool)
+    /// Stops listening: connects to its port are refused from now on.
+    func close()
+}
+
+/// The network's side of one end of a simulated stream: the socket a connection made over it
+/// (`attach`) tells it what happens to its buffers.
+@_spi(Simulation)
+public protocol SimulatedStreamEnd: AnyObject {
+    /// The connection's socket takes this end: the network feeds `socket`'s input and drains
+    /// its output from now on.
+    func attach(_ socket: SimulatedSocket)
+    /// The socket's buffers or reading changed (output written, input taken, reading enabled
+    /// or disabled): the network may move bytes. Called inside the change: must only record.
+    func socketChanged()
+    /// The socket half-closed: the peer reads the end once the output is delivered.
+    func socketShutdownWrite()
+    /// The socket is gone (its connection closed), or was never attached: what it had not
+    /// sent is dropped; `unreadInput` says whether input was left unread (a reset, as TCP does).
+    func socketClosed(unreadInput: Bool)
+    /// The read and write inactivity timeouts of the socket (virtual ns; nil: none).
+    func socketSetTimeouts(read: UInt64?, write: UInt64?)
+}
+
+extension LoopSimulating {
+    /// No network: sockets on the simulation's loops are refused (`EventLoopError.simulatedLoop`).
+    public var network: (any SimulatedNetworking)? { nil }
+}
+
+extension EventLoop {
+    /// The network of this loop's simulation, if it has one (`MainspringTesting`).
+    var simulatedNetwork: (any SimulatedNetworking)? { simulation?.network }
+
+    /// The simulation's network, or `.simulatedLoop` naming `what` when there is none.
+    func requireSimulatedNetwork(for what: @autoclosure () -> String) throws(EventLoopError) -> any SimulatedNetworking {
+        guard let network = simulatedNetwork else { throw .simulatedLoop(refused: what()) }
+        return network
+    }
+}

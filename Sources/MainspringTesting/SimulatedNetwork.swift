@@ -1,0 +1,102 @@
+@_spi(Simulation) import Mainspring
+
+/// A simulation's network (``Simulation/network``): the hosts of its loops, the names they
+/// resolve, and the links between them — one-way latency, segment size, window, partitions,
+/// resets — all on virtual time.
+///
+/// The library's own network code runs over it unchanged: a `Listener` on a simulated loop
+/// listens on the loop's host, `Connection.connect(to:port:on:)` connects by address or by a
+/// name registered here, `Connection.makePair(on:)` gives the two ends of one stream, and what
+/// rides on connections (`HTTPClient`, your protocol) sees their bytes as a socket would. No
+/// descriptor is involved: each end is a bufferevent without one, fed by the network.
+///
+/// ```swift
+/// let simulation = try Simulation(seed: 7)
+/// simulation.network.latency = .milliseconds(20)
+/// simulation.network.maxSegmentSize = 1        // every parser sees every split
+/// let upstream = try simulation.makeGroup(loopCount: 1, host: "10.0.0.2")
+/// simulation.network.register(name: "upstream.test", address: "10.0.0.2")
+/// ```
+///
+/// ## Behaviour
+/// - **Connecting** takes one round trip (a SYN, then its answer). A port nobody listens on is
+///   refused (`ECONNREFUSED`) after a round trip; an address no host has, or a host across a
+///   partition, answers nothing, and the connect fails with `ETIMEDOUT` after
+///   ``connectTimeout`` (127 s, Linux's default) — unless healed before. A listener that stopped
+///   accepting holds connects in its backlog.
+/// - **Bytes** a connection writes leave in segments of at most ``maxSegmentSize`` and arrive
+///   one ``latency`` later, in order; the loops run between two segments. What one direction
+///   holds (in flight, or waiting for a reader that stopped reading) is bounded by ``window``:
+///   beyond it the writer's output stays buffered, and its backpressure is real.
+/// - **Closing** sends the end of the stream after the data; closing with input left unread
+///   resets the stream instead, and data that reaches a closed end gets a reset back — as TCP.
+/// - **Inactivity timeouts** (`Connection.Options.idleTimeout`, `closeTimeout`) run on virtual
+///   time.
+///
+/// Use it on the thread that drives the simulation, or between steps.
+public final class SimulatedNetwork: @unchecked Sendable {
+    let simulation: SimulationCore
+    var core: NetworkCore { simulation.networkCore }
+
+    init(simulation: SimulationCore) { self.simulation = simulation }
+
+    /// Makes `name` resolve to `address` (a dotted IPv4 address) on the simulation's loops; a
+    /// name registered twice resolves to both. `localhost` is `127.0.0.1` unless registered.
+    public func register(name: String, address: String) {
+        simulation.withDriving { core.register(name: name, address: address) }
+    }
+
+    /// The one-way latency of every link (default zero). A negative duration counts as zero.
+    public var latency: Duration {
+        get { Duration(nanoseconds: core.latency) }
+        set { simulation.withDriving { core.latency = newValue.clampedNanoseconds } }
+    }
+
+    /// The largest segment a link carries, in bytes (nil, the default: each write whole). Set
+    /// it to 1 to make every parser see its input one byte at a time.
+    public var maxSegmentSize: Int? {
+        get { core.maxSegmentSize }
+        set { simulation.withDriving { core.maxSegmentSize = newValue.map { max(1, $0) } } }
+    }
+
+    /// The bytes one direction of a stream holds — in flight, or arrived and not yet read —
+    /// before the writer's output stays in its buffer (default 256 KiB).
+    public var window: Int {
+        get { core.window }
+        set { simulation.withDriving { core.window = max(1, newValue) } }
+    }
+
+    /// How long a connect that gets no answer (nobody has the address, a partition) waits
+    /// before it fails with `ETIMEDOUT` (default 127 s).
+    public var connectTimeout: Duration {
+        get { Duration(nanoseconds: core.connectTimeout) }
+        set { simulation.withDriving { core.connectTimeout = max(1, newValue.clampedNanoseconds) } }
+    }
+
+    /// Cuts the links between hosts `one` and `other` (addresses): bytes between them are held —
+    /// neither delivered nor failed — and connects between them get no answer, until
+    /// ``heal(_:_:)``.
+    public func partition(_ one: String, _ other: String) {
+        simulation.withDriving { core.partition(one, other) }
+    }
+
+    /// Restores the links between `one` and `other`: what was held arrives one latency later,
+    /// in order.
+    public func heal(_ one: String, _ other: String) {
+        simulation.withDriving { core.heal(one, other) }
+    }
+
+    /// Resets every open stream between hosts `one` and `other` at once: both ends close with
+    /// `.error(ECONNRESET)` (their connections see it when their loops next run). `one` and
+    /// `other` may be the same host.
+    public func reset(_ one: String, _ other: String) {
+        simulation.withDriving { core.reset(one, other) }
+    }
+
+    /// Stream ends whose connection has not closed them yet: 0 once every connection of the
+    /// program has closed (a leak check).
+    public var openStreamEnds: Int { core.openEnds.count }
+
+    /// The faults injected so far, by kind ("partition", "reset").
+    public var faults: [String: Int] { core.faults }
+}

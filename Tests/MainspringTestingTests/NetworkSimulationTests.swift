@@ -1,0 +1,304 @@
+import Foundation
+import Mainspring
+import MainspringTesting
+import Testing
+
+/// The simulation's network: the library's own `Listener` and `Connection` over in-memory
+/// streams on virtual time, each fault exactly. No descriptor, no real time.
+@Suite struct NetworkSimulationTests {
+    /// A line echo server on `loop`: every connection it accepts echoes lines until the end.
+    private func startEcho(on loop: EventLoop, port: UInt16 = 7) throws -> Listener {
+        try Listener(host: "0.0.0.0", port: port, on: loop) { connection in
+            connection.readLines { event in
+                switch event {
+                case .line(let text): connection.writeLine(text)
+                default: connection.close()
+                }
+            }
+        }
+    }
+
+    /// Connect (a SYN and its answer: two latencies), a line out and its echo back (two more):
+    /// the reply arrives at exactly four latencies.
+    @Test func anEchoTakesExactlyItsRoundTrips() async throws {
+        let simulation = try Simulation(seed: 1)
+        simulation.network.latency = .milliseconds(10)
+        let loop = simulation.loop
+        let listener = try startEcho(on: loop)
+        let (reply, connectedAt, repliedAt) = try await simulation.run { () async throws -> (LineEvent?, Duration, Duration) in
+            let connection = try await Connection.connect(to: "127.0.0.1", port: 7, on: loop)
+            let connectedAt = simulation.now
+            try await connection.send(line: "hello")
+            let reply = try await connection.readLine()
+            let repliedAt = simulation.now
+            connection.close()
+            return (reply, connectedAt, repliedAt)
+        }
+        #expect(reply == .line("hello"))
+        #expect(connectedAt == .milliseconds(20))
+        #expect(repliedAt == .milliseconds(40))
+        listener.close()
+        simulation.advance(by: .seconds(1))
+        #expect(simulation.network.openStreamEnds == 0, "every stream closed at both ends")
+    }
+
+    /// With segments of one byte, the reader sees the line one byte per delivery, and the
+    /// splitter still gives the whole line.
+    @Test func oneByteSegmentsReachTheReaderOneAtATime() throws {
+        let simulation = try Simulation(seed: 2)
+        simulation.network.maxSegmentSize = 1
+        let loop = simulation.loop
+        let (writer, reader) = try Connection.makePair(on: loop)
+        var chunks: [[UInt8]] = []
+        reader.readBytes { input in
+            if case .bytes(let bytes) = input { chunks.append(bytes) }
+        }
+        writer.write(Array("PING\r\n".utf8))
+        simulation.runUntilIdle()
+        #expect(chunks == "PING\r\n".utf8.map { [$0] })
+        writer.close()
+        reader.close()
+        simulation.runUntilIdle()
+    }
+
+    @Test func aPortNobodyListensOnIsRefusedAfterARoundTrip() async throws {
+        let simulation = try Simulation(seed: 3)
+        simulation.network.latency = .milliseconds(5)
+        let loop = simulation.loop
+        let outcome = try await simulation.run { () async -> (EventLoopError?, Duration) in
+            do throws(EventLoopError) {
+                _ = try await Connection.connect(to: "127.0.0.1", port: 9, on: loop)
+                return (nil, simulation.now)
+            } catch {
+                return (error, simulation.now)
+            }
+        }
+        guard case .system(_, let code)? = outcome.0 else {
+            Issue.record("expected a refused connect, got \(String(describing: outcome.0))")
+            return
+        }
+        #expect(code == ECONNREFUSED)
+        #expect(outcome.1 == .milliseconds(10))
+    }
+
+    /// An address no host has answers nothing: the connect fails with ETIMEDOUT after the
+    /// network's connect timeout — two minutes of virtual time, no real time.
+    @Test func anAddressNobodyHasTimesOut() async throws {
+        let simulation = try Simulation(seed: 4)
+        let loop = simulation.loop
+        let outcome = try await simulation.run { () async -> (EventLoopError?, Duration) in
+            do throws(EventLoopError) {
+                _ = try await Connection.connect(to: "10.9.9.9", port: 80, on: loop)
+                return (nil, simulation.now)
+            } catch {
+                return (error, simulation.now)
+            }
+        }
+        guard case .system(_, let code)? = outcome.0 else {
+            Issue.record("expected a timed-out connect, got \(String(describing: outcome.0))")
+            return
+        }
+        #expect(code == ETIMEDOUT)
+        #expect(outcome.1 == .seconds(127))
+    }
+
+    /// Names resolve through the simulation's table; a name nobody registered is not found.
+    @Test func namesResolveThroughTheSimulationsTable() async throws {
+        let simulation = try Simulation(seed: 5)
+        let server = try simulation.makeGroup(loopCount: 1, host: "10.0.0.2")
+        simulation.network.register(name: "echo.test", address: "10.0.0.2")
+        let listener = try startEcho(on: server.loops[0], port: 7000)
+        let loop = simulation.loop
+        let (reply, missing) = try await simulation.run { () async throws -> (LineEvent?, EventLoopError?) in
+            let connection = try await Connection.connect(to: "echo.test", port: 7000, on: loop)
+            #expect(connection.remoteAddress == "echo.test:7000")
+            try await connection.send(line: "by name")
+            let reply = try await connection.readLine()
+            connection.close()
+            do throws(EventLoopError) {
+                _ = try await Connection.connect(to: "nobody.test", port: 7000, on: loop)
+                return (reply, nil)
+            } catch {
+                return (reply, error)
+            }
+        }
+        #expect(reply == .line("by name"))
+        guard case .hostNotFound(let host, _)? = missing else {
+            Issue.record("expected hostNotFound, got \(String(describing: missing))")
+            return
+        }
+        #expect(host == "nobody.test")
+        listener.close()
+    }
+
+    /// A partition holds the bytes — neither delivered nor failed — and healing delivers them
+    /// one latency later, in order.
+    @Test func aPartitionHoldsBytesUntilItHeals() throws {
+        let simulation = try Simulation(seed: 6)
+        simulation.network.latency = .milliseconds(1)
+        let server = try simulation.makeGroup(loopCount: 1, host: "10.0.0.2")
+        let received = Recorder<String>()
+        let arrivals = Recorder<Duration>()
+        let listener = try Listener(host: "0.0.0.0", port: 80, on: server.loops[0]) { connection in
+            connection.readLines { event in
+                if case .line(let text) = event {
+                    received.append(text)
+                    arrivals.append(simulation.now)
+                }
+            }
+        }
+        let connection = try Connection.connect(to: "10.0.0.2", port: 80, on: simulation.loop)
+        simulation.advance(by: .milliseconds(2))
+        connection.writeLine("before")
+        simulation.advance(by: .milliseconds(5))
+        #expect(received.items == ["before"])
+
+        simulation.network.partition("127.0.0.1", "10.0.0.2")
+        connection.writeLine("during 1")
+        connection.writeLine("during 2")
+        simulation.advance(by: .seconds(30))
+        #expect(received.items == ["before"], "held, not delivered")
+        #expect(connection.isOpen, "held, not failed")
+
+        let healedAt = simulation.now
+        simulation.network.heal("127.0.0.1", "10.0.0.2")
+        simulation.advance(by: .milliseconds(10))
+        #expect(received.items == ["before", "during 1", "during 2"])
+        #expect(arrivals.items.dropFirst() == [healedAt + .milliseconds(1), healedAt + .milliseconds(1)])
+        #expect(simulation.network.faults["partition"] == 1)
+        connection.close()
+        listener.close()
+        simulation.advance(by: .seconds(1))
+    }
+
+    /// A reset between two hosts closes both ends with ECONNRESET.
+    @Test func aResetFailsBothEnds() throws {
+        let simulation = try Simulation(seed: 7)
+        let server = try simulation.makeGroup(loopCount: 1, host: "10.0.0.3")
+        let serverReason = Recorder<Connection.CloseReason>()
+        let listener = try Listener(host: "0.0.0.0", port: 80, on: server.loops[0]) { connection in
+            connection.readLines { _ in }
+            connection.onClose { serverReason.append($0) }
+        }
+        var clientReason: Connection.CloseReason?
+        let client = try Connection.connect(to: "10.0.0.3", port: 80, on: simulation.loop)
+        client.readLines { _ in }
+        client.onClose { clientReason = $0 }
+        simulation.runUntilIdle()
+        #expect(client.isOpen)
+        #expect(simulation.network.openStreamEnds == 2)
+        simulation.network.reset("127.0.0.1", "10.0.0.3")
+        simulation.runUntilIdle()
+        #expect(clientReason == .error(ECONNRESET))
+        #expect(serverReason.items == [.error(ECONNRESET)])
+        #expect(simulation.network.faults["reset"] == 2, "one per end")
+        #expect(simulation.network.openStreamEnds == 0)
+        listener.close()
+    }
+
+    /// A reader that stops reading: the link fills to its window, then the writer's output
+    /// stays in its buffer — real backpressure — until the reader reads again.
+    @Test func aReaderThatStopsReadingPushesBackOnTheWriter() throws {
+        let simulation = try Simulation(seed: 8)
+        simulation.network.window = 4_096
+        let options = Connection.Options(outputLimit: 65_536)
+        let (writer, reader) = try Connection.makePair(on: simulation.loop, options: options)
+        var got = 0
+        let total = 400 * 1_024
+        writer.write([UInt8](repeating: 0x61, count: total))
+        simulation.runUntilIdle()
+        // No reader: its connection does not read; the link holds one window (what the two
+        // kernels' buffers would), and the rest stays with the writer.
+        #expect(writer.bufferedOutputBytes == total - 4_096)
+        #expect(!writer.isWritable, "over its output limit: backpressure")
+        reader.readBytes { input in
+            if case .bytes(let bytes) = input { got += bytes.count }
+        }
+        simulation.runUntilIdle()
+        #expect(got == total)
+        #expect(writer.bufferedOutputBytes == 0)
+        #expect(writer.isWritable)
+        writer.close()
+        reader.close()
+        simulation.runUntilIdle()
+    }
+
+    /// `Connection.Options.idleTimeout` runs on virtual time: the connection closes with
+    /// `.idleTimeout` exactly that long after its last input.
+    @Test func anIdleTimeoutFiresOnVirtualTime() throws {
+        let simulation = try Simulation(seed: 9)
+        let options = Connection.Options(idleTimeout: .seconds(5))
+        let (quiet, peer) = try Connection.makePair(on: simulation.loop, options: options)
+        var closedAt: (Connection.CloseReason, Duration)?
+        quiet.readLines { _ in }
+        quiet.onClose { closedAt = ($0, simulation.now) }
+        simulation.advance(by: .seconds(3))
+        peer.writeLine("still here")  // input at 3 s: the idle period starts again
+        simulation.advance(by: .seconds(7))
+        #expect(closedAt?.0 == .idleTimeout)
+        #expect(closedAt?.1 == .seconds(8))
+        peer.close()
+        simulation.runUntilIdle()
+    }
+
+    /// Closing after the output: the peer reads everything, then the end; closing with input
+    /// left unread resets the stream, as TCP does.
+    @Test func aCloseSendsTheOutputThenTheEndAndUnreadInputResets() throws {
+        let simulation = try Simulation(seed: 10)
+        simulation.network.latency = .milliseconds(1)
+        let (one, other) = try Connection.makePair(on: simulation.loop)
+        var events: [LineEvent] = []
+        other.readLines { events.append($0) }
+        one.writeLine("last words")
+        one.close()
+        simulation.advance(by: .milliseconds(5))
+        #expect(events == [.line("last words"), .endOfFile])
+
+        let (talker, deaf) = try Connection.makePair(on: simulation.loop)
+        var talkerReason: Connection.CloseReason?
+        talker.readLines { _ in }
+        talker.onClose { talkerReason = $0 }
+        talker.writeLine("nobody reads this")
+        simulation.advance(by: .milliseconds(5))
+        deaf.close()  // its input was never read
+        simulation.advance(by: .milliseconds(5))
+        #expect(talkerReason == .error(ECONNRESET))
+        other.close()
+        simulation.advance(by: .milliseconds(5))
+        #expect(simulation.network.openStreamEnds == 0)
+    }
+
+    /// The same seed and program give the same trace, across hosts and links.
+    @Test func theSameSeedReplaysTheSameTrace() throws {
+        func traceOfRun(seed: UInt64) throws -> [SimulationTrace.Entry] {
+            let simulation = try Simulation(seed: seed)
+            simulation.network.latency = .microseconds(300)
+            simulation.network.maxSegmentSize = 3
+            let server = try simulation.makeGroup(loopCount: 2, host: "10.0.0.4")
+            let listener = try Listener(host: "0.0.0.0", port: 80, on: server.loops[0], group: server) { connection in
+                connection.readLines { event in
+                    if case .line(let text) = event { connection.writeLine(text.uppercased()) } else { connection.close() }
+                }
+            }
+            for index in 0..<4 {
+                let connection = try Connection.connect(to: "10.0.0.4", port: 80, on: simulation.loop)
+                connection.readLines { _ in }
+                connection.writeLine("client \(index)")
+                connection.shutdownOutput()
+            }
+            simulation.advance(by: .seconds(1))
+            listener.close()
+            return simulation.trace
+        }
+        let first = try traceOfRun(seed: 42)
+        #expect(first.count > 20)
+        #expect(try traceOfRun(seed: 42) == first)
+    }
+}
+
+/// Values recorded by handlers that must be `@Sendable` (a listener's): the simulation runs
+/// them on the thread that drives it, one at a time.
+final class Recorder<Value>: @unchecked Sendable {
+    private(set) var items: [Value] = []
+    func append(_ value: Value) { items.append(value) }
+}
