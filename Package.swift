@@ -189,7 +189,7 @@ let package = Package(
         ),
         .testTarget(
             name: "MainspringTestingTests",
-            dependencies: ["Mainspring", "MainspringTesting"],
+            dependencies: ["Mainspring", "MainspringTesting", "MainspringHTTP"],
             path: "Tests/MainspringTestingTests"
         ),
     ],

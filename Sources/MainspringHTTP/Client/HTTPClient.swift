@@ -489,7 +489,9 @@ public final class HTTPClient: Sendable {
             await withCheckedContinuation { continuation in
                 race.arm(continuation)
                 race.startTimer(after: limit, failure: timeout)
-                Task {
+                // On the client's loop: the connect is the loop's work (and on a simulated loop
+                // stays inside the simulation, where virtual time sees it).
+                Task(executorPreference: loop) {
                     do throws(EventLoopError) {
                         let connection = try await connector.connect(address, target.port, target.host, loop, options)
                         if !race.finish(.success(connection)) { connection.close() }  // too late
