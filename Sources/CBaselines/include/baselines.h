@@ -129,4 +129,47 @@ void ms_baseline_udp_echo_stop(void *handle);
 int64_t ms_udp_echo_client(uint16_t port, int window, int payload, int duration_ms, int64_t *sent_out,
                            int64_t *timeouts_out);
 
+/* ---- websocket (echo_client.c): the load both of its servers get, and a counting relay ---- */
+
+/// What `ms_echo_client_*` send: a line (the payload and "\n"), or after the WebSocket opening
+/// handshake one masked text or binary frame with the payload. The echo expected back: the
+/// same line, or one unmasked frame of the same opcode and payload.
+enum {
+    MS_ECHO_LINE = 0,
+    MS_ECHO_WS_TEXT = 1,
+    MS_ECHO_WS_BINARY = 2,
+};
+
+/// A blocking loopback TCP connection to 127.0.0.1:`port` (TCP_NODELAY). For the WebSocket
+/// kinds it also makes the opening handshake (`GET path`, the fixed key of RFC 6455 §1.3) and
+/// checks the answer (`101` with the matching `Sec-WebSocket-Accept`). Returns the descriptor,
+/// or -1.
+int ms_echo_client_open(uint16_t port, int kind, const char *path);
+
+/// One echo on a connection from `ms_echo_client_open`: sends `payload` (`length` bytes; no
+/// "\n" in it for a line) as `kind` says, reads the reply and compares it byte for byte.
+/// Returns 0 when it is the echo, -1 otherwise.
+int ms_echo_client_roundtrip(int fd, int kind, const uint8_t *payload, int length);
+
+/// Closes a connection from `ms_echo_client_open`; a WebSocket first sends a close frame (1000).
+void ms_echo_client_close(int fd, int kind);
+
+/// The websocket scenario's load, on the calling thread: `clients` connections from
+/// `ms_echo_client_open`, one epoll set, each keeping one message in flight (sent again as soon
+/// as its echo has arrived and compared equal). Counts the echoes completed in the
+/// `duration_ms` after `warmup_ms`; `*seconds` receives the measured time, `*failures` the
+/// connections that failed (refused, a wrong echo, closed early). Returns the echoes counted.
+int64_t ms_echo_client_run(uint16_t port, int kind, const char *path, const uint8_t *payload, int length, int clients,
+                           int warmup_ms, int duration_ms, double *seconds, int64_t *failures);
+
+/// A TCP relay from 127.0.0.1:`*port` (an ephemeral port, written there) to
+/// 127.0.0.1:`target_port`, for one connection, on a thread of its own; it counts the bytes each
+/// way after the first "\r\n\r\n" of that direction (after an HTTP head: a WebSocket's frames).
+/// Returns a handle for `ms_counting_relay_stop`.
+void *ms_counting_relay_start(uint16_t target_port, uint16_t *port);
+
+/// Stops the relay (closing both sides if they are still open), waits for its thread, and
+/// writes the bytes it counted client → server and server → client.
+void ms_counting_relay_stop(void *handle, int64_t *client_to_server, int64_t *server_to_client);
+
 #endif
