@@ -71,7 +71,7 @@ private func measure(wrk: String, port: UInt16, seconds: Int, workChunks: Int, s
 }
 
 /// CPU time (user and system, ns) `loop`'s thread has used so far, read on that thread.
-private func threadCPUNanoseconds(of loop: EventLoop) -> UInt64 {
+func threadCPUNanoseconds(of loop: EventLoop) -> UInt64 {
     let result = Guarded<UInt64>(0)
     let done = DispatchSemaphore(value: 0)
     loop.execute(priority: .input) {

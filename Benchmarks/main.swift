@@ -27,6 +27,7 @@ let scenarios: [Scenario] = [
     childOutputScenario,
     httpClientScenario,
     sheddingScenario,
+    webSocketScenario,
     udpScenario,
     unixScenario,
     resolveScenario,
@@ -47,6 +48,8 @@ let childEntryPoints: [ChildEntryPoint] = [
     countsChild,
     echoCChild,
     lineServiceChild,
+    webSocketEchoChild,
+    lineEchoChild,
 ]
 
 func main() throws {
