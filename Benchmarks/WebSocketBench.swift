@@ -25,7 +25,8 @@ import MainspringHTTP
 /// The payload is printable ASCII without a newline, the same bytes for both protocols.
 /// `server_busy_pct` (`_16kib`): the server loop thread's CPU time over the whole run (warm-up
 /// included) — near 100 the server is the limit; `client_busy_pct` (`_16kib`): the C client
-/// thread's.
+/// thread's. The three servers run back to back for each size in each run;
+/// `line_echo_ratio` (`_16kib`): a WebSocket variant's rate over the line echo's of the same run.
 ///
 /// Memory (`bytes_per_connection`): as the `connections` scenario, the server in a process of its
 /// own (this executable, `--child ws-echo-server` or `line-echo-server`, the servers above): its
@@ -34,7 +35,7 @@ import MainspringHTTP
 /// one echo of 4 bytes and stays open, idle.
 ///
 /// Compression (`json-deflate`, `json-uncompressed`): a stream of 10,000 JSON messages like
-/// `{"id":17,"name":"sensor-17","value":21.19,"status":"ok"}` sent as text to the WebSocket echo
+/// `{"id":17,"name":"sensor-17","value":26.29,"status":"ok"}` sent as text to the WebSocket echo
 /// server by the library's own `WebSocket` client (the C client does not deflate), offering
 /// permessage-deflate (context takeover, 15-bit windows) or not. `compression_ratio`: one
 /// client sends the whole stream, one message in flight, through a relay that counts the bytes
@@ -62,9 +63,20 @@ let webSocketScenario = Scenario(
     ]
     var samples = Samples()
     for _ in 0..<runs {
-        for (variant, kind) in echoVariants {
-            samples.add(variant, echoFigures(kind: kind, payload: small, suffix: "")
-                + echoFigures(kind: kind, payload: large, suffix: "_16kib"))
+        for (payload, suffix) in [(small, ""), (large, "_16kib")] {
+            // The three servers back to back, and their ratio within this run: the VM's speed
+            // drifts between runs more than these ratios do.
+            var rates: [String: Double] = [:]
+            for (variant, kind) in echoVariants where variantEnabled(variant) {
+                let figures = echoFigures(kind: kind, payload: payload, suffix: suffix)
+                samples.add(variant, figures)
+                rates[variant] = figures[0].1
+            }
+            if let lineRate = rates["line-echo"] {
+                for variant in ["mainspring", "mainspring-binary"] {
+                    if let rate = rates[variant] { samples.add(variant, "line_echo_ratio\(suffix)", rate / lineRate) }
+                }
+            }
         }
         for (variant, kind, child) in [("mainspring", Int32(MS_ECHO_WS_TEXT), "ws-echo-server"),
                                        ("line-echo", Int32(MS_ECHO_LINE), "line-echo-server")] where variantEnabled(variant)
