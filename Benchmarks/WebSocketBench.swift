@@ -1,5 +1,4 @@
 import CBaselines
-import ExampleServices
 import Foundation
 import Mainspring
 import MainspringHTTP
