@@ -1,0 +1,143 @@
+import ExampleServices
+import Foundation
+import Mainspring
+import MainspringTesting
+import Testing
+
+/// The examples' services on the simulation's network: a client that sends one byte at a time,
+/// a reset mid-reply, an idle client, a member that stops reading — each exactly, on virtual
+/// time, with the services' real code.
+@Suite struct ExampleSimulationTests {
+    struct Failure: Error, CustomStringConvertible {
+        let description: String
+        init(_ description: String) { self.description = description }
+    }
+
+    /// The line service on a simulated host, its requests split into one-byte segments: every
+    /// reply is right, `SLEEP` answers exactly its time later, and an idle connection is closed
+    /// exactly at its idle timeout.
+    @Test func theLineServiceAnswersOneByteAtATimeAndTimesOutIdleClients() async throws {
+        let simulation = try Simulation(seed: 11)
+        simulation.network.latency = .milliseconds(1)
+        simulation.network.maxSegmentSize = 1
+        let server = try simulation.makeGroup(loopCount: 2, host: "10.0.0.1")
+        simulation.network.register(name: "lines.test", address: "10.0.0.1")
+        let service = try LineService(group: server, host: "0.0.0.0", port: 7000,
+                                      options: .init(idleTimeout: .seconds(30)))
+        let loop = simulation.loop
+        let (replies, times, idleEnd) = try await simulation.run {
+            () async throws -> ([LineEvent?], [Duration], (LineEvent?, Duration)) in
+            let connection = try await Connection.connect(to: "lines.test", port: 7000, on: loop)
+            var replies: [LineEvent?] = []
+            var times: [Duration] = []
+            for request in ["ECHO héllo wörld", "SLEEP 250", "NOSUCH", "ECHO again"] {
+                let sent = simulation.now
+                try await connection.send(line: request)
+                replies.append(try await connection.readLine())
+                times.append(simulation.now - sent)
+            }
+            // Silent from now on: the server closes the connection after its idle timeout (30 s
+            // after the last request reached it), and the end reaches us one latency later.
+            let lastArrival = simulation.now - .milliseconds(1)
+            let end = try await connection.readLine()
+            connection.close()
+            return (replies, times, (end, simulation.now - lastArrival))
+        }
+        #expect(replies[0] == .line("héllo wörld"), "split inside its two-byte characters, whole again")
+        #expect(replies[1] == .line("SLEPT 250"))
+        guard case .line(let error)? = replies[2] else { throw Failure("no reply to NOSUCH") }
+        #expect(error.hasPrefix("ERR unknown command 'NOSUCH'"))
+        #expect(replies[3] == .line("again"))
+        // Every byte its own segment, each delivered on its own (the loops run between two),
+        // all one latency on their way: a request and its reply take exactly two latencies,
+        // and SLEEP 250 exactly 250 ms more.
+        #expect(times == [.milliseconds(2), .milliseconds(252), .milliseconds(2), .milliseconds(2)])
+        #expect(idleEnd.0 == .endOfFile, "the end of the input")
+        #expect(idleEnd.1 == .seconds(30) + .milliseconds(1))
+        let stats = service.currentStats
+        #expect(stats.requests == 4)
+        #expect(stats.open == 0, "the idle connection was closed")
+        _ = service.shutdown(gracePeriod: .seconds(1))
+        #expect(simulation.network.openStreamEnds == 0)
+    }
+
+    /// A reset mid-reply: the client's connection fails with ECONNRESET, the server's reply
+    /// meets a reset stream, the service goes on (its counters say so) and nothing leaks.
+    @Test func theLineServiceSurvivesAResetMidReply() async throws {
+        let simulation = try Simulation(seed: 12)
+        let server = try simulation.makeGroup(loopCount: 1, host: "10.0.0.1")
+        let service = try LineService(group: server, host: "0.0.0.0", port: 7000)
+        let loop = simulation.loop
+        let network = simulation.network
+        let (outcome, afterwards) = try await simulation.run { () async throws -> (String, LineEvent?) in
+            let connection = try await Connection.connect(to: "10.0.0.1", port: 7000, on: loop)
+            try await connection.send(line: "SLEEP 1000")
+            loop.schedule(after: .milliseconds(500)) { network.reset("127.0.0.1", "10.0.0.1") }
+            var outcome = ""
+            do {
+                outcome = "read \(String(describing: try await connection.readLine()))"
+            } catch {
+                outcome = "\(error) at \(simulation.now)"
+            }
+            // The service still serves a new client.
+            let again = try await Connection.connect(to: "10.0.0.1", port: 7000, on: loop)
+            try await again.send(line: "ECHO still here")
+            let reply = try await again.readLine()
+            again.close()
+            return (outcome, reply)
+        }
+        #expect(outcome == "error 104 (Connection reset by peer) at 0.5 seconds")
+        #expect(afterwards == .line("still here"))
+        simulation.advance(by: .seconds(2))  // the first SLEEP's reply meets the reset stream
+        #expect(service.currentStats.accepted == 2)
+        #expect(service.currentStats.open == 0)
+        _ = service.shutdown(gracePeriod: .seconds(1))
+        #expect(network.openStreamEnds == 0, "no stream leaked")
+    }
+
+    /// The chat room: a member that stops reading fills its window and its output limit; the
+    /// sender waits for it for the grace period — exactly 2 s of virtual time — and then the
+    /// member is disconnected, while the member that reads gets every message, in order.
+    @Test func aChatMemberThatStopsReadingIsDroppedAfterItsGrace() throws {
+        let simulation = try Simulation(seed: 13)
+        simulation.network.window = 4_096
+        let server = try simulation.makeGroup(loopCount: 1, host: "10.0.0.5")
+        let room = ChatRoom(policy: .disconnect, grace: .seconds(2))
+        let listener = try Listener(host: "0.0.0.0", port: 6667, on: server.loops[0],
+                                    options: .init(outputLimit: 4_096)) { connection in
+            Task(executorPreference: connection.loop) { await room.serve(connection) }
+        }
+        let loop = simulation.loop
+        let reader = try Connection.connect(to: "10.0.0.5", port: 6667, on: loop)
+        var received: [String] = []
+        reader.readLines { event in
+            if case .line(let text) = event { received.append(text) }
+        }
+        let slow = try Connection.connect(to: "10.0.0.5", port: 6667, on: loop)  // it reads nothing
+        let sender = try Connection.connect(to: "10.0.0.5", port: 6667, on: loop)
+        simulation.runUntilIdle()
+        #expect(room.statistics.members == 3)
+
+        let messages = (0..<200).map { "message \($0) " + String(repeating: "x", count: 80) }
+        for message in messages { sender.writeLine(message) }
+        simulation.advance(by: .seconds(2) - .milliseconds(1))
+        #expect(room.statistics.disconnected == 0, "still within its grace")
+        simulation.advance(by: .milliseconds(1))
+        #expect(room.statistics.disconnected == 1, "dropped exactly when its grace ran out")
+        simulation.advance(by: .seconds(1))
+        #expect(received == messages, "the reading member got every message, in order")
+        #expect(room.statistics.members == 2)
+        // What the slow member would find if it read now: the messages that fitted before it
+        // was cut off (its window and its output limit), in order, then the end.
+        var late: [LineEvent] = []
+        slow.readLines { late.append($0) }
+        simulation.advance(by: .seconds(1))
+        #expect(late.last == .endOfFile)
+        let lines = late.dropLast().map { event -> String in if case .line(let text) = event { text } else { "?" } }
+        #expect(!lines.isEmpty && lines == Array(messages.prefix(lines.count)))
+        for connection in [reader, sender, slow] { connection.close() }
+        listener.close()
+        simulation.advance(by: .seconds(1))
+        #expect(simulation.network.openStreamEnds == 0)
+    }
+}
