@@ -95,7 +95,7 @@ let package = Package(
         // a library, so the benchmark, the fuzzer and the tests use the very same code.
         .target(
             name: "ExampleServices",
-            dependencies: ["Mainspring", "MainspringHTTP", "MainspringTLS"],
+            dependencies: ["Mainspring", "MainspringHTTP", "MainspringTLS", "MainspringTesting"],
             path: "Sources/ExampleServices"
         ),
         // The `--flag value` command line that mainspring-daemon and mainspring-kv share: a target

@@ -38,6 +38,7 @@ let scenarios: [Scenario] = [
 let namedOnlyScenarios: [Scenario] = [
     soakScenario,
     kvScenario,  // against redis-server, about 7 minutes a run
+    simulationFaultsScenario,  // --seeds N: about half a second a seed
 ]
 
 /// Variants that run in a child process (see `runChild`).
@@ -76,6 +77,12 @@ func main() throws {
             }
             arguments.removeFirst()
             requestedRuns = value
+        case "--seeds":
+            guard let value = arguments.first.flatMap(Int.init), value > 0 else {
+                throw BenchError.usage("--seeds needs a positive number")
+            }
+            arguments.removeFirst()
+            simulationFaultSeeds.withLock { $0 = value }
         case "--json":
             json = true
         case "--counts":
@@ -91,7 +98,7 @@ func main() throws {
             arguments.removeFirst()
             plotDirectory.withLock { $0 = directory }
         case "--help", "-h":
-            print("usage: mainspring-bench [scenario …] [--runs N] [--json] [--svg DIR]\n\nscenarios:")
+            print("usage: mainspring-bench [scenario …] [--runs N] [--json] [--svg DIR] [--seeds N]\n\nscenarios:")
             for scenario in scenarios + namedOnlyScenarios { print("  \(scenario.name.padding(toLength: 12, withPad: " ", startingAt: 0))  \(scenario.summary)") }
             print("""
 

@@ -1,4 +1,5 @@
 @_spi(Simulation) import Mainspring
+import Foundation
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -210,12 +211,73 @@ final class NetworkCore: SimulatedNetworking, @unchecked Sendable {
         let hit = ends.values.filter { end in
             openEnds.contains(ObjectIdentifier(end)) && HostPair(end.host, end.peer?.host ?? "") == pair
         }.sorted { $0.key < $1.key }
-        for end in hit {
-            faults["reset", default: 0] += 1
-            end.outgoing.packets.removeAll()
-            end.outgoing.bytes = 0
-            end.isReset = true
-            end.socket?.deliverError(ECONNRESET)
+        faults["reset", default: 0] += Set(hit.map { min($0.key, $0.peer?.key ?? $0.key) }).count  // streams
+        for end in hit { resetEnd(end) }
+    }
+
+    /// One end of a reset stream: what it had on its way is dropped, and its connection fails
+    /// with `ECONNRESET`.
+    private func resetEnd(_ end: NetworkEnd) {
+        end.outgoing.packets.removeAll()
+        end.outgoing.bytes = 0
+        end.isReset = true
+        end.socket?.deliverError(ECONNRESET)
+    }
+
+    // MARK: A random fault schedule
+
+    /// Injects faults at random (from the seed) until `until`: resets of one open stream
+    /// between `hosts`, and partitions between two of them that heal after about
+    /// `partitionDuration` (half to one and a half times it; every partition is healed by
+    /// `until`).
+    func injectFaults(resetsPerMinute: Double, partitionsPerMinute: Double, partitionDuration: UInt64,
+                      hosts: [String], until: UInt64)
+    {
+        let hosts = Array(Set(hosts)).sorted()
+        if resetsPerMinute > 0 { scheduleRandomReset(rate: resetsPerMinute, hosts: Set(hosts), until: until) }
+        if partitionsPerMinute > 0, hosts.count >= 2 {
+            scheduleRandomPartition(rate: partitionsPerMinute, duration: partitionDuration, hosts: hosts, until: until)
+        }
+    }
+
+    /// An exponentially distributed wait for a fault that comes `perMinute` times a minute.
+    private func randomWait(perMinute: Double) -> UInt64 {
+        let uniform = Double(random.next() >> 11) / Double(UInt64(1) << 53)
+        return UInt64(-log(1 - uniform) * 60e9 / perMinute) + 1
+    }
+
+    private func scheduleRandomReset(rate: Double, hosts: Set<String>, until: UInt64) {
+        let at = now &+ randomWait(perMinute: rate)
+        guard at < until else { return }
+        schedule(at: at) { [self] in
+            let candidates = ends.values.filter { end in
+                guard let peer = end.peer, end.key < peer.key, hosts.contains(end.host), hosts.contains(peer.host) else { return false }
+                return openEnds.contains(ObjectIdentifier(end)) && openEnds.contains(ObjectIdentifier(peer))
+                    && !end.isReset && !peer.isReset
+            }.sorted { $0.key < $1.key }
+            if !candidates.isEmpty {
+                let end = candidates[Int(random.next() % UInt64(candidates.count))]
+                faults["reset", default: 0] += 1
+                for side in [end, end.peer!] { resetEnd(side) }
+            }
+            scheduleRandomReset(rate: rate, hosts: hosts, until: until)
+        }
+    }
+
+    private func scheduleRandomPartition(rate: Double, duration: UInt64, hosts: [String], until: UInt64) {
+        let at = now &+ randomWait(perMinute: rate)
+        guard at < until else { return }
+        schedule(at: at) { [self] in
+            let first = Int(random.next() % UInt64(hosts.count))
+            var second = Int(random.next() % UInt64(hosts.count - 1))
+            if second >= first { second += 1 }
+            let (one, other) = (hosts[first], hosts[second])
+            if !isPartitioned(one, other) {
+                partition(one, other)
+                let length = UInt64(Double(duration) * (0.5 + Double(random.next() >> 11) / Double(UInt64(1) << 53)))
+                schedule(at: min(now &+ max(1, length), until)) { [self] in heal(one, other) }
+            }
+            scheduleRandomPartition(rate: rate, duration: duration, hosts: hosts, until: until)
         }
     }
 

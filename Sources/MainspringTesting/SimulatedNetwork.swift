@@ -93,10 +93,30 @@ public final class SimulatedNetwork: @unchecked Sendable {
         simulation.withDriving { core.reset(one, other) }
     }
 
+    /// Injects faults at random, chosen by the simulation's seed, from now until `duration`
+    /// has passed — for soak tests whose oracle checks that the program survives them:
+    /// - resets of one open stream between two of `hosts` (both ends see `ECONNRESET`),
+    ///   `resetsPerMinute` on average;
+    /// - partitions between two of `hosts`, `partitionsPerMinute` on average, each healed
+    ///   after half to one and a half times `partitionDuration` (all healed by the end).
+    ///
+    /// ``faults`` counts what was injected, by kind.
+    public func injectFaults(resetsPerMinute: Double = 0, partitionsPerMinute: Double = 0,
+                             partitionDuration: Duration = .seconds(2), between hosts: [String],
+                             for duration: Duration)
+    {
+        simulation.withDriving {
+            core.injectFaults(resetsPerMinute: max(0, resetsPerMinute), partitionsPerMinute: max(0, partitionsPerMinute),
+                              partitionDuration: partitionDuration.clampedNanoseconds, hosts: hosts,
+                              until: core.now &+ duration.clampedNanoseconds)
+        }
+    }
+
     /// Stream ends whose connection has not closed them yet: 0 once every connection of the
     /// program has closed (a leak check).
     public var openStreamEnds: Int { core.openEnds.count }
 
-    /// The faults injected so far, by kind ("partition", "reset").
+    /// The faults injected so far, by kind: "partition" (each partition of two hosts), "reset"
+    /// (each stream reset).
     public var faults: [String: Int] { core.faults }
 }

@@ -191,7 +191,7 @@ import Testing
         simulation.runUntilIdle()
         #expect(clientReason == .error(ECONNRESET))
         #expect(serverReason.items == [.error(ECONNRESET)])
-        #expect(simulation.network.faults["reset"] == 2, "one per end")
+        #expect(simulation.network.faults["reset"] == 1, "one stream")
         #expect(simulation.network.openStreamEnds == 0)
         listener.close()
     }

@@ -1,0 +1,61 @@
+import ExampleServices
+import Foundation
+import Mainspring
+import Synchronization
+
+/// simulation-faults: reliability, measured. The line service (`ExampleServices.FaultSoak`) on
+/// the simulation's network under a random fault schedule — resets of single streams (20 a
+/// minute) and partitions between the client and server hosts (4 a minute, ~3 s each) — with
+/// 200 clients for one simulated minute per seed, latency and segment size chosen by the seed;
+/// checked end to end by the oracle (every reply the right one, in order, exactly once; a
+/// request without a reply only on a reset connection; every stream closed at the end).
+///
+/// `--seeds N` (default 100) seeds, 0 to N-1; `--runs` is ignored (each seed is one run). A
+/// failure prints the seed that replays it (`FaultSoak.runLineService(seed:)`). Not a timing
+/// benchmark: `virtual_per_real` says how much faster than real time the simulation ran.
+let simulationFaultsScenario = Scenario(
+    name: "simulation-faults",
+    summary: "line service, 200 clients, random resets and partitions for a simulated minute per seed (--seeds N): lost/duplicated/reordered replies"
+) { _ in
+    let seeds = simulationFaultSeeds.withLock { $0 }
+    var total = FaultSoak.Result()
+    let started = ContinuousClock.now
+    var crashes = 0
+    for seed in 0..<UInt64(seeds) {
+        do {
+            total.add(try FaultSoak.runLineService(seed: seed, clients: 200, duration: .seconds(60)))
+        } catch {
+            crashes += 1
+            FileHandle.standardError.write(Data("simulation-faults: seed \(seed) could not run: \(error)\n".utf8))
+        }
+        if (seed + 1) % 100 == 0 {
+            FileHandle.standardError.write(Data("simulation-faults: \(seed + 1) of \(seeds) seeds\n".utf8))
+        }
+    }
+    let real = (ContinuousClock.now - started) / .seconds(1)
+    for failure in total.failures {
+        FileHandle.standardError.write(Data("simulation-faults: \(failure)\n".utf8))
+    }
+    var samples = Samples()
+    samples.add("mainspring", [
+        ("seeds", Double(total.seeds)),
+        ("faults", Double(total.faults.values.reduce(0, +))),
+        ("resets", Double(total.faults["reset"] ?? 0)),
+        ("partitions", Double(total.faults["partition"] ?? 0)),
+        ("requests", Double(total.requests)),
+        ("replies", Double(total.replies)),
+        ("cut_by_reset", Double(total.cutByReset)),
+        ("lost", Double(total.lost)),
+        ("duplicated", Double(total.duplicated)),
+        ("reordered", Double(total.reordered)),
+        ("leaked_sources", Double(total.leakedSources)),
+        ("crashes", Double(crashes)),
+        ("virtual_s", total.virtualSeconds),
+        ("real_s", real),
+        ("virtual_per_real", total.virtualSeconds / max(real, 1e-9)),
+    ])
+    return samples.records(scenario: "simulation-faults")
+}
+
+/// `--seeds N` for simulation-faults.
+let simulationFaultSeeds = Mutex(100)

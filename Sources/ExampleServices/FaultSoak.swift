@@ -1,0 +1,250 @@
+import Foundation
+import Mainspring
+import MainspringTesting
+
+/// The line service under a random fault schedule on the simulation's network, checked end to
+/// end by an oracle: what `mainspring-bench simulation-faults` runs over many seeds, and the
+/// tests over a few.
+///
+/// One seed: a simulation whose latency and segment size the seed chooses; the service on a
+/// host of two loops; `clients` clients on another host, each sending `ECHO` requests one at a
+/// time with a think time between them, reconnecting after a reset; resets of single streams
+/// and partitions between the two hosts injected at random for `duration`; then every client
+/// finishes its last request and closes, the service shuts down. The oracle: every reply a
+/// client receives is the one its outstanding request expects, exactly once and in order; a
+/// request left without a reply was on a connection that failed (a reset); every stream is
+/// closed at the end.
+public enum FaultSoak {
+    /// What one or more seeds found.
+    public struct Result: Sendable {
+        public var seeds = 0
+        /// Faults injected, by kind ("reset", "partition").
+        public var faults: [String: Int] = [:]
+        /// Requests sent, and replies received as expected.
+        public var requests = 0
+        public var replies = 0
+        /// Requests without a reply on a connection that did not fail.
+        public var lost = 0
+        /// Replies that came again, or with no request outstanding.
+        public var duplicated = 0
+        /// Replies that were not the one the outstanding request expects.
+        public var reordered = 0
+        /// Requests whose connection was reset before the reply (allowed).
+        public var cutByReset = 0
+        /// Stream ends still open after everything closed.
+        public var leakedSources = 0
+        public var virtualSeconds = 0.0
+        /// What went wrong, one line each, naming the seed that replays it (at most 20 kept).
+        public var failures: [String] = []
+
+        public init() {}
+
+        public mutating func add(_ other: Result) {
+            seeds += other.seeds
+            for (kind, count) in other.faults { faults[kind, default: 0] += count }
+            requests += other.requests
+            replies += other.replies
+            lost += other.lost
+            duplicated += other.duplicated
+            reordered += other.reordered
+            cutByReset += other.cutByReset
+            leakedSources += other.leakedSources
+            virtualSeconds += other.virtualSeconds
+            failures += other.failures.prefix(max(0, 20 - failures.count))
+        }
+    }
+
+    /// Runs one seed (see the type's description).
+    public static func runLineService(seed: UInt64, clients: Int = 200, duration: Duration = .seconds(60)) throws -> Result {
+        let simulation = try Simulation(seed: seed)
+        simulation.isTracing = false
+        var choices = Choices(seed: seed)
+        let network = simulation.network
+        network.latency = .microseconds(50 + Int64(choices.next(5_000)))
+        network.maxSegmentSize = choices.next(4) == 0 ? nil : 1 + choices.next(64)
+        let serverHost = "10.0.0.1"
+        let server = try simulation.makeGroup(loopCount: 2, host: serverHost)
+        let service = try LineService(group: server, host: "0.0.0.0", port: 7000, options: .init(idleTimeout: nil))
+        network.injectFaults(resetsPerMinute: 20, partitionsPerMinute: 4, partitionDuration: .seconds(3),
+                             between: ["127.0.0.1", serverHost], for: duration)
+        let end = simulation.now + duration
+        var result = Result()
+        result.seeds = 1
+        let oracle = Oracle(seed: seed)
+        var drivers: [ClientDriver] = []
+        for index in 0..<clients {
+            let driver = ClientDriver(index: index, loop: simulation.loop, host: serverHost, oracle: oracle,
+                                      simulation: simulation, stopAt: end, seed: seed &+ UInt64(index) &* 7919)
+            drivers.append(driver)
+            simulation.loop.execute { driver.start() }
+        }
+        simulation.advance(by: duration)
+        // No more faults; every partition is healed: the requests in flight finish.
+        simulation.advance(by: .seconds(30))
+        for driver in drivers { driver.finish() }
+        simulation.advance(by: .seconds(5))
+        _ = service.shutdown(gracePeriod: .seconds(5))
+        simulation.advance(by: .seconds(5))
+        result.faults = network.faults
+        result.requests = oracle.requests
+        result.replies = oracle.replies
+        result.lost = oracle.lost
+        result.duplicated = oracle.duplicated
+        result.reordered = oracle.reordered
+        result.cutByReset = oracle.cutByReset
+        result.leakedSources = network.openStreamEnds
+        if result.leakedSources > 0 { oracle.fail("\(result.leakedSources) stream ends still open at the end") }
+        result.failures = oracle.failures
+        result.virtualSeconds = Double(simulation.now.components.seconds)
+        return result
+    }
+
+    /// The seed's own choices (latency, segments, think times): SplitMix64.
+    struct Choices {
+        private var state: UInt64
+        init(seed: UInt64) { state = seed ^ 0x5EED_FA17 }
+        mutating func next(_ bound: Int) -> Int {
+            state &+= 0x9E37_79B9_7F4A_7C15
+            var z = state
+            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+            return Int((z ^ (z >> 31)) % UInt64(max(1, bound)))
+        }
+    }
+
+    /// Counts what the clients saw. Used on the simulation's thread only.
+    final class Oracle: @unchecked Sendable {
+        let seed: UInt64
+        var requests = 0
+        var replies = 0
+        var lost = 0
+        var duplicated = 0
+        var reordered = 0
+        var cutByReset = 0
+        var failures: [String] = []
+
+        init(seed: UInt64) { self.seed = seed }
+
+        func fail(_ what: String) {
+            if failures.count < 20 { failures.append("seed \(seed): \(what)") }
+        }
+    }
+
+    /// One client: connects, sends `ECHO c<index>-<n>` and waits for its reply, thinks, sends
+    /// the next; after a reset it reconnects and goes on with the next number.
+    final class ClientDriver: @unchecked Sendable {
+        let index: Int
+        let loop: EventLoop
+        let host: String
+        let oracle: Oracle
+        let simulation: Simulation
+        let stopAt: Duration
+        private var choices: Choices
+        private var connection: Connection?
+        private var next = 0
+        /// The reply the outstanding request expects.
+        private(set) var outstanding: String?
+        private var answered: Set<String> = []
+        private var stopped = false
+
+        init(index: Int, loop: EventLoop, host: String, oracle: Oracle, simulation: Simulation, stopAt: Duration, seed: UInt64) {
+            self.index = index
+            self.loop = loop
+            self.host = host
+            self.oracle = oracle
+            self.simulation = simulation
+            self.stopAt = stopAt
+            choices = Choices(seed: seed)
+        }
+
+        func start() {
+            loop.schedule(after: .milliseconds(choices.next(1_000))) { [self] in connect() }
+        }
+
+        private func connect() {
+            guard !stopped else { return }
+            let made: Connection
+            do {
+                made = try Connection.connect(to: host, port: 7000, on: loop)
+            } catch {
+                oracle.fail("client \(index): connect threw \(error)")
+                return
+            }
+            connection = made
+            made.readLines { [self, weak made] event in
+                guard let made, made === connection else { return }
+                switch event {
+                case .line(let text): received(text)
+                case .endOfFile, .error: break
+                case .tooLong, .invalidUTF8: oracle.fail("client \(index): a reply that is not a line: \(event)")
+                }
+            }
+            made.onClose { [self, weak made] reason in
+                guard let made, made === connection else { return }
+                connectionClosed(reason)
+            }
+            send()
+        }
+
+        private func send() {
+            guard let connection, !stopped, outstanding == nil else { return }
+            let tag = "c\(index)-\(next)"
+            next += 1
+            outstanding = tag
+            oracle.requests += 1
+            connection.writeLine("ECHO \(tag)")
+        }
+
+        private func received(_ text: String) {
+            guard let expected = outstanding else {
+                oracle.duplicated += 1
+                oracle.fail("client \(index): reply \(text) with no request outstanding")
+                return
+            }
+            guard text == expected else {
+                if answered.contains(text) {
+                    oracle.duplicated += 1
+                    oracle.fail("client \(index): reply \(text) again")
+                } else {
+                    oracle.reordered += 1
+                    oracle.fail("client \(index): reply \(text) while \(expected) was expected")
+                }
+                return
+            }
+            oracle.replies += 1
+            answered.insert(text)
+            outstanding = nil
+            guard simulation.now < stopAt else { return }
+            loop.schedule(after: .milliseconds(100 + choices.next(2_000))) { [self] in send() }
+        }
+
+        private func connectionClosed(_ reason: Connection.CloseReason) {
+            connection = nil
+            if let tag = outstanding {
+                outstanding = nil
+                switch reason {
+                case .error(ECONNRESET): oracle.cutByReset += 1
+                case .connectFailed: oracle.cutByReset += 1  // never sent: refused or reset while connecting
+                default:
+                    oracle.lost += 1
+                    oracle.fail("client \(index): \(tag) lost, the connection closed: \(reason)")
+                }
+            }
+            guard !stopped, simulation.now < stopAt else { return }
+            loop.schedule(after: .milliseconds(100)) { [self] in connect() }
+        }
+
+        /// Stops sending and closes the connection.
+        func finish() {
+            stopped = true
+            let open = connection
+            connection = nil
+            if let tag = outstanding {
+                outstanding = nil
+                oracle.lost += 1
+                oracle.fail("client \(index): \(tag) never answered")
+            }
+            open?.close()
+        }
+    }
+}
