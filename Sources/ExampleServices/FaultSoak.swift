@@ -146,6 +146,7 @@ public enum FaultSoak {
         private(set) var outstanding: String?
         private var answered: Set<String> = []
         private var stopped = false
+        private var sentAt = Duration.zero
 
         init(index: Int, loop: EventLoop, host: String, oracle: Oracle, simulation: Simulation, stopAt: Duration, seed: UInt64) {
             self.index = index
@@ -191,6 +192,7 @@ public enum FaultSoak {
             let tag = "c\(index)-\(next)"
             next += 1
             outstanding = tag
+            sentAt = simulation.now
             oracle.requests += 1
             connection.writeLine("ECHO \(tag)")
         }
@@ -242,7 +244,8 @@ public enum FaultSoak {
             if let tag = outstanding {
                 outstanding = nil
                 oracle.lost += 1
-                oracle.fail("client \(index): \(tag) never answered")
+                let state = open.map { "open \($0.isOpen), \($0.bufferedOutputBytes) bytes unsent, since \(sentAt)" } ?? "none"
+                oracle.fail("client \(index): \(tag) never answered (connection: \(state))")
             }
             open?.close()
         }

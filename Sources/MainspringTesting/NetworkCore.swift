@@ -150,6 +150,10 @@ final class NetworkCore: SimulatedNetworking, @unchecked Sendable {
             schedule(at: now &+ latency) { [self] in
                 if attempt.isFinished {
                     client.socketClosed(unreadInput: false)
+                } else if client.isReset {
+                    // The stream was reset while the answer travelled: the connect fails.
+                    client.socketClosed(unreadInput: false)
+                    attempt.finish(.failure(.system(function: "connect \(attempt.address)", errno: ECONNRESET)), network: self)
                 } else {
                     attempt.finish(.success(client), network: self)
                 }
@@ -231,9 +235,10 @@ final class NetworkCore: SimulatedNetworking, @unchecked Sendable {
     /// `partitionDuration` (half to one and a half times it; every partition is healed by
     /// `until`).
     func injectFaults(resetsPerMinute: Double, partitionsPerMinute: Double, partitionDuration: UInt64,
-                      hosts: [String], until: UInt64)
+                      junkPerMinute: Double = 0, hosts: [String], until: UInt64)
     {
         let hosts = Array(Set(hosts)).sorted()
+        if junkPerMinute > 0 { scheduleRandomJunk(rate: junkPerMinute, hosts: Set(hosts), until: until) }
         if resetsPerMinute > 0 { scheduleRandomReset(rate: resetsPerMinute, hosts: Set(hosts), until: until) }
         if partitionsPerMinute > 0, hosts.count >= 2 {
             scheduleRandomPartition(rate: partitionsPerMinute, duration: partitionDuration, hosts: hosts, until: until)
@@ -261,6 +266,29 @@ final class NetworkCore: SimulatedNetworking, @unchecked Sendable {
                 for side in [end, end.peer!] { resetEnd(side) }
             }
             scheduleRandomReset(rate: rate, hosts: hosts, until: until)
+        }
+    }
+
+    /// Junk: 1 to 64 random bytes (any value: newlines, NULs, invalid UTF-8) slipped into one
+    /// direction of an open stream between `hosts`, between two of its segments, as if its
+    /// writer had sent them.
+    private func scheduleRandomJunk(rate: Double, hosts: Set<String>, until: UInt64) {
+        let at = now &+ randomWait(perMinute: rate)
+        guard at < until else { return }
+        schedule(at: at) { [self] in
+            let candidates = ends.values.filter { end in
+                guard let peer = end.peer, hosts.contains(end.host), hosts.contains(peer.host) else { return false }
+                return end.socket != nil && !end.isReset && !end.finSent && !peer.isClosed
+            }.sorted { $0.key < $1.key }
+            if !candidates.isEmpty {
+                let end = candidates[Int(random.next() % UInt64(candidates.count))]
+                let junk = (0..<(1 + Int(random.next() % 64))).map { _ in UInt8(truncatingIfNeeded: random.next()) }
+                faults["junk", default: 0] += 1
+                end.outgoing.packets.append(Packet(kind: .data(junk), arrival: now &+ latency))
+                end.outgoing.bytes += junk.count
+                scheduleHead(of: end)
+            }
+            scheduleRandomJunk(rate: rate, hosts: hosts, until: until)
         }
     }
 
@@ -445,6 +473,12 @@ final class NetworkCore: SimulatedNetworking, @unchecked Sendable {
     // MARK: End-side events
 
     fileprivate func attached(_ end: NetworkEnd) {
+        if end.isReset {
+            // Reset before its connection took it (still connecting, or accepted and on its
+            // way to a loop): the connection fails at once, as a connect that meets an RST.
+            end.socket?.deliverError(ECONNRESET)
+            return
+        }
         end.wasReading = false
         markDirty(end)
         if let peer = end.peer, peer.outgoing.isStalledOnReader {

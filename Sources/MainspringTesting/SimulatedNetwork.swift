@@ -98,16 +98,20 @@ public final class SimulatedNetwork: @unchecked Sendable {
     /// - resets of one open stream between two of `hosts` (both ends see `ECONNRESET`),
     ///   `resetsPerMinute` on average;
     /// - partitions between two of `hosts`, `partitionsPerMinute` on average, each healed
-    ///   after half to one and a half times `partitionDuration` (all healed by the end).
+    ///   after half to one and a half times `partitionDuration` (all healed by the end);
+    /// - junk, `junkPerMinute` on average: 1 to 64 random bytes (newlines, NULs, invalid
+    ///   UTF-8 among them) slipped into one direction of an open stream between two segments,
+    ///   as if its writer had sent them — for parsers' bad-input tests.
     ///
     /// ``faults`` counts what was injected, by kind.
     public func injectFaults(resetsPerMinute: Double = 0, partitionsPerMinute: Double = 0,
-                             partitionDuration: Duration = .seconds(2), between hosts: [String],
-                             for duration: Duration)
+                             partitionDuration: Duration = .seconds(2), junkPerMinute: Double = 0,
+                             between hosts: [String], for duration: Duration)
     {
         simulation.withDriving {
             core.injectFaults(resetsPerMinute: max(0, resetsPerMinute), partitionsPerMinute: max(0, partitionsPerMinute),
-                              partitionDuration: partitionDuration.clampedNanoseconds, hosts: hosts,
+                              partitionDuration: partitionDuration.clampedNanoseconds,
+                              junkPerMinute: max(0, junkPerMinute), hosts: hosts,
                               until: core.now &+ duration.clampedNanoseconds)
         }
     }
@@ -117,6 +121,6 @@ public final class SimulatedNetwork: @unchecked Sendable {
     public var openStreamEnds: Int { core.openEnds.count }
 
     /// The faults injected so far, by kind: "partition" (each partition of two hosts), "reset"
-    /// (each stream reset).
+    /// (each stream reset), "junk" (each run of random bytes slipped in).
     public var faults: [String: Int] { core.faults }
 }

@@ -196,6 +196,32 @@ import Testing
         listener.close()
     }
 
+    /// A reset that meets a connect on its way (the server has the stream, the answer is still
+    /// travelling) fails the connect with ECONNRESET when the answer would have arrived — it
+    /// does not leave a connection that never connects (the fault soak found that one).
+    @Test func aResetWhileConnectingFailsTheConnect() async throws {
+        let simulation = try Simulation(seed: 14)
+        simulation.network.latency = .milliseconds(10)
+        let server = try simulation.makeGroup(loopCount: 1, host: "10.0.0.6")
+        let listener = try Listener(host: "0.0.0.0", port: 80, on: server.loops[0]) { connection in
+            connection.readLines { _ in }
+        }
+        let loop = simulation.loop
+        let network = simulation.network
+        let outcome = try await simulation.run { () async -> String in
+            loop.schedule(after: .milliseconds(15)) { network.reset("127.0.0.1", "10.0.0.6") }
+            do throws(EventLoopError) {
+                _ = try await Connection.connect(to: "10.0.0.6", port: 80, on: loop)
+                return "connected"
+            } catch {
+                return "\(error) at \(simulation.now)"
+            }
+        }
+        #expect(outcome == "connect 10.0.0.6:80 failed: Connection reset by peer (errno 104) at 0.02 seconds")
+        #expect(network.openStreamEnds == 0)
+        listener.close()
+    }
+
     /// A reader that stops reading: the link fills to its window, then the writer's output
     /// stays in its buffer — real backpressure — until the reader reads again.
     @Test func aReaderThatStopsReadingPushesBackOnTheWriter() throws {
