@@ -294,6 +294,45 @@ import Testing
         #expect(simulation.network.openStreamEnds == 0)
     }
 
+    /// Junk — random bytes slipped between segments of a stream split one byte at a time —
+    /// reaches the line parser as clear events (lines, invalid UTF-8, over-long lines), never an
+    /// error or a crash; every line the junk did not touch arrives whole and in order (a run of
+    /// junk touches at most one line), and the connection stays open.
+    @Test(arguments: [21, 22, 23] as [UInt64]) func junkReachesTheLineParserAsClearEvents(seed: UInt64) throws {
+        let simulation = try Simulation(seed: seed)
+        simulation.network.maxSegmentSize = 1
+        let loop = simulation.loop
+        let (writer, reader) = try Connection.makePair(on: loop, options: .init(maxLineLength: 40))
+        var events: [LineEvent] = []
+        reader.readLines { events.append($0) }
+        writer.readBytes { _ in }  // junk the other way is read and dropped
+        simulation.network.injectFaults(junkPerMinute: 60, between: ["127.0.0.1"], for: .seconds(60))
+        var sent: [String] = []
+        let ticks = loop.schedule(every: .milliseconds(100)) { _ in
+            sent.append("line \(sent.count)")
+            writer.writeLine(sent.last!)
+        }
+        simulation.advance(by: .seconds(60))
+        ticks.cancel()
+        simulation.advance(by: .seconds(1))
+        let junk = simulation.network.faults["junk"] ?? 0
+        #expect(junk > 20, "\(junk) runs of junk")
+        for event in events {
+            switch event {
+            case .line, .invalidUTF8, .tooLong: continue
+            default: Issue.record("seed \(seed): unexpected \(event)")
+            }
+        }
+        let indices = Dictionary(uniqueKeysWithValues: sent.enumerated().map { ($1, $0) })
+        let intact = events.compactMap { event -> Int? in if case .line(let text) = event { indices[text] } else { nil } }
+        #expect(intact == intact.sorted(), "in order")
+        #expect(intact.count >= sent.count - junk, "seed \(seed): \(sent.count) sent, \(intact.count) whole, \(junk) junk")
+        #expect(writer.isOpen && reader.isOpen)
+        writer.close()
+        reader.close()
+        simulation.runUntilIdle()
+    }
+
     /// The same seed and program give the same trace, across hosts and links.
     @Test func theSameSeedReplaysTheSameTrace() throws {
         func traceOfRun(seed: UInt64) throws -> [SimulationTrace.Entry] {

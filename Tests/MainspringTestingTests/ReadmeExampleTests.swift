@@ -1,3 +1,4 @@
+import Foundation
 import Mainspring
 import MainspringTesting
 import Testing
@@ -25,5 +26,22 @@ import Testing
         }
         #expect(timedOut)                     // in microseconds of real time, the same on every run
         #expect(simulation.now == .seconds(30))
+    }
+
+    /// The README's network example, word for word.
+    @Test func aRefusedPortFailsAfterOneRoundTrip() async throws {
+        let simulation = try Simulation(seed: 3)
+        simulation.network.latency = .milliseconds(5)
+        let loop = simulation.loop
+        let failure = try await simulation.run { () async -> EventLoopError? in
+            do throws(EventLoopError) {
+                _ = try await Connection.connect(to: "127.0.0.1", port: 9, on: loop)
+                return nil
+            } catch {
+                return error
+            }
+        }
+        #expect(failure == .system(function: "connect 127.0.0.1:9", errno: ECONNREFUSED))
+        #expect(simulation.now == .milliseconds(10))   // there and back
     }
 }
