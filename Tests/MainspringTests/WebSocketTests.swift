@@ -410,6 +410,76 @@ struct WebSocketCodecTests {
         #expect(violation([masked(.close, closePayload(1000)), masked(.text, [0x61])])?.code == .protocolError)
     }
 
+    @Test("UTF-8 check's ASCII fast path: a non-ASCII byte at each place of a word, characters split across words and pieces, bad bytes after long ASCII")
+    func utf8FastPathBoundaries() {
+        /// `pieces` through one validator: whether all were taken and it ends between characters.
+        func valid(_ pieces: [[UInt8]]) -> Bool {
+            var validator = UTF8Validator()
+            for piece in pieces where !validator.validate(piece) { return false }
+            return validator.isAtBoundary
+        }
+        let ascii = [UInt8](repeating: 0x61, count: 16)
+        let euro = Array("€".utf8)  // E2 82 AC
+        for position in 0..<16 {
+            // A bad byte (a lone continuation, an invalid lead) at each position of a 16-byte run.
+            for bad: UInt8 in [0x80, 0xFF, 0xC0] {
+                var bytes = ascii
+                bytes[position] = bad
+                #expect(!valid([bytes]), "\(bad) at \(position)")
+                #expect(!valid([bytes + ascii]), "\(bad) at \(position), ASCII after")
+            }
+            // A valid character starting at each position (its end crossing the 8- and 16-byte
+            // words), with ASCII after it.
+            var bytes = ascii
+            bytes.replaceSubrange(position..<position + 1, with: euro)
+            #expect(valid([bytes]), "€ at \(position)")
+            #expect(valid([bytes + ascii]), "€ at \(position), ASCII after")
+            // The same cut into two pieces at every point.
+            for cut in 0...bytes.count {
+                #expect(valid([Array(bytes[..<cut]), Array(bytes[cut...])]), "€ at \(position), cut at \(cut)")
+            }
+            // A character whose continuation is wrong, at each position.
+            var broken = bytes
+            broken[position + 1] = 0x28
+            #expect(!valid([broken]), "broken € at \(position)")
+        }
+        // A character across the 8-byte boundary: lead byte at 7, continuation bytes at 8 and 9.
+        let across = [UInt8](repeating: 0x61, count: 7) + euro + [UInt8](repeating: 0x62, count: 20)
+        #expect(valid([across]))
+        #expect(valid([Array(across[..<8]), Array(across[8...])]))
+        #expect(valid([Array(across[..<9]), Array(across[9...])]))
+        // Ending inside a character, after ASCII: taken, but not at a boundary.
+        #expect(!valid([ascii + euro[0..<2]]))
+        // Invalid bytes after a long ASCII run (surrogate, overlong, past U+10FFFF, truncated).
+        let long = [UInt8](repeating: 0x7A, count: 4099)
+        for bad: [UInt8] in [[0xED, 0xA0, 0x80], [0xC1, 0xBF], [0xF4, 0x90, 0x80, 0x80], [0xE2, 0x82, 0x61], [0xFE]] {
+            #expect(!valid([long + bad + ascii]), "\(bad)")
+            #expect(!valid([long, bad + ascii]), "\(bad), a piece of its own")
+        }
+        #expect(valid([long + Array("𝄞 текст".utf8) + long]))
+    }
+
+    @Test("Text frames: a character split across fragments after long ASCII is joined; a bad byte after long ASCII fails with 1007, at its fragment")
+    func utf8AcrossFragmentsAfterASCII() throws {
+        let long = [UInt8](repeating: 0x61, count: 1_000)
+        let note = Array("𝄞".utf8)  // F0 9D 84 9E
+        var decoder = WebSocketDecoder(expectsMaskedFrames: true, maxMessageBytes: 10_000)
+        decoder.append(masked(.text, long + note[0..<1], fin: false))
+        decoder.append(masked(.continuation, Array(note[1..<3]), fin: false))
+        decoder.append(masked(.continuation, Array(note[3...]) + long))
+        var events: [WebSocketEvent] = []
+        while let event = try decoder.next() { events.append(event) }
+        #expect(events == [.message(.text(String(decoding: long + note + long, as: UTF8.self)))])
+        // Invalid after 1,000 ASCII bytes: in one frame, in a continuation (refused there, the
+        // message not yet complete), and a character left open at the end.
+        #expect(violation([masked(.text, long + [0xC3, 0x28])], limit: 10_000)?.code == .invalidPayload)
+        #expect(violation([masked(.text, long, fin: false), masked(.continuation, long + [0xFF], fin: false)], limit: 10_000)?.code
+            == .invalidPayload)
+        #expect(violation([masked(.text, long + note[0..<2], fin: false), masked(.continuation, [0x61], fin: false)], limit: 10_000)?.code
+            == .invalidPayload)
+        #expect(violation([masked(.text, long + note[0..<3])], limit: 10_000)?.code == .invalidPayload)
+    }
+
     @Test("Close payloads: the code and reason read back; an empty one has no status; long reasons are cut at a character")
     func closePayloads() throws {
         #expect(try WebSocketDecoder.closeStatus(closePayload(4000, "bye")) == WebSocket.CloseStatus(code: .init(rawValue: 4000), reason: "bye"))
