@@ -80,7 +80,8 @@ extension WebSocket {
             let (subprotocol, agreement) = try await handshake(
                 connection, host: host, port: port, defaultPort: defaultPort, path: path, subprotocols: subprotocols,
                 headers: headers, compression: configuration.compression, deadline: deadline)
-            let core = WebSocketCore(connection: connection, configuration: configuration, isClient: true, agreement: agreement)
+            let core = WebSocketCore(connection: connection, configuration: SharedWebSocketConfiguration(configuration),
+                                     isClient: true, agreement: agreement)
             let started: Bool = await withUnsafeContinuation { continuation in
                 loop.executeNowOrPostForHTTP({
                     guard deadline.disarm() else { return continuation.resume(returning: false) }

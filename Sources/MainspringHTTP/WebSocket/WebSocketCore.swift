@@ -1,13 +1,26 @@
 @_spi(MainspringHTTP) import Mainspring
 import Synchronization
 
+/// A WebSocket configuration as the WebSockets made with it share it: a route's, one
+/// reference in each of its WebSockets rather than a copy of the whole value in each.
+final class SharedWebSocketConfiguration: Sendable {
+    let value: WebSocket.Configuration
+
+    init(_ value: WebSocket.Configuration) { self.value = value }
+}
+
 /// The loop side of one WebSocket: its connection, the decoder, the messages waiting for the
 /// application, the closing handshake and the keep-alive. Loop thread only, except the atomic
 /// flags (`@unchecked Sendable` only so that the loop's posts and the public handle carry it).
+///
+/// An idle WebSocket is mostly this object, so what only the closing handshake and the end use
+/// is kept in a box made when first needed (`RareState`), the configuration is the route's,
+/// shared, and the decoder holds no buffer between frames.
 final class WebSocketCore: @unchecked Sendable {
     let loop: EventLoop
     let connection: Connection
-    let configuration: WebSocket.Configuration
+    private let sharedConfiguration: SharedWebSocketConfiguration
+    var configuration: WebSocket.Configuration { sharedConfiguration.value }
     /// A client masks its frames and reads unmasked ones; a server the other way round.
     let isClient: Bool
     private var decoder: WebSocketDecoder
@@ -25,28 +38,71 @@ final class WebSocketCore: @unchecked Sendable {
     /// Bytes `trySend` posted from other threads and not yet written.
     private let postedBytes = Atomic<Int>(0)
     private var closeSent = false
-    /// The peer's close frame's status (1005 for an empty one), once it came.
-    private var peerStatus: WebSocket.CloseStatus?
-    /// What this side found wrong with the peer's input, when it failed the connection.
-    private var violation: WebSocketViolation?
-    /// How it ended, once the connection has closed.
-    private(set) var finalStatus: WebSocket.CloseStatus?
-    private var closedWaiters: [UnsafeContinuation<WebSocket.CloseStatus, Never>] = []
-    private var closeTimer: TimerHandle?
     private var pingTimer: TimerHandle?
     private var heardSinceTick = true
     private var pingOutstanding = false
-    /// Runs once when the connection has closed (the server's table of open WebSockets).
-    var whenClosed: (() -> Void)?
+    /// The server endpoint whose table of open WebSockets (the one its `close()` uses) holds
+    /// this one, under `ObjectIdentifier(self)`: the entry is removed when the connection
+    /// closes. nil on a client.
+    weak var server: LoopEndpoint?
+
+    /// What the closing handshake and the end need, made when first written (see the
+    /// properties of the same names below).
+    private final class RareState {
+        var peerStatus: WebSocket.CloseStatus?
+        var violation: WebSocketViolation?
+        var finalStatus: WebSocket.CloseStatus?
+        var closedWaiters: [UnsafeContinuation<WebSocket.CloseStatus, Never>] = []
+        var closeTimer: TimerHandle?
+    }
+
+    private var rare: RareState?
+
+    private var rareState: RareState {
+        if let rare { return rare }
+        let made = RareState()
+        rare = made
+        return made
+    }
+
+    /// The peer's close frame's status (1005 for an empty one), once it came.
+    private var peerStatus: WebSocket.CloseStatus? {
+        get { rare?.peerStatus }
+        set { if rare != nil || newValue != nil { rareState.peerStatus = newValue } }
+    }
+
+    /// What this side found wrong with the peer's input, when it failed the connection.
+    private var violation: WebSocketViolation? {
+        get { rare?.violation }
+        set { if rare != nil || newValue != nil { rareState.violation = newValue } }
+    }
+
+    /// How it ended, once the connection has closed.
+    private(set) var finalStatus: WebSocket.CloseStatus? {
+        get { rare?.finalStatus }
+        set { if rare != nil || newValue != nil { rareState.finalStatus = newValue } }
+    }
+
+    private var closedWaiters: [UnsafeContinuation<WebSocket.CloseStatus, Never>] {
+        get { rare?.closedWaiters ?? [] }
+        set { if rare != nil || !newValue.isEmpty { rareState.closedWaiters = newValue } }
+    }
+
+    private var closeTimer: TimerHandle? {
+        get { rare?.closeTimer }
+        set { if rare != nil || newValue != nil { rareState.closeTimer = newValue } }
+    }
 
     /// permessage-deflate's compressor for this side's messages, when it was agreed.
     private let deflater: Deflater?
 
     /// `agreement`: permessage-deflate as the handshake agreed it (nil: no compression).
-    init(connection: Connection, configuration: WebSocket.Configuration, isClient: Bool, agreement: DeflateAgreement? = nil) {
+    init(connection: Connection, configuration: SharedWebSocketConfiguration, isClient: Bool,
+         agreement: DeflateAgreement? = nil)
+    {
         self.loop = connection.loop
         self.connection = connection
-        self.configuration = configuration
+        self.sharedConfiguration = configuration
         self.isClient = isClient
         var inflater: Inflater?
         if let agreement {
@@ -57,7 +113,7 @@ final class WebSocketCore: @unchecked Sendable {
         } else {
             deflater = nil
         }
-        decoder = WebSocketDecoder(expectsMaskedFrames: !isClient, maxMessageBytes: configuration.maxMessageBytes,
+        decoder = WebSocketDecoder(expectsMaskedFrames: !isClient, maxMessageBytes: configuration.value.maxMessageBytes,
                                    inflater: inflater)
     }
 
@@ -355,9 +411,10 @@ final class WebSocketCore: @unchecked Sendable {
         let waiters = closedWaiters
         closedWaiters = []
         for waiter in waiters { waiter.resume(returning: status) }
-        let finished = whenClosed
-        whenClosed = nil
-        finished?()
+        if let server {
+            self.server = nil
+            server.openWebSockets[ObjectIdentifier(self)] = nil
+        }
     }
 
     func waitForClose(_ continuation: UnsafeContinuation<WebSocket.CloseStatus, Never>) {

@@ -2,7 +2,9 @@ import Mainspring
 
 /// A WebSocket route: its configuration, its upgrade decision, its handler.
 struct WebSocketRoute: Sendable {
-    let configuration: WebSocket.Configuration
+    /// The configuration, one value for all the route's WebSockets.
+    let sharedConfiguration: SharedWebSocketConfiguration
+    var configuration: WebSocket.Configuration { sharedConfiguration.value }
     let shouldUpgrade: (@Sendable (HTTPRequest) -> WebSocket.Upgrade)?
     let handler: @Sendable (WebSocket) async throws -> Void
 }
@@ -45,7 +47,7 @@ extension HTTPRoutes {
     {
         configuration.check("HTTPRoutes.webSocket(\(path))")
         add([.get], path, match: match,
-            .webSocket(WebSocketRoute(configuration: configuration, shouldUpgrade: shouldUpgrade, handler: handler)))
+            .webSocket(WebSocketRoute(sharedConfiguration: SharedWebSocketConfiguration(configuration), shouldUpgrade: shouldUpgrade, handler: handler)))
     }
 }
 
@@ -107,10 +109,10 @@ extension LoopEndpoint {
         }
         statistics.recordResponse(status: 101)
         connection.write(head)
-        let core = WebSocketCore(connection: connection, configuration: configuration, isClient: false, agreement: agreement)
-        let key = ObjectIdentifier(core)
-        openWebSockets[key] = core
-        core.whenClosed = { [weak self] in self?.openWebSockets[key] = nil }
+        let core = WebSocketCore(connection: connection, configuration: route.sharedConfiguration, isClient: false,
+                                 agreement: agreement)
+        openWebSockets[ObjectIdentifier(core)] = core
+        core.server = self
         core.start(leftover: leftover)
         let socket = WebSocket(core: core, subprotocol: subprotocol, request: request)
         let handler = route.handler
