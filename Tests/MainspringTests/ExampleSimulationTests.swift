@@ -98,61 +98,84 @@ import Testing
     /// The chat room: a member that stops reading fills its window and its output limit; the
     /// sender waits for it for the grace period — exactly 2 s of virtual time — and then the
     /// member is disconnected, while the member that reads gets every message, in order.
-    @Test func aChatMemberThatStopsReadingIsDroppedAfterItsGrace() throws {
-        let simulation = try Simulation(seed: 13)
-        simulation.network.window = 4_096
-        let server = try simulation.makeGroup(loopCount: 1, host: "10.0.0.5")
-        let room = ChatRoom(policy: .disconnect, grace: .seconds(2))
-        let listener = try Listener(host: "0.0.0.0", port: 6667, on: server.loops[0],
-                                    options: .init(outputLimit: 4_096)) { connection in
-            Task(executorPreference: connection.loop) { await room.serve(connection) }
-        }
-        let loop = simulation.loop
-        let reader = try Connection.connect(to: "10.0.0.5", port: 6667, on: loop)
-        var received: [String] = []
-        reader.readLines { event in
-            if case .line(let text) = event { received.append(text) }
-        }
-        let slow = try Connection.connect(to: "10.0.0.5", port: 6667, on: loop)  // it reads nothing
-        let sender = try Connection.connect(to: "10.0.0.5", port: 6667, on: loop)
-        simulation.runUntilIdle()
-        #expect(room.statistics.members == 3)
+    @Test func aChatMemberThatStopsReadingIsDroppedAfterItsGrace() async throws {
+        // On a thread of its own: a simulation driven synchronously must not hold one of the
+        // cooperative pool's threads (two on two cores) that the other tests' tasks need.
+        let seen = try await onPlainThread { () throws -> ChatObservations in
+            let simulation = try Simulation(seed: 13)
+            simulation.network.window = 4_096
+            let server = try simulation.makeGroup(loopCount: 1, host: "10.0.0.5")
+            let room = ChatRoom(policy: .disconnect, grace: .seconds(2))
+            let listener = try Listener(host: "0.0.0.0", port: 6667, on: server.loops[0],
+                                        options: .init(outputLimit: 4_096)) { connection in
+                Task(executorPreference: connection.loop) { await room.serve(connection) }
+            }
+            let loop = simulation.loop
+            let reader = try Connection.connect(to: "10.0.0.5", port: 6667, on: loop)
+            var seen = ChatObservations()
+            reader.readLines { event in
+                if case .line(let text) = event { seen.received.append(text) }
+            }
+            let slow = try Connection.connect(to: "10.0.0.5", port: 6667, on: loop)  // it reads nothing
+            let sender = try Connection.connect(to: "10.0.0.5", port: 6667, on: loop)
+            simulation.runUntilIdle()
+            seen.membersAtStart = room.statistics.members
 
-        let messages = (0..<200).map { "message \($0) " + String(repeating: "x", count: 80) }
-        for message in messages { sender.writeLine(message) }
-        simulation.advance(by: .seconds(2) - .milliseconds(1))
-        #expect(room.statistics.disconnected == 0, "still within its grace")
-        simulation.advance(by: .milliseconds(1))
-        #expect(room.statistics.disconnected == 1, "dropped exactly when its grace ran out")
-        simulation.advance(by: .seconds(1))
-        #expect(received == messages, "the reading member got every message, in order")
-        #expect(room.statistics.members == 2)
-        // What the slow member would find if it read now: the messages that fitted before it
-        // was cut off (its window and its output limit), in order, then the end.
+            seen.messages = (0..<200).map { "message \($0) " + String(repeating: "x", count: 80) }
+            for message in seen.messages { sender.writeLine(message) }
+            simulation.advance(by: .seconds(2) - .milliseconds(1))
+            seen.disconnectedWithinGrace = room.statistics.disconnected
+            simulation.advance(by: .milliseconds(1))
+            seen.disconnectedAtGrace = room.statistics.disconnected
+            simulation.advance(by: .seconds(1))
+            seen.membersAfter = room.statistics.members
+            // What the slow member would find if it read now.
+            slow.readLines { seen.late.append($0) }
+            simulation.advance(by: .seconds(1))
+            for connection in [reader, sender, slow] { connection.close() }
+            listener.close()
+            simulation.advance(by: .seconds(1))
+            seen.openStreamEnds = simulation.network.openStreamEnds
+            return seen
+        }
+        #expect(seen.membersAtStart == 3)
+        #expect(seen.disconnectedWithinGrace == 0, "still within its grace")
+        #expect(seen.disconnectedAtGrace == 1, "dropped exactly when its grace ran out")
+        #expect(seen.received == seen.messages, "the reading member got every message, in order")
+        #expect(seen.membersAfter == 2)
+        // The slow member's messages that fitted before it was cut off (its window and its
+        // output limit), in order, then the end.
+        #expect(seen.late.last == .endOfFile)
+        let lines = seen.late.dropLast().map { event -> String in if case .line(let text) = event { text } else { "?" } }
+        #expect(!lines.isEmpty && lines == Array(seen.messages.prefix(lines.count)))
+        #expect(seen.openStreamEnds == 0)
+    }
+
+    struct ChatObservations: Sendable {
+        var received: [String] = []
+        var messages: [String] = []
         var late: [LineEvent] = []
-        slow.readLines { late.append($0) }
-        simulation.advance(by: .seconds(1))
-        #expect(late.last == .endOfFile)
-        let lines = late.dropLast().map { event -> String in if case .line(let text) = event { text } else { "?" } }
-        #expect(!lines.isEmpty && lines == Array(messages.prefix(lines.count)))
-        for connection in [reader, sender, slow] { connection.close() }
-        listener.close()
-        simulation.advance(by: .seconds(1))
-        #expect(simulation.network.openStreamEnds == 0)
+        var membersAtStart = 0
+        var disconnectedWithinGrace = -1
+        var disconnectedAtGrace = -1
+        var membersAfter = 0
+        var openStreamEnds = -1
     }
 
     /// The line service under random resets and partitions, a few seeds in the suite (the
     /// benchmark runs a thousand): no reply lost, duplicated or out of order, no stream left
     /// open — and a seed replays exactly.
-    @Test(arguments: [1, 2, 3] as [UInt64]) func theLineServiceSurvivesRandomFaults(seed: UInt64) throws {
-        let result = try FaultSoak.runLineService(seed: seed, clients: 20, duration: .seconds(20))
+    @Test(arguments: [1, 2, 3] as [UInt64]) func theLineServiceSurvivesRandomFaults(seed: UInt64) async throws {
+        let (result, again) = try await onPlainThread {
+            (try FaultSoak.runLineService(seed: seed, clients: 20, duration: .seconds(20)),
+             try FaultSoak.runLineService(seed: seed, clients: 20, duration: .seconds(20)))
+        }
         #expect(result.failures.isEmpty, "\(result.failures)")
         #expect(result.lost == 0 && result.duplicated == 0 && result.reordered == 0)
         #expect(result.leakedSources == 0)
         #expect(result.requests > 100, "\(result.requests) requests")
         #expect(result.replies + result.cutByReset == result.requests)
         #expect(result.faults.values.reduce(0, +) > 0, "faults were injected: \(result.faults)")
-        let again = try FaultSoak.runLineService(seed: seed, clients: 20, duration: .seconds(20))
         #expect(again.requests == result.requests && again.faults == result.faults && again.replies == result.replies,
                 "the same seed replays the same run")
     }
