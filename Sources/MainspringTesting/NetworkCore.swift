@@ -115,7 +115,7 @@ final class NetworkCore: SimulatedNetworking, @unchecked Sendable {
         let destination = isLoopback(address.host) ? source : address.host
         let attempt = ConnectAttempt(from: source, port: takePort(on: source, from: 50_000), to: destination,
                                      address: address, done: done)
-        schedule(at: now &+ connectTimeout) { [self] in
+        schedule(at: now &+ connectTimeout) { [unowned self] in
             attempt.finish(.failure(.system(function: "connect \(address)", errno: ETIMEDOUT)), network: self)
         }
         sendSyn(attempt, retryAfter: 1_000_000_000)
@@ -125,19 +125,19 @@ final class NetworkCore: SimulatedNetworking, @unchecked Sendable {
     /// address, a full backlog) it is sent again after `retryAfter`, doubling, until the
     /// connect times out.
     private func sendSyn(_ attempt: ConnectAttempt, retryAfter: UInt64) {
-        schedule(at: now &+ latency) { [self] in
+        schedule(at: now &+ latency) { [unowned self] in
             guard !attempt.isFinished else { return }
             let reachable = knownHosts.contains(attempt.to) && !isPartitioned(attempt.from, attempt.to)
             let listener = reachable ? listeners[HostPort(host: attempt.to, port: attempt.address.port)] : nil
             if reachable, listener == nil {
                 // Nobody listens: a reset comes back.
-                schedule(at: now &+ latency) { [self] in
+                schedule(at: now &+ latency) { [unowned self] in
                     attempt.finish(.failure(.system(function: "connect \(attempt.address)", errno: ECONNREFUSED)), network: self)
                 }
                 return
             }
             guard let listener, listener.hasRoom else {
-                schedule(at: now &+ retryAfter) { [self] in
+                schedule(at: now &+ retryAfter) { [unowned self] in
                     guard !attempt.isFinished else { return }
                     sendSyn(attempt, retryAfter: retryAfter &* 2)
                 }
@@ -147,7 +147,7 @@ final class NetworkCore: SimulatedNetworking, @unchecked Sendable {
                                               serverHost: attempt.to, serverPort: attempt.address.port)
             listener.enqueue(server, peer: "\(attempt.from):\(attempt.port)")
             // The SYN-ACK: the client is connected one latency later.
-            schedule(at: now &+ latency) { [self] in
+            schedule(at: now &+ latency) { [unowned self] in
                 if attempt.isFinished {
                     client.socketClosed(unreadInput: false)
                 } else if client.isReset {
@@ -254,7 +254,7 @@ final class NetworkCore: SimulatedNetworking, @unchecked Sendable {
     private func scheduleRandomReset(rate: Double, hosts: Set<String>, until: UInt64) {
         let at = now &+ randomWait(perMinute: rate)
         guard at < until else { return }
-        schedule(at: at) { [self] in
+        schedule(at: at) { [unowned self] in
             let candidates = ends.values.filter { end in
                 guard let peer = end.peer, end.key < peer.key, hosts.contains(end.host), hosts.contains(peer.host) else { return false }
                 return openEnds.contains(ObjectIdentifier(end)) && openEnds.contains(ObjectIdentifier(peer))
@@ -275,7 +275,7 @@ final class NetworkCore: SimulatedNetworking, @unchecked Sendable {
     private func scheduleRandomJunk(rate: Double, hosts: Set<String>, until: UInt64) {
         let at = now &+ randomWait(perMinute: rate)
         guard at < until else { return }
-        schedule(at: at) { [self] in
+        schedule(at: at) { [unowned self] in
             let candidates = ends.values.filter { end in
                 guard let peer = end.peer, hosts.contains(end.host), hosts.contains(peer.host) else { return false }
                 return end.socket != nil && !end.isReset && !end.finSent && !peer.isClosed
@@ -295,7 +295,7 @@ final class NetworkCore: SimulatedNetworking, @unchecked Sendable {
     private func scheduleRandomPartition(rate: Double, duration: UInt64, hosts: [String], until: UInt64) {
         let at = now &+ randomWait(perMinute: rate)
         guard at < until else { return }
-        schedule(at: at) { [self] in
+        schedule(at: at) { [unowned self] in
             let first = Int(random.next() % UInt64(hosts.count))
             var second = Int(random.next() % UInt64(hosts.count - 1))
             if second >= first { second += 1 }
@@ -303,7 +303,7 @@ final class NetworkCore: SimulatedNetworking, @unchecked Sendable {
             if !isPartitioned(one, other) {
                 partition(one, other)
                 let length = UInt64(Double(duration) * (0.5 + Double(random.next() >> 11) / Double(UInt64(1) << 53)))
-                schedule(at: min(now &+ max(1, length), until)) { [self] in heal(one, other) }
+                schedule(at: min(now &+ max(1, length), until)) { [unowned self] in heal(one, other) }
             }
             scheduleRandomPartition(rate: rate, duration: duration, hosts: hosts, until: until)
         }
@@ -343,6 +343,9 @@ final class NetworkCore: SimulatedNetworking, @unchecked Sendable {
         return true
     }
 
+    /// Schedules `action` (closures here hold the core `unowned`: the heap of events belongs to
+    /// the core, so a strong capture would keep a simulation's network alive for ever once events
+    /// are left pending at its end — a connect's timeout, say).
     private func schedule(at time: UInt64, key: UInt64 = 0, _ action: @escaping () -> Void) {
         sequence &+= 1
         events.insert(NetworkEvent(time: time, key: key, sequence: sequence, action: action))
@@ -408,7 +411,7 @@ final class NetworkCore: SimulatedNetworking, @unchecked Sendable {
         let direction = end.outgoing
         guard !direction.isHeadScheduled, let head = direction.packets.first else { return }
         direction.isHeadScheduled = true
-        schedule(at: max(head.arrival, now, notBefore), key: end.key) { [self] in
+        schedule(at: max(head.arrival, now, notBefore), key: end.key) { [unowned self] in
             direction.isHeadScheduled = false
             deliverHead(of: end)
         }
@@ -514,7 +517,7 @@ final class NetworkCore: SimulatedNetworking, @unchecked Sendable {
     private func armReadTimeout(_ end: NetworkEnd) {
         guard let timeout = end.readTimeout, !end.readCheckScheduled else { return }
         end.readCheckScheduled = true
-        schedule(at: end.lastRead &+ timeout) { [self] in
+        schedule(at: end.lastRead &+ timeout) { [unowned self] in
             end.readCheckScheduled = false
             guard let socket = end.socket, let timeout = end.readTimeout, socket.isReading else { return }
             if now >= end.lastRead &+ timeout {
@@ -529,7 +532,7 @@ final class NetworkCore: SimulatedNetworking, @unchecked Sendable {
     private func armWriteTimeout(_ end: NetworkEnd) {
         guard let timeout = end.writeTimeout, !end.writeCheckScheduled else { return }
         end.writeCheckScheduled = true
-        schedule(at: end.lastWrite &+ timeout) { [self] in
+        schedule(at: end.lastWrite &+ timeout) { [unowned self] in
             end.writeCheckScheduled = false
             guard let socket = end.socket, let timeout = end.writeTimeout, socket.isWritePending else { return }
             if now >= end.lastWrite &+ timeout {
