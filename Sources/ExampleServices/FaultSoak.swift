@@ -1,5 +1,5 @@
 import Foundation
-import Mainspring
+@_spi(Simulation) import Mainspring
 import MainspringTesting
 
 /// The line service under a random fault schedule on the simulation's network, checked end to
@@ -99,17 +99,12 @@ public enum FaultSoak {
         return result
     }
 
-    /// The seed's own choices (latency, segments, think times): SplitMix64.
+    /// The seed's own choices (latency, segments, think times), from the library's seeded
+    /// generator (the one the simulation itself uses), on a stream of their own.
     struct Choices {
-        private var state: UInt64
-        init(seed: UInt64) { state = seed ^ 0x5EED_FA17 }
-        mutating func next(_ bound: Int) -> Int {
-            state &+= 0x9E37_79B9_7F4A_7C15
-            var z = state
-            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-            return Int((z ^ (z >> 31)) % UInt64(max(1, bound)))
-        }
+        private var generator: SplitMix64
+        init(seed: UInt64) { generator = SplitMix64(seed: seed ^ 0x5EED_FA17) }
+        mutating func next(_ bound: Int) -> Int { Int(generator.next() % UInt64(max(1, bound))) }
     }
 
     /// Counts what the clients saw. Used on the simulation's thread only.

@@ -69,6 +69,8 @@ final class NetworkCore: SimulatedNetworking, @unchecked Sendable {
     func resolve(_ name: String, port: UInt16) -> [SocketAddress]? {
         let key = name.lowercased()
         let addresses = names[key] ?? (key == "localhost" ? ["127.0.0.1"] : nil)
+        // A registered address that is not an IP literal resolves to nothing (as a name
+        // without records does): `register` documents dotted IPv4 addresses.
         return addresses?.compactMap { try? SocketAddress(ipAddress: $0, port: port) }
     }
 

@@ -140,6 +140,8 @@ final class ListenerSource: Source {
         let preparer = self.preparer
         let make: @Sendable (@escaping (Connection?) -> Void) -> Void = { done in
             if let end = socket.takeSimulated() {
+                // nil only when the loop cannot make the bufferevent (out of memory): the end is
+                // then closed by ConnectionSource, and the connection is not delivered, as below.
                 done(try? Connection(source: ConnectionSource(loop: destination, simulated: end, peer: socket.peer, options: options)))
                 return
             }
