@@ -104,7 +104,7 @@ struct DaemonSystemdTests {
                                          environment: ["NOTIFY_SOCKET": fake.address, "WATCHDOG_USEC": "200000"])
         let port = try port(inBanner: daemon.readLine(timeout: .seconds(30)))
         // READY=1 carries the bound port: it was sent after the socket listened.
-        let ready = try #require(fake.waitFor { $0.contains("READY=1") }, "no READY=1: \(fake.messages)")
+        let ready = try #require(await fake.waitFor { $0.contains("READY=1") }, "no READY=1: \(fake.messages)")
         #expect(ready.value(of: "STATUS")?.hasPrefix("serving 127.0.0.1:\(port) on 2 loop(s): connections=0") == true, "\(ready)")
         let readyIndex = try #require(fake.messages.firstIndex { $0.contains("READY=1") })
 
@@ -112,14 +112,14 @@ struct DaemonSystemdTests {
         let client = try TestClient(port: port)
         client.send("ECHO under systemd\n")
         #expect(client.readLine() == "under systemd")
-        let counted = fake.waitFor(after: readyIndex + 1) { message in
+        let counted = await fake.waitFor(after: readyIndex + 1) { message in
             message.assignments.count == 1 && message.value(of: "STATUS")?.contains("requests=1 ") == true
         }
         #expect(counted != nil, "no STATUS= with the request counted: \(fake.messages.suffix(5))")
         #expect(counted?.value(of: "STATUS")?.hasSuffix("; watchdog: healthy") == true, "\(String(describing: counted))")
 
         // The watchdog: pings every half interval.
-        _ = fake.waitFor(after: readyIndex) { _ in
+        _ = await fake.waitFor(after: readyIndex) { _ in
             fake.messages.dropFirst(readyIndex).filter { $0.text == "WATCHDOG=1" }.count >= 12
         }
         let pings = fake.messages.dropFirst(readyIndex).filter { $0.text == "WATCHDOG=1" }
@@ -131,24 +131,24 @@ struct DaemonSystemdTests {
         let beforeReload = fake.messages.count
         let sentAt = monotonicNow() / 1_000
         daemon.send(SIGHUP)
-        let reloading = try #require(fake.waitFor(after: beforeReload) { $0.contains("RELOADING=1") })
+        let reloading = try #require(await fake.waitFor(after: beforeReload) { $0.contains("RELOADING=1") })
         let stamp = try #require(reloading.value(of: "MONOTONIC_USEC").flatMap { UInt64($0) }, "\(reloading)")
         #expect(stamp >= sentAt && stamp <= monotonicNow() / 1_000)
         let reloadIndex = try #require(fake.messages.firstIndex { $0.contains("RELOADING=1") })
-        #expect(fake.waitFor(after: reloadIndex + 1) { $0.contains("READY=1") } != nil, "no READY=1 after the reload")
+        #expect(await fake.waitFor(after: reloadIndex + 1) { $0.contains("READY=1") } != nil, "no READY=1 after the reload")
 
         // SIGTERM during a request that takes 800 ms: STOPPING=1, the reply, then a clean exit.
         // The idle loop is done draining long before the busy one.
         // SIGTERM once the daemon has the request: a periodic STATUS= counts it (the ECHO was 1).
         let beforeSleep = fake.messages.count
         client.send("SLEEP 800\n")
-        let sleeping = fake.waitFor(after: beforeSleep) { $0.value(of: "STATUS")?.contains("requests=2 ") == true }
+        let sleeping = await fake.waitFor(after: beforeSleep) { $0.value(of: "STATUS")?.contains("requests=2 ") == true }
         #expect(sleeping != nil, "no STATUS= with the SLEEP counted: \(fake.messages.suffix(5))")
         daemon.send(SIGTERM)
         #expect(client.readLine() == "SLEPT 800")
         let result = daemon.waitForExit(timeout: .seconds(60))
         #expect(result.status == 0 && !result.crashedBySignal, "\(result.summary)")
-        let stopping = fake.waitFor(timeout: .seconds(5)) { $0.contains("STOPPING=1") }
+        let stopping = await fake.waitFor(timeout: .seconds(5)) { $0.contains("STOPPING=1") }
         #expect(stopping?.value(of: "STATUS")?.hasPrefix("SIGTERM: draining") == true, "\(fake.messages.suffix(3))")
         #expect(result.stderr.contains("stats: connections=1"), "SIGHUP's reload prints the counters: \(result.stderr)")
         #expect(!result.stderr.contains("<6>"), "stderr is not the journal: no priority prefixes")
@@ -165,11 +165,11 @@ struct DaemonSystemdTests {
         let daemon = try startExecutable("mainspring-daemon", arguments: ["--port", "0", "--loops", "1"],
                                          environment: ["NOTIFY_SOCKET": fake.address])
         _ = try port(inBanner: daemon.readLine(timeout: .seconds(30)))
-        #expect(fake.waitFor { $0.contains("READY=1") } != nil, "\(fake.messages)")
+        #expect(await fake.waitFor { $0.contains("READY=1") } != nil, "\(fake.messages)")
         daemon.send(SIGTERM)
         let result = daemon.waitForExit(timeout: .seconds(60))
         #expect(result.status == 0, "\(result.summary)")
-        #expect(fake.waitFor(timeout: .seconds(5)) { $0.contains("STOPPING=1") } != nil, "\(fake.messages)")
+        #expect(await fake.waitFor(timeout: .seconds(5)) { $0.contains("STOPPING=1") } != nil, "\(fake.messages)")
         #expect(!fake.messages.contains { $0.text == "WATCHDOG=1" }, "no WATCHDOG_USEC, no pings")
     }
 
@@ -184,9 +184,9 @@ struct DaemonSystemdTests {
             let daemon = try startExecutable("mainspring-daemon", arguments: ["--port", "0", "--loops", "1", "--status-interval", "100"],
                                              environment: environment.merging(["NOTIFY_SOCKET": fake.address]) { $1 })
             let port = try port(inBanner: daemon.readLine(timeout: .seconds(30)))
-            #expect(fake.waitFor(after: before) { $0.contains("READY=1") } != nil)
+            #expect(await fake.waitFor(after: before) { $0.contains("READY=1") } != nil)
             // Five status periods (500 ms): a watchdog would have pinged five times.
-            _ = fake.waitFor(after: before) { _ in fake.messages.dropFirst(before).filter { $0.text.hasPrefix("STATUS=") }.count >= 5 }
+            _ = await fake.waitFor(after: before) { _ in fake.messages.dropFirst(before).filter { $0.text.hasPrefix("STATUS=") }.count >= 5 }
             #expect(!fake.messages.dropFirst(before).contains { $0.text == "WATCHDOG=1" }, "\(environment): \(fake.messages)")
             let client = try TestClient(port: port)
             client.send("ECHO still serving\n")
@@ -257,13 +257,13 @@ struct DaemonSystemdTests {
         #expect(client.readLine() == "activated")
         let banner = activator.readLine(timeout: .seconds(30))
         #expect(banner == "listening on 127.0.0.1:\(port) (socket activation: descriptor 3) with 1 loop(s)")
-        let ready = fake.waitFor { $0.contains("READY=1") }
+        let ready = await fake.waitFor { $0.contains("READY=1") }
         #expect(ready?.value(of: "STATUS")?.hasPrefix("serving 127.0.0.1:\(port)") == true, "\(fake.messages)")
         activator.send(SIGTERM)
         let result = activator.waitForExit(timeout: .seconds(60))
         #expect(result.status == 0, "\(result.summary)")
         #expect(result.stderr.contains("Execing "), "\(result.stderr)")
-        #expect(fake.waitFor(timeout: .seconds(5)) { $0.contains("STOPPING=1") } != nil)
+        #expect(await fake.waitFor(timeout: .seconds(5)) { $0.contains("STOPPING=1") } != nil)
     }
 
     @Test("systemd-socket-activate --fdname: the daemon serves on the socket named by --socket-name; an unknown name is exit status 78",
@@ -307,13 +307,13 @@ struct DaemonSystemdTests {
         let client = try connect(to: port)
         client.send("ECHO from the README\n")
         #expect(client.readLine() == "ECHO from the README")
-        let ready = fake.waitFor { $0.contains("READY=1") }
+        let ready = await fake.waitFor { $0.contains("READY=1") }
         #expect(ready?.value(of: "STATUS") == "accepting on 127.0.0.1:\(port)", "\(fake.messages)")
-        #expect(fake.waitFor { _ in fake.messages.filter { $0.text == "WATCHDOG=1" }.count >= 3 } != nil, "\(fake.messages)")
+        #expect(await fake.waitFor { _ in fake.messages.filter { $0.text == "WATCHDOG=1" }.count >= 3 } != nil, "\(fake.messages)")
         example.send(SIGTERM)
         let result = example.waitForExit(timeout: .seconds(60))
         #expect(result.status == 0, "\(result.summary)")
-        #expect(fake.waitFor(timeout: .seconds(5)) { $0.text == "STOPPING=1" } != nil, "\(fake.messages)")
+        #expect(await fake.waitFor(timeout: .seconds(5)) { $0.text == "STOPPING=1" } != nil, "\(fake.messages)")
     }
 
     @Test("LISTEN_FDS passing a descriptor that is not a socket: a clear error and exit status 78")

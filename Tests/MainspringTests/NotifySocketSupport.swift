@@ -103,6 +103,19 @@ final class FakeNotifySocket: @unchecked Sendable {
             _ = shared.arrived.wait(timeout: .now() + .milliseconds(min(100, max(1, Int(left.milliseconds)))))
         }
     }
+
+    /// The same wait for async tests, without blocking: it polls every 5 ms with `Task.sleep`, so
+    /// the thread of the cooperative pool (two on a 2-core machine) stays free for the code under
+    /// test — a blocking wait there starved the very service group whose notification it awaited.
+    /// Cancelling the waiting task ends the wait with `nil`.
+    func waitFor(after: Int = 0, timeout: Duration = .seconds(20), _ predicate: (Message) -> Bool) async -> Message? {
+        let deadline = ContinuousClock.now + timeout
+        while true {
+            if let found = shared.received.value.dropFirst(after).first(where: predicate) { return found }
+            if ContinuousClock.now >= deadline { return nil }
+            do { try await Task.sleep(for: .milliseconds(5)) } catch { return nil }
+        }
+    }
 }
 
 /// `CLOCK_MONOTONIC` now, in nanoseconds.

@@ -379,13 +379,13 @@ struct ServiceGroupTests {
         let group = ServiceGroup(services: [Recorder(name: "a", steps: steps), Recorder(name: "b", steps: steps)],
                                  configuration: configuration)
         let task = Task { try await group.run() }
-        let ready = fake.waitFor { $0.contains("READY=1") }
+        let ready = await fake.waitFor { $0.contains("READY=1") }
         #expect(ready?.value(of: "STATUS") == "up", "\(fake.messages)")
         #expect(steps.all.contains("start b"), "READY=1 only once b started: \(steps.all)")
         #expect(!steps.all.contains("stop b"))
         group.triggerShutdown()
         _ = try await task.value
-        let stopping = fake.waitFor { $0.contains("STOPPING=1") }
+        let stopping = await fake.waitFor { $0.contains("STOPPING=1") }
         #expect(stopping?.value(of: "STATUS") == "down: shutdown triggered", "\(fake.messages)")
         #expect(fake.messages.map(\.text) == ["READY=1\nSTATUS=up", "STOPPING=1\nSTATUS=down: shutdown triggered"])
     }

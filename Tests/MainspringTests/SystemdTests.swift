@@ -423,7 +423,7 @@ struct WatchdogTests {
             fake.messages.dropFirst(after).filter { $0.text == "WATCHDOG=1" }
         }
         // Healthy: ten pings, about 100 ms apart.
-        _ = fake.waitFor(timeout: .seconds(30)) { _ in pings().count >= 10 }
+        _ = await fake.waitFor(timeout: .seconds(30)) { _ in pings().count >= 10 }
         let healthy = pings()
         try #require(healthy.count >= 10, "\(fake.messages)")
         let gaps = zip(healthy.dropFirst(), healthy).map { Double($0.arrival - $1.arrival) / 1e6 }.sorted()
@@ -441,7 +441,7 @@ struct WatchdogTests {
         while stamps.value == nil && ContinuousClock.now < deadline { usleep(10_000) }
         let wedge = try #require(stamps.value)
         // And then a few more pings.
-        let afterWedge = fake.waitFor(timeout: .seconds(30)) { message in
+        let afterWedge = await fake.waitFor(timeout: .seconds(30)) { message in
             message.text == "WATCHDOG=1" && message.arrival > wedge.end
         }
         #expect(afterWedge != nil, "no ping after the loop recovered: \(fake.messages.suffix(5))")
@@ -503,7 +503,7 @@ struct WatchdogTests {
                                 interval: .seconds(2)) { health in changes.withLock { $0.append(health) } }
         defer { watchdog.stop() }
         let pings = { fake.messages.filter { $0.text == "WATCHDOG=1" }.count }
-        try #require(fake.waitFor { $0.text == "WATCHDOG=1" } != nil, "no first ping: \(watchdog.counters)")
+        try #require(await fake.waitFor { $0.text == "WATCHDOG=1" } != nil, "no first ping: \(watchdog.counters)")
         #expect(late.activity == .notRunning, "checked before the loop ran")
         let running = Thread { try? late.run() }
         running.start()
@@ -512,7 +512,7 @@ struct WatchdogTests {
         while late.activity == .notRunning && ContinuousClock.now < deadline { usleep(1_000) }
         let startedAfter = ContinuousClock.now - created
         // Two more checks at least, the last one past the start grace (checks at 0, 1, 2, 3 s).
-        #expect(fake.waitFor(timeout: .seconds(30)) { _ in pings() >= 4 } != nil, "\(watchdog.counters)")
+        #expect(await fake.waitFor(timeout: .seconds(30)) { _ in pings() >= 4 } != nil, "\(watchdog.counters)")
         #expect(changes.value.isEmpty, "\(changes.value); the loop ran \(startedAfter) after the watchdog started")
         #expect(watchdog.counters.pingsWithheld == 0 && watchdog.health == .healthy)
     }
