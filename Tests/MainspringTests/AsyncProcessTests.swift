@@ -28,12 +28,12 @@ struct AsyncProcessTests {
     @Test("EventLoop.main.signals delivers SIGHUP, then SIGTERM, to the task awaiting them")
     func signals() async throws {
         let child = try startExecutable("mainspring-fixture", arguments: ["async-signals"])
-        #expect(child.readLine() == "ready=true")
+        #expect(await child.readLine() == "ready=true")
         child.send(SIGHUP)
-        #expect(child.readLine() == "signal=\(SIGHUP)")
+        #expect(await child.readLine() == "signal=\(SIGHUP)")
         child.send(SIGTERM)
-        #expect(child.readLine() == "signal=\(SIGTERM)")
-        let result = child.waitForExit(timeout: .seconds(30))
+        #expect(await child.readLine() == "signal=\(SIGTERM)")
+        let result = await child.waitForExit(timeout: .seconds(30))
         #expect(result.status == 0 && !result.crashedBySignal, "SIGTERM was handled, not fatal: \(result.summary)")
         #expect(result["seen"] == "\(SIGHUP),\(SIGTERM)", "\(result.summary)")
     }

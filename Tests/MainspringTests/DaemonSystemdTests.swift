@@ -102,7 +102,7 @@ struct DaemonSystemdTests {
         let fake = try FakeNotifySocket()
         let daemon = try startExecutable("mainspring-daemon", arguments: ["--port", "0", "--loops", "2", "--status-interval", "200"],
                                          environment: ["NOTIFY_SOCKET": fake.address, "WATCHDOG_USEC": "200000"])
-        let port = try port(inBanner: daemon.readLine(timeout: .seconds(30)))
+        let port = try await port(inBanner: daemon.readLine(timeout: .seconds(30)))
         // READY=1 carries the bound port: it was sent after the socket listened.
         let ready = try #require(await fake.waitFor { $0.contains("READY=1") }, "no READY=1: \(fake.messages)")
         #expect(ready.value(of: "STATUS")?.hasPrefix("serving 127.0.0.1:\(port) on 2 loop(s): connections=0") == true, "\(ready)")
@@ -146,7 +146,7 @@ struct DaemonSystemdTests {
         #expect(sleeping != nil, "no STATUS= with the SLEEP counted: \(fake.messages.suffix(5))")
         daemon.send(SIGTERM)
         #expect(client.readLine() == "SLEPT 800")
-        let result = daemon.waitForExit(timeout: .seconds(60))
+        let result = await daemon.waitForExit(timeout: .seconds(60))
         #expect(result.status == 0 && !result.crashedBySignal, "\(result.summary)")
         let stopping = await fake.waitFor(timeout: .seconds(5)) { $0.contains("STOPPING=1") }
         #expect(stopping?.value(of: "STATUS")?.hasPrefix("SIGTERM: draining") == true, "\(fake.messages.suffix(3))")
@@ -164,10 +164,10 @@ struct DaemonSystemdTests {
         let fake = try FakeNotifySocket(abstract: true)
         let daemon = try startExecutable("mainspring-daemon", arguments: ["--port", "0", "--loops", "1"],
                                          environment: ["NOTIFY_SOCKET": fake.address])
-        _ = try port(inBanner: daemon.readLine(timeout: .seconds(30)))
+        _ = try await port(inBanner: daemon.readLine(timeout: .seconds(30)))
         #expect(await fake.waitFor { $0.contains("READY=1") } != nil, "\(fake.messages)")
         daemon.send(SIGTERM)
-        let result = daemon.waitForExit(timeout: .seconds(60))
+        let result = await daemon.waitForExit(timeout: .seconds(60))
         #expect(result.status == 0, "\(result.summary)")
         #expect(await fake.waitFor(timeout: .seconds(5)) { $0.contains("STOPPING=1") } != nil, "\(fake.messages)")
         #expect(!fake.messages.contains { $0.text == "WATCHDOG=1" }, "no WATCHDOG_USEC, no pings")
@@ -183,7 +183,7 @@ struct DaemonSystemdTests {
             let before = fake.messages.count
             let daemon = try startExecutable("mainspring-daemon", arguments: ["--port", "0", "--loops", "1", "--status-interval", "100"],
                                              environment: environment.merging(["NOTIFY_SOCKET": fake.address]) { $1 })
-            let port = try port(inBanner: daemon.readLine(timeout: .seconds(30)))
+            let port = try await port(inBanner: daemon.readLine(timeout: .seconds(30)))
             #expect(await fake.waitFor(after: before) { $0.contains("READY=1") } != nil)
             // Five status periods (500 ms): a watchdog would have pinged five times.
             _ = await fake.waitFor(after: before) { _ in fake.messages.dropFirst(before).filter { $0.text.hasPrefix("STATUS=") }.count >= 5 }
@@ -192,7 +192,7 @@ struct DaemonSystemdTests {
             client.send("ECHO still serving\n")
             #expect(client.readLine() == "still serving")
             daemon.send(SIGTERM)
-            let result = daemon.waitForExit(timeout: .seconds(60))
+            let result = await daemon.waitForExit(timeout: .seconds(60))
             #expect(result.status == 0, "\(result.summary)")
             if let warning {
                 #expect(result.stderr.contains(warning), "\(result.stderr)")
@@ -202,12 +202,12 @@ struct DaemonSystemdTests {
         }
         let daemon = try startExecutable("mainspring-daemon", arguments: ["--port", "0", "--loops", "1"],
                                          environment: ["NOTIFY_SOCKET": "relative/notify.sock", "WATCHDOG_USEC": "200000"])
-        let port = try port(inBanner: daemon.readLine(timeout: .seconds(30)))
+        let port = try await port(inBanner: daemon.readLine(timeout: .seconds(30)))
         let client = try TestClient(port: port)
         client.send("ECHO ok\n")
         #expect(client.readLine() == "ok")
         daemon.send(SIGTERM)
-        let result = daemon.waitForExit(timeout: .seconds(60))
+        let result = await daemon.waitForExit(timeout: .seconds(60))
         #expect(result.status == 0, "\(result.summary)")
         #expect(result.stderr.contains("mainspring-daemon: not notifying the service manager: NOTIFY_SOCKET='relative/notify.sock' cannot be used"),
                 "\(result.stderr)")
@@ -219,9 +219,9 @@ struct DaemonSystemdTests {
         let script = #"JOURNAL_STREAM=$(stat -L -c %d:%i /proc/self/fd/2) exec "$0" "$@""#
         let daemon = try startDaemonThroughShell(script, arguments: ["--port", "0", "--loops", "1"],
                                                  environment: ["NOTIFY_SOCKET": "@x", "WATCHDOG_USEC": "abc"])
-        _ = try port(inBanner: daemon.readLine(timeout: .seconds(30)))
+        _ = try await port(inBanner: daemon.readLine(timeout: .seconds(30)))
         daemon.send(SIGTERM)
-        let result = daemon.waitForExit(timeout: .seconds(60))
+        let result = await daemon.waitForExit(timeout: .seconds(60))
         #expect(result.status == 0, "\(result.summary)")
         let lines = result.stderr.split(separator: "\n")
         #expect(lines.contains { $0.hasPrefix("<4>mainspring-daemon: no watchdog: WATCHDOG_USEC='abc'") }, "\(result.stderr)")
@@ -230,15 +230,15 @@ struct DaemonSystemdTests {
         #expect(lines.allSatisfy { $0.hasPrefix("<") }, "every line has a priority: \(result.stderr)")
 
         let failing = try startDaemonThroughShell(script, arguments: ["--port", "0", "--socket-name", "line"])
-        let failed = failing.waitForExit(timeout: .seconds(60))
+        let failed = await failing.waitForExit(timeout: .seconds(60))
         #expect(failed.status == 78, "\(failed.summary)")
         #expect(failed.stderr.hasPrefix("<3>mainspring-daemon: --socket-name line: the service manager passed no sockets"), "\(failed.stderr)")
 
         let elsewhere = try startExecutable("mainspring-daemon", arguments: ["--port", "0", "--loops", "1"],
                                             environment: ["JOURNAL_STREAM": "1:1"])
-        _ = try port(inBanner: elsewhere.readLine(timeout: .seconds(30)))
+        _ = try await port(inBanner: elsewhere.readLine(timeout: .seconds(30)))
         elsewhere.send(SIGTERM)
-        let plain = elsewhere.waitForExit(timeout: .seconds(60))
+        let plain = await elsewhere.waitForExit(timeout: .seconds(60))
         #expect(plain.status == 0 && plain.stderr.hasPrefix("SIGTERM: draining"), "\(plain.summary)")
     }
 
@@ -255,12 +255,12 @@ struct DaemonSystemdTests {
         let client = try connect(to: port)
         client.send("ECHO activated\n")
         #expect(client.readLine() == "activated")
-        let banner = activator.readLine(timeout: .seconds(30))
+        let banner = await activator.readLine(timeout: .seconds(30))
         #expect(banner == "listening on 127.0.0.1:\(port) (socket activation: descriptor 3) with 1 loop(s)")
         let ready = await fake.waitFor { $0.contains("READY=1") }
         #expect(ready?.value(of: "STATUS")?.hasPrefix("serving 127.0.0.1:\(port)") == true, "\(fake.messages)")
         activator.send(SIGTERM)
-        let result = activator.waitForExit(timeout: .seconds(60))
+        let result = await activator.waitForExit(timeout: .seconds(60))
         #expect(result.status == 0, "\(result.summary)")
         #expect(result.stderr.contains("Execing "), "\(result.stderr)")
         #expect(await fake.waitFor(timeout: .seconds(5)) { $0.contains("STOPPING=1") } != nil)
@@ -277,7 +277,7 @@ struct DaemonSystemdTests {
             let second = ports[1]
             let client = try connect(to: second)
             if socketName == "nope" {
-                let result = activator.waitForExit(timeout: .seconds(60))
+                let result = await activator.waitForExit(timeout: .seconds(60))
                 #expect(result.status == 78, "\(result.summary)")
                 #expect(result.stderr.contains("--socket-name nope: no passed socket has that name (LISTEN_FDNAMES: 'other', 'line')"),
                         "\(result.stderr)")
@@ -286,10 +286,10 @@ struct DaemonSystemdTests {
             }
             client.send("ECHO by name\n")
             #expect(client.readLine() == "by name")
-            #expect(activator.readLine(timeout: .seconds(30))
+            #expect(await activator.readLine(timeout: .seconds(30))
                 == "listening on 127.0.0.1:\(second) (socket activation: descriptor 4 named 'line') with 1 loop(s)")
             activator.send(SIGTERM)
-            let result = activator.waitForExit(timeout: .seconds(60))
+            let result = await activator.waitForExit(timeout: .seconds(60))
             #expect(result.status == 0, "\(result.summary)")
         }
     }
@@ -311,7 +311,7 @@ struct DaemonSystemdTests {
         #expect(ready?.value(of: "STATUS") == "accepting on 127.0.0.1:\(port)", "\(fake.messages)")
         #expect(await fake.waitFor { _ in fake.messages.filter { $0.text == "WATCHDOG=1" }.count >= 3 } != nil, "\(fake.messages)")
         example.send(SIGTERM)
-        let result = example.waitForExit(timeout: .seconds(60))
+        let result = await example.waitForExit(timeout: .seconds(60))
         #expect(result.status == 0, "\(result.summary)")
         #expect(await fake.waitFor(timeout: .seconds(5)) { $0.text == "STOPPING=1" } != nil, "\(fake.messages)")
     }
@@ -320,7 +320,7 @@ struct DaemonSystemdTests {
     func notASocket() async throws {
         let daemon = try startDaemonThroughShell(#"exec 3</dev/null; LISTEN_PID=$$ LISTEN_FDS=1 exec "$0" "$@""#,
                                                  arguments: ["--loops", "1"])
-        let result = daemon.waitForExit(timeout: .seconds(60))
+        let result = await daemon.waitForExit(timeout: .seconds(60))
         #expect(result.status == 78, "\(result.summary)")
         #expect(result.stderr.contains(
             "mainspring-daemon: cannot serve on the activated descriptor 3: descriptor 3 is not a listening stream socket: it is a character device, not a socket"),
@@ -333,7 +333,7 @@ struct DaemonSystemdTests {
         // Descriptors from 3 on are closed in the child (the test closes any it might have).
         let tooMany = try startDaemonThroughShell(#"exec 3<&- 4<&-; LISTEN_PID=$$ LISTEN_FDS=999 exec "$0" "$@""#,
                                                   arguments: ["--loops", "1"])
-        let failed = tooMany.waitForExit(timeout: .seconds(60))
+        let failed = await tooMany.waitForExit(timeout: .seconds(60))
         #expect(failed.status == 78, "\(failed.summary)")
         #expect(failed.stderr.contains("mainspring-daemon: socket activation: LISTEN_FDS=999 says descriptors 3…1001 were passed, but descriptor"),
                 "\(failed.stderr)")
@@ -341,17 +341,17 @@ struct DaemonSystemdTests {
 
         let junk = try startExecutable("mainspring-daemon", arguments: ["--loops", "1"],
                                        environment: ["LISTEN_PID": "self", "LISTEN_FDS": "1"])
-        let junkResult = junk.waitForExit(timeout: .seconds(60))
+        let junkResult = await junk.waitForExit(timeout: .seconds(60))
         #expect(junkResult.status == 78 && junkResult.stderr.contains("LISTEN_PID='self' cannot be used"), "\(junkResult.summary)")
 
         let other = try startExecutable("mainspring-daemon", arguments: ["--port", "0", "--loops", "1"],
                                         environment: ["LISTEN_PID": "1", "LISTEN_FDS": "1"])
-        let port = try port(inBanner: other.readLine(timeout: .seconds(30)))
+        let port = try await port(inBanner: other.readLine(timeout: .seconds(30)))
         let client = try TestClient(port: port)
         client.send("ECHO fallback\n")
         #expect(client.readLine() == "fallback")
         other.send(SIGTERM)
-        let result = other.waitForExit(timeout: .seconds(60))
+        let result = await other.waitForExit(timeout: .seconds(60))
         #expect(result.status == 0, "\(result.summary)")
         #expect(result.stderr.contains("mainspring-daemon: socket activation: LISTEN_PID=1 names another process"), "\(result.stderr)")
     }
@@ -398,7 +398,7 @@ struct UnitFileTests {
         try unit("mainspring-daemon.socket")
             .write(to: directory.appendingPathComponent("mainspring-daemon.socket"), atomically: true, encoding: .utf8)
         let units = ["mainspring-daemon.service", "mainspring-daemon.socket"].map { directory.appendingPathComponent($0).path }
-        let verify = try startProgram(tool, arguments: ["verify", "--man=no"] + units).waitForExit(timeout: .seconds(120))
+        let verify = try await startProgram(tool, arguments: ["verify", "--man=no"] + units).waitForExit(timeout: .seconds(120))
         #expect(verify.status == 0 && verify.stderr.isEmpty && verify.stdout.isEmpty, "\(verify.summary)")
 
         // It does catch mistakes: an unknown directive is a warning.
@@ -406,10 +406,10 @@ struct UnitFileTests {
         try service.replacingOccurrences(of: executable, with: "ExecStart=\(try daemonPath()) ")
             .replacingOccurrences(of: "[Install]", with: "WatchdogSecs=5\n\n[Install]")
             .write(to: broken, atomically: true, encoding: .utf8)
-        let caught = try startProgram(tool, arguments: ["verify", "--man=no", broken.path]).waitForExit(timeout: .seconds(120))
+        let caught = try await startProgram(tool, arguments: ["verify", "--man=no", broken.path]).waitForExit(timeout: .seconds(120))
         #expect(caught.stderr.contains("Unknown key 'WatchdogSecs'"), "\(caught.summary)")
 
-        let security = try startProgram(tool, arguments: ["security", "--offline=yes", "--threshold=20", units[0]])
+        let security = try await startProgram(tool, arguments: ["security", "--offline=yes", "--threshold=20", units[0]])
             .waitForExit(timeout: .seconds(120))
         #expect(security.status == 0, "exposure over 2.0: \(security.stdout.split(separator: "\n").suffix(2))")
     }

@@ -80,7 +80,7 @@ struct DaemonTests {
         for semaphore in done { #expect(semaphore.wait(timeout: .now() + 120) == .success) }
         #expect(failures.value.isEmpty, "\(failures.value.prefix(3))")
         daemon.send(SIGTERM)
-        let result = daemon.waitForExit(timeout: .seconds(30))
+        let result = await daemon.waitForExit(timeout: .seconds(30))
         #expect(result.status == 0 && !result.crashedBySignal, "\(result.summary)")
         #expect(result.stderr.contains("requests=32000"), "\(result.stderr)")
     }
@@ -116,7 +116,7 @@ struct DaemonTests {
         let bound = ProcessInfo.processInfo.environment["MAINSPRING_SANITIZER"] == nil ? 32 << 20 : 128 << 20
         #expect(after - before < bound, "daemon RSS grew by \(after - before) bytes for \(sent) bytes unread")
         daemon.send(SIGTERM)
-        let result = daemon.waitForExit(timeout: .seconds(30))
+        let result = await daemon.waitForExit(timeout: .seconds(30))
         #expect(result.status == 0, "\(result.summary)")
     }
 
@@ -150,7 +150,7 @@ struct DaemonTests {
         clients.removeAll()
         withExtendedLifetime(warm) {}
         daemon.send(SIGTERM)
-        let result = daemon.waitForExit(timeout: .seconds(30))
+        let result = await daemon.waitForExit(timeout: .seconds(30))
         #expect(result.status == 0, "\(result.summary)")
     }
 
@@ -174,7 +174,7 @@ struct DaemonTests {
         daemon.send(SIGTERM)
         #expect(client.readLine() == "DONE 4000 \(WorkUnit.checksum(chunks: 4_000))")
         #expect(client.readLine() == nil, "the connection closes after the last reply")
-        let result = daemon.waitForExit(timeout: .seconds(60))
+        let result = await daemon.waitForExit(timeout: .seconds(60))
         #expect(result.status == 0 && !result.crashedBySignal, "\(result.summary)")
         #expect(result.stderr.contains("SIGTERM: draining"))
         #expect(result.stderr.contains("dropped 0 work item(s)"), "\(result.stderr)")
@@ -208,7 +208,7 @@ struct DaemonTests {
         #expect(client.readLine() == "BYE")
         #expect(client.readLine() == nil)
         daemon.send(SIGINT)
-        let result = daemon.waitForExit(timeout: .seconds(30))
+        let result = await daemon.waitForExit(timeout: .seconds(30))
         #expect(result.status == 0, "\(result.summary)")
         #expect(result.stderr.contains("stats: connections=1"), "\(result.stderr)")
         #expect(result.stderr.contains("SIGINT: draining"))
@@ -231,7 +231,7 @@ struct DaemonTests {
         #expect(late.readLine() == "late")
         clients.removeAll()
         daemon.send(SIGTERM)
-        let result = daemon.waitForExit(timeout: .seconds(30))
+        let result = await daemon.waitForExit(timeout: .seconds(30))
         #expect(result.status == 0, "\(result.summary)")
     }
 

@@ -63,7 +63,7 @@ struct DaemonUnixTests {
                     "\(result.stdout.prefix(300))")
         }
         daemon.send(SIGTERM)
-        let result = daemon.waitForExit(timeout: .seconds(30))
+        let result = await daemon.waitForExit(timeout: .seconds(30))
         #expect(result.status == 0 && !result.crashedBySignal, "\(result.summary)")
         #expect(!result.stdout.contains("127.0.0.1"), "a TCP listener too: \(result.stdout)")
         #expect(result.stderr.contains("connections=2 "), "\(result.stderr)")
@@ -106,7 +106,7 @@ struct DaemonUnixTests {
 
         tcp.send("QUIT\n")
         daemon.send(SIGTERM)
-        let result = daemon.waitForExit(timeout: .seconds(30))
+        let result = await daemon.waitForExit(timeout: .seconds(30))
         #expect(result.status == 0 && !result.crashedBySignal, "\(result.summary)")
         #expect(access(path, F_OK) != 0, "the line socket's file outlived the daemon")
         #expect(access(httpPath, F_OK) != 0, "the HTTP socket's file outlived the daemon")
@@ -125,14 +125,14 @@ struct DaemonUnixTests {
         #expect(alive.stdout.hasPrefix("u0\nu1\nu2\n"), "the first daemon lost its socket: \(alive.summary)")
         // Killed: its file stays behind, stale. The next daemon replaces it.
         first.send(SIGKILL)
-        _ = first.waitForExit(timeout: .seconds(30))
+        _ = await first.waitForExit(timeout: .seconds(30))
         #expect(access(path, F_OK) == 0)
         let third = try startExecutable("mainspring-daemon", arguments: ["--unix", path, "--loops", "1"])
         #expect(try readBanner(third, lines: 1) == ["listening on \(path) with 1 loop(s)"])
         let served = try await runProgram("python3", arguments: ["-c", pythonUnixClient, path, "3"])
         #expect(served.stdout.hasPrefix("u0\nu1\nu2\n"), "\(served.summary)")
         third.send(SIGTERM)
-        #expect(third.waitForExit(timeout: .seconds(30)).status == 0)
+        #expect(await third.waitForExit(timeout: .seconds(30)).status == 0)
         #expect(access(path, F_OK) != 0)
 
         // A regular file at --http-unix's path: exit 1, the file untouched, and the line

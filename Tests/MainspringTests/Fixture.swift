@@ -351,6 +351,32 @@ final class ChildProcess: @unchecked Sendable {
     }
 }
 
+/// The async forms of `ChildProcess`'s waits: each blocking wait runs on a thread of its own, so
+/// an async test that waits for a child (up to a minute) does not hold a thread of the cooperative
+/// pool — two on a 2-core machine — that the in-process tests running beside it need.
+extension ChildProcess {
+    /// `readLine(timeout:)` off the cooperative pool.
+    func readLine(timeout: Duration = .seconds(30)) async -> String? {
+        await offPool { self.readLine(timeout: timeout) }
+    }
+
+    /// `waitForStderr(timeout:_:)` off the cooperative pool.
+    func waitForStderr(timeout: Duration = .seconds(30), _ condition: @escaping @Sendable (String) -> Bool) async -> Bool {
+        await offPool { self.waitForStderr(timeout: timeout, condition) }
+    }
+
+    /// `waitForExit(timeout:)` off the cooperative pool.
+    func waitForExit(timeout: Duration = .seconds(60)) async -> FixtureResult {
+        await offPool { self.waitForExit(timeout: timeout) }
+    }
+
+    private func offPool<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
+        await withCheckedContinuation { continuation in
+            Thread { continuation.resume(returning: body()) }.start()
+        }
+    }
+}
+
 /// Starts the package executable `name` and returns at once (see `ChildProcess`). With
 /// `keepStdinOpen`, stdin is a pipe that stays open until `closeStdin()`.
 func startExecutable(_ name: String, arguments: [String] = [], stdin: String? = nil, keepStdinOpen: Bool = false,

@@ -501,7 +501,7 @@ struct HTTPTests {
     @Test("mainspring-daemon --http-port 0: prints the bound port, serves /healthz, /echo, /work and /metrics, exits 0 on SIGTERM")
     func daemonHTTPSide() async throws {
         let daemon = try startExecutable("mainspring-daemon", arguments: ["--port", "0", "--http-port", "0", "--loops", "2"])
-        _ = daemon.readLine(timeout: .seconds(30))
+        _ = await daemon.readLine(timeout: .seconds(30))
         let banner = try #require(daemon.readLine(timeout: .seconds(30)), "no HTTP banner")
         #expect(banner.hasPrefix("http listening on 127.0.0.1:"), "\(banner)")
         let port = try #require(banner.split(separator: ":").last.flatMap { UInt16($0) })
@@ -516,7 +516,7 @@ struct HTTPTests {
         let bad = try await curl(["-o", "/dev/null", "-w", "%{http_code}", "\(base)/work?n=zero"])
         #expect(bad.stdout == "400")
         daemon.send(SIGTERM)
-        let exit = daemon.waitForExit(timeout: .seconds(30))
+        let exit = await daemon.waitForExit(timeout: .seconds(30))
         #expect(exit.status == 0 && !exit.crashedBySignal, "\(exit.summary)")
     }
 }

@@ -633,7 +633,7 @@ struct KVServerTests {
     @Test("INFO mainspring shows the loops' fairness figures; /metrics and /healthz on --http-port")
     func metrics() async throws {
         let server = try KVServerProcess(["--http-port", "0", "--loops", "2"])
-        guard let banner = server.child.readLine(timeout: .seconds(30)),
+        guard let banner = await server.child.readLine(timeout: .seconds(30)),
               let httpPort = banner.split(separator: ":").last.flatMap({ UInt16($0) })
         else {
             Issue.record("no http banner")

@@ -120,7 +120,7 @@ struct MetricsRegistryTests {
         let check = try await runProgram("promtool", arguments: ["check", "metrics"], stdin: scrape.stdout)
         #expect(check.status == 0 && check.stdout.isEmpty && check.stderr.isEmpty, "\(check.summary)")
         daemon.send(SIGTERM)
-        let exit = daemon.waitForExit(timeout: .seconds(30))
+        let exit = await daemon.waitForExit(timeout: .seconds(30))
         #expect(exit.status == 0, "\(exit.summary)")
     }
 }

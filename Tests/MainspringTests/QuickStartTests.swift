@@ -53,11 +53,11 @@ struct QuickStartTests {
         // arrives while it runs.
         let daemon = try startProgram("/usr/bin/stdbuf", arguments: ["-oL", try executableURL("mainspring-echo").path, "0"])
         defer { if !daemon.hasExited { daemon.send(SIGKILL) } }
-        let banner = daemon.readLine(timeout: .seconds(30))
+        let banner = await daemon.readLine(timeout: .seconds(30))
         let prefix = "listening on port "
         guard let banner, banner.hasPrefix(prefix), let port = UInt16(banner.dropFirst(prefix.count)), port != 0 else {
             if !daemon.hasExited { daemon.send(SIGKILL) }
-            Issue.record("no 'listening on port N' line: \(daemon.waitForExit(timeout: .seconds(30)).summary)")
+            Issue.record("no 'listening on port N' line: \(await daemon.waitForExit(timeout: .seconds(30)).summary)")
             return
         }
         var clients = try (0..<3).map { _ in try TestClient(port: port) }
@@ -69,7 +69,7 @@ struct QuickStartTests {
         #expect(clients[1].readLine() == nil, "the connection closes after the client's end of input")
         clients.removeAll()
         daemon.send(SIGTERM)
-        let result = daemon.waitForExit(timeout: .seconds(30))
+        let result = await daemon.waitForExit(timeout: .seconds(30))
         #expect(result.status == 0 && !result.crashedBySignal, "\(result.summary)")
         #expect(result.stdout.hasPrefix("listening on port \(port)\n"), "\(result.summary)")
         #expect(result.stdout.contains("stopped: dropped 0 work item(s)"), "\(result.summary)")

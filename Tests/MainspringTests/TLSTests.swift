@@ -471,7 +471,7 @@ struct TLSTests {
         """
         let python = try startProgram("/usr/bin/python3", arguments: ["-c", server])
         defer { python.send(SIGKILL) }
-        let serverPort = try #require(python.readLine(timeout: .seconds(30)).flatMap { UInt16($0) }, "python printed no port")
+        let serverPort = try #require(await python.readLine(timeout: .seconds(30)).flatMap { UInt16($0) }, "python printed no port")
         let client = try TLSClientContext(configuration: .init(trustRoots: .file(certs.caCertificate)))
         do {
             let connection = try await Connection.connect(to: "127.0.0.1", port: serverPort, on: loop, tls: client)
@@ -657,7 +657,7 @@ struct TLSTests {
         """
         let python = try startProgram("/usr/bin/python3", arguments: ["-c", script, certs.serverCertificate, certs.serverKey])
         defer { python.send(SIGKILL) }
-        let port = try #require(python.readLine(timeout: .seconds(30)).flatMap { UInt16($0) }, "python printed no port")
+        let port = try #require(await python.readLine(timeout: .seconds(30)).flatMap { UInt16($0) }, "python printed no port")
         let group = try EventLoopGroup(loopCount: 1)
         let loop = group.loops[0]
         let client = try TLSClientContext(configuration: .init(trustRoots: .file(certs.caCertificate)))

@@ -728,7 +728,7 @@ extension WebSocketServerTests {
     @Test("mainspring-daemon --http-port 0 serves GET /ws/echo: text and binary echoed to the library's client")
     func daemonEcho() async throws {
         let daemon = try startExecutable("mainspring-daemon", arguments: ["--port", "0", "--http-port", "0", "--loops", "2"])
-        _ = daemon.readLine(timeout: .seconds(30))
+        _ = await daemon.readLine(timeout: .seconds(30))
         let banner = try #require(daemon.readLine(timeout: .seconds(30)), "no HTTP banner")
         let port = try #require(banner.split(separator: ":").last.flatMap { UInt16($0) }, "\(banner)")
         let group = try EventLoopGroup(loopCount: 1)
@@ -743,7 +743,7 @@ extension WebSocketServerTests {
         #expect(await socket.close() == WebSocket.CloseStatus(code: .normalClosure))
         await group.shutdown(gracePeriod: .seconds(2))
         daemon.send(SIGTERM)
-        let exit = daemon.waitForExit(timeout: .seconds(30))
+        let exit = await daemon.waitForExit(timeout: .seconds(30))
         #expect(exit.status == 0 && !exit.crashedBySignal, "\(exit.summary)")
     }
 }
