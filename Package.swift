@@ -95,7 +95,7 @@ let package = Package(
         // a library, so the benchmark, the fuzzer and the tests use the very same code.
         .target(
             name: "ExampleServices",
-            dependencies: ["Mainspring", "MainspringHTTP", "MainspringTLS", "MainspringTesting"],
+            dependencies: ["Mainspring", "MainspringHTTP", "MainspringTLS", "MainspringTesting", "KVService"],
             path: "Sources/ExampleServices"
         ),
         // The `--flag value` command line that mainspring-daemon and mainspring-kv share: a target
@@ -104,6 +104,9 @@ let package = Package(
         // The pure logic of a Redis-protocol server (RESP2 parser, reply encoder, keyspace,
         // commands, sliced slow commands): no dependencies, so the network side wires it up.
         .target(name: "KVCore", path: "Sources/KVCore"),
+        // The network side of mainspring-kv (KVCore's commands on Mainspring's loops): a library,
+        // so the tests and the reliability benchmark run the very same server on simulated loops.
+        .target(name: "KVService", dependencies: ["Mainspring", "KVCore"], path: "Sources/KVService"),
         .executableTarget(
             name: "mainspring-demo",
             dependencies: ["Mainspring", "ExampleServices"],
@@ -150,7 +153,7 @@ let package = Package(
         // holds the redis-py oracle and the redis-cli session the tests run against it).
         .executableTarget(
             name: "mainspring-kv",
-            dependencies: ["Mainspring", "MainspringHTTP", "KVCore", "ExampleCommandLine"],
+            dependencies: ["Mainspring", "MainspringHTTP", "KVService", "ExampleCommandLine"],
             path: "Examples/KV",
             exclude: ["tests"]
         ),
@@ -183,7 +186,7 @@ let package = Package(
         .testTarget(
             name: "MainspringTests",
             dependencies: ["Mainspring", "MainspringHTTP", "MainspringTLS", "MainspringFuzzing", "ExampleServices",
-                           "CMainspringSystem", "KVCore", "MainspringTesting"],
+                           "CMainspringSystem", "KVCore", "KVService", "MainspringTesting"],
             path: "Tests/MainspringTests",
             swiftSettings: experimentalMainExecutor
         ),

@@ -3,30 +3,38 @@ import Foundation
 import Mainspring
 import Synchronization
 
-/// simulation-faults: reliability, measured. The line service (`ExampleServices.FaultSoak`) on
-/// the simulation's network under a random fault schedule — resets of single streams (20 a
+/// simulation-faults: reliability, measured. The line service and the KV server (mainspring-kv's
+/// `KVServer`; `ExampleServices.FaultSoak`), each on the simulation's network under a random
+/// fault schedule — resets of single streams (20 a
 /// minute) and partitions between the client and server hosts (4 a minute, ~3 s each) — with
 /// 200 clients for one simulated minute per seed, latency and segment size chosen by the seed;
 /// checked end to end by the oracle (every reply the right one, in order, exactly once; a
 /// request without a reply only on a reset connection; every stream closed at the end).
 ///
-/// `--seeds N` (default 100) seeds, 0 to N-1; `--runs` is ignored (each seed is one run). A
-/// failure prints the seed that replays it (`FaultSoak.runLineService(seed:)`). Not a timing
-/// benchmark: `virtual_per_real` says how much faster than real time the simulation ran.
+/// `--seeds N` (default 100) seeds, 0 to N-1, each run against both services; `--runs` is
+/// ignored (each seed is one run). The record's counts are the two services' totals, with each
+/// service's own requests, faults and misses beside them (`line_*`, `kv_*`). A failure prints the
+/// service and the seed that replays it (`FaultSoak.run(_:seed:)`). Not a timing benchmark:
+/// `virtual_per_real` says how much faster than real time the simulation ran.
 let simulationFaultsScenario = Scenario(
     name: "simulation-faults",
-    summary: "line service, 200 clients, random resets and partitions for a simulated minute per seed (--seeds N): lost/duplicated/reordered replies"
+    summary: "line service and KV server, 200 clients each, random resets and partitions for a simulated minute per seed (--seeds N): lost/duplicated/reordered replies"
 ) { _ in
     let seeds = simulationFaultSeeds.withLock { $0 }
     var total = FaultSoak.Result()
+    var byService: [FaultSoak.Service: FaultSoak.Result] = [:]
     let started = ContinuousClock.now
     var crashes = 0
     for seed in 0..<UInt64(seeds) {
-        do {
-            total.add(try FaultSoak.runLineService(seed: seed, clients: 200, duration: .seconds(60)))
-        } catch {
-            crashes += 1
-            FileHandle.standardError.write(Data("simulation-faults: seed \(seed) could not run: \(error)\n".utf8))
+        for service in FaultSoak.Service.allCases {
+            do {
+                let result = try FaultSoak.run(service, seed: seed, clients: 200, duration: .seconds(60))
+                total.add(result)
+                byService[service, default: FaultSoak.Result()].add(result)
+            } catch {
+                crashes += 1
+                FileHandle.standardError.write(Data("simulation-faults: \(service.rawValue), seed \(seed) could not run: \(error)\n".utf8))
+            }
         }
         if (seed + 1) % 100 == 0 {
             FileHandle.standardError.write(Data("simulation-faults: \(seed + 1) of \(seeds) seeds\n".utf8))
@@ -36,9 +44,20 @@ let simulationFaultsScenario = Scenario(
     for failure in total.failures {
         FileHandle.standardError.write(Data("simulation-faults: \(failure)\n".utf8))
     }
+    var perService: [(String, Double)] = []
+    for (service, prefix) in [(FaultSoak.Service.lineService, "line"), (.kv, "kv")] {
+        let result = byService[service] ?? FaultSoak.Result()
+        perService += [
+            ("\(prefix)_requests", Double(result.requests)),
+            ("\(prefix)_faults", Double(result.faults.values.reduce(0, +))),
+            ("\(prefix)_cut_by_reset", Double(result.cutByReset)),
+            ("\(prefix)_missed", Double(result.lost + result.duplicated + result.reordered)),
+            ("\(prefix)_leaked_sources", Double(result.leakedSources)),
+        ]
+    }
     var samples = Samples()
     samples.add("mainspring", [
-        ("seeds", Double(total.seeds)),
+        ("seeds", Double(seeds)),  // each run against both services
         ("faults", Double(total.faults.values.reduce(0, +))),
         ("resets", Double(total.faults["reset"] ?? 0)),
         ("partitions", Double(total.faults["partition"] ?? 0)),
@@ -53,7 +72,7 @@ let simulationFaultsScenario = Scenario(
         ("virtual_s", total.virtualSeconds),
         ("real_s", real),
         ("virtual_per_real", total.virtualSeconds / max(real, 1e-9)),
-    ])
+    ] + perService)
     return samples.records(scenario: "simulation-faults")
 }
 

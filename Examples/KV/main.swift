@@ -1,12 +1,13 @@
 import ExampleCommandLine
 import Foundation
-import KVCore
+import KVService
 import Mainspring
 import MainspringHTTP
 
 // mainspring-kv: a Redis-protocol (RESP2 and inline) server on Mainspring, its commands run by
-// KVCore. Server.swift holds the keyspace's side (the core, the feeders for slow commands,
-// freeing and expiry, INFO), Client.swift a connection's side.
+// KVCore. The server itself is the KVService library (Sources/KVService): KVServer.swift holds
+// the keyspace's side (the core, the feeders for slow commands, freeing and expiry, INFO),
+// KVClient.swift a connection's side; this file is the command line around it.
 //
 // Callbacks, not async: each connection is read with `readBytes` into KVCore's incremental
 // parser, and a batch's replies go out with one `write`. Measured with redis-benchmark (-c 50,
@@ -49,7 +50,7 @@ func fail(_ message: String) -> Never {
     exit(2)
 }
 
-var options = ServerOptions()
+var options = KVServerOptions()
 options.port = 6379
 var httpPort: UInt16?
 forEachFlag(in: Array(CommandLine.arguments.dropFirst()), help: { print(usage) }, fail: fail) { flag in

@@ -1,20 +1,31 @@
 import Foundation
+import KVService
 @_spi(Simulation) import Mainspring
 import MainspringTesting
 
-/// The line service under a random fault schedule on the simulation's network, checked end to
-/// end by an oracle: what `mainspring-bench simulation-faults` runs over many seeds, and the
-/// tests over a few.
+/// The line service and the Redis-protocol server (`mainspring-kv`'s `KVServer`) under a random
+/// fault schedule on the simulation's network, checked end to end by an oracle: what
+/// `mainspring-bench simulation-faults` runs over many seeds, and the tests over a few.
 ///
 /// One seed: a simulation whose latency and segment size the seed chooses; the service on a
-/// host of two loops; `clients` clients on another host, each sending `ECHO` requests one at a
-/// time with a think time between them, reconnecting after a reset; resets of single streams
-/// and partitions between the two hosts injected at random for `duration`; then every client
-/// finishes its last request and closes, the service shuts down. The oracle: every reply a
-/// client receives is the one its outstanding request expects, exactly once and in order; a
-/// request left without a reply was on a connection that failed (a reset); every stream is
-/// closed at the end.
+/// host of two loops; `clients` clients on another host, each sending requests one at a time
+/// with a think time between them, reconnecting after a reset; resets of single streams and
+/// partitions between the two hosts injected at random for `duration`; then every client
+/// finishes its last request and closes, the service shuts down. A request is `ECHO <tag>` to
+/// the line service; to the KV server, `SET c<client> <tag>` and `GET c<client>` as RESP arrays
+/// in one write (replies `+OK`, then the bulk string `<tag>`: the keyspace answers with what
+/// this client's request stored). The oracle: every reply a client receives is the one its
+/// outstanding request expects, exactly once and in order; a request left without a reply was
+/// on a connection that failed (a reset); every stream is closed at the end.
 public enum FaultSoak {
+    /// The service a soak runs against.
+    public enum Service: String, Sendable, CaseIterable {
+        /// The line service (`LineService`), `ECHO` requests.
+        case lineService = "line service"
+        /// The Redis-protocol server (`KVServer`), `SET` and `GET` in RESP.
+        case kv = "kv"
+    }
+
     /// What one or more seeds found.
     public struct Result: Sendable {
         public var seeds = 0
@@ -54,8 +65,18 @@ public enum FaultSoak {
         }
     }
 
-    /// Runs one seed (see the type's description).
+    /// Runs one seed against the line service (see the type's description).
     public static func runLineService(seed: UInt64, clients: Int = 200, duration: Duration = .seconds(60)) throws -> Result {
+        try run(.lineService, seed: seed, clients: clients, duration: duration)
+    }
+
+    /// Runs one seed against the KV server (see the type's description).
+    public static func runKVService(seed: UInt64, clients: Int = 200, duration: Duration = .seconds(60)) throws -> Result {
+        try run(.kv, seed: seed, clients: clients, duration: duration)
+    }
+
+    /// Runs one seed against `service` (see the type's description).
+    public static func run(_ service: Service, seed: UInt64, clients: Int = 200, duration: Duration = .seconds(60)) throws -> Result {
         let simulation = try Simulation(seed: seed)
         simulation.isTracing = false
         var choices = Choices(seed: seed)
@@ -64,16 +85,27 @@ public enum FaultSoak {
         network.maxSegmentSize = choices.next(4) == 0 ? nil : 1 + choices.next(64)
         let serverHost = "10.0.0.1"
         let server = try simulation.makeGroup(loopCount: 2, host: serverHost)
-        let service = try LineService(group: server, host: "0.0.0.0", port: 7000, options: .init(idleTimeout: nil))
+        let shutdown: () -> Void
+        switch service {
+        case .lineService:
+            let lines = try LineService(group: server, host: "0.0.0.0", port: 7000, options: .init(idleTimeout: nil))
+            shutdown = { _ = lines.shutdown(gracePeriod: .seconds(5)) }
+        case .kv:
+            var options = KVServerOptions()
+            options.host = "0.0.0.0"
+            options.port = 7000
+            let kv = try KVServer(group: server, options: options)
+            shutdown = { kv.close() }
+        }
         network.injectFaults(resetsPerMinute: 20, partitionsPerMinute: 4, partitionDuration: .seconds(3),
                              between: ["127.0.0.1", serverHost], for: duration)
         let end = simulation.now + duration
         var result = Result()
         result.seeds = 1
-        let oracle = Oracle(seed: seed)
+        let oracle = Oracle(seed: seed, service: service)
         var drivers: [ClientDriver] = []
         for index in 0..<clients {
-            let driver = ClientDriver(index: index, loop: simulation.loop, host: serverHost, oracle: oracle,
+            let driver = ClientDriver(index: index, service: service, loop: simulation.loop, host: serverHost, oracle: oracle,
                                       simulation: simulation, stopAt: end, seed: seed &+ UInt64(index) &* 7919)
             drivers.append(driver)
             simulation.loop.execute { driver.start() }
@@ -83,7 +115,7 @@ public enum FaultSoak {
         simulation.advance(by: .seconds(30))
         for driver in drivers { driver.finish() }
         simulation.advance(by: .seconds(5))
-        _ = service.shutdown(gracePeriod: .seconds(5))
+        shutdown()
         simulation.advance(by: .seconds(5))
         result.faults = network.faults
         result.requests = oracle.requests
@@ -110,6 +142,7 @@ public enum FaultSoak {
     /// Counts what the clients saw. Used on the simulation's thread only.
     final class Oracle: @unchecked Sendable {
         let seed: UInt64
+        let service: Service
         var requests = 0
         var replies = 0
         var lost = 0
@@ -118,17 +151,21 @@ public enum FaultSoak {
         var cutByReset = 0
         var failures: [String] = []
 
-        init(seed: UInt64) { self.seed = seed }
+        init(seed: UInt64, service: Service) {
+            self.seed = seed
+            self.service = service
+        }
 
         func fail(_ what: String) {
-            if failures.count < 20 { failures.append("seed \(seed): \(what)") }
+            if failures.count < 20 { failures.append("\(service.rawValue), seed \(seed): \(what)") }
         }
     }
 
-    /// One client: connects, sends `ECHO c<index>-<n>` and waits for its reply, thinks, sends
-    /// the next; after a reset it reconnects and goes on with the next number.
+    /// One client: connects, sends its request for tag `c<index>-<n>` and waits for its reply,
+    /// thinks, sends the next; after a reset it reconnects and goes on with the next number.
     final class ClientDriver: @unchecked Sendable {
         let index: Int
+        let service: Service
         let loop: EventLoop
         let host: String
         let oracle: Oracle
@@ -137,14 +174,19 @@ public enum FaultSoak {
         private var choices: Choices
         private var connection: Connection?
         private var next = 0
-        /// The reply the outstanding request expects.
+        /// The tag of the outstanding request.
         private(set) var outstanding: String?
+        /// The reply lines the outstanding request still expects, in order.
+        private var expectedLines: ArraySlice<String> = []
         private var answered: Set<String> = []
         private var stopped = false
         private var sentAt = Duration.zero
 
-        init(index: Int, loop: EventLoop, host: String, oracle: Oracle, simulation: Simulation, stopAt: Duration, seed: UInt64) {
+        init(index: Int, service: Service, loop: EventLoop, host: String, oracle: Oracle, simulation: Simulation,
+             stopAt: Duration, seed: UInt64)
+        {
             self.index = index
+            self.service = service
             self.loop = loop
             self.host = host
             self.oracle = oracle
@@ -189,11 +231,23 @@ public enum FaultSoak {
             outstanding = tag
             sentAt = simulation.now
             oracle.requests += 1
-            connection.writeLine("ECHO \(tag)")
+            switch service {
+            case .lineService:
+                expectedLines = [tag]
+                connection.writeLine("ECHO \(tag)")
+            case .kv:
+                expectedLines = ["+OK", "$\(tag.utf8.count)", tag]
+                connection.write(Self.resp(["SET", "c\(index)", tag]) + Self.resp(["GET", "c\(index)"]))
+            }
+        }
+
+        /// A command as a RESP array of bulk strings.
+        static func resp(_ arguments: [String]) -> String {
+            arguments.reduce("*\(arguments.count)\r\n") { $0 + "$\($1.utf8.count)\r\n\($1)\r\n" }
         }
 
         private func received(_ text: String) {
-            guard let expected = outstanding else {
+            guard let expected = expectedLines.first else {
                 oracle.duplicated += 1
                 oracle.fail("client \(index): reply \(text) with no request outstanding")
                 return
@@ -208,6 +262,8 @@ public enum FaultSoak {
                 }
                 return
             }
+            expectedLines.removeFirst()
+            guard expectedLines.isEmpty else { return }  // more lines of this reply to come
             oracle.replies += 1
             answered.insert(text)
             outstanding = nil
@@ -219,6 +275,7 @@ public enum FaultSoak {
             connection = nil
             if let tag = outstanding {
                 outstanding = nil
+                expectedLines = []
                 switch reason {
                 case .error(ECONNRESET): oracle.cutByReset += 1
                 case .connectFailed: oracle.cutByReset += 1  // never sent: refused or reset while connecting
@@ -238,6 +295,7 @@ public enum FaultSoak {
             connection = nil
             if let tag = outstanding {
                 outstanding = nil
+                expectedLines = []
                 oracle.lost += 1
                 let state = open.map { "open \($0.isOpen), \($0.bufferedOutputBytes) bytes unsent, since \(sentAt)" } ?? "none"
                 oracle.fail("client \(index): \(tag) never answered (connection: \(state))")

@@ -3,30 +3,38 @@ import KVCore
 import Mainspring
 import Synchronization
 
-/// The server's settings (the command line's flags).
-struct ServerOptions: Sendable {
+/// The server's settings (`mainspring-kv`'s command-line flags).
+public struct KVServerOptions: Sendable {
     /// The address to listen on.
-    var host = "127.0.0.1"
+    public var host = "127.0.0.1"
     /// The port (0: any free port).
-    var port: UInt16 = 0
-    /// Event loops (threads). The keyspace belongs to loop 0; see `KVServer`.
-    var loops = 1
+    public var port: UInt16 = 0
+    /// Event loops (threads) for `mainspring-kv`'s group. The keyspace belongs to loop 0; see
+    /// `KVServer`.
+    public var loops = 1
     /// The hard limit on a client's buffered output, in bytes, used while `CONFIG`'s
     /// `client-output-buffer-limit normal` hard limit is 0 (its default); 0: no limit.
-    var clientOutputLimit = 64 << 20
+    public var clientOutputLimit = 64 << 20
     /// `maxclients` at start (`CONFIG SET maxclients` changes it).
-    var maxClients = 10_000
+    public var maxClients = 10_000
     /// Units of work (keys scanned, elements encoded or freed) per slice of a slow command.
-    var sliceUnits = 4_096
+    public var sliceUnits = 4_096
+
+    public init() {}
 }
 
-/// The server's counters, bumped from every loop.
-final class ServerCounters: Sendable {
-    let connected = Atomic<Int>(0)
-    let accepted = Atomic<Int>(0)
-    let rejected = Atomic<Int>(0)
-    let outputLimitDisconnections = Atomic<Int>(0)
-    let slicedCommands = Atomic<Int>(0)
+/// The server's counters, bumped from every loop; read them from any thread.
+public final class ServerCounters: Sendable {
+    /// Clients connected now.
+    public let connected = Atomic<Int>(0)
+    /// Connections accepted so far (refused ones included).
+    public let accepted = Atomic<Int>(0)
+    /// Connections refused over `maxclients`.
+    public let rejected = Atomic<Int>(0)
+    /// Clients closed for their output buffer limit.
+    public let outputLimitDisconnections = Atomic<Int>(0)
+    /// Slow commands whose replies were fed a slice at a time.
+    public let slicedCommands = Atomic<Int>(0)
     /// `maxclients` as the core's configuration has it (published by the keyspace's loop).
     let maxClients = Atomic<Int>(10_000)
     /// The hard output limit in force (`CONFIG`'s, or `--client-output-limit`); 0: none.
@@ -46,25 +54,36 @@ struct LoopOwned<Value>: @unchecked Sendable {
 
 /// A Redis-protocol server: a `Listener` on the group's loops, one `Client` per connection on
 /// the loop the connection lives on, and one `Store` (the `KVCore` and its feeders) on loop 0.
+/// What `mainspring-kv` runs; a library so that tests run the very same server on simulated
+/// loops (`MainspringTesting`) as well as on real ones.
 ///
 /// A client on loop 0 runs its commands in place: parse what arrived, execute each command,
 /// append the replies to one buffer, one `write` per batch. A client on another loop parses
 /// there and posts the batch to loop 0, which executes it and posts the replies back (one batch
 /// in flight per client, so replies stay in order).
-final class KVServer: Sendable {
-    let group: EventLoopGroup
-    let counters: ServerCounters
-    let port: UInt16
+public final class KVServer: Sendable {
+    /// The loops it serves on (the keyspace on loop 0).
+    public let group: EventLoopGroup
+    /// Its counters (any thread).
+    public let counters: ServerCounters
+    /// The port it listens on (the one chosen when `options.port` was 0).
+    public let port: UInt16
     private let listener: LoopOwned<Listener>
     private let store: LoopOwned<Store>
+    /// Every loop's open clients, each touched on its own loop only.
+    private let registries: [LoopOwned<ClientRegistry>]
 
-    /// Binds and starts serving. Call from outside the group's loops (it waits for loop 0).
-    init(group: EventLoopGroup, options: ServerOptions) throws {
+    /// Binds and starts serving. From outside the group's loops it waits for loop 0 to set up the
+    /// keyspace and the listener; on loop 0's thread (a simulated group's driving thread) it
+    /// does that in place.
+    public init(group: EventLoopGroup, options: KVServerOptions) throws {
         self.group = group
         let counters = ServerCounters()
         counters.maxClients.store(options.maxClients, ordering: .relaxed)
         counters.outputHardLimit.store(options.clientOutputLimit, ordering: .relaxed)
         self.counters = counters
+        let registries = group.loops.map { LoopOwned(ClientRegistry(loop: $0)) }
+        self.registries = registries
         let storeLoop = group.loops[0]
         // The connection's own output limit: reading pauses above it, and a sliced reply waits
         // for the client to drain below half of it (see `Store.runSliced`).
@@ -78,7 +97,8 @@ final class KVServer: Sendable {
             // out in two writes do not wait for the client's delayed ACK).
             let listener = try Listener(host: options.host, port: options.port, on: storeLoop, group: group,
                                         options: connectionOptions) { connection in
-                Client.accept(connection, store: shared.value, counters: counters)
+                guard let registry = registries.first(where: { $0.value.loop === connection.loop }) else { return }
+                Client.accept(connection, store: shared.value, counters: counters, registry: registry.value)
             }
             store.port = Int(listener.port)
             return (store, listener)
@@ -87,10 +107,34 @@ final class KVServer: Sendable {
         listener = LoopOwned(made.1)
         port = made.1.port
     }
+
+    /// Stops serving: closes the listener and every client's connection (what they had
+    /// buffered goes out for at most their close timeout, 2 s), each on its own loop. Any
+    /// thread; returns at once. Idempotent.
+    public func close() {
+        listener.value.close()
+        for registry in registries {
+            registry.value.loop.execute { registry.value.closeAll() }
+        }
+    }
 }
 
-/// Runs `body` on `loop` and waits for its result (from another thread).
+/// The clients open on one loop (that loop's thread only), for `KVServer.close`.
+final class ClientRegistry {
+    let loop: EventLoop
+    private var clients: [ObjectIdentifier: Client] = [:]
+    init(loop: EventLoop) { self.loop = loop }
+    func add(_ client: Client) { clients[ObjectIdentifier(client)] = client }
+    func remove(_ client: Client) { clients[ObjectIdentifier(client)] = nil }
+    func closeAll() {
+        for client in clients.values { client.connection.close() }
+    }
+}
+
+/// Runs `body` on `loop` and waits for its result (from another thread; on the loop's own
+/// thread it runs `body` in place).
 func runAndWait<T>(on loop: EventLoop, _ body: @escaping () throws -> T) throws -> T {
+    if loop.isCurrent { return try body() }
     let result = Mutex<Result<LoopOwned<T>, any Error>?>(nil)
     let done = DispatchSemaphore(value: 0)
     let work = LoopOwned(body)
@@ -111,7 +155,7 @@ final class Store {
     let loop: EventLoop
     let group: EventLoopGroup
     let core: KVCore
-    let options: ServerOptions
+    let options: KVServerOptions
     let counters: ServerCounters
     /// Slow commands' replies, a slice per chunk.
     let replies: Feeder
@@ -129,7 +173,7 @@ final class Store {
     var clients: [Int64: Client] = [:]
     let startTime = Date()
 
-    init(loop: EventLoop, group: EventLoopGroup, options: ServerOptions, counters: ServerCounters) {
+    init(loop: EventLoop, group: EventLoopGroup, options: KVServerOptions, counters: ServerCounters) {
         self.loop = loop
         self.group = group
         self.options = options

@@ -48,7 +48,7 @@ final class Client {
     var isOpen: Bool { connection.isOpen }
 
     /// A new connection, on its loop: refused over `maxclients`, else served.
-    static func accept(_ connection: Connection, store: Store, counters: ServerCounters) {
+    static func accept(_ connection: Connection, store: Store, counters: ServerCounters, registry: ClientRegistry) {
         counters.accepted.add(1, ordering: .relaxed)
         let connected = counters.connected.add(1, ordering: .relaxed).newValue
         if connected > counters.maxClients.load(ordering: .relaxed) {
@@ -62,7 +62,11 @@ final class Client {
         limits.maxBulkLength = counters.protoMaxBulkLength.load(ordering: .relaxed)
         let client = Client(connection: connection, store: store, counters: counters, limits: limits)
         if client.isLocal { store.register(client) }
-        connection.onClose { _ in client.closed() }
+        registry.add(client)
+        connection.onClose { _ in
+            registry.remove(client)
+            client.closed()
+        }
         connection.readBytes { input in client.receive(input) }
     }
 
@@ -186,7 +190,7 @@ final class Client {
             softLimitSince = nil
             return
         }
-        let now = DispatchTime.now().uptimeNanoseconds
+        let now = loop.clock.now.nanoseconds  // the loop's clock: virtual on a simulated loop
         if let since = softLimitSince {
             let seconds = UInt64(counters.outputSoftSeconds.load(ordering: .relaxed))
             if now - since >= seconds * 1_000_000_000 && !isBusy { disconnectForOutputLimit() }
