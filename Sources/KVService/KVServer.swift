@@ -109,10 +109,14 @@ public final class KVServer: Sendable {
     }
 
     /// Stops serving: closes the listener and every client's connection (what they had
-    /// buffered goes out for at most their close timeout, 2 s), each on its own loop. Any
+    /// buffered goes out for at most their close timeout, 2 s), each on its own loop, and stops
+    /// the server's timers (the keyspace stays in memory until the server is released). Any
     /// thread; returns at once. Idempotent.
     public func close() {
         listener.value.close()
+        let store = self.store
+        store.value.isStopped.store(true, ordering: .relaxed)
+        store.value.loop.execute { store.value.stopTimers() }
         for registry in registries {
             registry.value.loop.execute { registry.value.closeAll() }
         }
@@ -169,6 +173,8 @@ final class Store {
     /// The latest metrics of every loop (loop 0's is read live), for `INFO mainspring`.
     let loopMetrics: MetricsBoard
     private var timers: [TimerHandle] = []
+    /// Set by `KVServer.close()`: the other loops' metrics timers cancel themselves (any thread).
+    let isStopped = Atomic<Bool>(false)
     /// Every client's session record, for `CLIENT LIST`.
     var clients: [Int64: Client] = [:]
     let startTime = Date()
@@ -192,12 +198,19 @@ final class Store {
         let shared = LoopOwned(self)
         for (index, other) in group.loops.enumerated() where index > 0 {
             other.execute {
-                _ = other.schedule(every: .milliseconds(100)) { _ in
+                _ = other.schedule(every: .milliseconds(100)) { timer in
+                    guard !shared.value.isStopped.load(ordering: .relaxed) else { return timer.cancel() }
                     let metrics = other.metrics
                     shared.value.loopMetrics.withLock { $0[index] = metrics }
                 }
             }
         }
+    }
+
+    /// Stops the 100 ms timer (`KVServer.close()`).
+    func stopTimers() {
+        for timer in timers { timer.cancel() }
+        timers = []
     }
 
     // MARK: After commands

@@ -146,7 +146,7 @@ struct ChatTests {
         #expect(dropped > 0, "the client that never reads had messages dropped: \(flood.stats)")
         #expect(dropped < count, "only the slow client's messages: \(flood.stats)")
         chat.send(SIGTERM)
-        let result = try await onPlainThread { chat.waitForExit(timeout: .seconds(30)) }
+        let result = await onPlainThread { chat.waitForExit(timeout: .seconds(30)) }
         #expect(result.status == 0, "\(result.summary)")
     }
 
@@ -160,7 +160,7 @@ struct ChatTests {
         #expect(flood.received == [count])
         #expect(flood.stats.contains("disconnected=1") && flood.stats.contains("members=2"), "\(flood.stats)")
         chat.send(SIGTERM)
-        let result = try await onPlainThread { chat.waitForExit(timeout: .seconds(30)) }
+        let result = await onPlainThread { chat.waitForExit(timeout: .seconds(30)) }
         #expect(result.status == 0, "\(result.summary)")
     }
 }

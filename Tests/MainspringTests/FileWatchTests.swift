@@ -300,7 +300,7 @@ struct FileWatchTests {
             }
         }
         let total = 5_000
-        try await onPlainThread {
+        await onPlainThread {
             for index in 0..<total { createFile(directory + "/f\(index)") }
             createFile(marker)
         }

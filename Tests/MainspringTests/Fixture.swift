@@ -357,23 +357,17 @@ final class ChildProcess: @unchecked Sendable {
 extension ChildProcess {
     /// `readLine(timeout:)` off the cooperative pool.
     func readLine(timeout: Duration = .seconds(30)) async -> String? {
-        await offPool { self.readLine(timeout: timeout) }
+        await onPlainThread { self.readLine(timeout: timeout) }
     }
 
     /// `waitForStderr(timeout:_:)` off the cooperative pool.
     func waitForStderr(timeout: Duration = .seconds(30), _ condition: @escaping @Sendable (String) -> Bool) async -> Bool {
-        await offPool { self.waitForStderr(timeout: timeout, condition) }
+        await onPlainThread { self.waitForStderr(timeout: timeout, condition) }
     }
 
     /// `waitForExit(timeout:)` off the cooperative pool.
     func waitForExit(timeout: Duration = .seconds(60)) async -> FixtureResult {
-        await offPool { self.waitForExit(timeout: timeout) }
-    }
-
-    private func offPool<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
-        await withCheckedContinuation { continuation in
-            Thread { continuation.resume(returning: body()) }.start()
-        }
+        await onPlainThread { self.waitForExit(timeout: timeout) }
     }
 }
 

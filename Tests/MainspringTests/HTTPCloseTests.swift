@@ -39,7 +39,7 @@ struct HTTPCloseTests {
             // One loop busy in a long callback while the server closes.
             group.loops[round % 2].execute { busy(.milliseconds(30)) }
             await server.close()
-            let (fresh, kept) = try await onPlainThread { () -> (String?, String?) in
+            let (fresh, kept) = await onPlainThread { () -> (String?, String?) in
                 let fresh = exchange(port: port, "GET /id HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
                 idle.send("GET /id HTTP/1.1\r\nHost: t\r\n\r\n")
                 return (fresh, idle.readToEnd())
@@ -69,7 +69,7 @@ struct HTTPCloseTests {
         // A request in flight when the close begins keeps the connection open until answered;
         // meanwhile a second request on it arrives late.
         await server.close()
-        let reply = try await onPlainThread { () -> String in
+        let reply = await onPlainThread { () -> String in
             idle.send("GET /hello HTTP/1.1\r\nHost: t\r\n\r\n")
             return idle.readToEnd()
         }
@@ -84,7 +84,7 @@ struct HTTPCloseTests {
         routes.get("/hello") { _ in .text("hello\n") }
         let server = try await HTTPServer(group: group, routes: routes)
         let port = server.port
-        let (missing, twice, old, fine, lower) = try await onPlainThread {
+        let (missing, twice, old, fine, lower) = await onPlainThread {
             (exchange(port: port, "GET /hello HTTP/1.1\r\nAccept: */*\r\n\r\n") ?? "",
              exchange(port: port, "GET /hello HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n") ?? "",
              exchange(port: port, "GET /hello HTTP/1.0\r\n\r\n") ?? "",
@@ -107,7 +107,7 @@ struct HTTPCloseTests {
         let group = try EventLoopGroup(loopCount: 1)
         let server = try await HTTPServer(group: group, configuration: .init(maxBodyBytes: 16), routes: HTTPRoutes())
         let port = server.port
-        let replies = try await onPlainThread {
+        let replies = await onPlainThread {
             [exchange(port: port, "GARBAGE\r\n\r\n") ?? "",
              exchange(port: port, "GET / HTTP/2.5\r\nHost: x\r\n\r\n") ?? "",
              exchange(port: port, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n" + String(repeating: "b", count: 100)) ?? "",

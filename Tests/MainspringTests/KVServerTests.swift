@@ -325,7 +325,7 @@ struct KVServerTests {
             let run = try startProgram(venvPython, arguments: [
                 "-m", "pytest", "-q", "-p", "no:cacheprovider", kvTests.appendingPathComponent("test_commands.py").path,
             ], environment: ["KV_PORT": "\(port)"])
-            let result = try await onPlainThread { run.waitForExit(timeout: .seconds(300)) }
+            let result = await onPlainThread { run.waitForExit(timeout: .seconds(300)) }
             #expect(result.status == 0 && !result.crashedBySignal, "pytest against \(name): \(result.stdout.suffix(3_000))")
             #expect(result.stdout.contains(" passed"), "pytest against \(name) ran no test: \(result.stdout)")
             #expect(!result.stdout.contains("failed"), "\(name): \(result.stdout.suffix(3_000))")
@@ -340,7 +340,7 @@ struct KVServerTests {
         let run = try startProgram(venvPython, arguments: [
             "-m", "pytest", "-q", "-p", "no:cacheprovider", kvTests.appendingPathComponent("test_commands.py").path,
         ], environment: ["KV_PORT": "\(server.port)"])
-        let result = try await onPlainThread { run.waitForExit(timeout: .seconds(300)) }
+        let result = await onPlainThread { run.waitForExit(timeout: .seconds(300)) }
         #expect(result.status == 0, "pytest against mainspring-kv --loops 2: \(result.stdout.suffix(3_000))")
         #expect(result.stdout.contains(" passed"))
         #expect(server.stop().status == 0)
@@ -370,7 +370,7 @@ struct KVServerTests {
         let run = try startProgram(tool("redis-benchmark")!, arguments: [
             "-p", "\(server.port)", "-q", "-n", "\(requests)", "-c", "50", "-P", "16", "-t", tests,
         ])
-        let result = try await onPlainThread { run.waitForExit(timeout: .seconds(600)) }
+        let result = await onPlainThread { run.waitForExit(timeout: .seconds(600)) }
         #expect(result.status == 0, "\(result.summary)")
         // One "NAME: N requests per second" line per test (\r-separated progress before it).
         // (redis-benchmark adds an "LPUSH (needed to benchmark LRANGE)" run of its own.)
@@ -380,7 +380,7 @@ struct KVServerTests {
         #expect(!result.stdout.contains("ERR") && !result.stderr.contains("ERR") && !result.stderr.contains("rror"),
                 "\(result.stdout) \(result.stderr)")
         let client = try RESPClient(port: server.port)
-        let processed = Int(try await onPlainThread { infoField(client, "stats", "total_commands_processed") } ?? "") ?? 0
+        let processed = Int(await onPlainThread { infoField(client, "stats", "total_commands_processed") } ?? "") ?? 0
         #expect(processed >= requests * 14)
         let stopped = server.stop()
         // Under AddressSanitizer the server once exited 1 here (a sanitizer report at exit, not
@@ -668,7 +668,7 @@ struct KVServerTests {
     func sigint() async throws {
         let server = try KVServerProcess()
         server.child.send(SIGINT)
-        let result = try await onPlainThread { server.child.waitForExit(timeout: .seconds(30)) }
+        let result = await onPlainThread { server.child.waitForExit(timeout: .seconds(30)) }
         #expect(result.status == 0 && !result.crashedBySignal, "\(result.summary)")
     }
 }

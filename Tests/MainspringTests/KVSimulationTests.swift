@@ -52,6 +52,10 @@ import Testing
         server.close()
         simulation.advance(by: .seconds(3))
         #expect(simulation.network.openStreamEnds == 0, "no stream leaked")
+        let dispatched = simulation.trace.count
+        simulation.advance(by: .seconds(10))
+        #expect(simulation.trace.count == dispatched,
+                "nothing runs once the server is closed (its timers on both loops stopped): \(simulation.trace.suffix(3))")
     }
 
     /// A reset while a sliced reply (`KEYS *` over 20,000 keys, held back by a 4 KiB window) is

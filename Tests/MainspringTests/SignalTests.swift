@@ -283,7 +283,7 @@ struct SignalTests {
             }
         }
         for done in threads {
-            let finished = try await onPlainThread { done.wait(timeout: .now() + 60) == .success }
+            let finished = await onPlainThread { done.wait(timeout: .now() + 60) == .success }
             #expect(finished, "a loop thread hung in onSignal or cancel()")
         }
         #expect(missed.value.isEmpty, "signals lost after cancel() (signal: count): \(missed.value)")
@@ -329,7 +329,7 @@ struct SignalTests {
                 }
                 firstDone.signal()
             }
-            let finished = try await onPlainThread {
+            let finished = await onPlainThread {
                 first.wait(timeout: .now() + 30) == .success && second.wait(timeout: .now() + 30) == .success
             }
             #expect(finished, "round \(round) hung")

@@ -27,20 +27,16 @@ func onLoopThread<T: Sendable>(
 }
 
 /// Runs blocking `body` (plain socket calls, waits) on a new dedicated thread and returns its
-/// result: blocking a thread of the cooperative pool (two on a 2-core machine) would starve
-/// every other test's tasks meanwhile.
-func onPlainThread<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
-    try await withCheckedThrowingContinuation { continuation in
-        let thread = Thread {
-            do {
-                continuation.resume(returning: try body())
-            } catch {
-                continuation.resume(throwing: error)
-            }
-        }
+/// result, or throws its error: blocking a thread of the cooperative pool (two on a 2-core
+/// machine) would starve every other test's tasks meanwhile. A `body` that cannot throw makes a
+/// call that cannot either.
+func onPlainThread<T: Sendable, Failure: Error>(_ body: @escaping @Sendable () throws(Failure) -> T) async throws(Failure) -> T {
+    let result: Result<T, Failure> = await withCheckedContinuation { continuation in
+        let thread = Thread { continuation.resume(returning: Result(catching: body)) }
         thread.stackSize = 4 << 20
         thread.start()
     }
+    return try result.get()
 }
 
 /// Starts a thread running `body` and returns a semaphore signalled when it ends.

@@ -277,7 +277,7 @@ struct AdoptedListenerTests {
         #expect(listener.port == port)
         // The blocking client on a thread of its own: on the cooperative pool (two threads here)
         // it could starve the task that serves it.
-        let reply = Task { try await onPlainThread { () -> String? in
+        let reply = Task { await onPlainThread { () -> String? in
             let client = try? TestClient(port: port)
             client?.send("async hello\n")
             return client?.readLine()
@@ -290,7 +290,7 @@ struct AdoptedListenerTests {
             connection.close()
             break
         }
-        #expect(try await reply.value == "echo: async hello")
+        #expect(await reply.value == "echo: async hello")
         listener.close()
         _ = await group.shutdown(gracePeriod: .seconds(2))
     }

@@ -759,7 +759,7 @@ struct HTTPSTests {
             #expect(health.stdout == "ok\n", "\(health.summary)")
         }
         kill(daemonPID(), SIGTERM)
-        let exit = try await onPlainThread { daemon.waitForExit(timeout: .seconds(30)) }
+        let exit = await onPlainThread { daemon.waitForExit(timeout: .seconds(30)) }
         #expect(exit.status == 0, "\(exit.summary)")
         guard canStrace else {
             print("note: no strace here (or AddressSanitizer, which cannot run under it): the descriptor half of this test did not run (make test-tools installs strace)")
@@ -815,7 +815,7 @@ struct HTTPSTests {
         }
         #expect(subject == "CN=elsewhere.example", "the reload never took effect")
         daemon.send(SIGTERM)
-        let result = try await onPlainThread { daemon.waitForExit(timeout: .seconds(30)) }
+        let result = await onPlainThread { daemon.waitForExit(timeout: .seconds(30)) }
         #expect(result.status == 0, "\(result.summary)")
         #expect(result.stderr.contains("TLS: certificate and key reloaded"), "\(result.stderr)")
         await group.shutdown(gracePeriod: .seconds(2))

@@ -33,16 +33,6 @@ private let hasPythonWebSockets: Bool = {
     return process.terminationStatus == 0
 }()
 
-/// Runs `body` on a thread of its own (blocking socket calls stay off the cooperative pool,
-/// which has as many threads as cores) and returns its result.
-private func onThread<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
-    try await withCheckedThrowingContinuation { continuation in
-        Thread {
-            do { continuation.resume(returning: try body()) } catch { continuation.resume(throwing: error) }
-        }.start()
-    }
-}
-
 /// A Python child of the test venv: started with SIGKILL as its end (the test process blocks
 /// signals its children inherit, SIGTERM among them).
 private final class PythonChild: @unchecked Sendable {
@@ -78,7 +68,7 @@ private final class PythonChild: @unchecked Sendable {
     /// done) and the port. A child that prints no port is killed, and the test fails here.
     static func server(_ arguments: [String]) async throws -> (child: PythonChild, port: UInt16) {
         let child = try PythonChild(arguments)
-        let portLine = try await onThread { child.readLine() ?? "" }
+        let portLine = await onPlainThread { child.readLine() ?? "" }
         do {
             return (child, try #require(UInt16(portLine), "python server port: \(portLine)"))
         } catch {
@@ -90,7 +80,7 @@ private final class PythonChild: @unchecked Sendable {
     /// Runs a script to its end (killed after `timeout`): status, stdout, stderr.
     static func run(_ arguments: [String], timeout: Duration = .seconds(60)) async throws -> (status: Int32, stdout: String, stderr: String) {
         let child = try PythonChild(arguments)
-        return try await onThread {
+        return await onPlainThread {
             let killer = DispatchWorkItem { child.kill() }
             DispatchQueue.global().asyncAfter(deadline: .now() + .seconds(Int(timeout.components.seconds)), execute: killer)
             let stdout = child.output.fileHandleForReading.readDataToEndOfFile()
@@ -120,6 +110,11 @@ private final class WebSocketServer: @unchecked Sendable {
             for await message in socket.messages { try await socket.send(message) }
         }
         routes.webSocket("/ws/keepalive", configuration: .init(pingInterval: .milliseconds(100))) { socket in
+            for await _ in socket.messages {}
+        }
+        // The same at 500 ms, for the peer that answers: a loaded machine can stall a loop for
+        // more than 100 ms between a ping and its pong.
+        routes.webSocket("/ws/keepalive-slow", configuration: .init(pingInterval: .milliseconds(500))) { socket in
             for await _ in socket.messages {}
         }
         routes.webSocket("/ws/chat", shouldUpgrade: { request in
@@ -499,7 +494,7 @@ struct WebSocketServerTests {
     func echo() async throws {
         let server = try await WebSocketServer()
         let port = server.port
-        try await onThread {
+        try await onPlainThread {
             let socket = try RawWebSocket(port: port)
             socket.send(0x1, Array("hello".utf8))
             let text = try #require(socket.readFrame())
@@ -527,7 +522,7 @@ struct WebSocketServerTests {
 
     /// Sends `bytes` on a fresh WebSocket of `path`; returns the close code the server answers with.
     private func closeCode(port: UInt16, path: String = "/ws/echo", _ send: @escaping @Sendable (RawWebSocket) -> Void) async throws -> UInt16? {
-        try await onThread {
+        try await onPlainThread {
             let socket = try RawWebSocket(port: port, path: path)
             send(socket)
             let code = try #require(socket.readCloseCode(), "no close frame")
@@ -540,7 +535,7 @@ struct WebSocketServerTests {
     func badInput() async throws {
         let server = try await WebSocketServer()
         let port = server.port
-        let bystander = try await onThread { try RawWebSocket(port: port) }
+        let bystander = try await onPlainThread { try RawWebSocket(port: port) }
         let cases: [(String, UInt16, String, @Sendable (RawWebSocket) -> Void)] = [
             ("unmasked client frame", 1002, "/ws/echo", { $0.send(first: 0x81, payload: [0x61], masked: false) }),
             ("RSV1 without an extension", 1002, "/ws/echo", { $0.send(first: 0xC1, payload: [0x61]) }),
@@ -573,7 +568,7 @@ struct WebSocketServerTests {
             #expect(code == expected, "\(name): \(String(describing: code))")
         }
         // Data after the close frame: the close is answered (1000), the text never echoed.
-        try await onThread {
+        try await onPlainThread {
             let socket = try RawWebSocket(port: port)
             socket.send(0x8, closePayload(1000))
             socket.send(0x1, Array("after".utf8))
@@ -582,7 +577,7 @@ struct WebSocketServerTests {
             #expect(socket.readsEndOfFile())
         }
         // The bystander still echoes; HTTP still answers.
-        try await onThread {
+        try await onPlainThread {
             bystander.send(0x1, Array("still here".utf8))
             #expect(bystander.readFrame()?.payload == Array("still here".utf8))
             let hello = try TestClient(port: port)
@@ -602,7 +597,7 @@ struct WebSocketServerTests {
             return client.readToEnd()
         }
         let base = "GET /ws/echo HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, close\r\nUpgrade: websocket\r\n"
-        try await onThread {
+        try await onPlainThread {
             let noKey = try exchange(base + "Sec-WebSocket-Version: 13\r\n\r\n")
             #expect(noKey.hasPrefix("HTTP/1.1 400 "), "\(noKey)")
             let shortKey = try exchange(base + "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: c2hvcnQ=\r\n\r\n")
@@ -638,7 +633,7 @@ struct WebSocketServerTests {
     func keepAliveClosesSilentPeer() async throws {
         let server = try await WebSocketServer()
         let port = server.port
-        try await onThread {
+        try await onPlainThread {
             let socket = try RawWebSocket(port: port, path: "/ws/keepalive")
             let started = ContinuousClock.now
             var pings = 0
@@ -659,8 +654,8 @@ struct WebSocketServerTests {
         }
         // A peer that answers pings stays: the library's client answers them by itself.
         let loop = server.group.loops[0]
-        let client = try await WebSocket.connect(to: "ws://127.0.0.1:\(port)/ws/keepalive", on: loop)
-        try await loop.sleep(for: .milliseconds(600))
+        let client = try await WebSocket.connect(to: "ws://127.0.0.1:\(port)/ws/keepalive-slow", on: loop)
+        try await loop.sleep(for: .milliseconds(2_600))  // five ticks: pings answered, it stays
         #expect(client.isOpen)
         #expect(await client.close() == WebSocket.CloseStatus(code: .normalClosure))
         await server.stop()
@@ -687,7 +682,7 @@ extension WebSocketServerTests {
     func closeDeadline() async throws {
         let server = try await WebSocketServer()
         let port = server.port
-        try await onThread {
+        try await onPlainThread {
             let socket = try RawWebSocket(port: port, path: "/ws/closer")
             let frame = try #require(socket.readFrame())
             #expect(frame.opcode == 0x8 && frame.payload == closePayload(4100, "closing first"))
@@ -703,7 +698,7 @@ extension WebSocketServerTests {
     func backpressure() async throws {
         let server = try await WebSocketServer()
         let port = server.port
-        let socket = try await onThread { try RawWebSocket(port: port, path: "/ws/flood") }
+        let socket = try await onPlainThread { try RawWebSocket(port: port, path: "/ws/flood") }
         // Not reading: the sender fills the output limit and the kernel's buffers, then waits.
         var last = -1
         var stable = 0
@@ -718,7 +713,7 @@ extension WebSocketServerTests {
         // 64 KiB each: a few MiB of kernel buffers on loopback plus the 256 KiB limit.
         #expect(last < 512, "\(last) messages sent to a peer that reads nothing")
         let stalled = last
-        try await onThread {
+        try await onPlainThread {
             for _ in 0..<(stalled + 64) { _ = try #require(socket.readFrame()) }
         }
         #expect(server.flooded.count.load(ordering: .relaxed) > stalled)
@@ -821,7 +816,7 @@ struct WebSocketClientTests {
             _ = try await WebSocket.connect(to: "http://127.0.0.1/", on: loop)
         }
         // A listener that accepts and never answers: the handshake deadline.
-        let listener = try await onThread { () -> (Int32, UInt16) in
+        let listener = await onPlainThread { () -> (Int32, UInt16) in
             let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
             var address = sockaddr_in()
             address.sin_family = sa_family_t(AF_INET)
