@@ -21,16 +21,14 @@ let simulationFaultsScenario = Scenario(
     summary: "line service and KV server, 200 clients each, random resets and partitions for a simulated minute per seed (--seeds N): lost/duplicated/reordered replies"
 ) { _ in
     let seeds = simulationFaultSeeds.withLock { $0 }
-    var total = FaultSoak.Result()
     var byService: [FaultSoak.Service: FaultSoak.Result] = [:]
     let started = ContinuousClock.now
     var crashes = 0
     for seed in 0..<UInt64(seeds) {
         for service in FaultSoak.Service.allCases {
             do {
-                let result = try FaultSoak.run(service, seed: seed, clients: 200, duration: .seconds(60))
-                total.add(result)
-                byService[service, default: FaultSoak.Result()].add(result)
+                byService[service, default: FaultSoak.Result()].add(
+                    try FaultSoak.run(service, seed: seed, clients: 200, duration: .seconds(60)))
             } catch {
                 crashes += 1
                 FileHandle.standardError.write(Data("simulation-faults: \(service.rawValue), seed \(seed) could not run: \(error)\n".utf8))
@@ -41,6 +39,8 @@ let simulationFaultsScenario = Scenario(
         }
     }
     let real = (ContinuousClock.now - started) / .seconds(1)
+    var total = FaultSoak.Result()
+    for service in FaultSoak.Service.allCases { total.add(byService[service] ?? FaultSoak.Result()) }
     for failure in total.failures {
         FileHandle.standardError.write(Data("simulation-faults: \(failure)\n".utf8))
     }

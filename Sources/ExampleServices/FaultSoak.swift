@@ -26,6 +26,11 @@ public enum FaultSoak {
         case kv = "kv"
     }
 
+    /// `arguments` as a RESP command: an array of bulk strings, as Redis clients send them.
+    public static func resp(_ arguments: [String]) -> String {
+        arguments.reduce("*\(arguments.count)\r\n") { $0 + "$\($1.utf8.count)\r\n\($1)\r\n" }
+    }
+
     /// What one or more seeds found.
     public struct Result: Sendable {
         public var seeds = 0
@@ -174,10 +179,10 @@ public enum FaultSoak {
         private var choices: Choices
         private var connection: Connection?
         private var next = 0
-        /// The tag of the outstanding request.
-        private(set) var outstanding: String?
-        /// The reply lines the outstanding request still expects, in order.
+        /// The reply lines the outstanding request still expects, in order; the last is its tag.
         private var expectedLines: ArraySlice<String> = []
+        /// The tag of the outstanding request.
+        var outstanding: String? { expectedLines.last }
         private var answered: Set<String> = []
         private var stopped = false
         private var sentAt = Duration.zero
@@ -228,7 +233,6 @@ public enum FaultSoak {
             guard let connection, !stopped, outstanding == nil else { return }
             let tag = "c\(index)-\(next)"
             next += 1
-            outstanding = tag
             sentAt = simulation.now
             oracle.requests += 1
             switch service {
@@ -237,13 +241,8 @@ public enum FaultSoak {
                 connection.writeLine("ECHO \(tag)")
             case .kv:
                 expectedLines = ["+OK", "$\(tag.utf8.count)", tag]
-                connection.write(Self.resp(["SET", "c\(index)", tag]) + Self.resp(["GET", "c\(index)"]))
+                connection.write(FaultSoak.resp(["SET", "c\(index)", tag]) + FaultSoak.resp(["GET", "c\(index)"]))
             }
-        }
-
-        /// A command as a RESP array of bulk strings.
-        static func resp(_ arguments: [String]) -> String {
-            arguments.reduce("*\(arguments.count)\r\n") { $0 + "$\($1.utf8.count)\r\n\($1)\r\n" }
         }
 
         private func received(_ text: String) {
@@ -266,7 +265,6 @@ public enum FaultSoak {
             guard expectedLines.isEmpty else { return }  // more lines of this reply to come
             oracle.replies += 1
             answered.insert(text)
-            outstanding = nil
             guard simulation.now < stopAt else { return }
             loop.schedule(after: .milliseconds(100 + choices.next(2_000))) { [self] in send() }
         }
@@ -274,7 +272,6 @@ public enum FaultSoak {
         private func connectionClosed(_ reason: Connection.CloseReason) {
             connection = nil
             if let tag = outstanding {
-                outstanding = nil
                 expectedLines = []
                 switch reason {
                 case .error(ECONNRESET): oracle.cutByReset += 1
@@ -294,7 +291,6 @@ public enum FaultSoak {
             let open = connection
             connection = nil
             if let tag = outstanding {
-                outstanding = nil
                 expectedLines = []
                 oracle.lost += 1
                 let state = open.map { "open \($0.isOpen), \($0.bufferedOutputBytes) bytes unsent, since \(sentAt)" } ?? "none"

@@ -15,7 +15,8 @@ final class Client {
     let isLocal: Bool
     let store: Store
     let counters: ServerCounters
-    let connectedAt = Date()
+    /// When it connected, on the loops' clock (virtual on simulated loops), for `CLIENT LIST`.
+    let connectedAt: LoopClock.Instant
     // Not checked for exclusivity at run time: a check per command is measurable, and the
     // client belongs to its loop's thread (no overlapping access can happen).
     @exclusivity(unchecked) var parser: RESPParser
@@ -37,6 +38,7 @@ final class Client {
     private init(connection: Connection, store: Store, counters: ServerCounters, limits: RESPParser.Limits) {
         self.connection = connection
         self.loop = connection.loop
+        self.connectedAt = connection.loop.clock.now
         self.isLocal = connection.loop === store.loop
         self.store = store
         self.counters = counters

@@ -177,7 +177,6 @@ final class Store {
     let isStopped = Atomic<Bool>(false)
     /// Every client's session record, for `CLIENT LIST`.
     var clients: [Int64: Client] = [:]
-    let startTime = Date()
 
     init(loop: EventLoop, group: EventLoopGroup, options: KVServerOptions, counters: ServerCounters) {
         self.loop = loop
@@ -355,12 +354,12 @@ final class Store {
         status.tcpPort = port
         status.connectedClients = counters.connected.load(ordering: .relaxed)
         status.usedMemory = residentMemory()
-        let now = Date()
+        let now = loop.clock.now  // the group's loops share one clock (virtual when simulated)
         status.clients = clients.values.sorted { $0.session.id < $1.session.id }.map { client in
             KVClientInfo(
                 id: client.session.id, address: client.connection.remoteAddress,
                 name: client.session.name.map { String(decoding: $0, as: UTF8.self) } ?? "",
-                ageSeconds: Int(now.timeIntervalSince(client.connectedAt)),
+                ageSeconds: Int(client.connectedAt.duration(to: now).components.seconds),
                 outputBytes: client.isLocal ? client.connection.bufferedOutputBytes : 0,
                 inputBytes: client.isLocal ? client.parser.bufferedByteCount : 0,
                 lastCommand: client.session.lastCommand)
@@ -416,6 +415,7 @@ func milliseconds(_ duration: Duration) -> String {
 
 /// The process's resident memory in bytes (`/proc/self/statm`).
 func residentMemory() -> Int {
+    // Unreadable (no procfs): INFO reports 0 bytes, as for an unknown figure; nothing else reads it.
     guard let text = try? String(contentsOfFile: "/proc/self/statm", encoding: .utf8) else { return 0 }
     let fields = text.split(separator: " ")
     guard fields.count > 1, let pages = Int(fields[1]) else { return 0 }

@@ -9,11 +9,6 @@ import Testing
 /// network: RESP split into one-byte segments, a reset in the middle of a sliced reply, the
 /// output soft limit counted in virtual seconds, and the random fault schedule over a few seeds.
 @Suite struct KVSimulationTests {
-    /// A command as a RESP array of bulk strings.
-    static func resp(_ arguments: String...) -> [UInt8] {
-        Array(arguments.reduce("*\(arguments.count)\r\n") { $0 + "$\($1.utf8.count)\r\n\($1)\r\n" }.utf8)
-    }
-
     static func server(on simulation: Simulation, loops: Int, host: String) throws -> KVServer {
         let group = try simulation.makeGroup(loopCount: loops, host: host)
         var options = KVServerOptions()
@@ -36,8 +31,8 @@ import Testing
             var transcripts: [[String]] = []
             for client in 0..<2 {
                 let connection = try await Connection.connect(to: "10.0.0.2", port: 6379, on: loop)
-                try await connection.send(Self.resp("SET", "k\(client)", "hé \(client)") + Self.resp("GET", "k\(client)")
-                                          + Array("PING\r\n".utf8) + Self.resp("INCRBY", "n", "5"))
+                try await connection.send(FaultSoak.resp(["SET", "k\(client)", "hé \(client)"]) + FaultSoak.resp(["GET", "k\(client)"])
+                                          + "PING\r\n" + FaultSoak.resp(["INCRBY", "n", "5"]))
                 var lines: [String] = []
                 while lines.count < 5, case .line(let text)? = try await connection.readLine() { lines.append(text) }
                 transcripts.append(lines)
@@ -69,12 +64,12 @@ import Testing
         let network = simulation.network
         let (firstBytes, outcome, info) = try await simulation.run { () async throws -> (Int, String, String) in
             let setup = try await Connection.connect(to: "10.0.0.3", port: 6379, on: loop)
-            try await setup.send(Self.resp("DEBUG", "POPULATE", "20000"))
+            try await setup.send(FaultSoak.resp(["DEBUG", "POPULATE", "20000"]))
             #expect(try await setup.readLine() == .line("+OK"))
             setup.close()
 
             let reader = try await Connection.connect(to: "10.0.0.3", port: 6379, on: loop)
-            try await reader.send(Self.resp("KEYS", "*"))
+            try await reader.send(FaultSoak.resp(["KEYS", "*"]))
             let first = try await reader.read(upTo: 1_024) ?? []
             network.reset("127.0.0.1", "10.0.0.3")
             var outcome = "no error"
@@ -84,7 +79,7 @@ import Testing
                 outcome = "\(error)"
             }
             let again = try await Connection.connect(to: "10.0.0.3", port: 6379, on: loop)
-            try await again.send(Self.resp("INFO", "mainspring"))
+            try await again.send(FaultSoak.resp(["INFO", "mainspring"]))
             var info = ""
             while case .line(let text)? = try await again.readLine() {
                 info += text + "\n"
@@ -114,9 +109,9 @@ import Testing
         let loop = simulation.loop
         let (closedAfter, reason) = try await simulation.run { () async throws -> (Duration, String) in
             let admin = try await Connection.connect(to: "10.0.0.4", port: 6379, on: loop)
-            try await admin.send(Self.resp("CONFIG", "SET", "client-output-buffer-limit", "normal 0 1024 2"))
+            try await admin.send(FaultSoak.resp(["CONFIG", "SET", "client-output-buffer-limit", "normal 0 1024 2"]))
             #expect(try await admin.readLine() == .line("+OK"))
-            try await admin.send(Self.resp("SET", "big", String(repeating: "x", count: 20_000)))
+            try await admin.send(FaultSoak.resp(["SET", "big", String(repeating: "x", count: 20_000)]))
             #expect(try await admin.readLine() == .line("+OK"))
 
             let slow = try await Connection.connect(to: "10.0.0.4", port: 6379, on: loop)
@@ -125,7 +120,7 @@ import Testing
             // the 2 s, one at 2.5 s is past them and closes the client.
             for second in [0.0, 1.5, 2.5] {
                 try await loop.sleep(for: .seconds(second) - (simulation.now - start))
-                try await slow.send(Self.resp("GET", "big"))
+                try await slow.send(FaultSoak.resp(["GET", "big"]))
             }
             // The client reads nothing, so it would not see the end: watch the server's counter,
             // a millisecond at a time.

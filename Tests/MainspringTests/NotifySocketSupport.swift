@@ -92,12 +92,17 @@ final class FakeNotifySocket: @unchecked Sendable {
     /// Every datagram so far, in arrival order.
     var messages: [Message] { shared.received.value }
 
+    /// The first datagram after the first `after` ones that satisfies `predicate`, if one came.
+    private func received(after: Int, _ predicate: (Message) -> Bool) -> Message? {
+        shared.received.value.dropFirst(after).first(where: predicate)
+    }
+
     /// Waits (up to `timeout`) for a datagram after the first `after` ones that satisfies
     /// `predicate`; returns it.
     func waitFor(after: Int = 0, timeout: Duration = .seconds(20), _ predicate: (Message) -> Bool) -> Message? {
         let deadline = ContinuousClock.now + timeout
         while true {
-            if let found = shared.received.value.dropFirst(after).first(where: predicate) { return found }
+            if let found = received(after: after, predicate) { return found }
             let left = deadline - ContinuousClock.now
             if left <= .zero { return nil }
             _ = shared.arrived.wait(timeout: .now() + .milliseconds(min(100, max(1, Int(left.milliseconds)))))
@@ -111,7 +116,7 @@ final class FakeNotifySocket: @unchecked Sendable {
     func waitFor(after: Int = 0, timeout: Duration = .seconds(20), _ predicate: (Message) -> Bool) async -> Message? {
         let deadline = ContinuousClock.now + timeout
         while true {
-            if let found = shared.received.value.dropFirst(after).first(where: predicate) { return found }
+            if let found = received(after: after, predicate) { return found }
             if ContinuousClock.now >= deadline { return nil }
             do { try await Task.sleep(for: .milliseconds(5)) } catch { return nil }
         }
