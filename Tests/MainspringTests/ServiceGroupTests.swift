@@ -1,5 +1,6 @@
 import Foundation
 import Mainspring
+import MainspringTesting
 import Testing
 
 #if canImport(Glibc)
@@ -143,23 +144,37 @@ struct ServiceGroupSignalTests {
     }
 }
 
-/// `ServiceGroup` in-process: no signals (`stopSignals` empty), stopped by `triggerShutdown()`,
-/// a failure, or cancellation. The services record their steps in one list.
-@Suite("ServiceGroup in-process")
+/// `ServiceGroup` in-process and in virtual time: the group on a simulated loop
+/// (``ServiceGroup/Configuration/loop``), so its services' tasks run on that loop and its
+/// deadlines on its clock — every step happens in one order, at an exact instant, and a 30 s
+/// deadline takes no real time. No signals (`stopSignals` empty): stopped by
+/// `triggerShutdown()`, a failure, or cancellation. The services record their steps in one list.
+@Suite("ServiceGroup in virtual time")
 struct ServiceGroupTests {
-    /// The steps of every service and of the group, in the order they happened.
+    /// The steps of every service and of the group, in the order they happened, each with the
+    /// simulation's time when it happened.
     final class Steps: Sendable {
-        private let list = Locked<[String]>([])
-        func add(_ step: String) { list.withLock { $0.append(step) } }
-        var all: [String] { list.value }
+        private let list = Locked<[(step: String, at: Duration)]>([])
+        private let now: @Sendable () -> Duration
+        init(_ simulation: Simulation) { now = { simulation.now } }
+        func add(_ step: String) {
+            let at = now()
+            list.withLock { $0.append((step, at)) }
+        }
+        var all: [String] { list.value.map(\.step) }
+        /// When `step` first happened.
+        func time(of step: String) -> Duration? { list.value.first { $0.step == step }?.at }
     }
 
-    /// A service that records its steps; `behaviour` says how it deviates.
+    /// A service that records its steps; `behaviour` says how it deviates. Stopping takes
+    /// `stopTakes` of the loop's time (a sleep on `loop`).
     struct Recorder: Service {
         enum Behaviour: Sendable { case normal, neverStarts, failAfterStart, returnAfterStart, ignoreStop, throwWhileStopping }
         let name: String
         let steps: Steps
         var behaviour = Behaviour.normal
+        var loop: EventLoop?
+        var stopTakes = Duration.zero
 
         func run(_ context: ServiceContext) async throws {
             steps.add("start \(name)")
@@ -178,10 +193,13 @@ struct ServiceGroupTests {
             steps.add("stop \(name)")
             switch behaviour {
             case .ignoreStop:
-                while !Task.isCancelled { try? await Task.sleep(for: .seconds(3_600)) }
+                // Ends only when the group cancels its task (a sleep on the loop throws then).
+                while !Task.isCancelled { try? await loop?.sleep(for: .seconds(3_600)) }
+                steps.add("cancelled \(name)")
             case .throwWhileStopping:
                 throw DiskFull()
             default:
+                if let loop, stopTakes > .zero { try await loop.sleep(for: stopTakes) }
                 steps.add("stopped \(name)")
             }
         }
@@ -193,7 +211,7 @@ struct ServiceGroupTests {
 
     /// What `group.run()` threw, when it is `serviceFailed`; anything else (or returning) is
     /// recorded as an issue, and nil.
-    private func serviceFailure(of group: ServiceGroup) async -> (service: String, error: any Error, report: ServiceGroup.Report)? {
+    private static func serviceFailure(of group: ServiceGroup) async -> (service: String, error: any Error, report: ServiceGroup.Report)? {
         do {
             try await group.run()
             Issue.record("run() returned")
@@ -204,15 +222,13 @@ struct ServiceGroupTests {
         return nil
     }
 
-    /// How long a group may take to start its services here: they are tasks on the cooperative
-    /// pool, which the suite's other tests keep busy (two threads on two cores; runs were seen
-    /// where a group waited 25 s for one). Generous: a test waits only as long as it must.
-    static let startBound = Duration.seconds(120)
-
-    private func configuration(_ steps: Steps) -> ServiceGroup.Configuration {
+    /// No signals, 60 s a service, the group on `simulation`'s loop; the group's `ready` and
+    /// stop request are steps too.
+    private func configuration(_ steps: Steps, _ simulation: Simulation) -> ServiceGroup.Configuration {
         var configuration = ServiceGroup.Configuration()
         configuration.stopSignals = []
         configuration.stopDeadline = .seconds(60)
+        configuration.loop = simulation.loop
         configuration.onEvent = { event in
             switch event {
             case .ready: steps.add("ready")
@@ -223,173 +239,199 @@ struct ServiceGroupTests {
         return configuration
     }
 
-    @Test("triggerShutdown once every service started: reverse order, a clean report with each service's stop time")
-    func triggered() async throws {
-        let steps = Steps()
-        var configuration = configuration(steps)
-        let group = Locked<ServiceGroup?>(nil)
-        let inner = configuration.onEvent
-        configuration.onEvent = { event in
-            inner?(event)
-            if case .ready = event { group.value?.triggerShutdown() }
+    /// Runs `group` in a task on `simulation`'s loop, waits `stopAfter` of virtual time, then
+    /// lets `stop` stop it (by default `triggerShutdown()`), and returns how `run()` ended.
+    private static func run(_ group: ServiceGroup, on simulation: Simulation, stopAfter: Duration = .seconds(5),
+                            stop: @escaping @Sendable (ServiceGroup, Task<ServiceGroup.Report, any Error>) -> Void = { group, _ in group.triggerShutdown() })
+        async throws -> Result<ServiceGroup.Report, any Error>
+    {
+        let loop = simulation.loop
+        return try await simulation.run {
+            let task = Task<ServiceGroup.Report, any Error>(executorPreference: loop) { try await group.run() }
+            try await loop.sleep(for: stopAfter)
+            stop(group, task)
+            return await task.result
         }
-        let services = ["a", "b", "c"].map { Recorder(name: $0, steps: steps) }
-        group.withLock { $0 = ServiceGroup(services: services, configuration: configuration) }
-        let report = try await group.value!.run()
+    }
+
+    @Test("triggerShutdown once every service started: reverse order, each after the one after it returned, with its exact stop time")
+    func triggered() async throws {
+        let simulation = try Simulation(seed: 1)
+        let steps = Steps(simulation)
+        let loop = simulation.loop
+        let group = ServiceGroup([.init(Recorder(name: "a", steps: steps)),
+                                  .init(Recorder(name: "b", steps: steps, loop: loop, stopTakes: .seconds(1))),
+                                  .init(Recorder(name: "c", steps: steps, loop: loop, stopTakes: .seconds(2)))],
+                                 configuration: configuration(steps, simulation))
+        let report = try await Self.run(group, on: simulation).get()
         #expect(steps.all == ["start a", "start b", "start c", "ready", "stopping: shutdown triggered",
                               "stop c", "stopped c", "stop b", "stopped b", "stop a", "stopped a"])
+        // Starting takes no time; c stops 2 s after the trigger at 5 s, b 1 s after c, a at once.
+        #expect(steps.time(of: "ready") == .zero)
+        #expect(steps.time(of: "stop c") == .seconds(5) && steps.time(of: "stop b") == .seconds(7))
+        #expect(steps.time(of: "stopped a") == .seconds(8) && simulation.now == .seconds(8))
         #expect(report.reason == .triggered && report.isClean && !report.forced)
         #expect(report.services.map(\.name) == ["a", "b", "c"])
-        #expect(report.services.allSatisfy { $0.stopDuration != nil && "\($0.outcome)" == "stopped" })
+        #expect(report.services.map(\.stopDuration) == [.zero, .seconds(1), .seconds(2)])
+        #expect(report.services.allSatisfy { "\($0.outcome)" == "stopped" })
         // A group runs once.
-        await #expect(throws: ServiceGroupError.self) { try await group.value!.run() }
-        group.withLock { $0 = nil }  // the group's onEvent holds this box: break the cycle (LeakSanitizer)
+        let again = try await simulation.run { () async -> Bool in
+            do throws(ServiceGroupError) { try await group.run() } catch .alreadyRun { return true } catch { return false }
+            return false
+        }
+        #expect(again, "a second run() throws alreadyRun")
     }
 
     @Test("triggerShutdown before run(): nothing starts, a clean report of services not started")
     func triggeredBeforeRun() async throws {
-        let steps = Steps()
-        let group = ServiceGroup(services: [Recorder(name: "a", steps: steps)], configuration: configuration(steps))
+        let simulation = try Simulation(seed: 2)
+        let steps = Steps(simulation)
+        let group = ServiceGroup(services: [Recorder(name: "a", steps: steps)], configuration: configuration(steps, simulation))
         group.triggerShutdown()
-        let report = try await group.run()
+        let report = try await simulation.run { try await group.run() }
         #expect(steps.all == ["stopping: shutdown triggered"])
         #expect(report.isClean && "\(report.services[0].outcome)" == "not started")
+        #expect(simulation.now == .zero)
     }
 
     @Test("a service that throws stops the rest in reverse order; run() throws serviceFailed with its error")
     func failure() async throws {
-        let steps = Steps()
+        let simulation = try Simulation(seed: 3)
+        let steps = Steps(simulation)
         let group = ServiceGroup(services: [Recorder(name: "a", steps: steps), Recorder(name: "b", steps: steps),
                                             Recorder(name: "c", steps: steps, behaviour: .failAfterStart)],
-                                 configuration: configuration(steps))
-        if let (service, failure, report) = await serviceFailure(of: group) {
-            #expect(service == "c" && failure is DiskFull)
-            #expect(report.reason == .serviceFailed("c"))
-            #expect(report.services.map { "\($0.outcome)" } == ["stopped", "stopped", "failed: disk full"])
-        }
-        // c failed before (or while) the group became ready; b and a stop after it, b first.
-        let all = steps.all
-        #expect((all.firstIndex(of: "stop b") ?? .max) < (all.firstIndex(of: "stop a") ?? .min), "\(all)")
-        #expect((all.firstIndex(of: "fail c") ?? .max) < (all.firstIndex(of: "stop b") ?? .min), "\(all)")
+                                 configuration: configuration(steps, simulation))
+        let failure = try await simulation.run { await Self.serviceFailure(of: group).map { ($0.service, "\($0.error)", $0.report) } }
+        let (service, error, report) = try #require(failure)
+        #expect(service == "c" && error == "disk full")
+        #expect(report.reason == .serviceFailed("c"))
+        #expect(report.services.map { "\($0.outcome)" } == ["stopped", "stopped", "failed: disk full"])
+        // c started (so the group was ready) and failed at once; b and a stop after it, b first.
+        #expect(steps.all == ["start a", "start b", "start c", "fail c", "ready", "stopping: c failed",
+                              "stop b", "stopped b", "stop a", "stopped a"])
+        #expect(simulation.now == .zero)
     }
 
-    @Test("a service that does not call started() within its start deadline fails the group: it and the ones before it are stopped, the ones after never start")
+    @Test("a service that does not call started() within its start deadline fails the group at that instant: it and the ones before it are stopped, the ones after never start")
     func startDeadline() async throws {
-        let steps = Steps()
-        var configuration = configuration(steps)
+        let simulation = try Simulation(seed: 4)
+        let steps = Steps(simulation)
+        var configuration = configuration(steps, simulation)
         configuration.startDeadline = .seconds(600)  // the member's own deadline wins
         let group = ServiceGroup([.init(Recorder(name: "a", steps: steps)),
                                   .init(Recorder(name: "b", steps: steps, behaviour: .neverStarts), startDeadline: .milliseconds(200)),
                                   .init(Recorder(name: "c", steps: steps))],
                                  configuration: configuration)
-        let began = ContinuousClock.now
-        if let (service, failure, report) = await serviceFailure(of: group) {
-            #expect(service == "b")
-            let timedOut = failure as? ServiceGroup.StartTimedOut
-            #expect(timedOut?.service == "b" && timedOut?.deadline == .milliseconds(200))
-            #expect("\(failure)" == "b did not start within 0.2 seconds")
-            #expect(report.reason == .serviceFailed("b"))
-            #expect(report.services.map { "\($0.outcome)" } == ["stopped", "stopped", "not started"])
-        }
-        // Never before the deadline; well before the group's own 600 s.
-        #expect(ContinuousClock.now - began >= .milliseconds(200))
-        #expect(ContinuousClock.now - began < .seconds(60))
+        let failure = try await simulation.run { await Self.serviceFailure(of: group).map { ($0.service, $0.error as? ServiceGroup.StartTimedOut, "\($0.error)", $0.report) } }
+        let (service, timedOut, description, report) = try #require(failure)
+        #expect(service == "b")
+        #expect(timedOut?.service == "b" && timedOut?.deadline == .milliseconds(200))
+        #expect(description == "b did not start within 0.2 seconds")
+        #expect(report.reason == .serviceFailed("b"))
+        #expect(report.services.map { "\($0.outcome)" } == ["stopped", "stopped", "not started"])
         #expect(steps.all == ["start a", "start b", "stopping: b failed", "stop b", "stopped b", "stop a", "stopped a"])
+        // Exactly at b's deadline, not the group's 600 s.
+        #expect(steps.time(of: "stopping: b failed") == .milliseconds(200))
+        #expect(simulation.now == .milliseconds(200))
     }
 
     @Test("a service that returns early: a failure by default, a clean stop with .stopGroup, nothing with .ignore")
     func earlyReturn() async throws {
-        let steps = Steps()
+        let simulation = try Simulation(seed: 5)
+        let steps = Steps(simulation)
         let failing = ServiceGroup(services: [Recorder(name: "a", steps: steps),
                                               Recorder(name: "b", steps: steps, behaviour: .returnAfterStart)],
-                                   configuration: configuration(steps))
-        await #expect {
-            try await failing.run()
-        } throws: { error in
-            guard case ServiceGroupError.serviceReturnedEarly(let service, let report) = error else { return false }
-            return service == "b" && report.reason == .serviceReturned("b") && "\(report.services[0].outcome)" == "stopped"
+                                   configuration: configuration(steps, simulation))
+        let failed = try await simulation.run { () async -> String in
+            do throws(ServiceGroupError) {
+                try await failing.run()
+                return "returned"
+            } catch {
+                guard case .serviceReturnedEarly(let service, let report) = error else { return "\(error)" }
+                return "\(service) returned early: \(report.reason), a \(report.services[0].outcome)"
+            }
         }
+        #expect(failed == "b returned early: b returned, a stopped")
 
         let stopping = ServiceGroup([.init(Recorder(name: "a", steps: steps)),
                                      .init(Recorder(name: "b", steps: steps, behaviour: .returnAfterStart), whenItReturns: .stopGroup)],
-                                    configuration: configuration(steps))
-        let report = try await stopping.run()
+                                    configuration: configuration(steps, simulation))
+        let report = try await simulation.run { try await stopping.run() }
         #expect(report.reason == .serviceReturned("b") && report.isClean)
         #expect(report.services.map { "\($0.outcome)" } == ["stopped", "returned"])
 
-        // .ignore: b's end changes nothing; the group runs until asked, and stops a alone.
+        // .ignore: b's end changes nothing; the group runs until asked, and stops a and c alone.
         let ignoring = ServiceGroup([.init(Recorder(name: "a", steps: steps)),
                                      .init(Recorder(name: "b", steps: steps, behaviour: .returnAfterStart), whenItReturns: .ignore),
                                      .init(Recorder(name: "c", steps: steps))],
-                                    configuration: configuration(steps))
-        let task = Task { try await ignoring.run() }
-        #expect(await eventually { steps.all.filter { $0 == "start c" }.count == 1 }, "\(steps.all)")
-        ignoring.triggerShutdown()
-        let ignored = try await task.value
+                                    configuration: configuration(steps, simulation))
+        let before = steps.all.count
+        let ignored = try await Self.run(ignoring, on: simulation, stopAfter: .seconds(10)).get()
+        #expect(Array(steps.all.dropFirst(before)) == ["start a", "start b", "return b", "start c", "ready",
+                                                         "stopping: shutdown triggered", "stop c", "stopped c", "stop a", "stopped a"])
         #expect(ignored.isClean && ignored.services.map { "\($0.outcome)" } == ["stopped", "returned", "stopped"])
     }
 
-    @Test("a service past its deadline is cancelled, the group goes on; a service that throws while stopping is in the report")
+    @Test("a service past its stop deadline is cancelled exactly then and the group goes on; a service that throws while stopping is in the report")
     func deadlineAndStopFailure() async throws {
-        let steps = Steps()
+        let simulation = try Simulation(seed: 6)
+        let steps = Steps(simulation)
+        let loop = simulation.loop
+        var configuration = configuration(steps, simulation)
+        configuration.stopDeadline = .seconds(30)  // c's; b has its own
         let group = ServiceGroup([.init(Recorder(name: "a", steps: steps, behaviour: .throwWhileStopping)),
-                                  .init(Recorder(name: "b", steps: steps, behaviour: .ignoreStop), stopDeadline: .milliseconds(100)),
-                                  .init(Recorder(name: "c", steps: steps))],
-                                 configuration: configuration(steps))
-        let started = ContinuousClock.now
-        let task = Task { try await group.run() }
-        #expect(await eventually(timeout: Self.startBound) { steps.all.contains("ready") })
-        group.triggerShutdown()
-        let result = await task.result
-        guard case .failure(let error) = result, let report = (error as? ServiceGroupError)?.report,
-              case .stopIncomplete = error as? ServiceGroupError
-        else {
+                                  .init(Recorder(name: "b", steps: steps, behaviour: .ignoreStop, loop: loop), stopDeadline: .milliseconds(100)),
+                                  .init(Recorder(name: "c", steps: steps, behaviour: .ignoreStop, loop: loop))],
+                                 configuration: configuration)
+        let result = try await Self.run(group, on: simulation, stopAfter: .seconds(1))
+        guard case .failure(let error) = result, case .stopIncomplete(let report) = error as? ServiceGroupError else {
             Issue.record("\(result)")
             return
         }
-        #expect(report.services.map { "\($0.outcome)" } == ["failed: disk full", "cancelled after its 0.1 seconds deadline", "stopped"])
-        #expect((report.services[1].stopDuration ?? .zero) >= .milliseconds(100))
-        #expect(ContinuousClock.now - started < .seconds(50), "c's and a's deadlines were not waited for")
-        let all = steps.all
-        #expect((all.firstIndex(of: "stop b") ?? .max) < (all.firstIndex(of: "stop a") ?? .min), "\(all)")
+        #expect(report.services.map { "\($0.outcome)" }
+                == ["failed: disk full", "cancelled after its 0.1 seconds deadline", "cancelled after its 30.0 seconds deadline"])
+        // c from 1 s to 31 s (the group's deadline), b from 31 s to 31.1 s (its own), a at once.
+        #expect(report.services.map(\.stopDuration) == [.zero, .milliseconds(100), .seconds(30)])
+        #expect(steps.time(of: "stop c") == .seconds(1) && steps.time(of: "stop b") == .seconds(31))
+        #expect(steps.time(of: "stop a") == .milliseconds(31_100))
+        #expect(simulation.now == .milliseconds(31_100))
+        simulation.runUntilIdle()
+        #expect(Set(steps.all).isSuperset(of: ["cancelled b", "cancelled c"]), "the cancelled services' tasks ended: \(steps.all)")
     }
 
     @Test("cancelling the task running the group forces: every service cancelled at once, stopIncomplete")
     func cancellationForces() async throws {
-        let steps = Steps()
-        let group = ServiceGroup([.init(Recorder(name: "a", steps: steps, behaviour: .ignoreStop)),
+        let simulation = try Simulation(seed: 7)
+        let steps = Steps(simulation)
+        let loop = simulation.loop
+        let group = ServiceGroup([.init(Recorder(name: "a", steps: steps, behaviour: .ignoreStop, loop: loop)),
                                   .init(Recorder(name: "b", steps: steps))],
-                                 configuration: configuration(steps))
-        let task = Task { try await group.run() }
-        #expect(await eventually(timeout: Self.startBound) { steps.all.contains("ready") })
-        task.cancel()
-        let result = await task.result
+                                 configuration: configuration(steps, simulation))
+        let result = try await Self.run(group, on: simulation, stopAfter: .seconds(3)) { _, task in task.cancel() }
         guard case .failure(let error) = result, case .stopIncomplete(let report) = error as? ServiceGroupError else {
             Issue.record("\(result)")
             return
         }
         #expect(report.reason == .cancelled && report.forced)
         #expect(report.services.map { "\($0.outcome)" } == ["cancelled by a forced stop", "cancelled by a forced stop"])
+        #expect(simulation.now == .seconds(3), "no deadline waited for")
     }
 
     @Test("READY=1 after the last service started, STOPPING=1 with its status before the first is asked to stop")
     func notifications() async throws {
+        let simulation = try Simulation(seed: 8)
         let fake = try FakeNotifySocket()
-        let steps = Steps()
-        var configuration = configuration(steps)
+        let steps = Steps(simulation)
+        var configuration = configuration(steps, simulation)
         var manager = ServiceGroup.ServiceManager(notifier: try ServiceNotifier(address: fake.address))
         manager.readyStatus = { "up" }
         manager.stoppingStatus = { "down: \($0)" }
         configuration.serviceManager = manager
         let group = ServiceGroup(services: [Recorder(name: "a", steps: steps), Recorder(name: "b", steps: steps)],
                                  configuration: configuration)
-        let task = Task { try await group.run() }
-        let ready = await fake.waitFor(timeout: Self.startBound) { $0.contains("READY=1") }
-        #expect(ready?.value(of: "STATUS") == "up", "\(fake.messages)")
-        #expect(steps.all.contains("start b"), "READY=1 only once b started: \(steps.all)")
-        #expect(!steps.all.contains("stop b"))
-        group.triggerShutdown()
-        _ = try await task.value
+        _ = try await Self.run(group, on: simulation).get()
+        // The group sends READY=1 just before its `ready` event, STOPPING=1 just before its stop request.
+        #expect(steps.all == ["start a", "start b", "ready", "stopping: shutdown triggered", "stop b", "stopped b", "stop a", "stopped a"])
         let stopping = await fake.waitFor { $0.contains("STOPPING=1") }
         #expect(stopping?.value(of: "STATUS") == "down: shutdown triggered", "\(fake.messages)")
         #expect(fake.messages.map(\.text) == ["READY=1\nSTATUS=up", "STOPPING=1\nSTATUS=down: shutdown triggered"])

@@ -72,9 +72,20 @@ extension ServiceGroup {
         /// signals (stop it with ``ServiceGroup/triggerShutdown()`` or by cancelling its task).
         public var stopSignals: [Int32] = [SIGTERM, SIGINT]
         /// The loop that watches ``stopSignals`` (`EventLoop.signals(_:)`): nil means
-        /// `EventLoop.main`. It must be running while the group runs — a signal is only
+        /// ``loop``, or `EventLoop.main` when that is nil too. It must be running while the group runs — a signal is only
         /// handled when its loop polls — and no other loop may watch these signals.
         public var signalLoop: EventLoop?
+        /// The loop the group keeps its time on and runs its tasks on. Its clock (``EventLoop/clock``)
+        /// times the start and stop deadlines and the stop durations in the ``Report``; each
+        /// service's task, and the group's own, prefer it as their executor; and it watches the
+        /// signals when ``signalLoop`` is nil. It must be running while the group runs.
+        ///
+        /// nil (the default): the deadlines are on the machine's continuous clock (`Task.sleep`),
+        /// the tasks run on the global concurrent executor, and the signals are watched on
+        /// `EventLoop.main`. On a simulated loop (`MainspringTesting`), the whole group runs in
+        /// virtual time: a 30 s stop deadline passes at once, exactly, and in the same order every
+        /// run.
+        public var loop: EventLoop?
         /// How long a service has to return once asked to stop, for members without a deadline
         /// of their own. Default 30 s. Past it, the service's task is cancelled and the group
         /// stops the next one.

@@ -36,9 +36,14 @@
 /// **Threads and cost.** ``run()`` from any task, once; it spends its time suspended, waking
 /// for each start, stop, signal and deadline (one task per service, one for the signals, one
 /// sleeping task per deadline running). ``triggerShutdown()`` from any thread. The stop
-/// signals are watched on ``Configuration/signalLoop`` (`EventLoop.main` by default) from the
-/// moment ``run()`` begins — before any service starts — until it returns, when their
-/// previous dispositions are back.
+/// signals are watched on ``Configuration/signalLoop`` (``Configuration/loop``, or
+/// `EventLoop.main`, by default) from the moment ``run()`` begins — before any service starts —
+/// until it returns, when their previous dispositions are back.
+///
+/// **Time.** The deadlines and stop durations are on ``Configuration/loop``'s clock, and the
+/// group's tasks prefer that loop; without one, on the machine's continuous clock and the global
+/// executor. Give it a simulated loop (`MainspringTesting`) and a test of "past its 30 s deadline
+/// the service is cancelled" takes no real time and sees exactly 30 s.
 public final class ServiceGroup: Sendable {
     /// The services, in start order.
     public let members: [Member]
@@ -123,14 +128,14 @@ public final class ServiceGroup: Sendable {
         // The signals first, before any service starts: a SIGTERM during start-up stops the group.
         var signalTask: Task<Void, Never>?
         if !configuration.stopSignals.isEmpty {
-            let loop = configuration.signalLoop ?? EventLoop.main
+            let loop = configuration.signalLoop ?? configuration.loop ?? EventLoop.main
             let signals: EventLoop.Signals
             do {
                 signals = try await loop.signals(configuration.stopSignals)
             } catch {
                 throw .cannotWatchSignals(error)
             }
-            signalTask = Task {
+            signalTask = Task(executorPreference: configuration.loop) {
                 for await signal in signals { sink.yield(.signal(signal)) }
             }
         }
@@ -193,7 +198,8 @@ private final class GroupRun {
         case waiting
         case starting
         case running
-        case stopping(since: ContinuousClock.Instant)
+        /// Since when, on the group's clock (``GroupRun/now()``).
+        case stopping(since: Duration)
         case ended(ServiceGroup.Outcome, stopDuration: Duration?)
     }
 
@@ -221,11 +227,43 @@ private final class GroupRun {
     var failure: (service: String, error: (any Error)?)?
     var forced = false
     var finished = false
+    /// The loop whose clock and executor the group uses (``ServiceGroup/Configuration/loop``).
+    let loop: EventLoop?
+    /// Where the group's time starts when it has no loop (the continuous clock).
+    let origin = ContinuousClock.now
 
     init(group: ServiceGroup, sink: AsyncStream<GroupEvent>.Continuation) {
         self.group = group
         self.sink = sink
+        loop = group.configuration.loop
         slots = group.members.map { Slot(member: $0) }
+    }
+
+    /// The group's time: the loop's clock, or the continuous clock since the run began.
+    func now() -> Duration {
+        guard let loop else { return origin.duration(to: .now) }
+        return .nanoseconds(Int64(clamping: loop.monotonicNow()))
+    }
+
+    /// A task preferring the group's loop (any executor without one).
+    func task(_ body: @escaping @Sendable () async -> Void) -> Task<Void, Never> {
+        Task(executorPreference: loop, operation: body)
+    }
+
+    /// A task that sends `event` once `deadline` has passed on the group's clock — unless it is
+    /// cancelled first (the service started or ended in time): then it sends nothing.
+    func deadlineTask(_ deadline: Duration, _ event: GroupEvent) -> Task<Void, Never> {
+        let sink = self.sink
+        let loop = self.loop
+        return task {
+            // Either sleep throws only when this task is cancelled: the check below then reports nothing.
+            if let loop {
+                try? await loop.sleep(for: deadline)
+            } else {
+                try? await Task.sleep(for: deadline)
+            }
+            if !Task.isCancelled { sink.yield(event) }
+        }
     }
 
     func emit(_ event: ServiceGroup.Event) { group.configuration.onEvent?(event) }
@@ -265,14 +303,9 @@ private final class GroupRun {
         slots[index].phase = .starting
         emit(.starting(service: member.name))
         if let deadline = member.startDeadline ?? group.configuration.startDeadline {
-            slots[index].deadlineTask = Task {
-                // The sleep throws only when this task is cancelled (the service started, or the
-                // stop began): the check below then reports nothing.
-                try? await Task.sleep(for: deadline)
-                if !Task.isCancelled { sink.yield(.startDeadline(index)) }
-            }
+            slots[index].deadlineTask = deadlineTask(deadline, .startDeadline(index))
         }
-        slots[index].task = Task {
+        slots[index].task = task {
             let result: Result<Void, any Error>
             do {
                 try await member.service.run(context)
@@ -340,7 +373,7 @@ private final class GroupRun {
             guard case .stopping(let since) = slots[index].phase else { return }
             let deadline = deadline(of: index)
             slots[index].task?.cancel()
-            finish(index, .cancelledAfterDeadline(deadline), stopDuration: ContinuousClock.now - since)
+            finish(index, .cancelledAfterDeadline(deadline), stopDuration: now() - since)
             advanceStop()
         }
     }
@@ -356,7 +389,7 @@ private final class GroupRun {
             case .success: outcome = .stopped
             case .failure(let error): outcome = .failed(error)
             }
-            finish(index, outcome, stopDuration: ContinuousClock.now - since)
+            finish(index, outcome, stopDuration: now() - since)
         case .starting, .running:
             let wasStarting: Bool
             if case .starting = slot.phase { wasStarting = true } else { wasStarting = false }
@@ -426,15 +459,10 @@ private final class GroupRun {
         switch slots[index].phase {
         case .starting, .running:
             let deadline = deadline(of: index)
-            slots[index].phase = .stopping(since: .now)
+            slots[index].phase = .stopping(since: now())
             emit(.stopping(service: slots[index].member.name, deadline: deadline))
-            let sink = self.sink
             slots[index].deadlineTask?.cancel()  // a start deadline still pending
-            slots[index].deadlineTask = Task {
-                // Throws only when cancelled (the service ended in time): nothing to report then.
-                try? await Task.sleep(for: deadline)
-                if !Task.isCancelled { sink.yield(.deadline(index)) }
-            }
+            slots[index].deadlineTask = deadlineTask(deadline, .deadline(index))
             slots[index].context?.requestStop()
         default:
             break  // stopping already: its end (or deadline) calls this again
@@ -454,14 +482,14 @@ private final class GroupRun {
         forced = true
         emit(.forced(reason))
         for index in slots.indices.reversed() where !slots[index].hasEnded {
-            let since: ContinuousClock.Instant?
+            let since: Duration?
             if case .stopping(let start) = slots[index].phase { since = start } else { since = nil }
             if case .waiting = slots[index].phase {
                 slots[index].phase = .ended(.notStarted, stopDuration: nil)
                 continue
             }
             slots[index].task?.cancel()
-            finish(index, .cancelledByForce, stopDuration: since.map { ContinuousClock.now - $0 })
+            finish(index, .cancelledByForce, stopDuration: since.map { now() - $0 })
         }
         finished = true
     }
