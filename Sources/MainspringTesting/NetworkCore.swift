@@ -16,20 +16,29 @@ import Glibc
 /// because the reader stopped reading — is bounded by the window: the sender's output stays in
 /// its socket's buffer beyond it, so its backpressure is real. A partition stalls a direction
 /// at its head; healing it delivers the rest, one latency later. A reset fails both ends at once.
-final class NetworkCore: SimulatedNetworking, @unchecked Sendable {
+final class NetworkCore: SimulatedNetworking, SimulatedDatagramNetworking, @unchecked Sendable {
     let clock: VirtualClock
-    private var random: SplitMix64
+    /// Every random choice of the network (from the seed).
+    var random: SplitMix64
 
     // Settings (see `SimulatedNetwork`).
     var latency: UInt64 = 0
     var maxSegmentSize: Int?
     var window = 262_144
     var connectTimeout: UInt64 = 127_000_000_000
+    /// The chances that a datagram is lost, duplicated, or held back past later ones.
+    var datagramLoss = 0.0
+    var datagramDuplication = 0.0
+    var datagramReordering = 0.0
+
+    /// Bound UDP ports (see NetworkDatagrams.swift).
+    var datagramPorts: [HostPort: NetworkDatagramPort] = [:]
+    var nextDatagramPort: [String: UInt16] = [:]
 
     /// Each loop's host address.
     private var hosts: [ObjectIdentifier: String] = [:]
     /// Every host address a loop was given (connects to others time out).
-    private var knownHosts: Set<String> = []
+    private(set) var knownHosts: Set<String> = []
     private var names: [String: [String]] = [:]
     private var listeners: [HostPort: NetworkListener] = [:]
     private var partitions: Set<HostPair> = []
@@ -44,7 +53,9 @@ final class NetworkCore: SimulatedNetworking, @unchecked Sendable {
     private var ends: [ObjectIdentifier: NetworkEnd] = [:]
 
     /// Faults injected so far, by kind ("reset", "partition").
-    private(set) var faults: [String: Int] = [:]
+    var faults: [String: Int] = [:]
+    /// Bytes of junk slipped in so far (every run of it).
+    private(set) var junkBytes = 0
 
     init(clock: VirtualClock, seed: UInt64) {
         self.clock = clock
@@ -74,7 +85,7 @@ final class NetworkCore: SimulatedNetworking, @unchecked Sendable {
         return addresses?.compactMap { try? SocketAddress(ipAddress: $0, port: port) }
     }
 
-    private func isLoopback(_ address: String) -> Bool {
+    func isLoopback(_ address: String) -> Bool {
         address == "127.0.0.1" || address == "::1" || address == "localhost"
     }
 
@@ -286,6 +297,7 @@ final class NetworkCore: SimulatedNetworking, @unchecked Sendable {
                 let end = candidates[Int(random.next() % UInt64(candidates.count))]
                 let junk = (0..<(1 + Int(random.next() % 64))).map { _ in UInt8(truncatingIfNeeded: random.next()) }
                 faults["junk", default: 0] += 1
+                junkBytes += junk.count
                 end.outgoing.packets.append(Packet(kind: .data(junk), arrival: now &+ latency))
                 end.outgoing.bytes += junk.count
                 scheduleHead(of: end)
@@ -348,7 +360,7 @@ final class NetworkCore: SimulatedNetworking, @unchecked Sendable {
     /// Schedules `action` (closures here hold the core `unowned`: the heap of events belongs to
     /// the core, so a strong capture would keep a simulation's network alive for ever once events
     /// are left pending at its end — a connect's timeout, say).
-    private func schedule(at time: UInt64, key: UInt64 = 0, _ action: @escaping () -> Void) {
+    func schedule(at time: UInt64, key: UInt64 = 0, _ action: @escaping () -> Void) {
         sequence &+= 1
         events.insert(NetworkEvent(time: time, key: key, sequence: sequence, action: action))
     }
@@ -556,8 +568,11 @@ final class NetworkCore: SimulatedNetworking, @unchecked Sendable {
     var summary: String? {
         let streams = openEnds.count
         let listening = listeners.count
-        guard streams + listening > 0 else { return nil }
-        return "network: \(streams) open stream end\(streams == 1 ? "" : "s"), \(listening) listener\(listening == 1 ? "" : "s")"
+        let bound = datagramPorts.count
+        guard streams + listening + bound > 0 else { return nil }
+        var parts = ["\(streams) open stream end\(streams == 1 ? "" : "s")", "\(listening) listener\(listening == 1 ? "" : "s")"]
+        if bound > 0 { parts.append("\(bound) UDP port\(bound == 1 ? "" : "s")") }
+        return "network: " + parts.joined(separator: ", ")
     }
 }
 

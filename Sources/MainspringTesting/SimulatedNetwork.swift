@@ -32,6 +32,14 @@
 ///   resets the stream instead, and data that reaches a closed end gets a reset back — as TCP.
 /// - **Inactivity timeouts** (`Connection.Options.idleTimeout`, `closeTimeout`) run on virtual
 ///   time.
+/// - **Datagrams** (`DatagramSocket` on a simulated loop: a UDP port of the loop's host) arrive
+///   one ``latency`` later, each whole, as sent — unless the seed loses one
+///   (``datagramLoss``), delivers it twice (``datagramDuplication``) or holds it back so that
+///   later ones overtake it (``datagramReordering``). A partition loses what crosses it; a
+///   datagram to a port nobody binds gets a port-unreachable back, which a socket connected
+///   to that address reports as `ECONNREFUSED`. What a socket has not read waits in its receive
+///   buffer (`DatagramSocket.Options.receiveBufferSize`, default 208 KiB); beyond it, datagrams
+///   are dropped, as the kernel drops them. Multicast is refused.
 ///
 /// Use it on the thread that drives the simulation, or between steps.
 public final class SimulatedNetwork: @unchecked Sendable {
@@ -73,9 +81,29 @@ public final class SimulatedNetwork: @unchecked Sendable {
         set { simulation.withDriving { core.connectTimeout = max(1, newValue.clampedNanoseconds) } }
     }
 
+    /// The chance, from 0 to 1, that a datagram is lost on its way (default 0). Each datagram
+    /// draws from the seed, so a run replays exactly.
+    public var datagramLoss: Double {
+        get { core.datagramLoss }
+        set { simulation.withDriving { core.datagramLoss = min(1, max(0, newValue)) } }
+    }
+
+    /// The chance, from 0 to 1, that a datagram arrives twice (default 0).
+    public var datagramDuplication: Double {
+        get { core.datagramDuplication }
+        set { simulation.withDriving { core.datagramDuplication = min(1, max(0, newValue)) } }
+    }
+
+    /// The chance, from 0 to 1, that a datagram is held back on its way — by up to two more
+    /// latencies and a millisecond — so that datagrams sent after it can arrive first (default 0).
+    public var datagramReordering: Double {
+        get { core.datagramReordering }
+        set { simulation.withDriving { core.datagramReordering = min(1, max(0, newValue)) } }
+    }
+
     /// Cuts the links between hosts `one` and `other` (addresses): bytes between them are held —
     /// neither delivered nor failed — and connects between them get no answer, until
-    /// ``heal(_:_:)``.
+    /// ``heal(_:_:)``. Datagrams between them are lost.
     public func partition(_ one: String, _ other: String) {
         simulation.withDriving { core.partition(one, other) }
     }
@@ -120,7 +148,16 @@ public final class SimulatedNetwork: @unchecked Sendable {
     /// program has closed (a leak check).
     public var openStreamEnds: Int { core.openEnds.count }
 
+    /// The bytes of junk slipped into streams so far (``faults``' "junk" counts the runs): a
+    /// parser's oracle adds them to what the writers sent to account for every byte read.
+    public var junkBytes: Int { core.junkBytes }
+
+    /// UDP ports bound and not closed yet: 0 once every `DatagramSocket` of the program has
+    /// closed (a leak check).
+    public var boundDatagramPorts: Int { core.datagramPorts.count }
+
     /// The faults injected so far, by kind: "partition" (each partition of two hosts), "reset"
-    /// (each stream reset), "junk" (each run of random bytes slipped in).
+    /// (each stream reset), "junk" (each run of random bytes slipped in), "datagram-loss",
+    /// "datagram-duplicate" and "datagram-reorder" (each datagram the seed chose for one).
     public var faults: [String: Int] { core.faults }
 }

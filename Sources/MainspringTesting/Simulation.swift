@@ -39,12 +39,13 @@ import Synchronization
 /// threads may not drive it at once (precondition).
 ///
 /// ## The network
-/// `Listener`, `Connection` (connect by address or by name, `makePair(on:)`) and what rides on
-/// them (`HTTPClient`) run unchanged over the simulation's ``network``: in memory, on virtual
-/// time, with its latency, segment size, window, partitions and resets.
+/// `Listener`, `Connection` (connect by address or by name, `makePair(on:)`), what rides on
+/// them (`HTTPClient`) and `DatagramSocket` run unchanged over the simulation's ``network``: in
+/// memory, on virtual time, with its latency, segment size, window, partitions and resets, and
+/// datagrams lost, duplicated or reordered as the seed chooses.
 ///
 /// ## Nothing real mixed in
-/// Real descriptors, Unix and datagram sockets, signals and child processes on a simulated
+/// Real descriptors, Unix sockets, signals and child processes (other than registered programs) on a simulated
 /// loop are refused with `EventLoopError.simulatedLoop`, rather than mixing real I/O with
 /// virtual time (whose timeouts would then fire spuriously).
 public final class Simulation: @unchecked Sendable {
@@ -190,6 +191,16 @@ public final class Simulation: @unchecked Sendable {
             thread.name = "mainspring.simulation"
             thread.start()
         }
+    }
+
+    /// ``run(_:)`` on the calling thread: runs `body` as a task that prefers the simulation's
+    /// ``loop`` and drives the simulation here until the body returns (its value) or throws
+    /// (rethrown) — with the same deadlock verdict. For synchronous code (a soak, a benchmark,
+    /// a synchronous test) that has async steps to take between `advance(by:)` calls. The
+    /// calling thread blocks meanwhile: do not call it from a task of the cooperative pool in
+    /// a process that needs that thread.
+    public func runSynchronously<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) throws -> T {
+        try drive(body).get()
     }
 
     /// The driving loop of `run`, on its thread.

@@ -68,6 +68,11 @@ public enum DatagramEvent: Sendable, Hashable {
 /// **Threads.** The handle is `Sendable`; its synchronous members are for the loop's thread
 /// (they throw `.wrongThread` elsewhere), its async ones hop there. The loop keeps the socket
 /// open until `close()` (dropping the handle does not close it) or the loop's shutdown.
+///
+/// **In a simulation.** On a simulated loop (`MainspringTesting`) the socket is a UDP port of
+/// the simulation's network, on the loop's host: no descriptor, datagrams on virtual time, lost,
+/// duplicated or reordered as the network's settings and seed decide; the rest of this type —
+/// its queue, consumers, truncation, statistics — is the same code. Multicast is refused there.
 public final class DatagramSocket: Sendable {
     /// How a socket is made and how it reads and queues.
     public struct Options: Sendable {
@@ -149,6 +154,24 @@ public final class DatagramSocket: Sendable {
     {
         guard loop.claimThread() else { throw .wrongThread(function: "DatagramSocket.init(bindingTo:port:on:options:)") }
         let address = try listeningAddress(for: host, port: port)
+        if loop.isSimulated {
+            let network = try loop.requireSimulatedDatagrams(for: "a UDP socket on \(host):\(port)")
+            let source = DatagramSource(simulatedOn: loop, family: address.family, options: options)
+            let bound: any SimulatedDatagramPort
+            do {
+                bound = try network.bindDatagram(on: loop, host: address.host, port: port) { [weak source] arrival in
+                    source?.simulatedArrival(arrival)
+                }
+            } catch {
+                source.close()
+                throw error
+            }
+            source.simulatedPort = bound
+            self.loop = loop
+            self.localAddress = bound.localAddress
+            self.state = UncheckedResult(source)
+            return
+        }
         let fd: Int32
         switch bindDatagramSocket(address, reusesAddress: options.reusesAddress, allowsBroadcast: options.allowsBroadcast,
                                   receiveBufferSize: options.receiveBufferSize, sendBufferSize: options.sendBufferSize)
@@ -177,6 +200,10 @@ public final class DatagramSocket: Sendable {
     /// - Throws: `.wrongThread`, `.socketClosed`, `.system` with the connect's errno.
     public func connect(to address: SocketAddress) throws(EventLoopError) {
         try checkUsable("DatagramSocket.connect(to:)")
+        if source.simulatedPort != nil {
+            source.peer = address  // the simulated network sends nothing for a connect either
+            return
+        }
         let code = connectDatagramSocket(source.fd, to: address)
         guard code == 0 else { throw .system(function: "connect \(address)", errno: code) }
         source.peer = address
@@ -323,6 +350,7 @@ public final class DatagramSocket: Sendable {
         guard let address = numericAddress(group, port: 0), isMulticast(address) else {
             throw .invalidAddress("\(group) (not a multicast address)")
         }
+        if source.simulatedPort != nil { throw .simulatedLoop(refused: "multicast group \(group)") }
         var index: UInt32 = 0
         if let interface {
             guard let found = interfaceIndex(named: interface) else { throw .invalidAddress("\(interface) (no such interface)") }

@@ -1,5 +1,13 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// The loop side of a `DatagramSocket`: the descriptor, its read and write events, the
 /// receive buffers and the bounded send queue. Loop thread only.
+///
+/// On a simulated loop there is no descriptor (`fd` is -1): a port of the simulation's network
+/// (`simulatedPort`) takes what is sent, and what arrives waits in `inbox` — the kernel's
+/// receive buffer — until the consumer takes it.
 final class DatagramSource: Source {
     let fd: Int32
     let family: SocketAddress.Family
@@ -16,6 +24,12 @@ final class DatagramSource: Source {
     private var isWriteArmed = false
     /// `send(_:)` calls waiting for room in the queue, in order.
     private var waitingSenders: [(Datagram, UnsafeContinuation<Result<Void, EventLoopError>, Never>)] = []
+    /// The simulated network's port (a simulated loop only).
+    var simulatedPort: (any SimulatedDatagramPort)?
+    /// What the simulated network delivered and the consumer has not taken, from `inboxStart`.
+    private var inbox: [DatagramEvent] = []
+    private var inboxStart = 0
+    private var inboxBytes = 0
 
     init(loop: EventLoop, fd: Int32, family: SocketAddress.Family, options: DatagramSocket.Options) throws(EventLoopError) {
         self.fd = fd
@@ -30,12 +44,25 @@ final class DatagramSource: Source {
         }
     }
 
+    /// A socket of the simulated network on `loop` (bound by the caller: `simulatedPort`).
+    init(simulatedOn loop: EventLoop, family: SocketAddress.Family, options: DatagramSocket.Options) {
+        fd = -1
+        self.family = family
+        self.options = options
+        super.init(loop: loop, priority: options.priority)
+    }
+
     override var keepsFiring: Bool { true }
 
     var pendingCount: Int { queue.count - queueStart }
 
     func startReading(_ handler: @escaping (DatagramEvent) -> Void) throws(EventLoopError) {
         requireUsage(self.handler == nil, "Mainspring: DatagramSocket: the socket already has a consumer (onReceive or datagrams)")
+        if simulatedPort != nil {
+            self.handler = handler
+            if inboxStart < inbox.count { fire(.read) }
+            return
+        }
         try addNativeEvent(fd: fd, readiness: .read, persistent: true)
         self.handler = handler
         receiveBuffers = DatagramReceiveBuffers(size: options.maximumDatagramSize, batch: options.receiveBatchSize)
@@ -50,6 +77,10 @@ final class DatagramSource: Source {
     func resumeReading() {
         guard isReadingPaused, !isClosed else { return }
         isReadingPaused = false
+        if simulatedPort != nil {
+            if inboxStart < inbox.count { fire(.read) }
+            return
+        }
         resumeNative()
     }
 
@@ -66,6 +97,7 @@ final class DatagramSource: Source {
     /// Up to `maximumDatagramsPerWakeup` datagrams, in batches; the rest wait for the next
     /// poll (the event is level-triggered).
     private func receive() {
+        if simulatedPort != nil { return receiveSimulated() }
         guard let buffers = receiveBuffers else { return }
         var handled = 0
         let limit = max(1, options.maximumDatagramsPerWakeup)
@@ -89,6 +121,57 @@ final class DatagramSource: Source {
                 handler?(.error(errno: code))
                 handled += 1
             }
+        }
+    }
+
+    // MARK: The simulated network
+
+    /// A datagram (or a port-unreachable) the simulated network delivered: into the inbox — or
+    /// dropped, as the kernel drops, when it is from another peer than the connected one or the
+    /// inbox holds ``DatagramSocket/Options/receiveBufferSize`` bytes (default 212,992, Linux's
+    /// `rmem_default`) — and the consumer is told.
+    func simulatedArrival(_ arrival: SimulatedDatagramArrival) {
+        guard !isClosed else { return }
+        switch arrival {
+        case .datagram(let bytes, let sender):
+            if let peer, sender != peer { return }
+            guard inboxBytes + bytes.count <= options.receiveBufferSize ?? 212_992 else { return }
+            let size = max(0, options.maximumDatagramSize)
+            let datagram = bytes.count > size
+                ? Datagram(received: Array(bytes.prefix(size)), from: sender, isTruncated: true, length: bytes.count)
+                : Datagram(received: bytes, from: sender, isTruncated: false, length: bytes.count)
+            inbox.append(.datagram(datagram))
+            inboxBytes += bytes.count
+        case .unreachable(let address):
+            // Linux reports a port-unreachable only to a socket connected to that address.
+            guard address == peer else { return }
+            inbox.append(.error(errno: ECONNREFUSED))
+        }
+        if handler != nil, !isReadingPaused { fire(.read) }
+    }
+
+    /// Up to `maximumDatagramsPerWakeup` events from the inbox (one batch); the rest on the
+    /// loop's next turn.
+    private func receiveSimulated() {
+        let limit = max(1, options.maximumDatagramsPerWakeup)
+        var handled = 0
+        if inboxStart < inbox.count { statistics.receiveBatches += 1 }
+        while handled < limit, inboxStart < inbox.count, !isClosed, !isReadingPaused {
+            let event = inbox[inboxStart]
+            inboxStart += 1
+            handled += 1
+            if case .datagram(let datagram) = event {
+                inboxBytes -= datagram.length
+                statistics.datagramsReceived += 1
+                if datagram.isTruncated { statistics.datagramsTruncated += 1 }
+            }
+            handler?(event)
+        }
+        if inboxStart == inbox.count {
+            inbox.removeAll(keepingCapacity: inbox.capacity <= 1_024)
+            inboxStart = 0
+        } else if !isClosed, !isReadingPaused {
+            fire(.read)  // the rest next turn, as a level-triggered descriptor would
         }
     }
 
@@ -162,6 +245,13 @@ final class DatagramSource: Source {
         if injectedFullBuffers > 0 {
             injectedFullBuffers -= 1
             return .wouldBlock
+        }
+        if let port = simulatedPort {
+            // `check` made sure each has a destination (its own, or the connected peer).
+            for datagram in datagrams {
+                if let address = datagram.address ?? peer { port.send(datagram.bytes, to: address) }
+            }
+            return .done(datagrams.count)
         }
         return sendDatagramBatch(fd, datagrams)
     }
@@ -269,7 +359,15 @@ final class DatagramSource: Source {
         let senders = waitingSenders
         waitingSenders = []
         for (_, continuation) in senders { continuation.resume(returning: .failure(.socketClosed)) }
-        closeDescriptor(fd)
+        inbox = []
+        inboxStart = 0
+        inboxBytes = 0
+        if let port = simulatedPort {
+            simulatedPort = nil
+            port.close()
+        } else {
+            closeDescriptor(fd)
+        }
         let onClosed = self.onClosed
         self.onClosed = nil
         onClosed?()
