@@ -39,6 +39,7 @@ let namedOnlyScenarios: [Scenario] = [
     soakScenario,
     kvScenario,  // against redis-server, about 7 minutes a run
     simulationFaultsScenario,  // --seeds N: about half a second a seed
+    simulationJunkScenario,  // --seeds N
 ]
 
 /// Variants that run in a child process (see `runChild`).

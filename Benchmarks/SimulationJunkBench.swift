@@ -1,0 +1,68 @@
+import ExampleServices
+import Foundation
+
+/// simulation-junk: bad input, measured. Every parser that runs on the simulated network —
+/// lines, length-prefixed frames (`read(until:)` and `read(exactly:)`), RESP (the KV server) and
+/// HTTP responses (`HTTPClient`) — fed runs of random bytes slipped between segments the seed
+/// sizes, for a simulated minute per seed (`ExampleServices.JunkSoak`), each checked by its
+/// oracle: clear events and errors only, every byte accounted for, the intact units whole and in
+/// order, a clean exchange once the junk stops, nothing leaked.
+///
+/// `--seeds N` (default 100; shared with simulation-faults) seeds, 0 to N-1, each against every
+/// parser; `--runs` is ignored. A failure prints the parser and the seed that replays it
+/// (`JunkSoak.run(_:seed:)`). Not a timing benchmark.
+let simulationJunkScenario = Scenario(
+    name: "simulation-junk",
+    summary: "lines, frames, RESP and HTTP parsers under random junk bytes for a simulated minute per seed (--seeds N): failures"
+) { _ in
+    let seeds = simulationFaultSeeds.withLock { $0 }
+    var byParser: [JunkSoak.Parser: JunkSoak.Result] = [:]
+    let started = ContinuousClock.now
+    var crashes = 0
+    for seed in 0..<UInt64(seeds) {
+        for parser in JunkSoak.Parser.allCases {
+            do {
+                byParser[parser, default: JunkSoak.Result()].add(try JunkSoak.run(parser, seed: seed))
+            } catch {
+                crashes += 1
+                FileHandle.standardError.write(Data("simulation-junk: \(parser.rawValue), seed \(seed) could not run: \(error)\n".utf8))
+            }
+        }
+        if (seed + 1) % 100 == 0 {
+            FileHandle.standardError.write(Data("simulation-junk: \(seed + 1) of \(seeds) seeds\n".utf8))
+        }
+    }
+    let real = (ContinuousClock.now - started) / .seconds(1)
+    var total = JunkSoak.Result()
+    for parser in JunkSoak.Parser.allCases { total.add(byParser[parser] ?? JunkSoak.Result()) }
+    for failure in total.failures {
+        FileHandle.standardError.write(Data("simulation-junk: \(failure)\n".utf8))
+    }
+    for parser in JunkSoak.Parser.allCases {
+        let outcomes = (byParser[parser]?.outcomes ?? [:]).sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }
+        FileHandle.standardError.write(Data("simulation-junk: \(parser.rawValue): \(outcomes.joined(separator: ", "))\n".utf8))
+    }
+    var perParser: [(String, Double)] = []
+    for parser in JunkSoak.Parser.allCases {
+        let result = byParser[parser] ?? JunkSoak.Result()
+        perParser += [
+            ("\(parser.rawValue)_junk_runs", Double(result.junkRuns)),
+            ("\(parser.rawValue)_intact", Double(result.intact)),
+            ("\(parser.rawValue)_failures", Double(result.failures.count)),
+        ]
+    }
+    var samples = Samples()
+    samples.add("mainspring", [
+        ("seeds", Double(seeds)),
+        ("junk_runs", Double(total.junkRuns)),
+        ("junk_bytes", Double(total.junkBytes)),
+        ("intact", Double(total.intact)),
+        ("failures", Double(total.failures.count)),
+        ("leaked_sources", Double(total.leakedSources)),
+        ("crashes", Double(crashes)),
+        ("virtual_s", total.virtualSeconds),
+        ("real_s", real),
+        ("virtual_per_real", total.virtualSeconds / max(real, 1e-9)),
+    ] + perParser)
+    return samples.records(scenario: "simulation-junk")
+}

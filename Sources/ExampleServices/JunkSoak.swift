@@ -1,0 +1,402 @@
+import Foundation
+import KVService
+@_spi(Simulation) import Mainspring
+import MainspringHTTP
+import MainspringTesting
+
+/// Bad input against every parser the library ships that runs on the simulated network: runs of
+/// random bytes ("junk": newlines, NULs, invalid UTF-8 among them) slipped between the segments
+/// of streams split as the seed chooses (often one byte at a time), in both directions, for a
+/// simulated minute — what `mainspring-bench simulation-junk` runs over many seeds, and the
+/// tests over a few. Each parser has its own simulation and oracle:
+///
+/// - ``Parser/lines``: `Connection.readLines` (64-byte lines). Every event is a line, invalid
+///   UTF-8 or a line too long — never an error; the lines junk did not touch arrive whole and
+///   in order (a run of junk touches at most two); both ends stay open.
+/// - ``Parser/frames``: `read(until:limit:)` for a `#` that starts a frame and for its decimal
+///   length line, then `read(exactly:)` for the payload (which has no `#`: after junk, the
+///   reader skips to the next one). Every byte is accounted for: what the reader consumed plus what the writer
+///   drained equals what was sent plus the junk; frames untouched arrive whole and in order.
+/// - ``Parser/resp``: the KV server (`KVServer`) with clients sending `SET`/`GET` in RESP. The
+///   server answers or refuses (`-ERR Protocol error`, then closes), never crashes; once the
+///   junk stops, a new client is served exactly (`PING`, `SET`, `GET`).
+/// - ``Parser/http``: `HTTPClient` against a scripted upstream. Every request ends — a response
+///   or a clear `HTTPClientError` (malformed status line or header, a bad length, a response
+///   timeout) — and once the junk stops, a request gets its exact response.
+///
+/// In each, every stream is closed at the end (no leak). A failure names the parser and the seed
+/// that replays it.
+public enum JunkSoak {
+    /// A parser under junk.
+    public enum Parser: String, Sendable, CaseIterable {
+        case lines, frames, resp, http
+    }
+
+    /// What one or more runs found.
+    public struct Result: Sendable {
+        public var runs = 0
+        /// Runs of junk slipped in, and their bytes.
+        public var junkRuns = 0
+        public var junkBytes = 0
+        /// What the parser reported, by kind ("line", "invalid UTF-8", "malformed status line", …).
+        public var outcomes: [String: Int] = [:]
+        /// Units the oracle checked whole (lines, frames, replies, responses).
+        public var intact = 0
+        public var leakedSources = 0
+        public var virtualSeconds = 0.0
+        /// What the oracle found wrong, each with its parser and seed.
+        public var failures: [String] = []
+
+        public init() {}
+
+        public mutating func add(_ other: Result) {
+            runs += other.runs
+            junkRuns += other.junkRuns
+            junkBytes += other.junkBytes
+            outcomes.merge(other.outcomes, uniquingKeysWith: +)
+            intact += other.intact
+            leakedSources += other.leakedSources
+            virtualSeconds += other.virtualSeconds
+            failures += other.failures
+        }
+    }
+
+    /// Runs `parser` under junk for `duration` with `seed` (see the type's description).
+    public static func run(_ parser: Parser, seed: UInt64, duration: Duration = .seconds(60)) throws -> Result {
+        let simulation = try Simulation(seed: seed)
+        simulation.isTracing = false
+        var generator = SplitMix64(seed: seed ^ 0x4A55_4E4B)
+        let network = simulation.network
+        network.latency = .microseconds(50 + Int64(generator.next() % 2_000))
+        network.maxSegmentSize = generator.next() % 3 == 0 ? 1 : 1 + Int(generator.next() % 32)
+        let run = Run(parser: parser, seed: seed, simulation: simulation)
+        switch parser {
+        case .lines: try run.lines(duration: duration)
+        case .frames: try run.frames(duration: duration)
+        case .resp: try run.resp(duration: duration)
+        case .http: try run.http(duration: duration)
+        }
+        simulation.advance(by: .seconds(5))
+        run.result.runs = 1
+        run.result.junkRuns = network.faults["junk"] ?? 0
+        run.result.junkBytes = network.junkBytes
+        run.result.leakedSources = network.openStreamEnds
+        if run.result.leakedSources > 0 { run.fail("\(run.result.leakedSources) stream ends still open at the end") }
+        if run.result.junkRuns == 0 { run.fail("no junk was injected") }
+        run.result.virtualSeconds = Double(simulation.now.components.seconds)
+        return run.result
+    }
+
+    /// One parser's run: its state, on the simulation's driving thread.
+    private final class Run: @unchecked Sendable {
+        let parser: Parser
+        let seed: UInt64
+        let simulation: Simulation
+        var result = Result()
+
+        init(parser: Parser, seed: UInt64, simulation: Simulation) {
+            self.parser = parser
+            self.seed = seed
+            self.simulation = simulation
+        }
+
+        func fail(_ what: String) { result.failures.append("\(parser.rawValue), seed \(seed): \(what)") }
+        func count(_ outcome: String) { result.outcomes[outcome, default: 0] += 1 }
+
+        /// Junk between the simulation's hosts for `duration` (about one run every two seconds).
+        func injectJunk(for duration: Duration, hosts: [String] = ["127.0.0.1"]) {
+            simulation.network.injectFaults(junkPerMinute: 30, between: hosts, for: duration)
+        }
+
+        // MARK: Lines
+
+        func lines(duration: Duration) throws {
+            let loop = simulation.loop
+            let (writer, reader) = try Connection.makePair(on: loop, options: .init(maxLineLength: 64))
+            var received: [LineEvent] = []
+            reader.readLines { received.append($0) }
+            writer.readBytes { _ in }  // junk the other way is read and dropped
+            injectJunk(for: duration)
+            var sent = 0
+            // Each line in two writes 10 ms apart, so that junk lands inside lines too.
+            let ticks = loop.schedule(every: .milliseconds(50)) { _ in
+                writer.write("line \(sent)")
+                _ = loop.schedule(after: .milliseconds(10)) { writer.write("\n") }
+                sent += 1
+            }
+            simulation.advance(by: duration)
+            ticks.cancel()
+            simulation.advance(by: .seconds(1))
+            var intact: [Int] = []
+            for event in received {
+                switch event {
+                case .line(let text):
+                    count("line")
+                    if text.hasPrefix("line "), let index = Int(text.dropFirst(5)), index < sent { intact.append(index) }
+                case .invalidUTF8: count("invalid UTF-8")
+                case .tooLong: count("too long")
+                default: fail("unexpected \(event)")
+                }
+            }
+            if intact != intact.sorted() || Set(intact).count != intact.count { fail("lines out of order or twice") }
+            let junk = simulation.network.faults["junk"] ?? 0
+            if intact.count < sent - 2 * junk { fail("\(sent) sent, \(intact.count) whole, \(junk) runs of junk") }
+            if !writer.isOpen || !reader.isOpen { fail("a connection closed") }
+            result.intact += intact.count
+            writer.close()
+            reader.close()
+        }
+
+        // MARK: Length-prefixed frames
+
+        static func payload(_ index: Int) -> [UInt8] {
+            Array("frame \(index) ".utf8) + [UInt8](repeating: UInt8(ascii: "a") + UInt8(index % 26), count: index % 40)
+        }
+
+        func frames(duration: Duration) throws {
+            let loop = simulation.loop
+            let (writer, reader) = try Connection.makePair(on: loop)
+            var drained = 0
+            writer.readBytes { input in
+                if case .bytes(let bytes) = input { drained += bytes.count }
+            }
+            injectJunk(for: duration)
+            var sentBytes = 0
+            var sentFrames = 0
+            let ticks = loop.schedule(every: .milliseconds(50)) { _ in
+                let payload = Self.payload(sentFrames)
+                let frame = Array("#\(payload.count)\n".utf8) + payload
+                // In two writes 10 ms apart, so that junk lands inside frames too.
+                let half = frame.count / 2
+                writer.write(Array(frame[..<half]))
+                _ = loop.schedule(after: .milliseconds(10)) { writer.write(Array(frame[half...])) }
+                sentBytes += frame.count
+                sentFrames += 1
+            }
+            // The last frame is out by `duration` (its second half 10 ms later); the writer closes after.
+            _ = loop.schedule(after: duration) { ticks.cancel() }
+            _ = loop.schedule(after: duration + .seconds(1)) { writer.close() }
+            let outcome = try simulation.runSynchronously { () async -> (consumed: Int, intact: [Int], outcomes: [String: Int], error: String?) in
+                var consumed = 0
+                var intact: [Int] = []
+                var outcomes: [String: Int] = [:]
+                do throws(Connection.CloseReason) {
+                    reading: while true {
+                        // Up to the next frame's `#`: nothing before it, unless junk or the rest of
+                        // a frame junk broke.
+                        guard let sync = try await reader.read(until: [UInt8(ascii: "#")], limit: 4_096) else { break reading }
+                        switch sync {
+                        case .tooLong:
+                            guard let skipped = try await reader.read(upTo: 4_096) else { break reading }
+                            consumed += skipped.count
+                            outcomes["skipped", default: 0] += 1
+                            continue reading
+                        case .found(let bytes):
+                            consumed += bytes.count + 1
+                            if !bytes.isEmpty { outcomes["skipped", default: 0] += 1 }
+                        }
+                        guard let header = try await reader.read(until: [0x0A], limit: 8) else { break reading }
+                        guard case .found(let digits) = header else {
+                            outcomes["header too long", default: 0] += 1
+                            continue reading  // the search for the next `#` takes it
+                        }
+                        consumed += digits.count + 1
+                        guard let length = Int(String(decoding: digits, as: UTF8.self)), (0...4_096).contains(length) else {
+                            outcomes["bad length", default: 0] += 1
+                            continue reading
+                        }
+                        guard let payload = try await reader.read(exactly: length) else { break reading }
+                        consumed += payload.count
+                        let words = String(decoding: payload.prefix(16), as: UTF8.self).split(separator: " ")
+                        if words.count >= 2, words[0] == "frame", let index = Int(words[1]), payload == Self.payload(index) {
+                            intact.append(index)
+                            outcomes["frame", default: 0] += 1
+                        } else {
+                            outcomes["altered frame", default: 0] += 1
+                        }
+                    }
+                    // The end came mid-frame or mid-header: what is left is still there.
+                    while let rest = try await reader.read(upTo: 65_536) { consumed += rest.count }
+                } catch {
+                    return (consumed, intact, outcomes, "\(error)")
+                }
+                return (consumed, intact, outcomes, nil)
+            }
+            ticks.cancel()
+            if let error = outcome.error { fail("the reader failed: \(error)") }
+            result.outcomes.merge(outcome.outcomes, uniquingKeysWith: +)
+            let junkBytes = simulation.network.junkBytes
+            if outcome.consumed + drained != sentBytes + junkBytes {
+                fail("bytes: read \(outcome.consumed) + drained \(drained) != sent \(sentBytes) + junk \(junkBytes)")
+            }
+            if outcome.intact != outcome.intact.sorted() || Set(outcome.intact).count != outcome.intact.count {
+                fail("frames out of order or twice")
+            }
+            let junk = simulation.network.faults["junk"] ?? 0
+            if outcome.intact.count < sentFrames - 3 * junk {
+                fail("\(sentFrames) frames sent, \(outcome.intact.count) whole, \(junk) runs of junk")
+            }
+            result.intact += outcome.intact.count
+            reader.close()
+        }
+
+        // MARK: RESP (the KV server)
+
+        func resp(duration: Duration) throws {
+            let server = try simulation.makeGroup(loopCount: 1, host: "10.0.0.1")
+            var options = KVServerOptions()
+            options.host = "0.0.0.0"
+            options.port = 6379
+            let kv = try KVServer(group: server, options: options)
+            injectJunk(for: duration, hosts: ["127.0.0.1", "10.0.0.1"])
+            let loop = simulation.loop
+            let stopAt = simulation.now + duration
+            let simulation = self.simulation
+            let outcomes = try simulation.runSynchronously { () async -> [String: Int] in
+                await withTaskGroup(of: [String: Int].self) { group in
+                    for client in 0..<4 {
+                        group.addTask(executorPreference: loop) {
+                            var outcomes: [String: Int] = [:]
+                            var round = 0
+                            while simulation.now < stopAt {
+                                // A command junk left unfinished keeps the server waiting for its
+                                // rest: the idle timeout ends such a connection.
+                                guard let connection = try? await Connection.connect(to: "10.0.0.1", port: 6379, on: loop,
+                                                                                     options: .init(idleTimeout: .seconds(2)))
+                                else {
+                                    outcomes["connect failed", default: 0] += 1
+                                    try? await loop.sleep(for: .milliseconds(200))
+                                    continue
+                                }
+                                do throws(Connection.CloseReason) {
+                                    while simulation.now < stopAt {
+                                        round += 1
+                                        // The commands in two writes 20 ms apart: junk lands inside them too.
+                                        let commands = Array((FaultSoak.resp(["SET", "k\(client)", "v\(round)"])
+                                                + FaultSoak.resp(["GET", "k\(client)"])).utf8)
+                                        try await connection.send(Array(commands[..<(commands.count / 2)]))
+                                        try? await loop.sleep(for: .milliseconds(20))
+                                        try await connection.send(Array(commands[(commands.count / 2)...]))
+                                        for _ in 0..<3 {
+                                            guard let event = try await connection.readLine() else { throw .closed }
+                                            switch event {
+                                            case .line(let text):
+                                                let kind = text.hasPrefix("-") ? "error reply" : text.hasPrefix("+") ? "status reply"
+                                                    : text.hasPrefix("$") ? "bulk reply" : "other line"
+                                                outcomes[kind, default: 0] += 1
+                                            case .endOfFile: throw .closed
+                                            default: outcomes["unparsable reply", default: 0] += 1
+                                            }
+                                        }
+                                        try? await loop.sleep(for: .milliseconds(200))
+                                    }
+                                } catch {
+                                    outcomes["connection ended", default: 0] += 1
+                                }
+                                connection.close()
+                            }
+                            return outcomes
+                        }
+                    }
+                    var all: [String: Int] = [:]
+                    for await outcomes in group { all.merge(outcomes, uniquingKeysWith: +) }
+                    return all
+                }
+            }
+            result.outcomes.merge(outcomes, uniquingKeysWith: +)
+            simulation.advance(by: .seconds(2))  // the junk has stopped: a new client is served exactly
+            let check = try simulation.runSynchronously { () async -> [String] in
+                guard let connection = try? await Connection.connect(to: "10.0.0.1", port: 6379, on: loop) else { return ["no connection"] }
+                defer { connection.close() }
+                try? await connection.send("PING\r\n" + FaultSoak.resp(["SET", "check", "fine"]) + FaultSoak.resp(["GET", "check"]))
+                var lines: [String] = []
+                while lines.count < 4, case .line(let text)? = try? await connection.readLine() { lines.append(text) }
+                return lines
+            }
+            if check == ["+PONG", "+OK", "$4", "fine"] { result.intact += 1 } else { fail("after the junk, a new client got \(check)") }
+            kv.close()
+        }
+
+        // MARK: HTTP (the client's response parser)
+
+        func http(duration: Duration) throws {
+            let upstream = try simulation.makeGroup(loopCount: 1, host: "10.0.0.2")
+            // Answers each request head (up to its empty line) with one fixed response in three
+            // writes 15 ms apart (status line, header, body), so that junk lands inside responses.
+            let upstreamLoop = upstream.loops[0]
+            let listener = try Listener(host: "0.0.0.0", port: 80, on: upstreamLoop, options: .init(maxLineLength: 4_096)) { connection in
+                connection.readLines { event in
+                    switch event {
+                    case .line(let line):
+                        guard line.isEmpty else { return }
+                        connection.write("HTTP/1.1 200 OK\r\n")
+                        _ = upstreamLoop.schedule(after: .milliseconds(15)) { connection.write("Content-Length: 5\r\n\r\n") }
+                        _ = upstreamLoop.schedule(after: .milliseconds(30)) { connection.write("hello") }
+                    case .invalidUTF8, .tooLong: break
+                    default: connection.close()
+                    }
+                }
+            }
+            let loop = simulation.loop
+            let client = HTTPClient(loop: loop, configuration: .init(connectTimeout: .seconds(2), responseTimeout: .seconds(2)))
+            injectJunk(for: duration, hosts: ["127.0.0.1", "10.0.0.2"])
+            let stopAt = simulation.now + duration
+            let simulation = self.simulation
+            let (outcomes, intact, requests) = try simulation.runSynchronously { () async -> ([String: Int], Int, Int) in
+                var outcomes: [String: Int] = [:]
+                var intact = 0
+                var requests = 0
+                while simulation.now < stopAt {
+                    requests += 1
+                    do throws(HTTPClientError) {
+                        let response = try await client.get("http://10.0.0.2/")
+                        if response.status == 200 && response.body == Array("hello".utf8) {
+                            intact += 1
+                            outcomes["200 hello", default: 0] += 1
+                        } else {
+                            outcomes["altered response", default: 0] += 1
+                        }
+                    } catch {
+                        outcomes[JunkSoak.kind(of: error), default: 0] += 1
+                    }
+                    try? await loop.sleep(for: .milliseconds(100))
+                }
+                return (outcomes, intact, requests)
+            }
+            result.outcomes.merge(outcomes, uniquingKeysWith: +)
+            if outcomes.values.reduce(0, +) != requests { fail("\(requests) requests, \(outcomes.values.reduce(0, +)) ended") }
+            for kind in outcomes.keys where kind.hasPrefix("other") { fail("an unexpected outcome: \(kind)") }
+            simulation.advance(by: .seconds(3))
+            let check = try simulation.runSynchronously { () async -> String in
+                do throws(HTTPClientError) {
+                    let response = try await client.get("http://10.0.0.2/")
+                    return "\(response.status) \(String(decoding: response.body, as: UTF8.self))"
+                } catch {
+                    return "\(error)"
+                }
+            }
+            if check == "200 hello" { result.intact += intact + 1 } else { fail("after the junk, a request got \(check)") }
+            client.shutdown()
+            listener.close()
+        }
+    }
+
+    /// An HTTP client error's kind, for the outcome counts: the parser's clear errors by name,
+    /// anything else as "other: …" (which the oracle reports).
+    static func kind(of error: HTTPClientError) -> String {
+        switch error {
+        case .malformedStatusLine: "malformed status line"
+        case .malformedHeader: "malformed header"
+        case .malformedChunk: "malformed chunk"
+        case .invalidContentLength: "invalid content length"
+        case .headersTooLarge: "headers too large"
+        case .bodyTooLarge: "body too large"
+        case .closedMidResponse: "closed mid-response"
+        case .responseTimeout: "response timeout"
+        case .sendFailed: "send failed"
+        case .tooManyInterimResponses: "too many interim responses"
+        case .connectFailed, .connectTimeout: "connect failed"
+        default: "other: \(error)"
+        }
+    }
+}
