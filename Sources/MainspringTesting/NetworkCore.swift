@@ -115,6 +115,42 @@ final class NetworkCore: SimulatedNetworking, SimulatedDatagramNetworking, @unch
         return listener
     }
 
+    /// A Unix path's place among the listeners: its host's namespace (no port).
+    private func unixKey(_ path: String, on loop: EventLoop) -> HostPort {
+        HostPort(host: "unix:\(host(of: loop)):\(path)", port: 0)
+    }
+
+    private func checkUnixPath(_ path: String) throws(EventLoopError) {
+        guard !path.isEmpty, path.utf8.count <= 107 else {
+            throw .invalidAddress("\(path.debugDescription) (a Unix socket path has 1 to 107 bytes)")
+        }
+    }
+
+    func listen(unixPath path: String, on loop: EventLoop, backlog: Int32,
+                accepted: @escaping (any SimulatedStreamEnd, String) -> Void) throws(EventLoopError)
+        -> any SimulatedListening
+    {
+        try checkUnixPath(path)
+        let key = unixKey(path, on: loop)
+        if listeners[key] != nil { throw .unixSocketPathInUse(path: path, reason: "a listener on this simulated host has it") }
+        let listener = NetworkListener(network: self, key: key, backlog: max(1, Int(backlog)), accepted: accepted, name: path)
+        listeners[key] = listener
+        return listener
+    }
+
+    func connect(unixPath path: String, from loop: EventLoop) throws(EventLoopError) -> any SimulatedStreamEnd {
+        try checkUnixPath(path)
+        guard let listener = listeners[unixKey(path, on: loop)] else {
+            throw .system(function: "connect \(path)", errno: ENOENT)
+        }
+        guard listener.hasRoom else { throw .system(function: "connect \(path)", errno: EAGAIN) }
+        let own = host(of: loop)
+        let (client, server) = makeStream(clientHost: own, clientPort: takePort(on: own, from: 50_000),
+                                          serverHost: own, serverPort: 0)
+        listener.enqueue(server, peer: path)
+        return client
+    }
+
     fileprivate func removeListener(_ listener: NetworkListener) {
         if listeners[listener.key] === listener { listeners[listener.key] = nil }
     }
@@ -710,15 +746,21 @@ final class NetworkListener: SimulatedListening {
     private var waiting: [(NetworkEnd, String)] = []
     private var isClosed = false
 
-    init(network: NetworkCore, key: HostPort, backlog: Int, accepted: @escaping (any SimulatedStreamEnd, String) -> Void) {
+    /// A Unix listener's path (nil: a TCP listener).
+    let name: String?
+
+    init(network: NetworkCore, key: HostPort, backlog: Int, accepted: @escaping (any SimulatedStreamEnd, String) -> Void,
+         name: String? = nil)
+    {
         self.network = network
         self.key = key
         self.backlog = backlog
         self.accepted = accepted
+        self.name = name
     }
 
     var port: UInt16 { key.port }
-    var localAddress: String { "\(key.host):\(key.port)" }
+    var localAddress: String { name ?? "\(key.host):\(key.port)" }
 
     /// Whether a new connection fits (accepting, or room in the backlog).
     var hasRoom: Bool { !isClosed && (isAccepting || waiting.count < backlog) }

@@ -39,13 +39,13 @@ import Synchronization
 /// threads may not drive it at once (precondition).
 ///
 /// ## The network
-/// `Listener`, `Connection` (connect by address or by name, `makePair(on:)`), what rides on
+/// `Listener`, `Connection` (connect by address, by name or by Unix path, `makePair(on:)`), what rides on
 /// them (`HTTPClient`) and `DatagramSocket` run unchanged over the simulation's ``network``: in
 /// memory, on virtual time, with its latency, segment size, window, partitions and resets, and
 /// datagrams lost, duplicated or reordered as the seed chooses.
 ///
 /// ## Nothing real mixed in
-/// Real descriptors, Unix sockets, signals and child processes (other than registered programs) on a simulated
+/// Real descriptors, signals and child processes (other than registered programs) on a simulated
 /// loop are refused with `EventLoopError.simulatedLoop`, rather than mixing real I/O with
 /// virtual time (whose timeouts would then fire spuriously).
 public final class Simulation: @unchecked Sendable {

@@ -359,6 +359,56 @@ import Testing
         #expect(first.count > 20)
         #expect(try traceOfRun(seed: 42) == first)
     }
+
+    /// Unix stream sockets on a simulated host: a path (or an abstract `@name`) per host, no
+    /// file; a connect finishes at once, as a Unix connect does; nobody at the path is ENOENT,
+    /// a path in use is refused, and a closed listener frees its path.
+    @Test func unixPathsAreTheHostsOwn() async throws {
+        let simulation = try Simulation(seed: 31)
+        simulation.network.latency = .milliseconds(3)
+        let loop = simulation.loop
+        var listeners: [Listener] = []
+        for path in ["/run/app.sock", "@app"] {
+            listeners.append(try Listener(unixPath: path, on: loop) { connection in
+                connection.readLines { event in
+                    if case .line(let text) = event { connection.writeLine("\(path): \(text)") } else { connection.close() }
+                }
+            })
+        }
+        #expect(listeners.map(\.localAddress) == ["/run/app.sock", "@app"])
+        #expect {
+            _ = try Listener(unixPath: "/run/app.sock", on: loop) { _ in }
+        } throws: { error in
+            guard case EventLoopError.unixSocketPathInUse(let path, _) = error else { return false }
+            return path == "/run/app.sock"
+        }
+        #expect(throws: EventLoopError.system(function: "connect /run/other.sock", errno: ENOENT)) {
+            _ = try Connection.connect(unixPath: "/run/other.sock", on: loop)
+        }
+        // Another host has its own paths.
+        let other = try simulation.makeGroup(loopCount: 1, host: "10.0.0.9").loops[0]
+        #expect(throws: EventLoopError.system(function: "connect /run/app.sock", errno: ENOENT)) {
+            _ = try Connection.connect(unixPath: "/run/app.sock", on: other)
+        }
+        let (replies, at) = try await simulation.run { () async throws -> ([LineEvent?], Duration) in
+            var replies: [LineEvent?] = []
+            for path in ["/run/app.sock", "@app"] {
+                let connection = try await Connection.connect(unixPath: path, on: loop)
+                try await connection.send(line: "hi")
+                replies.append(try await connection.readLine())
+                connection.close()
+            }
+            return (replies, simulation.now)
+        }
+        #expect(replies == [.line("/run/app.sock: hi"), .line("@app: hi")])
+        #expect(at == .milliseconds(12), "no connect round trip: one latency there and one back, twice")
+        for listener in listeners { listener.close() }
+        simulation.advance(by: .seconds(1))
+        #expect(throws: EventLoopError.system(function: "connect /run/app.sock", errno: ENOENT)) {
+            _ = try Connection.connect(unixPath: "/run/app.sock", on: loop)
+        }
+        #expect(simulation.network.openStreamEnds == 0)
+    }
 }
 
 /// Values recorded by handlers that must be `@Sendable` (a listener's): the simulation runs

@@ -28,7 +28,9 @@ extension Listener {
     /// An existing file at `path` is replaced only if it is a socket nobody listens on (a stale
     /// one, left by a process that died); a live socket, or a file of another kind, is left
     /// alone and reported. The file is removed when the listener closes (if it is still the one
-    /// this listener made). Costs a few system calls, once.
+    /// this listener made). Costs a few system calls, once. On a simulated loop
+    /// (`MainspringTesting`) the path is one of the simulated host's, in memory: no file, and
+    /// `mode` is not used.
     /// - Throws: `EventLoopError.unixSocketPathInUse`, `.invalidAddress` (an empty path, or one
     ///   longer than 107 bytes), `.system` (the directory does not exist: `ENOENT`; …),
     ///   `.wrongThread`.
@@ -64,6 +66,16 @@ extension Connection {
     {
         guard loop.claimThread() else { throw .wrongThread(function: "Connection.connect(unixPath:on:options:)") }
         options.check("Connection.connect(unixPath:)")
+        if loop.isSimulated {
+            let network = try loop.requireSimulatedNetwork(for: "a connection to \(path)")
+            let end = try network.connect(unixPath: path, from: loop)
+            do {
+                return Connection(source: try ConnectionSource(loop: loop, simulated: end, peer: path, options: options))
+            } catch {
+                end.socketClosed(unreadInput: false)
+                throw error
+            }
+        }
         let fd = try startUnixConnect(to: path)
         return Connection(source: try ConnectionSource(loop: loop, fd: fd, peer: path, options: options))
     }

@@ -85,12 +85,23 @@ final class ListenerSource: Source {
         self.preparer = preparer
         super.init(loop: loop, priority: .input)
         target.source = self
-        if loop.isSimulated, case .binding(let host, let port, let backlog) = socket {
+        if loop.isSimulated {
             do throws(EventLoopError) {
                 guard preparer == nil else { throw EventLoopError.simulatedLoop(refused: "a TLS listener (TLS over the simulated network is not supported yet)") }
-                let network = try loop.requireSimulatedNetwork(for: "a TCP listener on \(host):\(port)")
-                let made = try network.listen(on: loop, host: host, port: port, backlog: backlog) { [target] end, peer in
+                let accepted: (any SimulatedStreamEnd, String) -> Void = { [target] end, peer in
                     target.accepted(simulated: end, peer: peer)
+                }
+                let made: any SimulatedListening
+                switch socket {
+                case .binding(let host, let port, let backlog):
+                    let network = try loop.requireSimulatedNetwork(for: "a TCP listener on \(host):\(port)")
+                    made = try network.listen(on: loop, host: host, port: port, backlog: backlog, accepted: accepted)
+                case .unix(let path, _, let backlog):
+                    // No file on a simulated host: `mode` has nothing to apply to.
+                    let network = try loop.requireSimulatedNetwork(for: "a Unix listener at \(path)")
+                    made = try network.listen(unixPath: path, on: loop, backlog: backlog, accepted: accepted)
+                case .adopting(let fd):
+                    throw EventLoopError.simulatedLoop(refused: "a listener adopting descriptor \(fd)")
                 }
                 self.port = made.port
                 self.localAddress = made.localAddress

@@ -21,6 +21,20 @@ public protocol SimulatedNetworking: AnyObject, Sendable {
     func connect(from loop: EventLoop, to address: SocketAddress,
                  _ done: @escaping (Result<any SimulatedStreamEnd, EventLoopError>) -> Void)
 
+    /// Listens on the Unix stream socket `path` of `loop`'s host (each host has its own
+    /// namespace of paths; no file is made). `accepted` as for `listen(on:host:port:…)`.
+    /// - Throws: `EventLoopError.unixSocketPathInUse` when a listener has the path,
+    ///   `.invalidAddress` for an empty path or one over 107 bytes.
+    func listen(unixPath path: String, on loop: EventLoop, backlog: Int32,
+                accepted: @escaping (any SimulatedStreamEnd, String) -> Void) throws(EventLoopError)
+        -> any SimulatedListening
+
+    /// Connects at once to the Unix stream socket `path` on `loop`'s host, as a Unix connect
+    /// does: the client end, its server end already in the listener's backlog.
+    /// - Throws: `.system` with `ENOENT` (nobody listens at the path) or `EAGAIN` (the
+    ///   listener's backlog is full), `.invalidAddress`.
+    func connect(unixPath path: String, from loop: EventLoop) throws(EventLoopError) -> any SimulatedStreamEnd
+
     /// Two ends of one stream on `loop`'s host, connected now (`Connection.makePair(on:)`).
     func makePair(on loop: EventLoop) -> (any SimulatedStreamEnd, any SimulatedStreamEnd)
 
