@@ -160,7 +160,7 @@ let package = Package(
         // A batch of asynchronous saves, with completion hooks on the main loop.
         .executableTarget(
             name: "mainspring-supervise",
-            dependencies: ["Mainspring", "MainspringHTTP"],
+            dependencies: ["Mainspring", "MainspringHTTP", "ExampleServices"],
             path: "Examples/Supervisor"
         ),
         .executableTarget(

@@ -1,10 +1,11 @@
+import ExampleServices
 import Foundation
 import Mainspring
 import MainspringHTTP
 import Synchronization
 
 // mainspring-supervise: a small process supervisor on Mainspring. It runs the programs of a
-// JSON configuration file (Config.swift) as children (Subprocess), prefixes and forwards their
+// JSON configuration file (`SupervisorConfig`, in ExampleServices) as children (Subprocess), prefixes and forwards their
 // output lines, restarts them with backoff, reloads the file when it is replaced or changed
 // (file watching), checks each program's health URL (HTTPClient), serves /metrics and /healthz
 // (HTTPServer), and on SIGTERM or SIGINT stops its children in order (grace, then SIGKILL): a
@@ -15,7 +16,7 @@ import Synchronization
 
 let usage = """
     usage: mainspring-supervise [--http-port <n>] [--http-host <address>] CONFIG
-      CONFIG               the JSON file of programs (see Examples/Supervisor/Config.swift)
+      CONFIG               the JSON file of programs (see SupervisorConfig in Sources/ExampleServices)
       --http-port <n>      port of /metrics and /healthz (default 0: any free port; printed as
                            "listening on HOST:PORT")
       --http-host <addr>   address of the HTTP side (default 127.0.0.1)

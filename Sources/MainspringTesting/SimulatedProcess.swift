@@ -16,6 +16,9 @@ import Glibc
 /// (`.signaled(SIGKILL)`). Other signals are recorded in ``receivedSignals``.
 ///
 /// Its lines are kept in ``output`` (standard streams cannot be pipes on a simulated loop yet).
+/// What it opens — listeners, connections — is not closed for it when it ends, as a real
+/// process's sockets are: close them before it returns (a `defer`), or a client's pooled
+/// connection goes on talking to the program that ended.
 /// Loop-thread state: use it from the program's own code, or from the test between steps.
 public final class SimulatedProcess: @unchecked Sendable {
     /// The executable's name, as spawned.

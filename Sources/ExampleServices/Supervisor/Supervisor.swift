@@ -4,19 +4,26 @@ import MainspringHTTP
 import Synchronization
 
 /// What /metrics reports of one program. Written on the supervisor's loop, read by the HTTP loop.
-struct ProgramStats: Sendable {
-    var starts = 0
-    var restarts = 0
-    var lastExitCode: Int32?
-    var lastSignal: Int32?
-    var outputLines = 0
-    var running = false
-    var healthy: Bool?
+public struct ProgramStats: Sendable, Equatable {
+    public var starts = 0
+    public var restarts = 0
+    public var lastExitCode: Int32?
+    public var lastSignal: Int32?
+    public var outputLines = 0
+    public var running = false
+    public var healthy: Bool?
 }
 
 /// The numbers the HTTP side serves, behind a lock.
-final class SupervisorStats: Sendable {
+public final class SupervisorStats: Sendable {
     private let state = Mutex<[(String, ProgramStats)]>([])
+
+    public init() {}
+
+    /// The numbers of program `name` (nil: never seen). Any thread.
+    public subscript(name: String) -> ProgramStats? {
+        state.withLock { list in list.first { $0.0 == name }?.1 }
+    }
 
     func update(_ name: String, _ change: (inout ProgramStats) -> Void) {
         state.withLock { list in
@@ -31,7 +38,7 @@ final class SupervisorStats: Sendable {
     }
 
     /// The Prometheus text of every program's numbers.
-    func render() -> String {
+    public func render() -> String {
         let list = state.withLock { $0 }
         var text = ""
         func family(_ name: String, _ type: String, _ help: String, _ value: (ProgramStats) -> String?) {
@@ -56,11 +63,17 @@ final class SupervisorStats: Sendable {
 /// Runs the configured programs on its loop: starts them, forwards their output lines with a
 /// prefix, restarts them with backoff, checks their health URLs, reloads the configuration when
 /// the file changes, and stops them in order. Loop thread only.
-final class Supervisor {
-    let loop: EventLoop
-    let configPath: String
-    let stats: SupervisorStats
-    let client: HTTPClient
+///
+/// Its times (backoff, the health interval) are its loop's: on a simulated loop
+/// (`MainspringTesting`) it runs in virtual time, its children registered programs.
+public final class Supervisor {
+    public let loop: EventLoop
+    /// The configuration file, watched for changes (nil: none; the configuration given stays).
+    public let configPath: String?
+    public let stats: SupervisorStats
+    public let client: HTTPClient
+    /// Where its lines go (standard output by default).
+    private let output: (String) -> Void
     private var config: SupervisorConfig
     private var children: [String: Child] = [:]
     private var watcher: Watcher?
@@ -72,32 +85,39 @@ final class Supervisor {
         var program: SupervisorConfig.Program
         var process: Subprocess?
         var failures = 0
-        var startedAt = ContinuousClock.now
+        var startedAt: LoopClock.Instant
         var restartTimer: TimerHandle?
         /// Removed from the configuration (or the supervisor stops): no restart.
         var retired = false
-        init(program: SupervisorConfig.Program) { self.program = program }
+        init(program: SupervisorConfig.Program, now: LoopClock.Instant) {
+            self.program = program
+            startedAt = now
+        }
     }
 
-    init(loop: EventLoop, configPath: String, config: SupervisorConfig, stats: SupervisorStats, client: HTTPClient) {
+    /// A supervisor of `config`'s programs on `loop`, its health checks through `client`.
+    public init(loop: EventLoop, configPath: String?, config: SupervisorConfig, stats: SupervisorStats, client: HTTPClient,
+                output: @escaping (String) -> Void = { FileHandle.standardOutput.write(Data(($0 + "\n").utf8)) })
+    {
         self.loop = loop
         self.configPath = configPath
         self.config = config
         self.stats = stats
         self.client = client
+        self.output = output
     }
 
-    func say(_ line: String) {
-        FileHandle.standardOutput.write(Data((line + "\n").utf8))
-    }
+    func say(_ line: String) { output(line) }
 
     /// Starts every program, the config watch and the health checks.
-    func start() throws {
+    public func start() throws {
         for program in config.programs { add(program) }
-        watcher = try loop.watchFile(at: configPath) { [weak self] event in
-            switch event.kind {
-            case .replaced, .modified, .created: self?.reload()
-            default: break
+        if let configPath {
+            watcher = try loop.watchFile(at: configPath) { [weak self] event in
+                switch event.kind {
+                case .replaced, .modified, .created: self?.reload(from: configPath)
+                default: break
+                }
             }
         }
         let interval = Duration.milliseconds(Int((config.healthInterval ?? 2) * 1_000))
@@ -105,7 +125,7 @@ final class Supervisor {
     }
 
     private func add(_ program: SupervisorConfig.Program) {
-        let child = Child(program: program)
+        let child = Child(program: program, now: loop.clock.now)
         children[program.name] = child
         launch(child)
     }
@@ -116,7 +136,7 @@ final class Supervisor {
                                                      arguments: Array(program.command.dropFirst()))
         configuration.standardError = .pipe
         configuration.newProcessGroup = true
-        child.startedAt = .now
+        child.startedAt = loop.clock.now
         let process: Subprocess
         do {
             process = try Subprocess.spawn(configuration, on: loop)
@@ -163,7 +183,7 @@ final class Supervisor {
         case .onFailure: if status?.isSuccess == true { return }
         case .always: break
         }
-        if ContinuousClock.now - child.startedAt >= .seconds(5) { child.failures = 0 }
+        if child.startedAt.duration(to: loop.clock.now) >= .seconds(5) { child.failures = 0 }
         let delay = Duration.milliseconds(min(5_000, 100 << min(child.failures, 6)))
         child.failures += 1
         child.restartTimer = loop.schedule(after: delay) { [weak self, weak child] in
@@ -175,7 +195,7 @@ final class Supervisor {
 
     /// The file changed: start what is new, stop what is gone, restart what changed. A file that
     /// does not parse changes nothing.
-    private func reload() {
+    private func reload(from configPath: String) {
         guard !stopping else { return }
         let fresh: SupervisorConfig
         do {
@@ -213,7 +233,8 @@ final class Supervisor {
             guard let url = child.program.health else { continue }
             let client = self.client
             let stats = self.stats
-            Task {
+            // On the supervisor's loop: in a simulation, in virtual time and in seed order.
+            Task(executorPreference: loop) {
                 let healthy: Bool
                 do {
                     let response = try await client.get(url)
@@ -229,7 +250,7 @@ final class Supervisor {
     /// A forced stop (a second signal) cut `stop` short: every child still running gets
     /// SIGKILL, with its process group, at once — none outlives the supervisor. Loop thread
     /// (the loop may have stopped).
-    func killRemaining() {
+    public func killRemaining() {
         stopping = true
         for program in config.programs {
             guard let child = children[program.name] else { continue }
@@ -242,7 +263,7 @@ final class Supervisor {
 
     /// SIGTERM: stops the children one after another, in the configuration's order (each:
     /// SIGTERM to its group, SIGKILL after its grace), then calls `done`.
-    func stop(_ done: @escaping () -> Void) {
+    public func stop(_ done: @escaping () -> Void) {
         guard !stopping else { return }
         stopping = true
         watcher?.cancel()

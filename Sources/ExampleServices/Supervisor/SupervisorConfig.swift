@@ -12,18 +12,28 @@ import Foundation
 /// `restart`: `always` (the default), `on-failure` (an exit other than 0), `never`. `health`: a
 /// URL checked every `healthInterval` seconds (default 2) with a GET; 2xx and 3xx are healthy.
 /// `grace`: seconds between SIGTERM and SIGKILL when the program is stopped (default 5).
-struct SupervisorConfig: Decodable, Equatable {
-    struct Program: Decodable, Equatable {
-        enum Restart: String, Decodable { case always, onFailure = "on-failure", never }
-        var name: String
-        var command: [String]
-        var restart: Restart
-        var health: String?
-        var grace: Double
+public struct SupervisorConfig: Decodable, Equatable, Sendable {
+    /// One program to run.
+    public struct Program: Decodable, Equatable, Sendable {
+        /// When it is started again after it ends.
+        public enum Restart: String, Decodable, Sendable { case always, onFailure = "on-failure", never }
+        public var name: String
+        public var command: [String]
+        public var restart: Restart
+        public var health: String?
+        public var grace: Double
+
+        public init(name: String, command: [String], restart: Restart = .always, health: String? = nil, grace: Double = 5) {
+            self.name = name
+            self.command = command
+            self.restart = restart
+            self.health = health
+            self.grace = grace
+        }
 
         enum CodingKeys: String, CodingKey { case name, command, restart, health, grace }
 
-        init(from decoder: any Decoder) throws {
+        public init(from decoder: any Decoder) throws {
             let container = try decoder.container(keyedBy: CodingKeys.self)
             name = try container.decode(String.self, forKey: .name)
             command = try container.decode([String].self, forKey: .command)
@@ -36,11 +46,16 @@ struct SupervisorConfig: Decodable, Equatable {
         }
     }
 
-    var programs: [Program]
-    var healthInterval: Double?
+    public var programs: [Program]
+    public var healthInterval: Double?
+
+    public init(programs: [Program], healthInterval: Double? = nil) {
+        self.programs = programs
+        self.healthInterval = healthInterval
+    }
 
     /// Reads and checks the file; the error says what is wrong.
-    static func load(_ path: String) throws -> SupervisorConfig {
+    public static func load(_ path: String) throws -> SupervisorConfig {
         let data = try Data(contentsOf: URL(fileURLWithPath: path))
         let config = try JSONDecoder().decode(SupervisorConfig.self, from: data)
         var names = Set<String>()
@@ -51,7 +66,7 @@ struct SupervisorConfig: Decodable, Equatable {
     }
 }
 
-struct ConfigError: Error, CustomStringConvertible {
-    var message: String
-    var description: String { message }
+public struct ConfigError: Error, CustomStringConvertible {
+    public var message: String
+    public var description: String { message }
 }
