@@ -143,16 +143,16 @@ final class Box<Value: Sendable>: @unchecked Sendable {
         #expect(result.value?.1 == .milliseconds(250))
     }
 
-    /// What is real — a Unix socket's file, a descriptor the caller has — is refused on a
-    /// simulated loop, by name; TCP listeners and connections go over the simulation's network
-    /// (NetworkSimulationTests).
+    /// What is real — a descriptor the caller has, for a listener or a connection — is refused
+    /// on a simulated loop, by name; TCP and Unix listeners and connections go over the
+    /// simulation's network (NetworkSimulationTests).
     @Test func realDescriptorsAreRefused() throws {
         let simulation = try Simulation()
         let loop = simulation.loop
         let thrown = Box<EventLoopError?>(nil)
         loop.execute {
             do throws(EventLoopError) {
-                _ = try Listener(unixPath: "/tmp/mainspring-simulated.sock", on: loop) { _ in }
+                _ = try Listener(adopting: 0, on: loop) { _ in }
             } catch {
                 thrown.value = error
             }
@@ -162,7 +162,7 @@ final class Box<Value: Sendable>: @unchecked Sendable {
             Issue.record("expected simulatedLoop, got \(String(describing: thrown.value))")
             return
         }
-        #expect(refused.contains("unix socket listener"))
+        #expect(refused.contains("a listener adopting descriptor 0"))
         let adopted = Box<EventLoopError?>(nil)
         loop.execute {
             do throws(EventLoopError) {
