@@ -28,7 +28,9 @@ struct ConnectionPairTests {
     func cancellationSendsWhatWasQueued() async throws {
         let group = try EventLoopGroup(loopCount: 1)
         let loop = group.loops[0]
-        let options = Connection.Options(outputLimit: 16 << 20)
+        // A close sends what was queued within `closeTimeout`: generous here, since the receiver
+        // of 4 MiB may be slow on a loaded machine (a run with a build beside it took over 10 s).
+        let options = Connection.Options(outputLimit: 16 << 20, closeTimeout: .seconds(300))
         // Far more than a socketpair's buffers hold: most of it is still queued in the library.
         let payload = [UInt8](repeating: 0x61, count: 4 << 20)
         let (sender, receiver) = try await Connection.makePair(on: loop, options: options)
@@ -41,12 +43,16 @@ struct ConnectionPairTests {
         }
         for await _ in queued { break }
         task.cancel()
-        var received = 0
-        var tail: [UInt8] = []
-        while let chunk = try await receiver.read(upTo: 1 << 16) {
-            received += chunk.count
-            tail = Array((tail + chunk).suffix(4))
-        }
+        // Read on the connections' loop: no hop through the cooperative pool per chunk.
+        let (received, tail) = try await Task(executorPreference: loop) { () async throws -> (Int, [UInt8]) in
+            var received = 0
+            var tail: [UInt8] = []
+            while let chunk = try await receiver.read(upTo: 1 << 16) {
+                received += chunk.count
+                tail = Array((tail + chunk).suffix(4))
+            }
+            return (received, tail)
+        }.value
         #expect(received == payload.count + 4 && tail == Array("BYE\n".utf8), "\(received) bytes")
         #expect(await sender.closed == .cancelled)
         let thrown: Connection.CloseReason?

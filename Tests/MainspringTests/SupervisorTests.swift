@@ -42,7 +42,8 @@ struct SupervisorTests {
             }
         }
         func waitFor(_ what: String, _ condition: @escaping ([String]) -> Bool) async -> Bool {
-            let met = await eventually { condition(lines.value) }
+            // Generous: a run with a second build beside it waited 20 s for a restart.
+            let met = await eventually(timeout: .seconds(90)) { condition(lines.value) }
             if !met { Issue.record("never saw \(what); output: \(lines.value.suffix(20))") }
             return met
         }
