@@ -134,7 +134,7 @@ private func startWebSocketEcho() -> EchoServer {
 private func startLineEcho() -> EchoServer {
     let group = try! EventLoopGroup(loopCount: 1)
     let loop = group.loops[0]
-    let listener = blockingAwait { try! await Listener(on: loop, group: group) }
+    let listener = blockingAwait { try! await Listener(.tcp(), on: loop, group: group) }
     let serving = Task(executorPreference: loop) {
         try? await withThrowingDiscardingTaskGroup { tasks in
             do {

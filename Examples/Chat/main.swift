@@ -37,7 +37,7 @@ let room = ChatRoom(policy: policy, grace: grace)
 
 Task { @MainActor in
     do {
-        let listener = try await Listener(port: port, on: group.loops[0], group: group,
+        let listener = try await Listener(.tcp(port: port), on: group.loops[0], group: group,
                                           options: .init(maxLineLength: 64 << 10, outputLimit: outputLimit))
         print("listening on \(listener.localAddress)")
         fflush(nil)

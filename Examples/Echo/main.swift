@@ -8,7 +8,7 @@ let signals = try EventLoop.main.signals([SIGTERM, SIGINT])
 
 Task { @MainActor in                               // the main actor runs inside EventLoop.main
     do {
-        let listener = try await Listener(port: port, on: group.loops[0], group: group,
+        let listener = try await Listener(.tcp(port: port), on: group.loops[0], group: group,
                                           options: .init(maxLineLength: 4_096, idleTimeout: .seconds(300)))
         print("listening on port \(listener.port)")
 

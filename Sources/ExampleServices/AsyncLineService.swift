@@ -110,15 +110,15 @@ public final class AsyncLineService: Sendable {
     {
         switch (endpoint, tls) {
         case (.address(let host, let port), nil):
-            try await Listener(host: host, port: port, on: group.loops[0], group: group, options: options)
+            try await Listener(.tcp(host: host, port: port), on: group.loops[0], group: group, options: options)
         case (.activated(let socket), nil):
-            try await Listener(activatedSocket: socket, on: group.loops[0], group: group, options: options)
+            try await Listener(.activated(socket), on: group.loops[0], group: group, options: options)
         case (.address(let host, let port), let tls?):
-            try await Listener(host: host, port: port, on: group.loops[0], group: group, options: options, tls: tls)
+            try await Listener(.tcp(host: host, port: port), on: group.loops[0], group: group, options: options, tls: tls)
         case (.activated(let socket), let tls?):
-            try await Listener(activatedSocket: socket, on: group.loops[0], group: group, options: options, tls: tls)
+            try await Listener(.activated(socket), on: group.loops[0], group: group, options: options, tls: tls)
         case (.unix(let path, let mode), nil):
-            try await Listener(unixPath: path, mode: mode, on: group.loops[0], group: group, options: options)
+            try await Listener(.unix(path: path, mode: mode), on: group.loops[0], group: group, options: options)
         case (.unix(let path, _), _?):
             throw LineServiceError.tlsOnUnixSocket(path: path)
         }

@@ -324,7 +324,7 @@ public enum JunkSoak {
             // Answers each request head (up to its empty line) with one fixed response in three
             // writes 15 ms apart (status line, header, body), so that junk lands inside responses.
             let upstreamLoop = upstream.loops[0]
-            let listener = try Listener(host: "0.0.0.0", port: 80, on: upstreamLoop, options: .init(maxLineLength: 4_096)) { connection in
+            let listener = try Listener(.tcp(host: "0.0.0.0", port: 80), on: upstreamLoop, options: .init(maxLineLength: 4_096)) { connection in
                 connection.readLines { event in
                     switch event {
                     case .line(let line):

@@ -68,7 +68,7 @@ public final class LineService: Sendable {
         /// A listening socket passed by the service manager (socket activation).
         case activated(ActivatedSockets.Socket)
         /// A new Unix stream socket at `path` (a file with `mode`, nil: the umask's; or "@name"
-        /// in the abstract namespace), with `Listener(unixPath:mode:on:)`'s rules: a stale
+        /// in the abstract namespace), with `Listener(.unix(path:mode:), on:)`'s rules: a stale
         /// socket file is replaced, a live one or another kind of file is an error, the file
         /// goes when the service stops. Plaintext only: with TLS it is
         /// `LineServiceError.tlsOnUnixSocket`.
@@ -116,19 +116,19 @@ public final class LineService: Sendable {
         let made = try acceptor.runAndWait {
             switch (endpoint, tls) {
             case (.address(let host, let port), nil):
-                try Listener(host: host, port: port, on: acceptor, group: group, options: connectionOptions,
+                try Listener(.tcp(host: host, port: port), on: acceptor, group: group, options: connectionOptions,
                              accept: accept)
             case (.activated(let socket), nil):
-                try Listener(activatedSocket: socket, on: acceptor, group: group, options: connectionOptions,
+                try Listener(.activated(socket), on: acceptor, group: group, options: connectionOptions,
                              accept: accept)
             case (.address(let host, let port), let tls?):
-                try Listener(host: host, port: port, on: acceptor, group: group, options: connectionOptions, tls: tls,
+                try Listener(.tcp(host: host, port: port), on: acceptor, group: group, options: connectionOptions, tls: tls,
                              accept: accept)
             case (.activated(let socket), let tls?):
-                try Listener(activatedSocket: socket, on: acceptor, group: group, options: connectionOptions, tls: tls,
+                try Listener(.activated(socket), on: acceptor, group: group, options: connectionOptions, tls: tls,
                              accept: accept)
             case (.unix(let path, let mode), nil):
-                try Listener(unixPath: path, mode: mode, on: acceptor, group: group, options: connectionOptions,
+                try Listener(.unix(path: path, mode: mode), on: acceptor, group: group, options: connectionOptions,
                              accept: accept)
             case (.unix(let path, _), _?):
                 throw LineServiceError.tlsOnUnixSocket(path: path)

@@ -95,7 +95,7 @@ public final class KVServer: Sendable {
             let shared = LoopOwned(store)
             // The library's listener: accepted sockets have TCP_NODELAY (a batch's replies that go
             // out in two writes do not wait for the client's delayed ACK).
-            let listener = try Listener(host: options.host, port: options.port, on: storeLoop, group: group,
+            let listener = try Listener(.tcp(host: options.host, port: options.port), on: storeLoop, group: group,
                                         options: connectionOptions) { connection in
                 guard let registry = registries.first(where: { $0.value.loop === connection.loop }) else { return }
                 Client.accept(connection, store: shared.value, counters: counters, registry: registry.value)

@@ -2,9 +2,9 @@ import Mainspring
 
 /// TLS listeners: connections are handed over once their handshake is done.
 ///
-/// Every form of `Listener` has a TLS twin that takes a ``TLSServerContext``: the callback
-/// initialisers (loop thread), the async ones (any task, for `connections`), on a new socket or
-/// a descriptor that already listens (socket activation). An accepted socket is handshaken on
+/// Both forms of `Listener` take a ``TLSServerContext`` as `tls:`: the callback initializer
+/// (loop thread) and the async one (any task, for `connections`), on any endpoint — a TCP port,
+/// a Unix path, a descriptor that already listens (socket activation). An accepted socket is handshaken on
 /// the loop its connection goes to, as `.normal` work (see ``TLSServerContext``'s handshakes:
 /// accepting and established connections go first); the connection reaches `accept` — or
 /// `connections` — established, with `connection.tls` set. A handshake that fails (a bad
@@ -15,9 +15,31 @@ import Mainspring
 /// cannot stop a listener); each costs a socket and a session until it ends (at most the
 /// configuration's `handshakeTimeout`).
 extension Listener {
+    /// Listens on `endpoint` (TCP, a Unix path, an adopted or activated descriptor) and hands
+    /// each TLS-established connection to `accept` on its loop. Loop thread only (`loop`'s).
+    /// - Throws: as `Listener(_:on:group:options:accept:)`: `EventLoopError.invalidAddress`,
+    ///   `.system` (address in use, …), `.notListeningSocket`, `.wrongThread`; `.simulatedLoop`
+    ///   on a simulated loop (TLS over the simulated network is not supported yet).
+    public convenience init(_ endpoint: Endpoint, on loop: EventLoop, group: EventLoopGroup? = nil,
+                            options: Connection.Options = .init(), tls: TLSServerContext,
+                            accept: @escaping @Sendable (Connection) -> Void) throws(EventLoopError)
+    {
+        try self.init(endpoint, on: loop, group: group, options: options, preparer: TLSAcceptPreparer(context: tls),
+                      accept: accept)
+    }
+
+    /// Listens on `endpoint` and queues the TLS-established connections for `connections`. Any
+    /// task.
+    public convenience init(_ endpoint: Endpoint, on loop: EventLoop, group: EventLoopGroup? = nil,
+                            options: Connection.Options = .init(), tls: TLSServerContext) async throws(EventLoopError)
+    {
+        try await self.init(endpoint, on: loop, group: group, options: options, preparer: TLSAcceptPreparer(context: tls))
+    }
+
     /// Listens on `host:port` and hands each TLS-established connection to `accept` on its loop.
     /// Loop thread only (`loop`'s).
     /// - Throws: `EventLoopError.invalidAddress`, `.system` (address in use, …), `.wrongThread`.
+    @available(*, deprecated, message: "use Listener(.tcp(host:port:backlog:), on:group:options:tls:accept:)")
     public convenience init(host: String = "127.0.0.1", port: UInt16 = 0, on loop: EventLoop, group: EventLoopGroup? = nil,
                             options: Connection.Options = .init(), backlog: Int32 = 511, tls: TLSServerContext,
                             accept: @escaping @Sendable (Connection) -> Void) throws(EventLoopError)
@@ -28,6 +50,7 @@ extension Listener {
 
     /// Listens on `host:port` and queues the TLS-established connections for `connections`.
     /// Any task.
+    @available(*, deprecated, message: "use Listener(.tcp(host:port:backlog:), on:group:options:tls:) async")
     public convenience init(host: String = "127.0.0.1", port: UInt16 = 0, on loop: EventLoop, group: EventLoopGroup? = nil,
                             options: Connection.Options = .init(), backlog: Int32 = 511, tls: TLSServerContext) async
         throws(EventLoopError)
@@ -39,6 +62,7 @@ extension Listener {
     /// TLS on a descriptor that already listens (a socket passed by a service manager: see
     /// `ActivatedSockets`), handing each established connection to `accept`. The listener takes
     /// the descriptor over, as `init(adopting:on:group:options:accept:)` does. Loop thread only.
+    @available(*, deprecated, message: "use Listener(.adopted(descriptor:), on:group:options:tls:accept:)")
     public convenience init(adopting descriptor: Int32, on loop: EventLoop, group: EventLoopGroup? = nil,
                             options: Connection.Options = .init(), tls: TLSServerContext,
                             accept: @escaping @Sendable (Connection) -> Void) throws(EventLoopError)
@@ -48,6 +72,7 @@ extension Listener {
     }
 
     /// TLS on a descriptor that already listens, for `connections`. Any task.
+    @available(*, deprecated, message: "use Listener(.adopted(descriptor:), on:group:options:tls:) async")
     public convenience init(adopting descriptor: Int32, on loop: EventLoop, group: EventLoopGroup? = nil,
                             options: Connection.Options = .init(), tls: TLSServerContext) async throws(EventLoopError)
     {
@@ -135,6 +160,7 @@ private func connectTLS(to host: String, port: UInt16, on loop: EventLoop, optio
 extension Listener {
     /// TLS on a socket passed by socket activation (see `ActivatedSockets`), handing each
     /// established connection to `accept`. Loop thread only.
+    @available(*, deprecated, message: "use Listener(.activated(_:), on:group:options:tls:accept:)")
     public convenience init(activatedSocket socket: ActivatedSockets.Socket, on loop: EventLoop,
                             group: EventLoopGroup? = nil, options: Connection.Options = .init(), tls: TLSServerContext,
                             accept: @escaping @Sendable (Connection) -> Void) throws(EventLoopError)
@@ -143,6 +169,7 @@ extension Listener {
     }
 
     /// TLS on a socket passed by socket activation, for `connections`. Any task.
+    @available(*, deprecated, message: "use Listener(.activated(_:), on:group:options:tls:) async")
     public convenience init(activatedSocket socket: ActivatedSockets.Socket, on loop: EventLoop,
                             group: EventLoopGroup? = nil, options: Connection.Options = .init(), tls: TLSServerContext)
         async throws(EventLoopError)

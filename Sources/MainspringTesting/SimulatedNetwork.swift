@@ -30,7 +30,7 @@
 ///   beyond it the writer's output stays buffered, and its backpressure is real.
 /// - **Closing** sends the end of the stream after the data; closing with input left unread
 ///   resets the stream instead, and data that reaches a closed end gets a reset back — as TCP.
-/// - **Unix stream sockets** (`Listener(unixPath:)`, `Connection.connect(unixPath:)`): each
+/// - **Unix stream sockets** (`Listener(.unix(path:), on:)`, `Connection.connect(unixPath:)`): each
 ///   host has its own namespace of paths (no file is made); a connect finishes at once, as a
 ///   Unix connect does (`ENOENT` when nobody listens at the path, `EAGAIN` when its backlog is
 ///   full); the bytes then travel as on any stream.

@@ -37,7 +37,7 @@ func asyncCancelScenario() throws {
 @MainActor
 private func cancelChecks(group: EventLoopGroup) async throws {
     let baseline = openSockets()
-    let listener = try await Listener(on: group.loops[0], group: group, options: .init(outputLimit: 16 << 10))
+    let listener = try await Listener(.tcp(), on: group.loops[0], group: group, options: .init(outputLimit: 16 << 10))
     var accepted = listener.connections.makeAsyncIterator()
     weak var readerTracker: Tracker?
     weak var senderTracker: Tracker?
@@ -171,7 +171,7 @@ func asyncSecondConsumerScenario() throws {
     let group = try EventLoopGroup(loopCount: 1)
     Task { @MainActor in
         do {
-            let listener = try await Listener(on: group.loops[0], group: group)
+            let listener = try await Listener(.tcp(), on: group.loops[0], group: group)
             let client = try await Connection.connect(to: "127.0.0.1", port: listener.port, on: group.loops[0])
             try await client.send(line: "hello")
             var accepted = listener.connections.makeAsyncIterator()

@@ -134,7 +134,7 @@ func descriptorExhaustionScenario() throws {
     let warmUp = OperationQueue()
     warmUp.addOperation {}
     warmUp.waitUntilAllOperationsAreFinished()
-    let listener = try Listener(on: loop) { connection in
+    let listener = try Listener(.tcp(), on: loop) { connection in
         connection.readLines { event in
             if case .line(let text) = event { connection.writeLine("echo \(text)") }
         }
@@ -167,7 +167,7 @@ func descriptorExhaustionScenario() throws {
     report("new-loop", failure { _ = try EventLoop() } ?? "made")
     report("thread-loop", threadLoopOutcome())
     report("spinning-operation", spinningOperationOutcome())
-    report("listener", failure { _ = try Listener(on: loop) { _ in } } ?? "made")
+    report("listener", failure { _ = try Listener(.tcp(), on: loop) { _ in } } ?? "made")
     report("connection", connectOutcome(port: listener.port, loop: loop))
     report("datagram", failure { _ = try DatagramSocket(bindingTo: "127.0.0.1", port: 0, on: loop) } ?? "made")
     report("spawn", failure { _ = try Subprocess.spawn(.init(executable: "/bin/true"), on: loop) } ?? "spawned")

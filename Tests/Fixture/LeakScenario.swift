@@ -39,7 +39,7 @@ func leakCheckScenario() throws {
     watcher.cancel()
     // Connections through a listener.
     var closed = 0
-    let listener = try Listener(on: loop) { connection in
+    let listener = try Listener(.tcp(), on: loop) { connection in
         connection.readLines { event in
             if case .line(let text) = event { connection.writeLine(text) }
             if event == .endOfFile { connection.close() }

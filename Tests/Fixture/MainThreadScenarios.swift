@@ -330,7 +330,7 @@ func durationMisuseScenario() throws {
     case "every-negative": loop.schedule(every: .milliseconds(-5)) { _ in }
     case "poll-interval-zero": _ = try EventLoop(configuration: .init(pollInterval: .zero))
     case "idle-timeout-negative":
-        _ = try Listener(on: loop, options: .init(idleTimeout: .milliseconds(-1))) { _ in }
+        _ = try Listener(.tcp(), on: loop, options: .init(idleTimeout: .milliseconds(-1))) { _ in }
     case "idle-timeout-zero": _ = try Connection.connect(to: "127.0.0.1", port: 9, on: loop, options: .init(idleTimeout: .zero))
     case "input-pattern-zero": _ = try InputSimulator(loop: loop, pattern: .steady(every: .zero))
     default: fail("unknown case \(which)")

@@ -20,9 +20,9 @@ func readmeSystemdScenario() throws {
     acceptor.execute {
         do {
             let listener = if let socket = activated.first(named: "line") ?? activated.sockets.first {
-                try Listener(activatedSocket: socket, on: acceptor, group: group, accept: echo)
+                try Listener(.activated(socket), on: acceptor, group: group, accept: echo)
             } else {
-                try Listener(port: 7000, on: acceptor, group: group, accept: echo)
+                try Listener(.tcp(port: 7000), on: acceptor, group: group, accept: echo)
             }
             try notifier.notify(.ready, .status("accepting on \(listener.localAddress)"))   // READY=1
         } catch {

@@ -13,7 +13,7 @@ import Testing
         let upstream = try simulation.makeGroup(loopCount: 1, host: "10.0.0.2")
         simulation.network.register(name: "upstream.test", address: "10.0.0.2")
         // Reads every request, answers nothing.
-        let listener = try Listener(host: "0.0.0.0", port: 80, on: upstream.loops[0]) { connection in
+        let listener = try Listener(.tcp(host: "0.0.0.0", port: 80), on: upstream.loops[0]) { connection in
             connection.readLines { event in
                 if case .line = event { return }
                 connection.close()
@@ -42,7 +42,7 @@ import Testing
         let upstream = try simulation.makeGroup(loopCount: 1, host: "10.0.0.2")
         simulation.network.register(name: "upstream.test", address: "10.0.0.2")
         // Answers each request's head with 200.
-        let listener = try Listener(host: "0.0.0.0", port: 80, on: upstream.loops[0]) { connection in
+        let listener = try Listener(.tcp(host: "0.0.0.0", port: 80), on: upstream.loops[0]) { connection in
             connection.readLines { event in
                 guard case .line(let line) = event else { return connection.close() }
                 if line.isEmpty { connection.write("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok") }

@@ -8,7 +8,7 @@ import Testing
 @Suite struct NetworkSimulationTests {
     /// A line echo server on `loop`: every connection it accepts echoes lines until the end.
     private func startEcho(on loop: EventLoop, port: UInt16 = 7) throws -> Listener {
-        try Listener(host: "0.0.0.0", port: port, on: loop) { connection in
+        try Listener(.tcp(host: "0.0.0.0", port: port), on: loop) { connection in
             connection.readLines { event in
                 switch event {
                 case .line(let text): connection.writeLine(text)
@@ -139,7 +139,7 @@ import Testing
         let server = try simulation.makeGroup(loopCount: 1, host: "10.0.0.2")
         let received = Recorder<String>()
         let arrivals = Recorder<Duration>()
-        let listener = try Listener(host: "0.0.0.0", port: 80, on: server.loops[0]) { connection in
+        let listener = try Listener(.tcp(host: "0.0.0.0", port: 80), on: server.loops[0]) { connection in
             connection.readLines { event in
                 if case .line(let text) = event {
                     received.append(text)
@@ -176,7 +176,7 @@ import Testing
         let simulation = try Simulation(seed: 7)
         let server = try simulation.makeGroup(loopCount: 1, host: "10.0.0.3")
         let serverReason = Recorder<Connection.CloseReason>()
-        let listener = try Listener(host: "0.0.0.0", port: 80, on: server.loops[0]) { connection in
+        let listener = try Listener(.tcp(host: "0.0.0.0", port: 80), on: server.loops[0]) { connection in
             connection.readLines { _ in }
             connection.onClose { serverReason.append($0) }
         }
@@ -203,7 +203,7 @@ import Testing
         let simulation = try Simulation(seed: 14)
         simulation.network.latency = .milliseconds(10)
         let server = try simulation.makeGroup(loopCount: 1, host: "10.0.0.6")
-        let listener = try Listener(host: "0.0.0.0", port: 80, on: server.loops[0]) { connection in
+        let listener = try Listener(.tcp(host: "0.0.0.0", port: 80), on: server.loops[0]) { connection in
             connection.readLines { _ in }
         }
         let loop = simulation.loop
@@ -340,7 +340,7 @@ import Testing
             simulation.network.latency = .microseconds(300)
             simulation.network.maxSegmentSize = 3
             let server = try simulation.makeGroup(loopCount: 2, host: "10.0.0.4")
-            let listener = try Listener(host: "0.0.0.0", port: 80, on: server.loops[0], group: server) { connection in
+            let listener = try Listener(.tcp(host: "0.0.0.0", port: 80), on: server.loops[0], group: server) { connection in
                 connection.readLines { event in
                     if case .line(let text) = event { connection.writeLine(text.uppercased()) } else { connection.close() }
                 }
@@ -369,7 +369,7 @@ import Testing
         let loop = simulation.loop
         var listeners: [Listener] = []
         for path in ["/run/app.sock", "@app"] {
-            listeners.append(try Listener(unixPath: path, on: loop) { connection in
+            listeners.append(try Listener(.unix(path: path), on: loop) { connection in
                 connection.readLines { event in
                     if case .line(let text) = event { connection.writeLine("\(path): \(text)") } else { connection.close() }
                 }
@@ -377,7 +377,7 @@ import Testing
         }
         #expect(listeners.map(\.localAddress) == ["/run/app.sock", "@app"])
         #expect {
-            _ = try Listener(unixPath: "/run/app.sock", on: loop) { _ in }
+            _ = try Listener(.unix(path: "/run/app.sock"), on: loop) { _ in }
         } throws: { error in
             guard case EventLoopError.unixSocketPathInUse(let path, _) = error else { return false }
             return path == "/run/app.sock"

@@ -152,7 +152,7 @@ final class Box<Value: Sendable>: @unchecked Sendable {
         let thrown = Box<EventLoopError?>(nil)
         loop.execute {
             do throws(EventLoopError) {
-                _ = try Listener(adopting: 0, on: loop) { _ in }
+                _ = try Listener(.adopted(descriptor: 0), on: loop) { _ in }
             } catch {
                 thrown.value = error
             }

@@ -14,7 +14,7 @@ private func startAsyncServer(group: EventLoopGroup, options: Connection.Options
                               serve: @escaping @Sendable (Connection) async -> Void = echo) async throws
     -> (Listener, Task<Void, any Error>)
 {
-    let listener = try await Listener(on: group.loops[0], group: group, options: options)
+    let listener = try await Listener(.tcp(), on: group.loops[0], group: group, options: options)
     // The accepting task runs on the acceptor loop too: it needs no thread of the cooperative
     // pool (which the test itself blocks with its plain socket calls).
     let server = Task(executorPreference: group.loops[0]) {
@@ -292,7 +292,7 @@ struct AsyncServerTests {
     func cancellationOfListenerAndIdleCalls() async throws {
         let group = try EventLoopGroup(loopCount: 1)
         let loop = group.loops[0]
-        let listener = try await Listener(on: loop, group: group)
+        let listener = try await Listener(.tcp(), on: loop, group: group)
         let accepting = Task(executorPreference: loop) { () -> String in
             do {
                 for try await _ in listener.connections {}
@@ -330,7 +330,7 @@ struct AsyncServerTests {
         }
 
         // A task cancelled before it asks for a line or sends: that call closes the connection.
-        let second = try await Listener(on: group.loops[0], group: group)
+        let second = try await Listener(.tcp(), on: group.loops[0], group: group)
         let client = try TestClient(port: second.port)
         client.send("buffered\n")
         var accepted = second.connections.makeAsyncIterator()

@@ -106,7 +106,7 @@ import Testing
             simulation.network.window = 4_096
             let server = try simulation.makeGroup(loopCount: 1, host: "10.0.0.5")
             let room = ChatRoom(policy: .disconnect, grace: .seconds(2))
-            let listener = try Listener(host: "0.0.0.0", port: 6667, on: server.loops[0],
+            let listener = try Listener(.tcp(host: "0.0.0.0", port: 6667), on: server.loops[0],
                                         options: .init(outputLimit: 4_096)) { connection in
                 Task(executorPreference: connection.loop) { await room.serve(connection) }
             }

@@ -62,7 +62,7 @@ struct FailureTests {
         let (reasons, failures) = try await onLoopThread { loop -> ([Connection.CloseReason], Int) in
             nonisolated(unsafe) var reasons: [Connection.CloseReason] = []
             nonisolated(unsafe) var accepted: Connection?
-            let listener = try Listener(on: loop) { connection in
+            let listener = try Listener(.tcp(), on: loop) { connection in
                 accepted = connection
                 connection.onClose { reasons.append($0) }
                 loop.base.injectedRegistrationFailures = 1

@@ -72,7 +72,7 @@ struct LeakTests {
             // descriptor, whatever state its connection is in.
             nonisolated(unsafe) var sources: [WeakSource] = []
             nonisolated(unsafe) var sockets = Set<UInt64>()
-            let listener = try Listener(on: loop) { connection in
+            let listener = try Listener(.tcp(), on: loop) { connection in
                 sources.append(WeakSource(connection.source))
                 if let inode = socketInode(of: connection.source) { sockets.insert(inode) }
                 connection.readLines { event in if event == .endOfFile { connection.close() } }

@@ -13,7 +13,7 @@ import Glibc
 struct NameTests {
     /// A line echo server on `host`, port 0 (or `port`).
     static func echoServer(host: String = "127.0.0.1", port: UInt16 = 0, on loop: EventLoop) throws -> Listener {
-        try Listener(host: host, port: port, on: loop) { connection in
+        try Listener(.tcp(host: host, port: port), on: loop) { connection in
             connection.readLines { event in
                 if case .line(let text) = event { connection.writeLine(text) }
                 if event == .endOfFile { connection.close() }
@@ -287,7 +287,7 @@ struct NameTests {
         let errors = try await loop.submit { () -> [EventLoopError?] in
             var errors: [EventLoopError?] = []
             do throws(EventLoopError) {
-                _ = try Listener(host: name, port: 0, on: loop) { $0.close() }
+                _ = try Listener(.tcp(host: name, port: 0), on: loop) { $0.close() }
                 errors.append(nil)
             } catch {
                 errors.append(error)

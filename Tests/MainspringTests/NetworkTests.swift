@@ -14,7 +14,7 @@ private func startEchoService(group: EventLoopGroup, keeper: Keeper, options: Co
     let ready = DispatchSemaphore(value: 0)
     acceptor.execute {
         do {
-            let listener = try Listener(on: acceptor, group: group, options: options) { connection in
+            let listener = try Listener(.tcp(), on: acceptor, group: group, options: options) { connection in
                 connection.readLines { event in
                     switch event {
                     case .line(let text): connection.write("echo: \(text)\n")
@@ -60,7 +60,7 @@ struct NetworkTests {
         let keeper = Keeper()
         loop.execute {
             do {
-                let listener = try Listener(on: loop) { connection in
+                let listener = try Listener(.tcp(), on: loop) { connection in
                     accepted.withLock { $0.append(noDelayOption(of: connection)) }
                     done.signal()
                 }
@@ -121,7 +121,7 @@ struct NetworkTests {
         let ready = DispatchSemaphore(value: 0)
         let port = Locked<UInt16>(0)
         loop.execute {
-            let listener = try? Listener(on: loop, options: .init(outputLimit: limit)) { connection in
+            let listener = try? Listener(.tcp(), on: loop, options: .init(outputLimit: limit)) { connection in
                 connection.readLines { event in
                     guard case .line(let text) = event else { return }
                     if text == "flood" {
@@ -192,7 +192,7 @@ struct NetworkTests {
         let accepted = Locked<Connection?>(nil)
         let port = Locked<UInt16>(0)
         try await loop.submit {
-            let listener = try Listener(on: loop) { connection in
+            let listener = try Listener(.tcp(), on: loop) { connection in
                 connection.readLines { event in
                     if case .line(let text) = event { connection.write("echo: \(text)\n") }
                 }
@@ -238,7 +238,7 @@ struct NetworkTests {
         let ready = DispatchSemaphore(value: 0)
         let port = Locked<UInt16>(0)
         loop.execute {
-            let listener = try? Listener(host: "::1", on: loop) { connection in
+            let listener = try? Listener(.tcp(host: "::1"), on: loop) { connection in
                 var lines: [String] = []
                 connection.readLines { event in
                     switch event {
@@ -281,7 +281,7 @@ struct NetworkTests {
             #expect(throws: EventLoopError.invalidAddress("not an address")) {
                 _ = try Connection.connect(to: "not an address", port: 1, on: loop)
             }
-            #expect(throws: EventLoopError.self) { _ = try Listener(host: "256.1.1.1", on: loop) { _ in } }
+            #expect(throws: EventLoopError.self) { _ = try Listener(.tcp(host: "256.1.1.1"), on: loop) { _ in } }
             return (reasons, connection.bufferedOutputBytes == 0)
         }
         #expect(reasons == [.error(ECONNREFUSED)])
@@ -291,13 +291,13 @@ struct NetworkTests {
     @Test("a Mainspring client and server talk over loopback; the address in use is a clear error")
     func clientAndServer() async throws {
         let replies = try await onLoopThread { loop -> [String] in
-            let server = try Listener(on: loop) { connection in
+            let server = try Listener(.tcp(), on: loop) { connection in
                 connection.readLines { event in
                     if case .line(let text) = event { connection.write(text.uppercased() + "\n") }
                     if event == .endOfFile { connection.close() }
                 }
             }
-            #expect(throws: EventLoopError.self) { _ = try Listener(port: server.port, on: loop) { _ in } }
+            #expect(throws: EventLoopError.self) { _ = try Listener(.tcp(port: server.port), on: loop) { _ in } }
             nonisolated(unsafe) var replies: [String] = []
             nonisolated(unsafe) var closed = false
             let client = try Connection.connect(to: "localhost", port: server.port, on: loop)
@@ -365,7 +365,7 @@ struct ConnectionOutputTests {
         let loop = group.loops[0]
         let slowWorkDone = Atomic<Bool>(false)
         let listener = try await loop.submit {
-            try Listener(on: loop) { connection in
+            try Listener(.tcp(), on: loop) { connection in
                 connection.readLines { event in
                     guard case .line = event else {
                         connection.close()
@@ -398,7 +398,7 @@ struct ConnectionOutputTests {
         let (received, answered) = try await onLoopThread { loop -> (String, Bool) in
             // A server that answers "ping" with "pong" and records everything else.
             nonisolated(unsafe) var received = ""
-            let server = try Listener(on: loop) { connection in
+            let server = try Listener(.tcp(), on: loop) { connection in
                 connection.readLines { event in
                     guard case .line(let text) = event else { return }
                     if text == "ping" { connection.writeLine("pong") } else { received += text + "|" }

@@ -133,7 +133,7 @@ struct ReadmeGroupDaemonTests {
         let port = Locked<UInt16>(0)
         let ready = DispatchSemaphore(value: 0)
         acceptor.execute {
-            let listener = try? Listener(host: "127.0.0.1", port: 0, on: acceptor, group: group,
+            let listener = try? Listener(.tcp(host: "127.0.0.1", port: 0), on: acceptor, group: group,
                                          options: .init(maxLineLength: 4_096, outputLimit: 256 << 10,
                                                         idleTimeout: .seconds(300))) { connection in
                 connection.readLines { event in

@@ -82,7 +82,7 @@ struct ReaderTests {
     @Test("async: 10,000 messages of a header line and an N-byte body, pipelined, cut at random sizes: byte-exact")
     func asyncFraming() async throws {
         let group = try EventLoopGroup(loopCount: 2)
-        let listener = try await Listener(on: group.loops[0], group: group)
+        let listener = try await Listener(.tcp(), on: group.loops[0], group: group)
         let server = Task(executorPreference: group.loops[0]) {
             try await withThrowingDiscardingTaskGroup { tasks in
                 for try await connection in listener.connections {
@@ -104,7 +104,7 @@ struct ReaderTests {
         let group = try EventLoopGroup(loopCount: 1)
         let loop = group.loops[0]
         let port = try await loop.submit {
-            let listener = try Listener(on: loop) { connection in CallbackFramer(connection).start() }
+            let listener = try Listener(.tcp(), on: loop) { connection in CallbackFramer(connection).start() }
             return listener.port
         }
         let frames = 10_000
@@ -118,7 +118,7 @@ struct ReaderTests {
     func switchingReaders() async throws {
         let group = try EventLoopGroup(loopCount: 1)
         let loop = group.loops[0]
-        let listener = try await Listener(on: loop, group: group)
+        let listener = try await Listener(.tcp(), on: loop, group: group)
         let input = "one\r\ntwo\nthree\nABCDEFGHIJ key::value;rest of it\nfour\nlast line without newline"
         let result = Task(executorPreference: loop) { () async throws -> [String] in
             var log: [String] = []
@@ -173,7 +173,7 @@ struct ReaderTests {
     @Test("read(exactly:) with a negative count throws, reads nothing, and the connection stays usable")
     func negativeExactCount() async throws {
         let group = try EventLoopGroup(loopCount: 1)
-        let listener = try await Listener(on: group.loops[0], group: group)
+        let listener = try await Listener(.tcp(), on: group.loops[0], group: group)
         let server = Task(executorPreference: group.loops[0]) {
             for try await connection in listener.connections {
                 guard case .line(let header)? = try await connection.readLine(),
@@ -209,7 +209,7 @@ struct ReaderTests {
     func shortAndTooLong() async throws {
         let group = try EventLoopGroup(loopCount: 1)
         let loop = group.loops[0]
-        let listener = try await Listener(on: loop, group: group)
+        let listener = try await Listener(.tcp(), on: loop, group: group)
         let result = Task(executorPreference: loop) { () async throws -> [String] in
             var log: [String] = []
             var accepted = listener.connections.makeAsyncIterator()
@@ -244,7 +244,7 @@ struct ReaderTests {
         let taken = Mutex<[String]>([])
         let handOff = Mutex<Connection?>(nil)
         let port = try await loop.submit {
-            let listener = try Listener(on: loop) { connection in
+            let listener = try Listener(.tcp(), on: loop) { connection in
                 connection.readLines { event in
                     guard case .line(let text) = event else { return }
                     taken.withLock { $0.append(text) }

@@ -22,7 +22,7 @@ import Glibc
         simulation.register(program: "web") { process in
             let started = simulation.now
             let accepted = Locked<[Connection]>([])
-            let listener = try Listener(host: "127.0.0.1", port: 8000, on: process.loop) { connection in
+            let listener = try Listener(.tcp(host: "127.0.0.1", port: 8000), on: process.loop) { connection in
                 accepted.withLock { $0.append(connection) }
                 connection.readLines { event in
                     guard case .line(let line) = event else { return connection.close() }

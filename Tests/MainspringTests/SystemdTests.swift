@@ -236,7 +236,7 @@ struct AdoptedListenerTests {
         let (fd, port) = try plainListeningSocket()
         let identity = try #require(FileIdentity(of: fd))
         let outcome = try await onLoopThread { loop -> (flags: Int32, descriptorFlags: Int32, reply: String?, address: String, listenerPort: UInt16) in
-            let listener = try Listener(adopting: fd, on: loop) { connection in
+            let listener = try Listener(.adopted(descriptor: fd), on: loop) { connection in
                 connection.readLines { event in
                     switch event {
                     case .line(let text): connection.writeLine("echo: \(text)")
@@ -273,7 +273,7 @@ struct AdoptedListenerTests {
     func adoptsForAsyncIteration() async throws {
         let (fd, port) = try plainListeningSocket()
         let group = try EventLoopGroup(loopCount: 1)
-        let listener = try await Listener(adopting: fd, on: group.loops[0], group: group)
+        let listener = try await Listener(.adopted(descriptor: fd), on: group.loops[0], group: group)
         #expect(listener.port == port)
         // The blocking client on a thread of its own: on the cooperative pool (two threads here)
         // it could starve the task that serves it.
@@ -309,7 +309,7 @@ struct AdoptedListenerTests {
         #expect(rc == 0 && listen(fd, 4) == 0)
         let serverAddress = address
         let (reply, shown) = try await onLoopThread { loop -> (String?, String) in
-            let listener = try Listener(adopting: fd, on: loop) { connection in
+            let listener = try Listener(.adopted(descriptor: fd), on: loop) { connection in
                 connection.readLines { event in
                     if case .line(let text) = event { connection.writeLine("unix: \(text)") } else { connection.close() }
                 }
@@ -370,7 +370,7 @@ struct AdoptedListenerTests {
         let errors = try await onLoopThread { loop -> [EventLoopError?] in
             descriptors.map { fd -> EventLoopError? in
                 do throws(EventLoopError) {
-                    _ = try Listener(adopting: fd, on: loop) { _ in }
+                    _ = try Listener(.adopted(descriptor: fd), on: loop) { _ in }
                     return nil
                 } catch {
                     return error
@@ -401,8 +401,8 @@ struct AdoptedListenerTests {
         }
         thread.start()
         claimed.wait()
-        #expect(throws: EventLoopError.wrongThread(function: "Listener.init(adopting:on:…)")) {
-            _ = try Listener(adopting: 0, on: loop) { _ in }
+        #expect(throws: EventLoopError.wrongThread(function: "Listener.init(.adopted, on:…)")) {
+            _ = try Listener(.adopted(descriptor: 0), on: loop) { _ in }
         }
     }
 }
@@ -494,13 +494,13 @@ struct WatchdogTests {
         let fake = try FakeNotifySocket()
         let late = try EventLoop()
         let changes = Locked<[Watchdog.Health]>([])
-        // A 2 s interval: the loop's grace to start, and pings every second. The loop is started
+        // A 6 s interval: the loop's grace to start, and pings every 3 s. The loop is started
         // only once the first ping is in (the first check comes at once, and let the loop off
         // for not running yet); a thread starting and running a loop fits in the rest of the
-        // grace even on a loaded machine.
+        // grace on a loaded machine (with 2 s, a run with a build beside it did not).
         let created = ContinuousClock.now
         let watchdog = Watchdog(watching: [late], notifier: try ServiceNotifier(address: fake.address),
-                                interval: .seconds(2)) { health in changes.withLock { $0.append(health) } }
+                                interval: .seconds(6)) { health in changes.withLock { $0.append(health) } }
         defer { watchdog.stop() }
         let pings = { fake.messages.filter { $0.text == "WATCHDOG=1" }.count }
         try #require(await fake.waitFor { $0.text == "WATCHDOG=1" } != nil, "no first ping: \(watchdog.counters)")
@@ -511,8 +511,8 @@ struct WatchdogTests {
         let deadline = ContinuousClock.now + .seconds(30)
         while late.activity == .notRunning && ContinuousClock.now < deadline { usleep(1_000) }
         let startedAfter = ContinuousClock.now - created
-        // Two more checks at least, the last one past the start grace (checks at 0, 1, 2, 3 s).
-        #expect(await fake.waitFor(timeout: .seconds(30)) { _ in pings() >= 4 } != nil, "\(watchdog.counters)")
+        // Two more checks at least, the last one past the start grace (checks at 0, 3, 6, 9 s).
+        #expect(await fake.waitFor(timeout: .seconds(60)) { _ in pings() >= 4 } != nil, "\(watchdog.counters)")
         #expect(changes.value.isEmpty, "\(changes.value); the loop ran \(startedAfter) after the watchdog started")
         #expect(watchdog.counters.pingsWithheld == 0 && watchdog.health == .healthy)
     }

@@ -49,7 +49,7 @@ private final class TLSEchoServer: @unchecked Sendable {
     init(configuration: TLSServerConfiguration, loops: Int = 1) async throws {
         group = try EventLoopGroup(loopCount: loops)
         context = try TLSServerContext(configuration: configuration)
-        listener = try await Listener(on: group.loops[0], group: group, tls: context)
+        listener = try await Listener(.tcp(), on: group.loops[0], group: group, tls: context)
         let listener = self.listener
         let sessions = self.sessions
         serving = Task(executorPreference: group.loops[0]) {
@@ -361,7 +361,7 @@ struct TLSTests {
         let context = try TLSServerContext(configuration: serverConfiguration(certs))
         let loop = group.loops[0]
         let port = try await loop.submit {
-            let listener = try Listener(on: loop, tls: context) { connection in
+            let listener = try Listener(.tcp(), on: loop, tls: context) { connection in
                 connection.writeLine("bye")
                 connection.close()
             }
@@ -410,7 +410,7 @@ struct TLSTests {
             }
         }
         let (plainPort, port) = try await loop.submit {
-            (try Listener(on: loop, accept: serve).port, try Listener(on: loop, tls: context, accept: serve).port)
+            (try Listener(.tcp(), on: loop, accept: serve).port, try Listener(.tcp(), on: loop, tls: context, accept: serve).port)
         }
         // A client that talks, reads the answer (and the TLS 1.3 session tickets before it: unread,
         // they would make the close a reset), then closes its socket without close_notify — or,
@@ -492,7 +492,7 @@ struct TLSTests {
         let context = try TLSServerContext(configuration: serverConfiguration(certs))
         let reasons = Locked<[String]>([])
         let port = try await loop.submit {
-            let listener = try Listener(on: loop, tls: context) { connection in
+            let listener = try Listener(.tcp(), on: loop, tls: context) { connection in
                 connection.onClose { reason in reasons.withLock { $0.append("\(reason)") } }
                 connection.readLines { event in
                     if case .endOfFile = event { connection.close() }

@@ -33,7 +33,7 @@ struct UnixSocketTests {
             var results: [String] = []
             for address in [path, abstract] {
                 nonisolated(unsafe) var serverCredentials: PeerCredentials?
-                let listener = try Listener(unixPath: address, mode: 0o600, on: loop) { connection in
+                let listener = try Listener(.unix(path: address, mode: 0o600), on: loop) { connection in
                     serverCredentials = connection.peerCredentials
                     Self.echo(connection)
                 }
@@ -44,7 +44,7 @@ struct UnixSocketTests {
                     #expect(status.st_mode & 0o777 == 0o600, "mode \(String(status.st_mode & 0o777, radix: 8))")
                     #expect(listener.localAddress == path)
                     // Not a stale socket: a live one is left alone.
-                    #expect(throws: EventLoopError.self) { _ = try Listener(unixPath: path, on: loop) { _ in } }
+                    #expect(throws: EventLoopError.self) { _ = try Listener(.unix(path: path), on: loop) { _ in } }
                 }
                 nonisolated(unsafe) var replies: [String] = []
                 let client = try Connection.connect(unixPath: address, on: loop)
@@ -81,12 +81,12 @@ struct UnixSocketTests {
             func error(_ body: () throws -> Void) -> EventLoopError? {
                 do { try body(); return nil } catch let error as EventLoopError { return error } catch { return nil }
             }
-            let replaced = try Listener(unixPath: stale, on: loop) { Self.echo($0) }
+            let replaced = try Listener(.unix(path: stale), on: loop) { Self.echo($0) }
             defer { replaced.close() }
             return [
-                error { _ = try Listener(unixPath: regular, on: loop) { _ in } },
-                error { _ = try Listener(unixPath: directory + "/" + String(repeating: "x", count: 120), on: loop) { _ in } },
-                error { _ = try Listener(unixPath: directory + "/missing/dir.sock", on: loop) { _ in } },
+                error { _ = try Listener(.unix(path: regular), on: loop) { _ in } },
+                error { _ = try Listener(.unix(path: directory + "/" + String(repeating: "x", count: 120)), on: loop) { _ in } },
+                error { _ = try Listener(.unix(path: directory + "/missing/dir.sock"), on: loop) { _ in } },
                 error { _ = try Connection.connect(unixPath: directory + "/nobody.sock", on: loop) },
             ]
         }
@@ -108,7 +108,7 @@ struct UnixSocketTests {
         let path = directory + "/async.sock"
         let group = try EventLoopGroup(loopCount: 1)
         let loop = group.loops[0]
-        let listener = try await Listener(unixPath: path, on: loop)
+        let listener = try await Listener(.unix(path: path), on: loop)
         let server = Task(executorPreference: loop) {
             for try await connection in listener.connections {
                 for try await event in connection.lines {

@@ -29,7 +29,7 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
     /// A Unix socket listener's path is taken — by a live socket, or by a file that is not a
     /// socket — and was left alone; `reason` says which.
     case unixSocketPathInUse(path: String, reason: String)
-    /// A descriptor given to ``Listener/init(adopting:on:group:options:accept:)`` (by socket
+    /// A descriptor given to ``Listener/init(_:on:group:options:accept:)`` (`.adopted`) (by socket
     /// activation, say) is not a listening stream socket; `reason` says what it is instead.
     case notListeningSocket(descriptor: Int32, reason: String)
     /// A descriptor given to ``Connection/adopting(descriptor:on:options:)`` is not a connected

@@ -124,7 +124,7 @@ private func streamSocketProblem(_ fd: Int32, listening wanted: Bool) -> String?
         return "a stream socket whose state cannot be read (\(errnoName(errno)))"
     }
     if wanted { return listening == 0 ? "a stream socket that is not listening" : nil }
-    return listening != 0 ? "a listening socket (adopt it with Listener(adopting:on:))" : nil
+    return listening != 0 ? "a listening socket (adopt it with Listener(.adopted(descriptor:), on:))" : nil
 }
 
 /// Marks `fd` close-on-exec (a passed descriptor is inherited without the flag). Returns the

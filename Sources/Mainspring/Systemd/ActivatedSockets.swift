@@ -5,14 +5,14 @@
 /// The manager binds the sockets before the service starts — clients can connect while it
 /// starts or restarts, their connections wait in the backlog — and may start the service only
 /// when the first client arrives. The service accepts on them with
-/// ``Listener/init(activatedSocket:on:group:options:accept:)``.
+/// ``Listener/init(_:on:group:options:accept:)`` with ``Listener/Endpoint/activated(_:)``.
 ///
 /// ```swift
 /// let activated = try ActivatedSockets.fromEnvironment()
 /// if let socket = activated.first(named: "line") ?? activated.sockets.first {
-///     listener = try Listener(activatedSocket: socket, on: loop, group: group) { … }
+///     listener = try Listener(.activated(socket), on: loop, group: group) { … }
 /// } else {
-///     listener = try Listener(port: 7000, on: loop, group: group) { … }
+///     listener = try Listener(.tcp(port: 7000), on: loop, group: group) { … }
 /// }
 /// ```
 public struct ActivatedSockets: Sendable {
@@ -138,6 +138,7 @@ extension Listener {
     /// - Throws: `EventLoopError.notListeningSocket` when the descriptor is not a listening
     ///   stream socket (a manager's `ListenDatagram=` or `ListenFIFO=`, say); `.system`,
     ///   `.libevent`, `.wrongThread`.
+    @available(*, deprecated, message: "use Listener(.activated(_:), on:group:options:accept:)")
     public convenience init(activatedSocket socket: ActivatedSockets.Socket, on loop: EventLoop,
                             group: EventLoopGroup? = nil, options: Connection.Options = .init(),
                             accept: @escaping @Sendable (Connection) -> Void) throws(EventLoopError)
@@ -149,6 +150,7 @@ extension Listener {
     /// `connections` (the async form of ``init(activatedSocket:on:group:options:accept:)``, whose
     /// rules apply). Any task.
     /// - Throws: `EventLoopError.notListeningSocket`, `.system`, `.libevent`, `.loopClosed`.
+    @available(*, deprecated, message: "use Listener(.activated(_:), on:group:options:) async")
     public convenience init(activatedSocket socket: ActivatedSockets.Socket, on loop: EventLoop,
                             group: EventLoopGroup? = nil, options: Connection.Options = .init())
         async throws(EventLoopError)

@@ -34,6 +34,7 @@ extension Listener {
     /// - Throws: `EventLoopError.unixSocketPathInUse`, `.invalidAddress` (an empty path, or one
     ///   longer than 107 bytes), `.system` (the directory does not exist: `ENOENT`; …),
     ///   `.wrongThread`.
+    @available(*, deprecated, message: "use Listener(.unix(path:mode:backlog:), on:group:options:accept:)")
     public convenience init(unixPath path: String, mode: UInt16? = nil, on loop: EventLoop, group: EventLoopGroup? = nil,
                             options: Connection.Options = .init(), backlog: Int32 = 511,
                             accept: @escaping @Sendable (Connection) -> Void) throws(EventLoopError)
@@ -45,6 +46,7 @@ extension Listener {
     /// Listens on a Unix stream socket at `path` like the callback initialiser, and queues the
     /// accepted connections for `connections`. Any task.
     /// - Throws: as the callback initialiser, and `.loopClosed`.
+    @available(*, deprecated, message: "use Listener(.unix(path:mode:backlog:), on:group:options:) async")
     public convenience init(unixPath path: String, mode: UInt16? = nil, on loop: EventLoop, group: EventLoopGroup? = nil,
                             options: Connection.Options = .init(), backlog: Int32 = 511) async throws(EventLoopError)
     {

@@ -5,12 +5,17 @@ import Synchronization
 ///
 /// ```swift
 /// // Callbacks: made on the loop's thread, each connection handed to `accept` on its loop.
-/// let listener = try Listener(port: 7000, on: loop, group: group) { connection in … }
+/// let listener = try Listener(.tcp(port: 7000), on: loop, group: group) { connection in … }
 ///
 /// // Async: made from any task, connections iterated.
-/// let listener = try await Listener(port: 7000, on: group.loops[0], group: group)
+/// let listener = try await Listener(.tcp(port: 7000), on: group.loops[0], group: group)
 /// for try await connection in listener.connections { … }
 /// ```
+///
+/// Where it listens is an ``Endpoint`` — a TCP port, a Unix path, a descriptor that already
+/// listens, a socket systemd passed — given to the one initializer of each form: with a handler
+/// (``init(_:on:group:options:accept:)``, loop thread) or for `connections`
+/// (``init(_:on:group:options:)``, any task). `MainspringTLS` adds `tls:` to both.
 ///
 /// When `accept(2)` runs out of file descriptors (`EMFILE`, `ENFILE`), the listener pauses for
 /// 100 ms instead of spinning on the still-readable listening socket, then resumes.
@@ -37,6 +42,7 @@ public final class Listener: @unchecked Sendable {
     /// - Throws: `EventLoopError.invalidAddress`, `.bindNeedsAddress` (a host name: resolve it
     ///   first with `EventLoop.resolve(_:port:timeout:)`), `.system` (address in use, …),
     ///   `.wrongThread`.
+    @available(*, deprecated, message: "use Listener(.tcp(host:port:backlog:), on:group:options:accept:)")
     public convenience init(host: String = "127.0.0.1", port: UInt16 = 0, on loop: EventLoop, group: EventLoopGroup? = nil,
                             options: Connection.Options = .init(), backlog: Int32 = 511,
                             accept: @escaping @Sendable (Connection) -> Void) throws(EventLoopError)
@@ -94,6 +100,7 @@ public final class Listener: @unchecked Sendable {
     /// - Throws: `EventLoopError.notListeningSocket` when `descriptor` is not open, not a
     ///   socket, not a stream socket, or not listening (the reason says which); `.system`,
     ///   `.libevent`, `.wrongThread`.
+    @available(*, deprecated, message: "use Listener(.adopted(descriptor:), on:group:options:accept:)")
     public convenience init(adopting descriptor: Int32, on loop: EventLoop, group: EventLoopGroup? = nil,
                             options: Connection.Options = .init(), accept: @escaping @Sendable (Connection) -> Void)
         throws(EventLoopError)
@@ -111,6 +118,7 @@ public final class Listener: @unchecked Sendable {
     /// - Throws: `EventLoopError.invalidAddress`, `.bindNeedsAddress` (a host name: resolve it
     ///   first with `EventLoop.resolve(_:port:timeout:)`), `.system` (address in use, …),
     ///   `.loopClosed`.
+    @available(*, deprecated, message: "use Listener(.tcp(host:port:backlog:), on:group:options:) async")
     public convenience init(host: String = "127.0.0.1", port: UInt16 = 0, on loop: EventLoop,
                             group: EventLoopGroup? = nil, options: Connection.Options = .init(),
                             backlog: Int32 = 511) async throws(EventLoopError)
@@ -123,6 +131,7 @@ public final class Listener: @unchecked Sendable {
     /// ``init(adopting:on:group:options:accept:)`` for the checks and the ownership), and queues
     /// the accepted connections for `connections`. Any task.
     /// - Throws: `EventLoopError.notListeningSocket`, `.system`, `.libevent`, `.loopClosed`.
+    @available(*, deprecated, message: "use Listener(.adopted(descriptor:), on:group:options:) async")
     public convenience init(adopting descriptor: Int32, on loop: EventLoop, group: EventLoopGroup? = nil,
                             options: Connection.Options = .init()) async throws(EventLoopError)
     {

@@ -70,7 +70,7 @@ public final class HTTPServer: Sendable {
         public var backlog: Int32
         /// A Unix domain stream socket to listen on instead of `host` and `port`: a file path,
         /// or "@name" in Linux's abstract namespace (no file). The rules of Mainspring's
-        /// `Listener(unixPath:mode:on:)`, whose code binds it: an existing file there is
+        /// `Listener(.unix(path:mode:), on:)`, whose code binds it: an existing file there is
         /// replaced only if it is a socket nobody listens on (a stale one); a live socket or a
         /// file of another kind is left alone and reported
         /// (`HTTPServerError.unixSocketPathInUse`). The file is removed when `close()` is called
