@@ -46,10 +46,10 @@ private final class TLSEchoServer: @unchecked Sendable {
     let sessions = Locked<[TLSSession]>([])
     var port: UInt16 { listener.port }
 
-    init(configuration: TLSServerConfiguration, loops: Int = 1) async throws {
+    init(configuration: TLSServerConfiguration, loops: Int = 1, endpoint: Listener.Endpoint = .tcp()) async throws {
         group = try EventLoopGroup(loopCount: loops)
         context = try TLSServerContext(configuration: configuration)
-        listener = try await Listener(.tcp(), on: group.loops[0], group: group, tls: context)
+        listener = try await Listener(endpoint, on: group.loops[0], group: group, tls: context)
         let listener = self.listener
         let sessions = self.sessions
         serving = Task(executorPreference: group.loops[0]) {
@@ -324,6 +324,23 @@ struct TLSTests {
         }.value
         #expect(still == .line("echo: older"), "the connection made before the reload is untouched")
         await server.stop()
+    }
+
+    @Test("TLS on a Unix path: openssl s_client -unix gets the echo over a verified session")
+    func unixPath() async throws {
+        let certs = try #require(certificates)
+        let path = NSTemporaryDirectory() + "mainspring-tls-\(getpid())-\(UInt32.random(in: 0...UInt32.max)).sock"
+        let configuration = TLSServerConfiguration(
+            certificates: [TLSCertificate(certificateFile: certs.serverCertificate, keyFile: certs.serverKey)])
+        let server = try await TLSEchoServer(configuration: configuration, endpoint: .unix(path: path))
+        let result = try await runProgram("openssl", arguments: [
+            "s_client", "-unix", path, "-servername", "localhost", "-CAfile", certs.caCertificate,
+            "-verify_return_error", "-verify_hostname", "localhost", "-quiet",
+        ], stdin: "over a unix socket\nquit\n", timeout: .seconds(30))
+        #expect(result.stdout.contains("echo: over a unix socket"), "\(result.summary)")
+        #expect(server.sessions.value.first?.peerCertificate == nil && server.sessions.value.count == 1)
+        await server.stop()
+        #expect(!FileManager.default.fileExists(atPath: path), "the socket file goes with the listener")
     }
 
     @Test("openssl s_client against a Mainspring server: protocol, ALPN, verification with the CA, SNI choosing the certificate")
