@@ -22,23 +22,9 @@ let simulationFaultsScenario = Scenario(
 ) { _ in
     let seeds = simulationFaultSeeds.withLock { $0 }
     var byService: [FaultSoak.Service: FaultSoak.Result] = [:]
-    let started = ContinuousClock.now
-    var crashes = 0
-    for seed in 0..<UInt64(seeds) {
-        for service in FaultSoak.Service.allCases {
-            do {
-                byService[service, default: FaultSoak.Result()].add(
-                    try FaultSoak.run(service, seed: seed, clients: 200, duration: .seconds(60)))
-            } catch {
-                crashes += 1
-                FileHandle.standardError.write(Data("simulation-faults: \(service.rawValue), seed \(seed) could not run: \(error)\n".utf8))
-            }
-        }
-        if (seed + 1) % 100 == 0 {
-            FileHandle.standardError.write(Data("simulation-faults: \(seed + 1) of \(seeds) seeds\n".utf8))
-        }
+    let (crashes, real) = forEachSeed(seeds, of: FaultSoak.Service.allCases, scenario: "simulation-faults") { service, seed in
+        byService[service, default: FaultSoak.Result()].add(try FaultSoak.run(service, seed: seed, clients: 200, duration: .seconds(60)))
     }
-    let real = (ContinuousClock.now - started) / .seconds(1)
     var total = FaultSoak.Result()
     for service in FaultSoak.Service.allCases { total.add(byService[service] ?? FaultSoak.Result()) }
     for failure in total.failures {
@@ -78,3 +64,27 @@ let simulationFaultsScenario = Scenario(
 
 /// `--seeds N` for simulation-faults.
 let simulationFaultSeeds = Mutex(100)
+
+/// Runs `body` for each of `cases` with seeds 0 to `seeds` - 1, in that order; a run that throws
+/// is counted and printed with its case and seed (which replay it), and progress goes to standard
+/// error every 100 seeds. Returns the runs that threw and the real seconds it all took.
+func forEachSeed<Case: RawRepresentable<String>>(_ seeds: Int, of cases: [Case], scenario: String,
+                                                  _ body: (Case, UInt64) throws -> Void) -> (crashes: Int, real: Double)
+{
+    let started = ContinuousClock.now
+    var crashes = 0
+    for seed in 0..<UInt64(seeds) {
+        for item in cases {
+            do {
+                try body(item, seed)
+            } catch {
+                crashes += 1
+                FileHandle.standardError.write(Data("\(scenario): \(item.rawValue), seed \(seed) could not run: \(error)\n".utf8))
+            }
+        }
+        if (seed + 1) % 100 == 0 {
+            FileHandle.standardError.write(Data("\(scenario): \(seed + 1) of \(seeds) seeds\n".utf8))
+        }
+    }
+    return (crashes, (ContinuousClock.now - started) / .seconds(1))
+}

@@ -17,22 +17,9 @@ let simulationJunkScenario = Scenario(
 ) { _ in
     let seeds = simulationFaultSeeds.withLock { $0 }
     var byParser: [JunkSoak.Parser: JunkSoak.Result] = [:]
-    let started = ContinuousClock.now
-    var crashes = 0
-    for seed in 0..<UInt64(seeds) {
-        for parser in JunkSoak.Parser.allCases {
-            do {
-                byParser[parser, default: JunkSoak.Result()].add(try JunkSoak.run(parser, seed: seed))
-            } catch {
-                crashes += 1
-                FileHandle.standardError.write(Data("simulation-junk: \(parser.rawValue), seed \(seed) could not run: \(error)\n".utf8))
-            }
-        }
-        if (seed + 1) % 100 == 0 {
-            FileHandle.standardError.write(Data("simulation-junk: \(seed + 1) of \(seeds) seeds\n".utf8))
-        }
+    let (crashes, real) = forEachSeed(seeds, of: JunkSoak.Parser.allCases, scenario: "simulation-junk") { parser, seed in
+        byParser[parser, default: JunkSoak.Result()].add(try JunkSoak.run(parser, seed: seed))
     }
-    let real = (ContinuousClock.now - started) / .seconds(1)
     var total = JunkSoak.Result()
     for parser in JunkSoak.Parser.allCases { total.add(byParser[parser] ?? JunkSoak.Result()) }
     for failure in total.failures {
