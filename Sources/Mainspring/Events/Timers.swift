@@ -3,16 +3,25 @@
 ///
 /// Loop-bound: use it on the loop's thread.
 public final class TimerHandle: Cancellable {
-    private let reference: SourceReference
+    /// The timer, held strongly: a weak reference would give every timer a side table, which
+    /// sends each of its retains and releases (several per firing) down the runtime's slow path —
+    /// half of a simulated timer's cost was there. The source lets go of its closures and of
+    /// this handle when it closes, and never touches its loop after that, so a handle kept
+    /// longer keeps only a small closed object alive, not the loop.
+    private let source: TimerSource
 
-    init(source: TimerSource) { reference = SourceReference(source) }
+    init(source: TimerSource) { self.source = source }
 
     /// Cancels the timer: once this returns (on the loop's thread) its handler never runs again,
     /// even if it was already due. Idempotent; a no-op after a one-shot timer fired.
-    public func cancel() { reference.cancel("TimerHandle.cancel()") }
+    public func cancel() {
+        guard !source.isClosed else { return }
+        source.loop.preconditionOnLoop("TimerHandle.cancel()")
+        source.close()
+    }
 
     /// Whether the timer will not fire again (cancelled, or a one-shot that already fired).
-    public var isCancelled: Bool { reference.isCancelled }
+    public var isCancelled: Bool { source.isClosed }
 }
 
 @available(*, unavailable)
@@ -24,6 +33,7 @@ final class TimerSource: DeadlineSource {
     private let interval: UInt64?
     private var oneShot: (() -> Void)?
     private var repeating: ((TimerHandle) -> Void)?
+    /// Its handle, made once (the handle holds the source too: `didClose` ends the cycle).
     private var handle: TimerHandle?
 
     /// - Parameter deadline: the first run's deadline (monotonic ns).
@@ -134,7 +144,7 @@ extension EventLoop {
     private func makeTimer(deadline: UInt64, interval: UInt64?, oneShot: (() -> Void)?,
                            repeating: ((TimerHandle) -> Void)?) -> TimerHandle
     {
-        // The loop keeps the source (it is registered); the handle refers to it weakly.
+        // The loop keeps the source while it is registered; the handle holds it too (see TimerHandle).
         let source = TimerSource(loop: self, deadline: deadline, interval: interval, oneShot: oneShot,
                                  repeating: repeating)
         return source.makeHandle()

@@ -17,8 +17,9 @@ public protocol Cancellable: AnyObject {
     var isCancelled: Bool { get }
 }
 
-/// The one implementation behind the loop-bound handles: a weak reference to the source (the
-/// loop keeps the source alive while it is registered; the handle must not).
+/// The implementation behind `Watcher`: a weak reference to the source (the loop keeps the
+/// source alive while it is registered). `TimerHandle` holds its timer strongly instead (a weak
+/// reference costs every retain of a timer the slow path; see there).
 struct SourceReference {
     private weak var source: Source?
 
