@@ -854,7 +854,7 @@ struct WebSocketInteropTests {
         import sys
         from websockets.sync.client import connect
         url = sys.argv[1]
-        with connect(url, max_size=None) as ws:
+        with connect(url, max_size=None, open_timeout=120) as ws:
             ws.send("héllo"); print("text", ws.recv())
             ws.send(bytes([0, 1, 255])); print("binary", list(ws.recv()))
             ws.send(["frag", "ment", "ed"]); print("fragmented", ws.recv())
@@ -864,7 +864,7 @@ struct WebSocketInteropTests {
             print("pong", ws.ping(b"payload").wait(10))
             ws.close(4001, "done here")
             print("close", ws.close_code, ws.close_reason)
-        with connect(url) as ws:
+        with connect(url, open_timeout=120) as ws:
             ws.send("x"); ws.recv()
         print("second", ws.close_code)
         """
@@ -892,7 +892,7 @@ struct WebSocketInteropTests {
         from websockets.sync.client import connect
         from websockets.frames import Frame, Opcode
         from websockets.exceptions import ConnectionClosed
-        with connect(sys.argv[1]) as ws:
+        with connect(sys.argv[1], open_timeout=120) as ws:
             with ws.protocol_mutex:
                 ws.protocol.send_frame(Frame(Opcode.TEXT, b"\\xff\\xfe", fin=True))
                 ws.send_data()
@@ -926,7 +926,7 @@ struct WebSocketInteropTests {
                     return
                 else:
                     ws.send(message)
-        with serve(handler, "127.0.0.1", 0) as server:
+        with serve(handler, "127.0.0.1", 0, open_timeout=120) as server:
             print(server.socket.getsockname()[1], flush=True)
             server.serve_forever()
         """
@@ -1089,14 +1089,14 @@ struct WebSocketCompressionTests {
         from websockets.sync.client import connect
         from websockets.exceptions import ConnectionClosed
         url = sys.argv[1]
-        with connect(url, max_size=None) as ws:
+        with connect(url, max_size=None, open_timeout=120) as ws:
             print("extensions", [e.name for e in ws.protocol.extensions])
             ws.send("héllo"); print("text", ws.recv())
             ws.send(["frag", "ment"]); print("fragmented", ws.recv())
             big = "0123456789abcdef" * 65536
             ws.send(big); print("big", ws.recv() == big)
             ws.send(bytes(range(256))); print("binary", ws.recv() == bytes(range(256)))
-        with connect(url, max_size=None) as ws:
+        with connect(url, max_size=None, open_timeout=120) as ws:
             ws.send(bytes(20 * 1024 * 1024))
             try:
                 ws.recv(timeout=30)
@@ -1126,7 +1126,7 @@ struct WebSocketCompressionTests {
             names = [e.name for e in ws.protocol.extensions]
             for message in ws:
                 ws.send(message if message != "extensions?" else ",".join(names))
-        with serve(handler, "127.0.0.1", 0, max_size=None) as server:
+        with serve(handler, "127.0.0.1", 0, max_size=None, open_timeout=120) as server:
             print(server.socket.getsockname()[1], flush=True)
             server.serve_forever()
         """
@@ -1167,7 +1167,7 @@ struct WebSocketTLSTests {
         def handler(ws):
             for message in ws:
                 ws.send(message)
-        with serve(handler, "127.0.0.1", 0, ssl=context) as server:
+        with serve(handler, "127.0.0.1", 0, ssl=context, open_timeout=120) as server:
             print(server.socket.getsockname()[1], flush=True)
             server.serve_forever()
         """
