@@ -219,6 +219,25 @@ import Glibc
         #expect(simulation.network.boundDatagramPorts == 0)
     }
 
+    /// Empty datagrams take room too: a socket nobody reads keeps at most 4,096 of them.
+    @Test func emptyDatagramsFillTheBufferToo() throws {
+        let simulation = try Simulation(seed: 9)
+        let loop = simulation.loop
+        let receiver = try DatagramSocket(bindingTo: "127.0.0.1", port: 9004, on: loop)
+        let sender = try DatagramSocket(bindingTo: "127.0.0.1", port: 0, on: loop)
+        let taken = try sender.trySend(contentsOf: Array(repeating: Datagram([], to: receiver.localAddress), count: 5_000))
+        #expect(taken == 5_000)
+        simulation.advance(by: .seconds(1))
+        var received = 0
+        try receiver.onReceive { event in
+            if case .datagram(let datagram) = event, datagram.bytes.isEmpty { received += 1 }
+        }
+        simulation.runUntilIdle()
+        #expect(received == 4_096)
+        sender.close()
+        receiver.close()
+    }
+
     /// A port in use is refused with EADDRINUSE (and is free again once closed); an address
     /// of another host with EADDRNOTAVAIL; multicast is refused with a clear error.
     @Test func bindingErrorsAreTheKernels() throws {

@@ -127,11 +127,12 @@ final class DatagramSource: Source {
     // MARK: The simulated network
 
     /// A datagram (or a port-unreachable) the simulated network delivered: into the inbox — or
-    /// dropped, as the kernel drops, when it is from another peer than the connected one or the
+    /// dropped, as the kernel drops, when it is from another peer than the connected one, or the
     /// inbox holds ``DatagramSocket/Options/receiveBufferSize`` bytes (default 212,992, Linux's
-    /// `rmem_default`) — and the consumer is told.
+    /// `rmem_default`) or 4,096 events (empty datagrams take room in a kernel's buffer too) —
+    /// and the consumer is told.
     func simulatedArrival(_ arrival: SimulatedDatagramArrival) {
-        guard !isClosed else { return }
+        guard !isClosed, inbox.count - inboxStart < 4_096 else { return }
         switch arrival {
         case .datagram(let bytes, let sender):
             if let peer, sender != peer { return }
@@ -170,7 +171,13 @@ final class DatagramSource: Source {
         if inboxStart == inbox.count {
             inbox.removeAll(keepingCapacity: inbox.capacity <= 1_024)
             inboxStart = 0
-        } else if !isClosed, !isReadingPaused {
+        } else if inboxStart > 256, inboxStart * 2 > inbox.count {
+            // A steady flow that never lets the inbox empty: drop what was taken, so the array
+            // stays as bounded as the bytes it holds.
+            inbox.removeFirst(inboxStart)
+            inboxStart = 0
+        }
+        if inboxStart < inbox.count, !isClosed, !isReadingPaused {
             fire(.read)  // the rest next turn, as a level-triggered descriptor would
         }
     }
