@@ -39,8 +39,11 @@ guard let name = arguments.first, let scenario = scenarios[name] else {
     FileHandle.standardError.write(Data("usage: mainspring-fixture <\(scenarios.keys.sorted().joined(separator: "|"))>\n".utf8))
     exit(2)
 }
-// 1,000 children take longer than the rest under the sanitizers.
-startWatchdog(seconds: name == "thousand-children" ? 150 : 30)
+// 1,000 children take longer than the rest under the sanitizers. 90 s for the others: the test
+// driving a scenario runs on a cooperative pool the suite keeps busy, and was seen to read a
+// scenario's `ready` line 30 s late — the watchdog then ended a scenario that was only waiting
+// for the test's next step (its signal).
+startWatchdog(seconds: name == "thousand-children" ? 150 : 90)
 do {
     try scenario()
 } catch {
