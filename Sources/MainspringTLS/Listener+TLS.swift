@@ -44,8 +44,8 @@ extension Listener {
                             options: Connection.Options = .init(), backlog: Int32 = 511, tls: TLSServerContext,
                             accept: @escaping @Sendable (Connection) -> Void) throws(EventLoopError)
     {
-        try self.init(host: host, port: port, backlog: backlog, on: loop, group: group, options: options,
-                      preparer: TLSAcceptPreparer(context: tls), accept: accept)
+        try self.init(.tcp(host: host, port: port, backlog: backlog), on: loop, group: group, options: options, tls: tls,
+                      accept: accept)
     }
 
     /// Listens on `host:port` and queues the TLS-established connections for `connections`.
@@ -55,8 +55,7 @@ extension Listener {
                             options: Connection.Options = .init(), backlog: Int32 = 511, tls: TLSServerContext) async
         throws(EventLoopError)
     {
-        try await self.init(host: host, port: port, backlog: backlog, on: loop, group: group, options: options,
-                            preparer: TLSAcceptPreparer(context: tls))
+        try await self.init(.tcp(host: host, port: port, backlog: backlog), on: loop, group: group, options: options, tls: tls)
     }
 
     /// TLS on a descriptor that already listens (a socket passed by a service manager: see
@@ -67,8 +66,7 @@ extension Listener {
                             options: Connection.Options = .init(), tls: TLSServerContext,
                             accept: @escaping @Sendable (Connection) -> Void) throws(EventLoopError)
     {
-        try self.init(adopting: descriptor, on: loop, group: group, options: options,
-                      preparer: TLSAcceptPreparer(context: tls), accept: accept)
+        try self.init(.adopted(descriptor: descriptor), on: loop, group: group, options: options, tls: tls, accept: accept)
     }
 
     /// TLS on a descriptor that already listens, for `connections`. Any task.
@@ -76,8 +74,7 @@ extension Listener {
     public convenience init(adopting descriptor: Int32, on loop: EventLoop, group: EventLoopGroup? = nil,
                             options: Connection.Options = .init(), tls: TLSServerContext) async throws(EventLoopError)
     {
-        try await self.init(adopting: descriptor, on: loop, group: group, options: options,
-                            preparer: TLSAcceptPreparer(context: tls))
+        try await self.init(.adopted(descriptor: descriptor), on: loop, group: group, options: options, tls: tls)
     }
 }
 
@@ -165,7 +162,7 @@ extension Listener {
                             group: EventLoopGroup? = nil, options: Connection.Options = .init(), tls: TLSServerContext,
                             accept: @escaping @Sendable (Connection) -> Void) throws(EventLoopError)
     {
-        try self.init(adopting: socket.descriptor, on: loop, group: group, options: options, tls: tls, accept: accept)
+        try self.init(.activated(socket), on: loop, group: group, options: options, tls: tls, accept: accept)
     }
 
     /// TLS on a socket passed by socket activation, for `connections`. Any task.
@@ -174,6 +171,6 @@ extension Listener {
                             group: EventLoopGroup? = nil, options: Connection.Options = .init(), tls: TLSServerContext)
         async throws(EventLoopError)
     {
-        try await self.init(adopting: socket.descriptor, on: loop, group: group, options: options, tls: tls)
+        try await self.init(.activated(socket), on: loop, group: group, options: options, tls: tls)
     }
 }

@@ -51,25 +51,6 @@ public final class Listener: @unchecked Sendable {
                       preparer: nil, function: "Listener.init(host:port:on:…)", accept: accept)
     }
 
-    /// The callback form with a step between accepting and handing over (`MainspringTLS`'s
-    /// handshake), binding `host:port`.
-    package convenience init(host: String, port: UInt16, backlog: Int32, on loop: EventLoop, group: EventLoopGroup?,
-                             options: Connection.Options, preparer: any AcceptedSocketPreparer,
-                             accept: @escaping @Sendable (Connection) -> Void) throws(EventLoopError)
-    {
-        try self.init(socket: .binding(host: host, port: port, backlog: backlog), on: loop, group: group, options: options,
-                      preparer: preparer, function: "Listener.init(host:port:on:…tls:…)", accept: accept)
-    }
-
-    /// The callback form with a preparer, on a descriptor that already listens.
-    package convenience init(adopting descriptor: Int32, on loop: EventLoop, group: EventLoopGroup?,
-                             options: Connection.Options, preparer: any AcceptedSocketPreparer,
-                             accept: @escaping @Sendable (Connection) -> Void) throws(EventLoopError)
-    {
-        try self.init(socket: .adopting(descriptor), on: loop, group: group, options: options, preparer: preparer,
-                      function: "Listener.init(adopting:on:…tls:…)", accept: accept)
-    }
-
     /// The callback initialisers' common part: makes the source on `loop`, delivering to `accept`.
     init(socket: ListeningSocket, on loop: EventLoop, group: EventLoopGroup?, options: Connection.Options,
                  preparer: (any AcceptedSocketPreparer)?, function: StaticString,
@@ -136,22 +117,6 @@ public final class Listener: @unchecked Sendable {
                             options: Connection.Options = .init()) async throws(EventLoopError)
     {
         try await self.init(socket: .adopting(descriptor), on: loop, group: group, options: options)
-    }
-
-    /// The async form with a step between accepting and handing over (`MainspringTLS`'s
-    /// handshake), binding `host:port`.
-    package convenience init(host: String, port: UInt16, backlog: Int32, on loop: EventLoop, group: EventLoopGroup?,
-                             options: Connection.Options, preparer: any AcceptedSocketPreparer) async throws(EventLoopError)
-    {
-        try await self.init(socket: .binding(host: host, port: port, backlog: backlog), on: loop, group: group,
-                            options: options, preparer: preparer)
-    }
-
-    /// The async form with a preparer, on a descriptor that already listens.
-    package convenience init(adopting descriptor: Int32, on loop: EventLoop, group: EventLoopGroup?,
-                             options: Connection.Options, preparer: any AcceptedSocketPreparer) async throws(EventLoopError)
-    {
-        try await self.init(socket: .adopting(descriptor), on: loop, group: group, options: options, preparer: preparer)
     }
 
     /// The async initialisers' common part: makes the source on `loop`, delivering to a queue.
