@@ -90,11 +90,33 @@ final class NetworkCore: SimulatedNetworking, SimulatedDatagramNetworking, @unch
     }
 
     private func takePort(on host: String, from first: UInt16) -> UInt16 {
-        var port = max(nextPort[host] ?? first, first)
-        while listeners[HostPort(host: host, port: port)] != nil { port &+= 1 }
-        nextPort[host] = port &+ 1
+        takeFreePort(&nextPort, on: host, from: first) { listeners[HostPort(host: host, port: $0)] != nil }
+    }
+
+    /// The first port from `first` (or after the last one `next` handed out on `host`) that
+    /// `isTaken` says is free; `next` remembers it. TCP and UDP each keep their own `next`.
+    func takeFreePort(_ next: inout [String: UInt16], on host: String, from first: UInt16,
+                      isTaken: (UInt16) -> Bool) -> UInt16
+    {
+        var port = max(next[host] ?? first, first)
+        while isTaken(port) { port &+= 1 }
+        next[host] = port &+ 1
         return port
     }
+
+    /// The host `loop` binds on for a bind to `host` (a wildcard, a loopback address, or the
+    /// loop's own address); `EADDRNOTAVAIL`, naming `call`, for an address of another host.
+    func bindingHost(_ host: String, port: UInt16, on loop: EventLoop, call: String) throws(EventLoopError) -> String {
+        let own = self.host(of: loop)
+        let wildcard = host == "0.0.0.0" || host == "::" || host.isEmpty
+        guard wildcard || isLoopback(host) || host == own else {
+            throw .system(function: "\(call) \(host):\(port)", errno: EADDRNOTAVAIL)
+        }
+        return own
+    }
+
+    /// A uniform draw in [0, 1) from the seed.
+    func uniform() -> Double { Double(random.next() >> 11) / Double(UInt64(1) << 53) }
 
     // MARK: Listening
 
@@ -102,11 +124,7 @@ final class NetworkCore: SimulatedNetworking, SimulatedDatagramNetworking, @unch
                 accepted: @escaping (any SimulatedStreamEnd, String) -> Void) throws(EventLoopError)
         -> any SimulatedListening
     {
-        let own = self.host(of: loop)
-        let wildcard = host == "0.0.0.0" || host == "::" || host.isEmpty
-        guard wildcard || isLoopback(host) || host == own else {
-            throw .system(function: "bind/listen \(host):\(port)", errno: EADDRNOTAVAIL)
-        }
+        let own = try bindingHost(host, port: port, on: loop, call: "bind/listen")
         let chosen = port == 0 ? takePort(on: own, from: 40_000) : port
         let key = HostPort(host: own, port: chosen)
         if listeners[key] != nil { throw .system(function: "bind/listen \(host):\(port)", errno: EADDRINUSE) }
@@ -296,8 +314,7 @@ final class NetworkCore: SimulatedNetworking, SimulatedDatagramNetworking, @unch
 
     /// An exponentially distributed wait for a fault that comes `perMinute` times a minute.
     private func randomWait(perMinute: Double) -> UInt64 {
-        let uniform = Double(random.next() >> 11) / Double(UInt64(1) << 53)
-        return UInt64(-log(1 - uniform) * 60e9 / perMinute) + 1
+        UInt64(-log(1 - uniform()) * 60e9 / perMinute) + 1
     }
 
     private func scheduleRandomReset(rate: Double, hosts: Set<String>, until: UInt64) {
@@ -352,7 +369,7 @@ final class NetworkCore: SimulatedNetworking, SimulatedDatagramNetworking, @unch
             let (one, other) = (hosts[first], hosts[second])
             if !isPartitioned(one, other) {
                 partition(one, other)
-                let length = UInt64(Double(duration) * (0.5 + Double(random.next() >> 11) / Double(UInt64(1) << 53)))
+                let length = UInt64(Double(duration) * (0.5 + uniform()))
                 schedule(at: min(now &+ max(1, length), until)) { [unowned self] in heal(one, other) }
             }
             scheduleRandomPartition(rate: rate, duration: duration, hosts: hosts, until: until)

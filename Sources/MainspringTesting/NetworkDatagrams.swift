@@ -13,29 +13,20 @@ extension NetworkCore {
                       arrived: @escaping (SimulatedDatagramArrival) -> Void) throws(EventLoopError)
         -> any SimulatedDatagramPort
     {
-        let own = self.host(of: loop)
-        let wildcard = host == "0.0.0.0" || host == "::" || host.isEmpty
-        guard wildcard || isLoopback(host) || host == own else {
-            throw .system(function: "bind \(host):\(port)", errno: EADDRNOTAVAIL)
-        }
-        let chosen = port == 0 ? takeDatagramPort(on: own) : port
+        let own = try bindingHost(host, port: port, on: loop, call: "bind")
+        let chosen = port == 0
+            ? takeFreePort(&nextDatagramPort, on: own, from: 40_000) { datagramPorts[HostPort(host: own, port: $0)] != nil }
+            : port
         let key = HostPort(host: own, port: chosen)
         if datagramPorts[key] != nil { throw .system(function: "bind \(host):\(port)", errno: EADDRINUSE) }
-        // The address it reports is the one it was bound to, as `getsockname` says.
-        let local = (try? SocketAddress(ipAddress: host.isEmpty ? "0.0.0.0" : host, port: chosen))
-            ?? (try? SocketAddress(ipAddress: own, port: chosen))
-        guard let local else { throw .invalidAddress("\(host) (not an address of the simulated host \(own))") }
-        let bound = NetworkDatagramPort(network: self, key: key, localAddress: local, order: random.next(), arrived: arrived)
+        // The address it reports is the one it was bound to, as `getsockname` says (`host` is a
+        // literal: `DatagramSocket` parsed it); the one its datagrams come from is its host's.
+        let local = try SocketAddress(ipAddress: host, port: chosen)
+        let external = try SocketAddress(ipAddress: own, port: chosen)
+        let bound = NetworkDatagramPort(network: self, key: key, localAddress: local, hostAddress: external,
+                                        order: random.next(), arrived: arrived)
         datagramPorts[key] = bound
         return bound
-    }
-
-    /// The first free UDP port from 40,000 on `host`.
-    private func takeDatagramPort(on host: String) -> UInt16 {
-        var port = max(nextDatagramPort[host] ?? 40_000, 40_000)
-        while datagramPorts[HostPort(host: host, port: port)] != nil { port &+= 1 }
-        nextDatagramPort[host] = port &+ 1
-        return port
     }
 
     /// A datagram from `port` to `address` onto the link: lost, duplicated or delayed as the
@@ -50,9 +41,11 @@ extension NetworkCore {
             faults["datagram-loss", default: 0] += 1
             return
         }
-        // The sender as the receiver sees it: the loopback address for a loopback send.
-        let senderHost = isLoopback(address.host) ? address.host : port.key.host
-        guard let sender = try? SocketAddress(ipAddress: senderHost, port: port.key.port) else { return }
+        // The sender as the receiver sees it: the loopback address for a loopback send (a literal,
+        // from a parsed address, so parsing it again cannot fail), else the port's host's.
+        let sender = isLoopback(address.host)
+            ? (try? SocketAddress(ipAddress: address.host, port: port.key.port)) ?? port.hostAddress
+            : port.hostAddress
         let destination = HostPort(host: destinationHost, port: address.port)
         let copies = chance(datagramDuplication) ? 2 : 1
         if copies == 2 { faults["datagram-duplicate", default: 0] += 1 }
@@ -88,8 +81,7 @@ extension NetworkCore {
 
     /// True with probability `probability` (from the seed; no draw when it is 0 or less).
     private func chance(_ probability: Double) -> Bool {
-        guard probability > 0 else { return false }
-        return Double(random.next() >> 11) / Double(UInt64(1) << 53) < probability
+        probability > 0 && uniform() < probability
     }
 }
 
@@ -98,17 +90,20 @@ final class NetworkDatagramPort: SimulatedDatagramPort {
     unowned let network: NetworkCore
     let key: HostPort
     let localAddress: SocketAddress
+    /// Its host's address with its port: where its datagrams come from (but on loopback).
+    let hostAddress: SocketAddress
     /// Orders this port's deliveries against others' at one instant (from the seed).
     let order: UInt64
     let arrived: (SimulatedDatagramArrival) -> Void
     private(set) var isClosed = false
 
-    init(network: NetworkCore, key: HostPort, localAddress: SocketAddress, order: UInt64,
+    init(network: NetworkCore, key: HostPort, localAddress: SocketAddress, hostAddress: SocketAddress, order: UInt64,
          arrived: @escaping (SimulatedDatagramArrival) -> Void)
     {
         self.network = network
         self.key = key
         self.localAddress = localAddress
+        self.hostAddress = hostAddress
         self.order = order
         self.arrived = arrived
     }
