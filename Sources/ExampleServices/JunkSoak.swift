@@ -222,7 +222,6 @@ public enum JunkSoak {
                 }
                 return (consumed, intact, outcomes, nil)
             }
-            ticks.cancel()
             if let error = outcome.error { fail("the reader failed: \(error)") }
             result.outcomes.merge(outcome.outcomes, uniquingKeysWith: +)
             let junkBytes = simulation.network.junkBytes
@@ -260,7 +259,10 @@ public enum JunkSoak {
                             var round = 0
                             while simulation.now < stopAt {
                                 // A command junk left unfinished keeps the server waiting for its
-                                // rest: the idle timeout ends such a connection.
+                                // rest: the idle timeout ends such a connection. A connect that
+                                // fails is counted (its reason is not the oracle's business), and
+                                // the client tries again. (Sleeps on the loop throw only when the
+                                // task is cancelled, which nothing here does: `try?` below.)
                                 guard let connection = try? await Connection.connect(to: "10.0.0.1", port: 6379, on: loop,
                                                                                      options: .init(idleTimeout: .seconds(2)))
                                 else {
@@ -305,6 +307,8 @@ public enum JunkSoak {
             }
             result.outcomes.merge(outcomes, uniquingKeysWith: +)
             simulation.advance(by: .seconds(2))  // the junk has stopped: a new client is served exactly
+            // Any failure here (connect, send, read) shows as lines missing from `check`, which
+            // the oracle reports: the errors themselves need no handling.
             let check = try simulation.runSynchronously { () async -> [String] in
                 guard let connection = try? await Connection.connect(to: "10.0.0.1", port: 6379, on: loop) else { return ["no connection"] }
                 defer { connection.close() }
@@ -359,7 +363,7 @@ public enum JunkSoak {
                     } catch {
                         outcomes[JunkSoak.kind(of: error), default: 0] += 1
                     }
-                    try? await loop.sleep(for: .milliseconds(100))
+                    try? await loop.sleep(for: .milliseconds(100))  // throws only if cancelled: nothing cancels it
                 }
                 return (outcomes, intact, requests)
             }
