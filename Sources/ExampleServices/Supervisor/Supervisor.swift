@@ -85,14 +85,12 @@ public final class Supervisor {
         var program: SupervisorConfig.Program
         var process: Subprocess?
         var failures = 0
-        var startedAt: LoopClock.Instant
+        /// When `launch` last started it (on the loop's clock).
+        var startedAt = LoopClock.Instant(nanoseconds: 0)
         var restartTimer: TimerHandle?
         /// Removed from the configuration (or the supervisor stops): no restart.
         var retired = false
-        init(program: SupervisorConfig.Program, now: LoopClock.Instant) {
-            self.program = program
-            startedAt = now
-        }
+        init(program: SupervisorConfig.Program) { self.program = program }
     }
 
     /// A supervisor of `config`'s programs on `loop`, its health checks through `client`.
@@ -125,7 +123,7 @@ public final class Supervisor {
     }
 
     private func add(_ program: SupervisorConfig.Program) {
-        let child = Child(program: program, now: loop.clock.now)
+        let child = Child(program: program)
         children[program.name] = child
         launch(child)
     }
