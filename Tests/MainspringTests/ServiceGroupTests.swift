@@ -193,8 +193,10 @@ struct ServiceGroupTests {
             steps.add("stop \(name)")
             switch behaviour {
             case .ignoreStop:
-                // Ends only when the group cancels its task (a sleep on the loop throws then).
-                while !Task.isCancelled { try? await loop?.sleep(for: .seconds(3_600)) }
+                // Ends only when the group cancels its task (a sleep on the loop throws then). It
+                // needs the loop: without one, the wait below would not wait at all.
+                guard let loop else { preconditionFailure("Recorder \(name): .ignoreStop needs a loop to sleep on") }
+                while !Task.isCancelled { try? await loop.sleep(for: .seconds(3_600)) }
                 steps.add("cancelled \(name)")
             case .throwWhileStopping:
                 throw DiskFull()
