@@ -71,12 +71,8 @@ extension Connection {
         if loop.isSimulated {
             let network = try loop.requireSimulatedNetwork(for: "a connection to \(path)")
             let end = try network.connect(unixPath: path, from: loop)
-            do {
-                return Connection(source: try ConnectionSource(loop: loop, simulated: end, peer: path, options: options))
-            } catch {
-                end.socketClosed(unreadInput: false)
-                throw error
-            }
+            // A source that cannot be made closes `end` itself.
+            return Connection(source: try ConnectionSource(loop: loop, simulated: end, peer: path, options: options))
         }
         let fd = try startUnixConnect(to: path)
         return Connection(source: try ConnectionSource(loop: loop, fd: fd, peer: path, options: options))
