@@ -478,9 +478,11 @@ struct HTTPTests {
         #expect(try await curl(["\(server.base)/healthz"]).stdout == "ok\n")
         let released = Locked(false)
         server.group.loops[1].execute {
-            // A blocking callback, as a careless handler would write it (up to 10 s).
+            // A blocking callback, as a careless handler would write it, until the test has seen
+            // the 503 (at most 30 s: with a build beside the suite, 10 s passed before a probe's
+            // curl got its answer, and the loop was healthy again by then).
             let start = ContinuousClock.now
-            while !released.value && ContinuousClock.now - start < .seconds(10) { usleep(1_000) }
+            while !released.value && ContinuousClock.now - start < .seconds(30) { usleep(1_000) }
         }
         var saw503 = ""
         for _ in 0..<40 where saw503.isEmpty {
