@@ -30,7 +30,7 @@ let httpScenario = Scenario(
             let figures = measure(wrk: wrk, port: server.port, seconds: seconds, workChunks: workChunks,
                                   serverCPU: { threadCPUNanoseconds(of: loop) })
             server.close()
-            group.shutdown(gracePeriod: .seconds(2))
+            group.shutdownBlocking(gracePeriod: .seconds(2))
             return figures
         }())
         samples.add("libevent-c", {
@@ -167,7 +167,7 @@ func countedHTTPMainspring(_ items: Int, configuration: EventLoop.Configuration)
     let server = try HTTPServer(group: group, routes: routes)
     defer {
         server.close()
-        group.shutdown(gracePeriod: .seconds(5))
+        group.shutdownBlocking(gracePeriod: .seconds(5))
     }
     guard let client = BenchClient(port: server.port) else { throw BenchError.usage("http counts: no connection") }
     try helloRequests(client, helloWarmup)

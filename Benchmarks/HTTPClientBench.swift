@@ -68,7 +68,7 @@ private func againstCServer(_ client: (UInt16) -> (rate: Double, seconds: Double
 /// completed after the warm-up and before the end, per second. Nan if any request failed.
 private func httpClientRequests(port: UInt16) -> (rate: Double, seconds: Double) {
     let group = try! EventLoopGroup(loopCount: 1)
-    defer { group.shutdown(gracePeriod: .seconds(2)) }
+    defer { group.shutdownBlocking(gracePeriod: .seconds(2)) }
     let loop = group.loops[0]
     let client = HTTPClient(loop: loop, configuration: .init(maxConnectionsPerHost: clientConcurrency))
     let url = "http://127.0.0.1:\(port)/hello"
@@ -116,7 +116,7 @@ func countedHTTPClientMainspring(_ items: Int, configuration: EventLoop.Configur
     let server = ms_baseline_http_start(&port)
     defer { ms_baseline_http_stop(server) }
     let group = try EventLoopGroup(loopCount: 1, configuration: configuration)
-    defer { group.shutdown(gracePeriod: .seconds(5)) }
+    defer { group.shutdownBlocking(gracePeriod: .seconds(5)) }
     let loop = group.loops[0]
     let client = HTTPClient(loop: loop)
     defer { client.shutdown() }

@@ -72,7 +72,7 @@ private func spawnWithCallbacks(for nanoseconds: UInt64) -> Double {
 /// Spawns per second from a task that prefers a loop: `await spawn`, then `await exit`.
 private func spawnWithAsync(for nanoseconds: UInt64) -> Double {
     let group = try! EventLoopGroup(loopCount: 1)
-    defer { group.shutdown(gracePeriod: .seconds(2)) }
+    defer { group.shutdownBlocking(gracePeriod: .seconds(2)) }
     let loop = group.loops[0]
     return blockingAwait {
         await withTaskExecutorPreference(loop) {
@@ -195,7 +195,7 @@ private func childOutputWithCallbacks() -> OutputRun {
         loop.spin(until: { state.end != 0 })
         probe.stop()
         output.close()
-        child.terminate(grace: .seconds(2))
+        child.startTerminating(grace: .seconds(2))
         loop.spin(until: { probe.isFinished && !child.isRunning }, timeout: .seconds(10))
         guard !state.failed else { return failedOutputRun }
         return OutputRun(rate: Double(state.bytes) / (Double(state.end - start) / 1e9),
@@ -206,7 +206,7 @@ private func childOutputWithCallbacks() -> OutputRun {
 /// `for try await … in lines` from a task that prefers a loop, with input probes on that loop.
 private func childOutputWithAsyncLines() -> OutputRun {
     let group = try! EventLoopGroup(loopCount: 1)
-    defer { group.shutdown(gracePeriod: .seconds(2)) }
+    defer { group.shutdownBlocking(gracePeriod: .seconds(2)) }
     let loop = group.loops[0]
     return blockingAwait {
         await withTaskExecutorPreference(loop) {

@@ -74,8 +74,8 @@ private func sheddingRun(_ mode: SheddingMode) -> [(String, Double)] {
     let serverGroup = try! EventLoopGroup(loopCount: 1)
     let clientGroup = try! EventLoopGroup(loopCount: 1)
     defer {
-        clientGroup.shutdown(gracePeriod: .seconds(2))
-        serverGroup.shutdown(gracePeriod: .seconds(2))
+        clientGroup.shutdownBlocking(gracePeriod: .seconds(2))
+        serverGroup.shutdownBlocking(gracePeriod: .seconds(2))
     }
     let exporter = LoopMetricsExporter(group: serverGroup)
     let feeders = serverGroup.loops.map { Feeder(loop: $0) }

@@ -39,7 +39,7 @@ let tlsScenario = Scenario(
             service.shutdown(gracePeriod: .seconds(1))
             if let wrk {
                 let group = try! EventLoopGroup(loopCount: 1)
-                defer { group.shutdown(gracePeriod: .seconds(2)) }
+                defer { group.shutdownBlocking(gracePeriod: .seconds(2)) }
                 var routes = HTTPRoutes()
                 routes.get("/hello") { _ in .text("hello\n") }
                 let server = try! HTTPServer(group: group, routes: routes, tls: context)

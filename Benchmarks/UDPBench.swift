@@ -51,7 +51,7 @@ let udpScenario = Scenario(
             }
             let figures = drive(socket.localAddress.port)
             loop.execute { socket.close() }
-            group.shutdown(gracePeriod: .seconds(1))
+            group.shutdownBlocking(gracePeriod: .seconds(1))
             return figures
         }())
         for (variant, useBatches) in [("libevent-c", Int32(0)), ("libevent-c-mmsg", Int32(1))] {

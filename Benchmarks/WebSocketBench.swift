@@ -126,7 +126,7 @@ private func startWebSocketEcho() -> EchoServer {
     let server = try! HTTPServer(group: group, routes: routes)
     return EchoServer(port: server.port, loop: group.loops[0]) {
         server.close()
-        group.shutdown(gracePeriod: .seconds(2))
+        group.shutdownBlocking(gracePeriod: .seconds(2))
     }
 }
 
@@ -150,7 +150,7 @@ private func startLineEcho() -> EchoServer {
     }
     return EchoServer(port: listener.port, loop: loop) {
         listener.close()
-        group.shutdown(gracePeriod: .seconds(2))
+        group.shutdownBlocking(gracePeriod: .seconds(2))
         blockingAwait { await serving.value }
     }
 }
@@ -274,7 +274,7 @@ private func compressionFigures(stream: [String], compress: Bool) -> [(String, D
     let server = startWebSocketEcho()
     defer { server.stop() }
     let clientGroup = try! EventLoopGroup(loopCount: 1)
-    defer { clientGroup.shutdown(gracePeriod: .seconds(2)) }
+    defer { clientGroup.shutdownBlocking(gracePeriod: .seconds(2)) }
     let clientLoop = clientGroup.loops[0]
     let configuration = WebSocket.Configuration(compression: compress ? .init() : nil)
     let port = server.port
@@ -292,7 +292,7 @@ private func compressionFigures(stream: [String], compress: Bool) -> [(String, D
                 try await socket.send(text: text)
                 guard case .text(let echo)? = await socket.receive(), echo == text else { return false }
             }
-            _ = await socket.close()
+            _ = await socket.closeAndWait()
             return true
         } catch {
             return false
@@ -328,7 +328,7 @@ private func compressionFigures(stream: [String], compress: Bool) -> [(String, D
                             if now >= end { break }
                             if now >= measuredFrom { echoes += 1 }
                         }
-                        _ = await socket.close()
+                        _ = await socket.closeAndWait()
                         return (echoes, 0)
                     } catch {
                         return (0, 1)

@@ -233,7 +233,7 @@ let httpMember = ServiceGroup.Member(name: "HTTP side") { @MainActor context in
     /// An HTTP side could not listen (it said why): what did start goes, then the line
     /// service (no socket file is left behind: --unix's, an HTTP one), then exit 1.
     func abandon() async throws -> Never {
-        for http in https { await http.close() }
+        for http in https { await http.closeAndWait() }
         abandoning.withLock { $0 = true }
         throw StartFailure(status: 1)
     }
@@ -251,7 +251,7 @@ let httpMember = ServiceGroup.Member(name: "HTTP side") { @MainActor context in
     }
     context.started()
     await context.stopRequested()
-    for http in https { await http.close() }
+    for http in https { await http.closeAndWait() }
 }
 
 let reloadMember = ServiceGroup.Member(name: "SIGHUP") { @MainActor context in

@@ -106,7 +106,7 @@ let httpSide = ServiceGroup.Member(name: "HTTP side") { @MainActor context in
     context.started()
     await context.stopRequested()
     client.shutdown()
-    await server.close()
+    await server.closeAndWait()
     _ = await http.shutdown(gracePeriod: .seconds(1))
 }
 

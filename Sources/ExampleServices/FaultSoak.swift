@@ -208,7 +208,7 @@ public enum FaultSoak {
             guard !stopped else { return }
             let made: Connection
             do {
-                made = try Connection.connect(to: host, port: 7000, on: loop)
+                made = try Connection.startConnecting(to: host, port: 7000, on: loop)
             } catch {
                 oracle.fail("client \(index): connect threw \(error)")
                 return

@@ -153,7 +153,7 @@ public final class LineService: Sendable {
         for context in contexts {
             context.loop.execute { context.drain() }
         }
-        return group.shutdown(gracePeriod: gracePeriod)
+        return group.shutdownBlocking(gracePeriod: gracePeriod)
     }
 }
 

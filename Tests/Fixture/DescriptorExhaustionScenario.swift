@@ -84,7 +84,7 @@ private func connectOutcome(port: UInt16, loop: EventLoop) -> String {
     final class Outcome { var text: String? }
     let outcome = Outcome()
     do {
-        let connection = try Connection.connect(to: "127.0.0.1", port: port, on: loop)
+        let connection = try Connection.startConnecting(to: "127.0.0.1", port: port, on: loop)
         connection.onClose { reason in outcome.text = "closed: \(reason)" }
         loop.spin(until: { outcome.text != nil }, timeout: .seconds(20))
         return outcome.text ?? "connected"
@@ -140,7 +140,7 @@ func descriptorExhaustionScenario() throws {
         }
     }
     var echoed: [String] = []
-    let client = try Connection.connect(to: "127.0.0.1", port: listener.port, on: loop)
+    let client = try Connection.startConnecting(to: "127.0.0.1", port: listener.port, on: loop)
     client.readLines { event in
         if case .line(let text) = event { echoed.append(text) }
     }
@@ -148,7 +148,7 @@ func descriptorExhaustionScenario() throws {
     check(loop.spin(until: { echoed.count == 1 }, timeout: .seconds(20)), "no echo before exhaustion")
     let late = try RawClient()
     let group = try EventLoopGroup(loopCount: 1)
-    defer { group.shutdown(gracePeriod: .seconds(5)) }
+    defer { group.shutdownBlocking(gracePeriod: .seconds(5)) }
 
     // Out of descriptors: a low soft limit, filled up.
     var limit = rlimit()

@@ -46,7 +46,7 @@ func leakCheckScenario() throws {
         }
     }
     for _ in 0..<rounds / 10 {
-        let client = try Connection.connect(to: "127.0.0.1", port: listener.port, on: loop)
+        let client = try Connection.startConnecting(to: "127.0.0.1", port: listener.port, on: loop)
         client.onClose { _ in closed += 1 }
         client.readLines { event in if event == .endOfFile { client.close() } }
         client.writeLine("hello")
@@ -60,7 +60,7 @@ func leakCheckScenario() throws {
     loop.spin(until: { job.isFinished }, timeout: .seconds(10))
     let group = try EventLoopGroup(loopCount: 2)
     for worker in group.loops { worker.execute {} }
-    group.shutdown(gracePeriod: .seconds(1))
+    group.shutdownBlocking(gracePeriod: .seconds(1))
     report("fired", fired)
     report("closed", closed)
     report("job", job.progress.completed)

@@ -316,7 +316,7 @@ func groupTakeoverScenario() throws {
     }
     check(fired.wait(timeout: .seconds(10)), "the timer never fired")
     report("fired", 1)
-    group.shutdown(gracePeriod: .seconds(1))
+    group.shutdownBlocking(gracePeriod: .seconds(1))
 }
 
 /// `duration-misuse <case>`: a period that is zero or negative, which must stop the program
@@ -331,7 +331,7 @@ func durationMisuseScenario() throws {
     case "poll-interval-zero": _ = try EventLoop(configuration: .init(pollInterval: .zero))
     case "idle-timeout-negative":
         _ = try Listener(.tcp(), on: loop, options: .init(idleTimeout: .milliseconds(-1))) { _ in }
-    case "idle-timeout-zero": _ = try Connection.connect(to: "127.0.0.1", port: 9, on: loop, options: .init(idleTimeout: .zero))
+    case "idle-timeout-zero": _ = try Connection.startConnecting(to: "127.0.0.1", port: 9, on: loop, options: .init(idleTimeout: .zero))
     case "input-pattern-zero": _ = try InputSimulator(loop: loop, pattern: .steady(every: .zero))
     default: fail("unknown case \(which)")
     }

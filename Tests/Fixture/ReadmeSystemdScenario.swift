@@ -36,7 +36,7 @@ func readmeSystemdScenario() throws {
     _ = try EventLoop.main.onSignal(SIGTERM) {
         try? notifier.notify(.stopping)                       // STOPPING=1
         watchdog?.stop()                                      // before the loops stop
-        group.shutdown(gracePeriod: .seconds(5))
+        group.shutdownBlocking(gracePeriod: .seconds(5))
         EventLoop.main.stop()
     }
     try EventLoop.main.run()

@@ -147,7 +147,7 @@ import Testing
                 }
             }
         }
-        let connection = try Connection.connect(to: "10.0.0.2", port: 80, on: simulation.loop)
+        let connection = try Connection.startConnecting(to: "10.0.0.2", port: 80, on: simulation.loop)
         simulation.advance(by: .milliseconds(2))
         connection.writeLine("before")
         simulation.advance(by: .milliseconds(5))
@@ -181,7 +181,7 @@ import Testing
             connection.onClose { serverReason.append($0) }
         }
         var clientReason: Connection.CloseReason?
-        let client = try Connection.connect(to: "10.0.0.3", port: 80, on: simulation.loop)
+        let client = try Connection.startConnecting(to: "10.0.0.3", port: 80, on: simulation.loop)
         client.readLines { _ in }
         client.onClose { clientReason = $0 }
         simulation.runUntilIdle()
@@ -346,7 +346,7 @@ import Testing
                 }
             }
             for index in 0..<4 {
-                let connection = try Connection.connect(to: "10.0.0.4", port: 80, on: simulation.loop)
+                let connection = try Connection.startConnecting(to: "10.0.0.4", port: 80, on: simulation.loop)
                 connection.readLines { _ in }
                 connection.writeLine("client \(index)")
                 connection.shutdownOutput()

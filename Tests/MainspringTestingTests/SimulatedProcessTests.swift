@@ -57,6 +57,32 @@ import Glibc
         #expect(simulation.processes.map(\.output) == [["started -v x", "bye"]])
     }
 
+    /// One name, one meaning: a task can end a child without waiting for it
+    /// (`startTerminating`), and wait for it later, while the waiting `terminate` keeps its name.
+    @Test func aTaskStartsTerminatingAChildWithoutWaitingForItsExit() async throws {
+        let simulation = try Simulation(seed: 3)
+        simulation.register(program: "stubborn") { process in
+            process.ignoreTerminationSignals()
+            try await process.sleep(for: .seconds(3600))
+            return 0
+        }
+        let loop = simulation.loop
+        let (runningAfterCall, calledAt, status) = try await simulation.run {
+            () async throws -> (Bool, Duration, Subprocess.ExitStatus) in
+            let child = try await Subprocess.spawn(.init(executable: "stubborn"), on: loop)
+            try await loop.sleep(for: .seconds(1))
+            child.startTerminating(grace: .seconds(2))  // returns at once, from a task
+            let running = child.isRunning
+            let now = simulation.now
+            return (running, now, await child.exit)
+        }
+        #expect(runningAfterCall)
+        #expect(calledAt == .seconds(1))
+        #expect(status == .signaled(SIGKILL))
+        #expect(simulation.now == .seconds(3))
+        #expect(simulation.processes.first?.receivedSignals == [SIGTERM, SIGKILL])
+    }
+
     @Test func aProgramThatDiesOfSIGTERMReportsTheSignal() async throws {
         let simulation = try Simulation()
         simulation.register(program: "sleeper") { process in

@@ -111,13 +111,13 @@ import Testing
                 Task(executorPreference: connection.loop) { await room.serve(connection) }
             }
             let loop = simulation.loop
-            let reader = try Connection.connect(to: "10.0.0.5", port: 6667, on: loop)
+            let reader = try Connection.startConnecting(to: "10.0.0.5", port: 6667, on: loop)
             var seen = ChatObservations()
             reader.readLines { event in
                 if case .line(let text) = event { seen.received.append(text) }
             }
-            let slow = try Connection.connect(to: "10.0.0.5", port: 6667, on: loop)  // it reads nothing
-            let sender = try Connection.connect(to: "10.0.0.5", port: 6667, on: loop)
+            let slow = try Connection.startConnecting(to: "10.0.0.5", port: 6667, on: loop)  // it reads nothing
+            let sender = try Connection.startConnecting(to: "10.0.0.5", port: 6667, on: loop)
             simulation.runUntilIdle()
             seen.membersAtStart = room.statistics.members
 

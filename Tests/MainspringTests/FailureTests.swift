@@ -68,7 +68,7 @@ struct FailureTests {
                 loop.base.injectedRegistrationFailures = 1
                 connection.readLines { _ in }  // enabling the read fails
             }
-            let client = try Connection.connect(to: "127.0.0.1", port: listener.port, on: loop)
+            let client = try Connection.startConnecting(to: "127.0.0.1", port: listener.port, on: loop)
             client.writeLine("hello")
             loop.spin(until: { !reasons.isEmpty }, timeout: .seconds(5))
             loop.spin(until: { false }, timeout: .milliseconds(20))

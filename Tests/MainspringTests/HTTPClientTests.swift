@@ -195,7 +195,7 @@ struct HTTPClientTests {
 
         func stop() async {
             for client in clients.value { client.shutdown() }
-            await server.close()
+            await server.closeAndWait()
             await group.shutdown(gracePeriod: .seconds(2))
         }
     }
@@ -674,7 +674,7 @@ struct HTTPClientTLSTests {
         #expect(reason.contains("certificate"), "\(reason)")
         client.shutdown()
         untrusting.shutdown()
-        await server.close()
+        await server.closeAndWait()
         await group.shutdown(gracePeriod: .seconds(2))
     }
 }

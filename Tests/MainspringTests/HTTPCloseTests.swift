@@ -38,7 +38,7 @@ struct HTTPCloseTests {
             }
             // One loop busy in a long callback while the server closes.
             group.loops[round % 2].execute { busy(.milliseconds(30)) }
-            await server.close()
+            await server.closeAndWait()
             let (fresh, kept) = await onPlainThread { () -> (String?, String?) in
                 let fresh = exchange(port: port, "GET /id HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
                 idle.send("GET /id HTTP/1.1\r\nHost: t\r\n\r\n")
@@ -68,7 +68,7 @@ struct HTTPCloseTests {
         }
         // A request in flight when the close begins keeps the connection open until answered;
         // meanwhile a second request on it arrives late.
-        await server.close()
+        await server.closeAndWait()
         let reply = await onPlainThread { () -> String in
             idle.send("GET /hello HTTP/1.1\r\nHost: t\r\n\r\n")
             return idle.readToEnd()
@@ -98,7 +98,7 @@ struct HTTPCloseTests {
         #expect(old.hasPrefix("HTTP/1.0 200") && old.hasSuffix("hello\n"), "\(old)")
         #expect(fine.hasPrefix("HTTP/1.1 200"), "\(fine)")
         #expect(lower.hasPrefix("HTTP/1.1 200"), "field names are case-insensitive: \(lower)")
-        await server.close()
+        await server.closeAndWait()
         await group.shutdown(gracePeriod: .seconds(2))
     }
 
@@ -120,7 +120,7 @@ struct HTTPCloseTests {
         #expect(replies[0].hasPrefix("HTTP/1.1 400 Bad Request") && replies[0].hasSuffix("\r\n\r\nBad Request\n"), "\(replies[0])")
         #expect(replies[2].hasPrefix("HTTP/1.1 413"), "\(replies[2])")
         #expect(replies[3].hasPrefix("HTTP/1.1 404") && replies[3].hasSuffix("Not Found\n"), "\(replies[3])")
-        await server.close()
+        await server.closeAndWait()
         await group.shutdown(gracePeriod: .seconds(2))
     }
 }

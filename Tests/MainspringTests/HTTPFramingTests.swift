@@ -21,11 +21,11 @@ private func withFramingServer(_ body: (UInt16) async throws -> Void) async thro
     do {
         try await body(port)
     } catch {
-        await server.close()
+        await server.closeAndWait()
         await group.shutdown(gracePeriod: .seconds(2))
         throw error
     }
-    await server.close()
+    await server.closeAndWait()
     await group.shutdown(gracePeriod: .seconds(2))
 }
 

@@ -39,7 +39,7 @@ private final class TestServer: @unchecked Sendable {
 
     func stop() {
         server.close()
-        group.shutdown(gracePeriod: .seconds(2))
+        group.shutdownBlocking(gracePeriod: .seconds(2))
     }
 }
 
@@ -117,7 +117,7 @@ struct HTTPTests {
             Issue.record("not unixSocketPathInUse: \(String(describing: live))")
         }
         #expect(lstat(path, &status) == 0, "the refused server removed the live server's file")
-        await server.server.close()
+        await server.server.closeAndWait()
         #expect(access(path, F_OK) != 0, "the socket file outlived close()")
         await server.group.shutdown(gracePeriod: .seconds(2))
     }
@@ -406,7 +406,7 @@ struct HTTPTests {
             try await Task.sleep(for: .milliseconds(5))
         }
         #expect(server.server.statistics.snapshot.requestsInFlight == 1, "the request never arrived")
-        await server.server.close()
+        await server.server.closeAndWait()
         closed.withLock { $0 = true }
         let report = await server.group.shutdown(gracePeriod: .seconds(10))
         let result = try await answer

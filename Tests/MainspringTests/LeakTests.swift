@@ -84,7 +84,7 @@ struct LeakTests {
                 sockets.removeAll()
                 var closed = 0
                 for _ in 0..<500 {
-                    let client = try Connection.connect(to: "127.0.0.1", port: listener.port, on: loop)
+                    let client = try Connection.startConnecting(to: "127.0.0.1", port: listener.port, on: loop)
                     sources.append(WeakSource(client.source))
                     if let inode = socketInode(of: client.source) { sockets.insert(inode) }
                     client.onClose { _ in closed += 1 }

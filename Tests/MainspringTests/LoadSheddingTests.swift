@@ -67,7 +67,7 @@ private final class BusyServer: @unchecked Sendable {
 
     func stop() {
         server.close()
-        group.shutdown(gracePeriod: .seconds(5))
+        group.shutdownBlocking(gracePeriod: .seconds(5))
     }
 }
 
@@ -198,7 +198,7 @@ struct LoadSheddingTests {
         }
         #expect(served)
         client.shutdown()
-        await server.close()
+        await server.closeAndWait()
         await group.shutdown(gracePeriod: .seconds(2))
         await clients.shutdown(gracePeriod: .seconds(2))
     }
@@ -235,7 +235,7 @@ struct LoadSheddingTests {
         #expect(try await again.value.status == 200)
         #expect(server.statistics.snapshot.requestsOverLimit == 4)
         client.shutdown()
-        await server.close()
+        await server.closeAndWait()
         await group.shutdown(gracePeriod: .seconds(2))
         await clients.shutdown(gracePeriod: .seconds(2))
     }

@@ -55,7 +55,7 @@ struct NameTests {
         // The callback form: usable at once, writes buffered while the name resolves.
         let reply = try await onLoopThread { client -> [String] in
             nonisolated(unsafe) var replies: [String] = []
-            let connection = try Connection.connect(to: "localhost", port: listener.port, on: client)
+            let connection = try Connection.startConnecting(to: "localhost", port: listener.port, on: client)
             connection.readLines { if case .line(let text) = $0 { replies.append(text) } }
             connection.writeLine("early")
             connection.shutdownOutput()
@@ -89,9 +89,9 @@ struct NameTests {
         let reason = try await onLoopThread { client -> Connection.CloseReason? in
             nonisolated(unsafe) var reason: Connection.CloseReason?
             #expect(throws: EventLoopError.invalidAddress("not an address")) {
-                _ = try Connection.connect(to: "not an address", port: 1, on: client)
+                _ = try Connection.startConnecting(to: "not an address", port: 1, on: client)
             }
-            let connection = try Connection.connect(to: name, port: 80, on: client, options: options)
+            let connection = try Connection.startConnecting(to: name, port: 80, on: client, options: options)
             connection.onClose { reason = $0 }
             client.spin(until: { reason != nil }, timeout: .seconds(30))
             return reason
@@ -118,7 +118,7 @@ struct NameTests {
             nonisolated(unsafe) var ticks = 0
             let ticker = loop.schedule(every: .milliseconds(20)) { _ in ticks += 1 }
             let started = now()
-            let connection = try Connection.connect(to: name, port: 80, on: loop,
+            let connection = try Connection.startConnecting(to: name, port: 80, on: loop,
                                                     options: .init(resolveTimeout: .milliseconds(300)))
             connection.onClose { if case .connectFailed(let error) = $0 { failure = error } }
             loop.spin(until: { failure != nil }, timeout: .seconds(10))
@@ -159,7 +159,7 @@ struct NameTests {
                 nonisolated(unsafe) var replies: [String] = []
                 let started = now()
                 // A delay far longer than the test: only the refusal can start the second attempt.
-                let connection = try Connection.connect(to: name, port: port, on: loop,
+                let connection = try Connection.startConnecting(to: name, port: port, on: loop,
                                                         options: .init(connectionAttemptDelay: .seconds(30)))
                 connection.readLines { if case .line(let text) = $0 { replies.append(text) } }
                 connection.writeLine("ping")
@@ -184,7 +184,7 @@ struct NameTests {
             let addresses = ["::1", "127.0.0.1"].map { numericAddress($0, port: port)! }
             HostResolver.overrides.withLock { $0[name] = { _, _ in .success(addresses) } }
             nonisolated(unsafe) var failure: EventLoopError?
-            let connection = try Connection.connect(to: name, port: port, on: loop)
+            let connection = try Connection.startConnecting(to: name, port: port, on: loop)
             connection.onClose { if case .connectFailed(let error) = $0 { failure = error } }
             loop.spin(until: { failure != nil }, timeout: .seconds(10))
             withExtendedLifetime((refusing4, refusing6)) {}
@@ -214,7 +214,7 @@ struct NameTests {
             let address = numericAddress("127.0.0.1", port: port)!
             HostResolver.overrides.withLock { $0[name] = { _, _ in .success([address]) } }
             nonisolated(unsafe) var reason: Connection.CloseReason?
-            let connection = try Connection.connect(to: name, port: port, on: loop)
+            let connection = try Connection.startConnecting(to: name, port: port, on: loop)
             connection.onClose { reason = $0 }
             loop.spin(until: { reason != nil }, timeout: .seconds(10))
             withExtendedLifetime(refusing) {}
@@ -240,7 +240,7 @@ struct NameTests {
             HostResolver.overrides.withLock { $0[name] = { _, _ in .success(addresses) } }
             nonisolated(unsafe) var replies: [String] = []
             let started = now()
-            let connection = try Connection.connect(to: name, port: listener.port, on: loop,
+            let connection = try Connection.startConnecting(to: name, port: listener.port, on: loop,
                                                     options: .init(connectionAttemptDelay: .milliseconds(200)))
             connection.readLines { if case .line(let text) = $0 { replies.append(text) } }
             connection.writeLine("ping")
@@ -265,7 +265,7 @@ struct NameTests {
             defer { wildcard.close(); local.close() }
             func echo(_ host: String, _ port: UInt16) -> Bool {
                 nonisolated(unsafe) var replies: [String] = []
-                guard let connection = try? Connection.connect(to: host, port: port, on: loop) else { return false }
+                guard let connection = try? Connection.startConnecting(to: host, port: port, on: loop) else { return false }
                 connection.readLines { if case .line(let text) = $0 { replies.append(text) } }
                 connection.writeLine("x")
                 loop.spin(until: { !replies.isEmpty }, timeout: .seconds(10))

@@ -52,7 +52,7 @@ struct NetworkTests {
     @Test("accepted and connected TCP sockets have Nagle's algorithm off (TCP_NODELAY)")
     func noDelay() async throws {
         let group = try EventLoopGroup(loopCount: 1)
-        defer { group.shutdown() }
+        defer { group.shutdownBlocking() }
         let loop = group.loops[0]
         let accepted = Locked<[Int32]>([])
         let connected = Locked<[Int32]>([])
@@ -65,7 +65,7 @@ struct NetworkTests {
                     done.signal()
                 }
                 keeper.keep(listener)
-                let client = try Connection.connect(to: "127.0.0.1", port: listener.port, on: loop)
+                let client = try Connection.startConnecting(to: "127.0.0.1", port: listener.port, on: loop)
                 keeper.keep(client)
                 connected.withLock { $0.append(noDelayOption(of: client)) }
             } catch {
@@ -271,7 +271,7 @@ struct NetworkTests {
             let port = refusing.port
             defer { withExtendedLifetime(refusing) {} }
             nonisolated(unsafe) var reasons: [Connection.CloseReason] = []
-            let connection = try Connection.connect(to: "127.0.0.1", port: port, on: loop)
+            let connection = try Connection.startConnecting(to: "127.0.0.1", port: port, on: loop)
             connection.write("hello\n")
             connection.onClose { reasons.append($0) }
             loop.spin(until: { !reasons.isEmpty }, timeout: .seconds(5))
@@ -279,7 +279,7 @@ struct NetworkTests {
             connection.close()
             loop.spin(until: { false }, timeout: .milliseconds(20))
             #expect(throws: EventLoopError.invalidAddress("not an address")) {
-                _ = try Connection.connect(to: "not an address", port: 1, on: loop)
+                _ = try Connection.startConnecting(to: "not an address", port: 1, on: loop)
             }
             #expect(throws: EventLoopError.self) { _ = try Listener(.tcp(host: "256.1.1.1"), on: loop) { _ in } }
             return (reasons, connection.bufferedOutputBytes == 0)
@@ -300,7 +300,7 @@ struct NetworkTests {
             #expect(throws: EventLoopError.self) { _ = try Listener(.tcp(port: server.port), on: loop) { _ in } }
             nonisolated(unsafe) var replies: [String] = []
             nonisolated(unsafe) var closed = false
-            let client = try Connection.connect(to: "localhost", port: server.port, on: loop)
+            let client = try Connection.startConnecting(to: "localhost", port: server.port, on: loop)
             client.readLines { event in
                 if case .line(let text) = event { replies.append(text) }
             }
@@ -404,7 +404,7 @@ struct ConnectionOutputTests {
                     if text == "ping" { connection.writeLine("pong") } else { received += text + "|" }
                 }
             }
-            let client = try Connection.connect(to: "127.0.0.1", port: server.port, on: loop)
+            let client = try Connection.startConnecting(to: "127.0.0.1", port: server.port, on: loop)
             nonisolated(unsafe) var lines: [String] = []
             client.readLines { event in if case .line(let text) = event { lines.append(text) } }
             client.write(Array("a".utf8))

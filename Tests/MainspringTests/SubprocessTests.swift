@@ -539,7 +539,7 @@ struct SubprocessBehaviourTests {
                                 guard case .line(let text) = event else { return }
                                 bytes += text.utf8.count + 1
                                 lines += 1
-                                if bytes >= volume && bytes - text.utf8.count - 1 < volume { child.terminate(grace: .seconds(5)) }
+                                if bytes >= volume && bytes - text.utf8.count - 1 < volume { child.startTerminating(grace: .seconds(5)) }
                             }
                             child.onExit { status in
                                 probe.stop()

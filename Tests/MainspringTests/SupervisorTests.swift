@@ -103,7 +103,7 @@ struct SupervisorTests {
         #expect(output.filter { $0 == "[crasher] crash" }.count <= crashesAfterReload + 1, "crasher not restarted once removed")
         #expect(output.last == "supervisor: stopped")
         client.shutdown()
-        await healthTarget.close()
+        await healthTarget.closeAndWait()
         await group.shutdown(gracePeriod: .seconds(2))
     }
 }

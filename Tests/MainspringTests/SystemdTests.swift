@@ -413,7 +413,7 @@ struct WatchdogTests {
     func wedgedLoop() async throws {
         let fake = try FakeNotifySocket()
         let group = try EventLoopGroup(loopCount: 2)
-        defer { group.shutdown(gracePeriod: .seconds(5)) }
+        defer { group.shutdownBlocking(gracePeriod: .seconds(5)) }
         let changes = Locked<[Watchdog.Health]>([])
         let watchdog = Watchdog(watching: group.loops, notifier: try ServiceNotifier(address: fake.address),
                                 interval: .milliseconds(200)) { health in changes.withLock { $0.append(health) } }

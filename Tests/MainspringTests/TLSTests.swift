@@ -724,8 +724,8 @@ struct HTTPSTests {
         // Plaintext to the HTTPS port gets no HTTP answer.
         let plaintext = try await runProgram("curl", arguments: ["-sS", "--max-time", "10", "http://127.0.0.1:\(secure.port)/hello"])
         #expect(!plaintext.stdout.contains("hello from"), "\(plaintext.summary)")
-        await plain.close()
-        await secure.close()
+        await plain.closeAndWait()
+        await secure.closeAndWait()
         await group.shutdown(gracePeriod: .seconds(2))
     }
 

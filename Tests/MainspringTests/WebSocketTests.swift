@@ -125,7 +125,7 @@ private final class WebSocketServer: @unchecked Sendable {
             for await message in socket.messages { try await socket.send(message) }
         }
         routes.webSocket("/ws/closer", configuration: .init(closeTimeout: .milliseconds(200))) { socket in
-            await socket.close(code: .init(rawValue: 4100), reason: "closing first")
+            await socket.closeAndWait(code: .init(rawValue: 4100), reason: "closing first")
         }
         let flooded = self.flooded
         routes.webSocket("/ws/flood", configuration: .init(outputLimit: 256 * 1024)) { socket in
@@ -140,7 +140,7 @@ private final class WebSocketServer: @unchecked Sendable {
     }
 
     func stop() async {
-        await server.close()
+        await server.closeAndWait()
         await group.shutdown(gracePeriod: .seconds(2))
     }
 }
@@ -657,7 +657,7 @@ struct WebSocketServerTests {
         let client = try await WebSocket.connect(to: "ws://127.0.0.1:\(port)/ws/keepalive-slow", on: loop)
         try await loop.sleep(for: .milliseconds(2_600))  // five ticks: pings answered, it stays
         #expect(client.isOpen)
-        #expect(await client.close() == WebSocket.CloseStatus(code: .normalClosure))
+        #expect(await client.closeAndWait() == WebSocket.CloseStatus(code: .normalClosure))
         await server.stop()
     }
 
@@ -671,8 +671,8 @@ struct WebSocketServerTests {
         let plain = try await WebSocket.connect(to: "ws://127.0.0.1:\(server.port)/ws/chat", on: loop)
         #expect(plain.subprotocol == nil)
         #expect(await plain.receive() == .text("protocol none"))
-        await plain.close()
-        await socket.close()
+        await plain.closeAndWait()
+        await socket.closeAndWait()
         await server.stop()
     }
 }
@@ -735,7 +735,7 @@ extension WebSocketServerTests {
         let big = (0..<(2 << 20)).map { UInt8(truncatingIfNeeded: $0) }
         try await socket.send(binary: big)
         #expect(await socket.receive() == .binary(big))
-        #expect(await socket.close() == WebSocket.CloseStatus(code: .normalClosure))
+        #expect(await socket.closeAndWait() == WebSocket.CloseStatus(code: .normalClosure))
         await group.shutdown(gracePeriod: .seconds(2))
         daemon.send(SIGTERM)
         let exit = await daemon.waitForExit(timeout: .seconds(30))
@@ -751,7 +751,7 @@ extension WebSocketServerTests {
         let socket = try await WebSocket.connect(to: "ws://127.0.0.1:\(server.port)/ws/echo", on: group.loops[0])
         try await socket.send(text: "before")
         #expect(await socket.receive() == .text("before"))
-        await server.server.close()
+        await server.server.closeAndWait()
         #expect(await socket.receive() == nil)
         #expect(await socket.closed == WebSocket.CloseStatus(code: .goingAway, reason: "server closing"))
         await group.shutdown(gracePeriod: .seconds(2))
@@ -785,7 +785,7 @@ struct WebSocketClientTests {
         #expect(received == (0..<200).map { "m\($0)" })
         #expect(socket.trySend(text: "offered"))
         #expect(await socket.receive() == .text("offered"))
-        let status = await socket.close(code: .init(rawValue: 4000), reason: "bye")
+        let status = await socket.closeAndWait(code: .init(rawValue: 4000), reason: "bye")
         #expect(status.code == .init(rawValue: 4000))  // the server echoes the code
         #expect(!socket.isOpen)
         do {
@@ -951,7 +951,7 @@ struct WebSocketInteropTests {
         let second = try await WebSocket.connect(to: "ws://127.0.0.1:\(port)/", on: loop)
         try await second.send(text: "x")
         #expect(await second.receive() == .text("x"))
-        let status = await second.close(code: .goingAway, reason: "leaving")
+        let status = await second.closeAndWait(code: .goingAway, reason: "leaving")
         #expect(status == WebSocket.CloseStatus(code: .goingAway, reason: "leaving"))
         await group.shutdown(gracePeriod: .seconds(2))
     }
@@ -1067,16 +1067,16 @@ struct WebSocketCompressionTests {
             #expect(await socket.receive() == .binary(noise))
             #expect(socket.trySend(text: "offered"))
             #expect(await socket.receive() == .text("offered"))
-            #expect(await socket.close() == WebSocket.CloseStatus(code: .normalClosure))
+            #expect(await socket.closeAndWait() == WebSocket.CloseStatus(code: .normalClosure))
         }
         // Not asked for: not used.
         let plain = try await WebSocket.connect(to: "ws://127.0.0.1:\(server.port)/ws/echo", on: loop)
         #expect(!plain.isCompressed)
-        await plain.close()
+        await plain.closeAndWait()
         let refused = try await WebSocket.connect(to: "ws://127.0.0.1:\(server.port)/ws/small", on: loop,
                                                   configuration: .init(compression: .init()))
         #expect(!refused.isCompressed)  // that route does not compress
-        await refused.close()
+        await refused.closeAndWait()
         await server.stop()
     }
 
@@ -1146,7 +1146,7 @@ struct WebSocketCompressionTests {
         let bytes = (0..<200_000).map { UInt8(truncatingIfNeeded: $0 % 251) }
         try await socket.send(binary: bytes)
         #expect(await socket.receive() == .binary(bytes))
-        #expect(await socket.close() == WebSocket.CloseStatus(code: .normalClosure))
+        #expect(await socket.closeAndWait() == WebSocket.CloseStatus(code: .normalClosure))
         await group.shutdown(gracePeriod: .seconds(2))
     }
 }
@@ -1183,7 +1183,7 @@ struct WebSocketTLSTests {
         let bytes = (0..<100_000).map { UInt8(truncatingIfNeeded: $0) }
         try await socket.send(binary: bytes)
         #expect(await socket.receive() == .binary(bytes))
-        #expect(await socket.close() == WebSocket.CloseStatus(code: .normalClosure))
+        #expect(await socket.closeAndWait() == WebSocket.CloseStatus(code: .normalClosure))
         // Not trusted: the connect fails, naming TLS.
         let untrusting = try TLSClientContext()
         do {
@@ -1213,7 +1213,7 @@ struct WebSocketTLSTests {
             guard case .handshakeFailed(let reason) = error else { Issue.record("\(error)"); return }
             #expect(reason.contains("501"), "\(reason)")
         }
-        await server.close()
+        await server.closeAndWait()
         await group.shutdown(gracePeriod: .seconds(2))
     }
 }

@@ -223,7 +223,7 @@ public final class Supervisor {
             return
         }
         process.onExit { _ in done() }
-        process.terminate(grace: .milliseconds(Int(child.program.grace * 1_000)))
+        process.startTerminating(grace: .milliseconds(Int(child.program.grace * 1_000)))
     }
 
     private func checkHealth() {

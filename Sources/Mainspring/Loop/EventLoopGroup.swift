@@ -9,7 +9,7 @@ import Synchronization
 /// must be made from there.
 ///
 /// ## Ending a group
-/// `await group.shutdown(gracePeriod:)` (or the blocking `shutdown(gracePeriod:)` from a plain
+/// `await group.shutdown(gracePeriod:)` (or `shutdownBlocking(gracePeriod:)` from a plain
 /// thread) ends it gracefully and reports what it abandoned. A group that is released without
 /// a shutdown does not wait for anything: its `deinit` asks every loop to shut down at once
 /// (sources closed without their handlers, queued work dropped and counted, as after a zero
@@ -154,16 +154,25 @@ public final class EventLoopGroup: Sendable {
         return finish(ended: ended)
     }
 
-    /// `shutdown(gracePeriod:)` for a plain thread: blocks the caller until it is done. Call it
-    /// from a thread outside the group (precondition).
+    /// `shutdown(gracePeriod:)` for a plain thread: blocks the caller until it is done (the
+    /// `async` form suspends instead). Call it from a thread outside the group (precondition),
+    /// never from a task: it holds a thread of the cooperative pool for up to the grace period.
     @discardableResult
-    public func shutdown(gracePeriod: Duration = .seconds(5)) -> ShutdownReport {
+    public func shutdownBlocking(gracePeriod: Duration = .seconds(5)) -> ShutdownReport {
         requireUsage(!isCallerOnOwnLoop,
-                     "Mainspring: EventLoopGroup.shutdown must not be called from one of its own loops")
+                     "Mainspring: EventLoopGroup.shutdownBlocking must not be called from one of its own loops")
         guard let deadline = begin(gracePeriod: gracePeriod) else { return result.waitValue() }
         if isSimulated { return finishSimulated() }
         let ended = threads.wait(untilMonotonic: deadline &+ Self.stuckAfter)
         return finish(ended: ended)
+    }
+
+    /// The old name of ``shutdownBlocking(gracePeriod:)``; in `async` code this spelling is the
+    /// suspending ``shutdown(gracePeriod:)``.
+    @available(*, deprecated, renamed: "shutdownBlocking(gracePeriod:)")
+    @discardableResult
+    public func shutdown(gracePeriod: Duration = .seconds(5)) -> ShutdownReport {
+        shutdownBlocking(gracePeriod: gracePeriod)
     }
 
     /// Whether the caller runs on one of the group's loops (for a simulated group, whose loops

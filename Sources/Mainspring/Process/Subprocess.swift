@@ -277,24 +277,14 @@ public final class Subprocess: @unchecked Sendable {
         _ = sendSignal(signal, toProcessGroup: group)
     }
 
-    /// Ends the child: `SIGTERM` now — to its whole group when it leads one — then `SIGKILL`
-    /// once `grace` has passed if it (or, for a group, any member) is still there. `grace` is a
-    /// wait: zero or negative kills at once. A later call with a shorter grace kills sooner;
-    /// one with a longer grace changes nothing. Returns at once; await ``exit`` (or call the
-    /// async `terminate(grace:)`) for the outcome. Any thread; if the loop has shut down, the
+    /// Starts ending the child and returns at once: `SIGTERM` now — to its whole group when it
+    /// leads one — then `SIGKILL` once `grace` has passed if it (or, for a group, any member) is
+    /// still there. `grace` is a wait: zero or negative kills at once. A later call with a
+    /// shorter grace kills sooner; one with a longer grace changes nothing. Await ``exit`` for
+    /// the outcome, or call ``terminate(grace:)->_`` (async), which does this and waits. Any thread
+    /// and any task (from elsewhere than the loop, one post); if the loop has shut down, the
     /// grace cannot be timed and `SIGKILL` follows at once.
-    public func terminate(grace: Duration = .seconds(5)) {
-        requestTermination(grace: grace)
-    }
-
-    /// `terminate(grace:)`, then suspends until the child has exited; returns how it ended.
-    /// Any task.
-    public func terminate(grace: Duration = .seconds(5)) async -> ExitStatus {
-        requestTermination(grace: grace)
-        return await exit
-    }
-
-    private func requestTermination(grace: Duration) {
+    public func startTerminating(grace: Duration = .seconds(5)) {
         if loop.isCurrent {
             source.terminate(grace: grace)
             return
@@ -307,6 +297,21 @@ public final class Subprocess: @unchecked Sendable {
             shared.kill(SIGTERM)
             shared.kill(SIGKILL)
         }
+    }
+
+    /// Ends the child as ``startTerminating(grace:)`` does, then suspends until it has exited;
+    /// returns how it ended. Any task.
+    public func terminate(grace: Duration = .seconds(5)) async -> ExitStatus {
+        startTerminating(grace: grace)
+        return await exit
+    }
+
+    /// The old name of ``startTerminating(grace:)``. In `async` code the compiler picks the
+    /// waiting ``terminate(grace:)`` for this spelling; the new name is the one that returns at
+    /// once from a task too.
+    @available(*, deprecated, renamed: "startTerminating(grace:)")
+    public func terminate(grace: Duration = .seconds(5)) {
+        startTerminating(grace: grace)
     }
 }
 

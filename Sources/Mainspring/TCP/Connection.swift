@@ -165,9 +165,10 @@ public final class Connection: @unchecked Sendable {
         loop.execute { source.value.handleReleased() }
     }
 
-    /// Connects to `host:port` from `loop`: an IPv4 or IPv6 literal, or a host name ("localhost",
-    /// a name from /etc/hosts or DNS). The connection is usable at once: writes are buffered
-    /// until it is established. Loop thread only.
+    /// Starts connecting to `host:port` from `loop` — an IPv4 or IPv6 literal, or a host name
+    /// ("localhost", a name from /etc/hosts or DNS) — and returns the connection at once, before
+    /// it is established: writes are buffered until it is. Loop thread only. The `async`
+    /// ``connect(to:port:on:options:)-13sgy`` returns once the connection is established instead.
     ///
     /// A name is resolved off the loop (the system's resolver on a resolver thread, within
     /// `options.resolveTimeout`) and its addresses are tried with Happy Eyeballs (RFC 8305): the
@@ -177,12 +178,24 @@ public final class Connection: @unchecked Sendable {
     /// `EventLoopError` that names the host and every address tried.
     /// - Throws: `EventLoopError.invalidAddress` (neither a literal nor a well-formed name),
     ///   `.wrongThread`, `.system`.
+    public static func startConnecting(to host: String, port: UInt16, on loop: EventLoop, options: Options = .init())
+        throws(EventLoopError) -> Connection
+    {
+        guard loop.claimThread() else {
+            throw .wrongThread(function: "Connection.startConnecting(to:port:on:options:)")
+        }
+        let source = try ConnectionSource(loop: loop, connectingTo: host, port: port, options: options)
+        return Connection(source: source)
+    }
+
+    /// The old name of ``startConnecting(to:port:on:options:)``: in `async` code the compiler
+    /// picks the `async` ``connect(to:port:on:options:)-13sgy``, which waits for the connection, for
+    /// this spelling.
+    @available(*, deprecated, renamed: "startConnecting(to:port:on:options:)")
     public static func connect(to host: String, port: UInt16, on loop: EventLoop, options: Options = .init())
         throws(EventLoopError) -> Connection
     {
-        guard loop.claimThread() else { throw .wrongThread(function: "Connection.connect(to:port:on:options:)") }
-        let source = try ConnectionSource(loop: loop, connectingTo: host, port: port, options: options)
-        return Connection(source: source)
+        try startConnecting(to: host, port: port, on: loop, options: options)
     }
 
     /// The loop the connection lives on (the handle keeps it alive). Any thread.

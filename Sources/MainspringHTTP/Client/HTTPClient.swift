@@ -154,7 +154,7 @@ public final class HTTPClient: Sendable {
             self.connect = connect
         }
 
-        /// Plain TCP: `Connection.connect(to:port:on:options:)`.
+        /// Plain TCP: `Connection.connect(to:port:on:options:)` (async).
         public static let tcp = Connector { (address: String, port: UInt16, _: String, loop: EventLoop,
                                              options: Connection.Options) async throws(EventLoopError) -> Connection in
             let connection: Connection = try await Connection.connect(to: address, port: port, on: loop, options: options)

@@ -272,8 +272,8 @@ public final class HTTPServer: Sendable {
     /// `503` and `Connection: close`. Requests in flight finish (`Connection: close`), then the
     /// server's connections close (see `isClosed`). On a Unix socket (`unixPath`) the socket
     /// file is removed at once, when this is called. Any task; a loop busy in a long callback
-    /// makes it wait until that callback returns.
-    public func close() async {
+    /// makes it wait until that callback returns. ``close()-i51n`` is the form that returns at once.
+    public func closeAndWait() async {
         shared.removeSocketFile()
         await withTaskGroup(of: Void.self) { tasks in
             for endpoint in shared.endpoints {
@@ -291,8 +291,8 @@ public final class HTTPServer: Sendable {
         }
     }
 
-    /// Stops accepting connections, without waiting: each loop stops when it next runs (`await
-    /// close()` waits for that). Requests in flight finish, then the server's connections close.
+    /// Stops accepting connections, without waiting: each loop stops when it next runs
+    /// (``closeAndWait()`` waits for that). Requests in flight finish, then the server's connections close.
     /// On a Unix socket (`unixPath`) the socket file is removed at once. Any thread; returns at
     /// once (see `isClosed`).
     public func close() {
@@ -304,6 +304,13 @@ public final class HTTPServer: Sendable {
                 endpoint.loop.execute(priority: .input) { endpoint.close() }
             }
         }
+    }
+
+    /// The old name of ``closeAndWait()``. In `async` code it is the one the compiler picks for
+    /// `close()`, so a task that must not wait cannot reach ``close()`` by this spelling.
+    @available(*, deprecated, renamed: "closeAndWait()")
+    public func close() async {
+        await closeAndWait()
     }
 
     /// Whether every loop has finished closing (its requests done, its connections closed).

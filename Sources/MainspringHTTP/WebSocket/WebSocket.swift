@@ -213,7 +213,8 @@ public final class WebSocket: Sendable {
 
     /// Starts the closing handshake with `code` and `reason` (cut to 123 bytes of UTF-8), without
     /// waiting: the peer's close frame is waited for at most `Configuration.closeTimeout`, then
-    /// the connection closes. Idempotent; any thread. `await closed` waits for the end.
+    /// the connection closes. Idempotent; any thread. `await closed` waits for the end;
+    /// ``closeAndWait(code:reason:)`` does both.
     public func close(code: CloseCode = .normalClosure, reason: String = "") {
         startClosing(code: code, reason: reason)
     }
@@ -227,12 +228,23 @@ public final class WebSocket: Sendable {
         }
     }
 
-    /// Starts the closing handshake (see `close(code:reason:)`) and returns how the WebSocket
-    /// ended, once it has: within `Configuration.closeTimeout` (plus a loop turn).
+    /// Starts the closing handshake (see ``close(code:reason:)->()``) and returns how the WebSocket
+    /// ended, once it has: within `Configuration.closeTimeout` (plus a loop turn). Any task.
     @discardableResult
-    public nonisolated(nonsending) func close(code: CloseCode = .normalClosure, reason: String = "") async -> CloseStatus {
+    public nonisolated(nonsending) func closeAndWait(code: CloseCode = .normalClosure, reason: String = "") async
+        -> CloseStatus
+    {
         startClosing(code: code, reason: reason)
         return await closed
+    }
+
+    /// The old name of ``closeAndWait(code:reason:)``. In `async` code it is the one the compiler
+    /// picks for `close(code:reason:)`, so a task that must not wait cannot reach the form that
+    /// returns at once by this spelling.
+    @available(*, deprecated, renamed: "closeAndWait(code:reason:)")
+    @discardableResult
+    public nonisolated(nonsending) func close(code: CloseCode = .normalClosure, reason: String = "") async -> CloseStatus {
+        await closeAndWait(code: code, reason: reason)
     }
 
     /// How the WebSocket ended: suspends until the connection has closed. Any number of tasks

@@ -119,9 +119,9 @@ extension LoopEndpoint {
         Task(executorPreference: loop) {
             do {
                 try await handler(socket)
-                await socket.close(code: .normalClosure)
+                await socket.closeAndWait(code: .normalClosure)
             } catch {
-                await socket.close(code: .internalError)
+                await socket.closeAndWait(code: .internalError)
             }
         }
     }
