@@ -99,7 +99,8 @@ extension Connection {
                 }
             }
             if loop.isCurrent { start() } else {
-                loop.execute(start)
+                // A loop that shut down drops the post: the caller gets `.loopClosed`, not a hang.
+                loop.execute(start, orElse: { continuation.resume(returning: .failure(.loopClosed)) })
             }
         }
         return try made.get()

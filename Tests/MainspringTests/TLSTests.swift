@@ -118,6 +118,17 @@ struct TLSTests {
         } throws: { error in "\(error)".contains("trust roots") && "\(error)".contains("/nonexistent/ca.pem") }
     }
 
+    @Test("a TLS connect on a loop that has shut down fails with loopClosed instead of waiting forever")
+    func tlsConnectOnAShutDownLoop() async throws {
+        let certs = try #require(certificates)
+        let client = try TLSClientContext(configuration: .init(trustRoots: .file(certs.caCertificate)))
+        let group = try EventLoopGroup(loopCount: 1)
+        await group.shutdown(gracePeriod: .zero)
+        await #expect(throws: EventLoopError.loopClosed) {
+            _ = try await Connection.connect(to: "127.0.0.1", port: 9, on: group.loops[0], tls: client)
+        }
+    }
+
     @Test("a Mainspring TLS client and server: lines both ways, TLS 1.3, ALPN agreed, the server's certificate checked and summarised")
     func roundTrip() async throws {
         let certs = try #require(certificates)

@@ -75,7 +75,7 @@ extension EventLoop {
 /// Resumes a continuation exactly once; if it is released without having resumed it (the
 /// closure holding it was dropped: the loop was freed before running it), it resumes with
 /// `orphaned`, so no task ever hangs on a dead loop.
-private final class ResumeOnce<T: Sendable, E: Error>: Sendable {
+final class ResumeOnce<T: Sendable, E: Error>: Sendable {
     private let state: Protected<CheckedContinuation<T, E>?>
     private let orphaned: Result<T, E>
 
@@ -101,6 +101,42 @@ private final class ResumeOnce<T: Sendable, E: Error>: Sendable {
             return slot
         }
         continuation?.resume(with: orphaned)
+    }
+}
+
+/// The cancellation side of a wait whose continuation the loop's closures hold (through a
+/// `ResumeOnce`, so a freed loop still resumes it): held weakly here, to resume the wait early
+/// with `cancelled` when the waiting task is cancelled — even before the wait began.
+final class CancellableWait<T: Sendable, E: Error>: Sendable {
+    private struct State {
+        weak var once: ResumeOnce<T, E>?
+        var isCancelled = false
+    }
+
+    private let state = Protected(State())
+    private let cancelled: Result<T, E>
+
+    init(cancelled: Result<T, E>) { self.cancelled = cancelled }
+
+    /// Makes the wait's `ResumeOnce` (orphaned: `orphaned`) and remembers it; if the task was
+    /// cancelled already, resumes it at once.
+    func begin(_ continuation: CheckedContinuation<T, E>, orphaned: Result<T, E>) -> ResumeOnce<T, E> {
+        let once = ResumeOnce(continuation, orphaned: orphaned)
+        let wasCancelled = state.withLock { state -> Bool in
+            state.once = once
+            return state.isCancelled
+        }
+        if wasCancelled { once.resume(with: cancelled) }
+        return once
+    }
+
+    /// Any thread: the task was cancelled.
+    func cancel() {
+        let once = state.withLock { state -> ResumeOnce<T, E>? in
+            state.isCancelled = true
+            return state.once
+        }
+        once?.resume(with: cancelled)
     }
 }
 

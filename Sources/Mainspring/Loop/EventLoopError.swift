@@ -13,6 +13,9 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
     case signalInUse(signal: Int32)
     /// The loop was shut down and accepts no more sources.
     case loopClosed
+    /// The task that waited was cancelled: the call ended at once and undid what it had
+    /// started (see "Cancellation" in the documentation's "Handles, Cancellation and Closing").
+    case cancelled
     /// A host that is neither an IPv4 or IPv6 literal nor a well-formed host name (empty, a
     /// space, a label longer than 63 bytes, …), or a Unix socket path that cannot be one.
     case invalidAddress(String)
@@ -87,6 +90,8 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
             return "signal \(signal) is already watched on another loop; a signal belongs to one loop at a time"
         case .loopClosed:
             return "the loop is shut down"
+        case .cancelled:
+            return "cancelled: the waiting task was cancelled"
         case .invalidAddress(let host):
             return "'\(host)' is not an IPv4 or IPv6 address, nor a host name"
         case .hostNotFound(let host, let reason):

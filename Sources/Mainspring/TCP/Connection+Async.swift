@@ -1,3 +1,5 @@
+import Synchronization
+
 /// The async side of `Connection`: input as async sequences, writes that wait for the peer,
 /// the close as something to await.
 ///
@@ -300,28 +302,54 @@ extension Connection {
     // MARK: Connecting
 
     /// Connects to `host:port` from `loop` — an IPv4 or IPv6 literal, or a host name, resolved
-    /// off the loop and tried with Happy Eyeballs as in the callback form — and returns once the
-    /// connection is established. Any task.
+    /// off the loop and tried with Happy Eyeballs as in ``startConnecting(to:port:on:options:)``
+    /// — and returns once the connection is established. Any task. Cancelling the task ends the
+    /// attempt at once (the lookup's answer is ignored, the socket closed) with `.cancelled`.
     /// - Throws: `EventLoopError.system` with the `errno` of a literal's failed connect
     ///   (`ECONNREFUSED`, …); for a name `.hostNotFound`, `.resolveTimedOut`, or
     ///   `.connectFailed` naming the host and every address tried; `.invalidAddress`,
-    ///   `.loopClosed` if the loop shut down meanwhile.
+    ///   `.cancelled`, `.loopClosed` if the loop shut down meanwhile.
     public static func connect(to host: String, port: UInt16, on loop: EventLoop, options: Options = .init()) async
         throws(EventLoopError) -> Connection
     {
-        let made: Result<Connection, EventLoopError> = await withUnsafeContinuation { continuation in
-            let start: @Sendable () -> Void = {
-                do throws(EventLoopError) {
-                    let source = try ConnectionSource(loop: loop, connectingTo: host, port: port, options: options)
-                    let connection = Connection(source: source)
-                    source.awaitConnect { result in continuation.resume(returning: result.map { connection }) }
-                } catch {
-                    continuation.resume(returning: .failure(error))
+        let attempt = PendingConnect()
+        let made: Result<Connection, EventLoopError> = await withTaskCancellationHandler {
+            await withUnsafeContinuation { continuation in
+                let start: @Sendable () -> Void = {
+                    guard !attempt.isCancelled else { return continuation.resume(returning: .failure(.cancelled)) }
+                    do throws(EventLoopError) {
+                        let source = try ConnectionSource(loop: loop, connectingTo: host, port: port, options: options)
+                        let connection = Connection(source: source)
+                        attempt.connection = connection
+                        source.awaitConnect { result in continuation.resume(returning: result.map { connection }) }
+                    } catch {
+                        continuation.resume(returning: .failure(error))
+                    }
                 }
+                loop.executeNowOrPost(start, orElse: { continuation.resume(returning: .failure(.loopClosed)) })
             }
-            loop.executeNowOrPost(start, orElse: { continuation.resume(returning: .failure(.loopClosed)) })
+        } onCancel: {
+            attempt.cancel(on: loop)
         }
         return try made.get()
+    }
+}
+
+/// An async connect the calling task may cancel: the cancellation aborts the connection being
+/// made, on its loop, unless it is established already (then the task gets it, and ends it as
+/// it sees fit). `connection` is set and read on the loop's thread only.
+final class PendingConnect: @unchecked Sendable {
+    private let cancelled = Atomic<Bool>(false)
+    var connection: Connection?
+
+    var isCancelled: Bool { cancelled.load(ordering: .acquiring) }
+
+    func cancel(on loop: EventLoop) {
+        cancelled.store(true, ordering: .releasing)
+        loop.executeNowOrPost({
+            guard let connection = self.connection, !connection.source.state.isConnected else { return }
+            connection.source.finish(.cancelled)
+        }, orElse: {})
     }
 }
 

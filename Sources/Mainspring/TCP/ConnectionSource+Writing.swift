@@ -345,11 +345,10 @@ extension ConnectionSource {
     func connectFailure(_ reason: Connection.CloseReason) -> EventLoopError {
         if case .error(let code) = reason { return .system(function: "connect \(remoteAddress)", errno: code) }
         if case .connectFailed(let error) = reason { return error }
+        if case .cancelled = reason { return .cancelled }
         return .loopClosed
     }
 
-    /// A task using the connection was cancelled: the connection closes at once (output that was
-    /// not sent is dropped) and every suspended operation ends with `.cancelled`.
     /// The task using the connection was cancelled: its reads and sends end now with
     /// `.cancelled`, and the connection closes as `close()` closes it — what was queued before
     /// (a goodbye) is still sent, within `closeTimeout` — and reports `.cancelled`. A connection

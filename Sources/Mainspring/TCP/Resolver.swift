@@ -96,19 +96,28 @@ extension EventLoop {
     /// every other program on the machine) on a resolver thread of Mainspring's — never on a
     /// loop. The wait suspends the caller only; a resolver that does not answer within
     /// `timeout` ends the call with `.resolveTimedOut` (the lookup itself finishes on its
-    /// thread, and its answer is dropped). Any task; costs a post to a resolver thread and one
-    /// back to this loop.
+    /// thread, and its answer is dropped). Cancelling the task ends the wait at once with
+    /// `.cancelled` (the lookup's answer is dropped likewise). Any task; costs a post to a
+    /// resolver thread and one back to this loop.
     /// - Throws: `EventLoopError.hostNotFound` (the name does not exist, or no nameserver
     ///   answered), `.resolveTimedOut`, `.invalidAddress` (not a well-formed name),
-    ///   `.loopClosed`.
+    ///   `.cancelled`, `.loopClosed`.
     public func resolve(_ host: String, port: UInt16 = 0, timeout: Duration = .seconds(10)) async
         throws(EventLoopError) -> [SocketAddress]
     {
         let loop = self
-        let result: Result<[SocketAddress], EventLoopError> = await withUnsafeContinuation { continuation in
-            loop.executeNowOrPost({
-                loop.resolveAddresses(host, port: port, timeout: timeout) { continuation.resume(returning: $0) }
-            }, orElse: { continuation.resume(returning: .failure(.loopClosed)) })
+        let wait = CancellableWait<Result<[SocketAddress], EventLoopError>, Never>(cancelled: .success(.failure(.cancelled)))
+        let result = await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                // Resumed once: by the answer, the deadline, the task's cancellation, or — when
+                // the loop is freed before the answer comes back — the loop's end.
+                let once = wait.begin(continuation, orphaned: .success(.failure(.loopClosed)))
+                loop.executeNowOrPost({
+                    loop.resolveAddresses(host, port: port, timeout: timeout) { once.resume(with: .success($0)) }
+                }, orElse: { once.resume(with: .success(.failure(.loopClosed))) })
+            }
+        } onCancel: {
+            wait.cancel()
         }
         return try result.get()
     }
