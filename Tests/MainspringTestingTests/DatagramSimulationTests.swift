@@ -267,6 +267,52 @@ import Glibc
         again.close()
     }
 
+    /// The library's rule for dropping a handle: a socket that nothing can read any more (no
+    /// handler, no sequence) closes with its last handle; one with a consumer lives on.
+    @Test func aDroppedSocketClosesUnlessItHasAConsumer() throws {
+        let simulation = try Simulation(seed: 31)
+        simulation.network.latency = .milliseconds(5)
+        let loop = simulation.loop
+        let received = Received()
+        do {
+            _ = try DatagramSocket(bindingTo: "127.0.0.1", port: 7001, on: loop)  // no consumer
+            let kept = try DatagramSocket(bindingTo: "127.0.0.1", port: 7002, on: loop)
+            try record(kept, into: received, simulation: simulation)
+        }
+        simulation.runUntilIdle()
+        #expect(simulation.network.boundDatagramPorts == 1, "the socket with no consumer closed, the other lives")
+        let again = try DatagramSocket(bindingTo: "127.0.0.1", port: 7001, on: loop)  // its port is free
+        #expect(try again.trySend(Datagram(Array("still here".utf8), to: SocketAddress(ipAddress: "127.0.0.1", port: 7002))) == .sent)
+        simulation.advance(by: .milliseconds(5))
+        #expect(received.payloads == ["still here"])
+        again.close()
+    }
+
+    /// The rule for a source's one consumer: cancelling the task that iterates `datagrams()`
+    /// ends the sequence and closes the socket (its port is free again), as it closes a
+    /// listener or a signal watch.
+    @Test func cancellingTheSequencesConsumerClosesTheSocket() async throws {
+        let simulation = try Simulation(seed: 32)
+        let loop = simulation.loop
+        let (boundWhileReading, closedAfter, boundAfter) = try await simulation.run {
+            () async throws -> (Int, Bool, Int) in
+            let socket = try await DatagramSocket.bind(to: "127.0.0.1", port: 7003, on: loop)
+            let reader = Task(executorPreference: loop) { () async throws -> Int in
+                var count = 0
+                for await _ in try await socket.datagrams() { count += 1 }
+                return count
+            }
+            try await loop.sleep(for: .seconds(1))
+            let bound = simulation.network.boundDatagramPorts
+            reader.cancel()
+            #expect(try await reader.value == 0)
+            return (bound, socket.isClosed, simulation.network.boundDatagramPorts)
+        }
+        #expect(boundWhileReading == 1)
+        #expect(closedAfter)
+        #expect(boundAfter == 0)
+    }
+
     /// The async face: `datagrams()` and `send(_:)` from a task, on virtual time.
     @Test func theAsyncSequenceRunsOnVirtualTime() async throws {
         let simulation = try Simulation(seed: 8)

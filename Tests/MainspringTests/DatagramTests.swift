@@ -199,6 +199,44 @@ struct DatagramTests {
         await group.shutdown(gracePeriod: .seconds(2))
     }
 
+    @Test("a send waiting for room whose task is cancelled throws cancelled, and its datagram is never sent")
+    func cancelledSend() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        let loop = group.loops[0]
+        let receiver = try await DatagramSocket.bind(to: "::1", port: 0, on: loop)
+        var options = DatagramSocket.Options()
+        options.sendQueueLimit = 2
+        let sender = try await DatagramSocket.bind(to: "::1", port: 0, on: loop, options: options)
+        let destination = receiver.localAddress
+        try await loop.onLoop { () throws(EventLoopError) in
+            sender.source.injectedFullBuffers = 1_000_000_000
+            for index in 0..<2 { _ = try sender.trySend(Datagram([UInt8(index)], to: destination)) }
+        }
+        let waiting = Task { () async -> EventLoopError? in
+            do throws(EventLoopError) {
+                try await sender.send(Datagram([100], to: destination))
+                return nil
+            } catch {
+                return error
+            }
+        }
+        waiting.cancel()
+        #expect(await waiting.value == .cancelled)
+        var iterator = try await receiver.datagrams().makeAsyncIterator()
+        try await loop.submit { sender.source.injectedFullBuffers = 0 }  // room again: the queue drains
+        try await sender.send(Datagram([101], to: destination))  // after the queued two; the cancelled one is gone
+        var bytes: [UInt8] = []
+        while bytes.count < 3, let event = await iterator.next() {
+            if case .datagram(let datagram) = event { bytes += datagram.bytes }
+        }
+        #expect(bytes == [0, 1, 101])
+        let sent = try await loop.submit { sender.statistics.datagramsSent }
+        #expect(sent == 3)
+        await sender.close()
+        await receiver.close()
+        await group.shutdown(gracePeriod: .seconds(2))
+    }
+
     @Test("datagrams already waiting are read several to a recvmmsg call, each once")
     func batchedReceive() async throws {
         let count = 64

@@ -720,6 +720,41 @@ extension WebSocketServerTests {
         await server.stop()
     }
 
+    @Test("A send waiting for a peer that reads nothing, its task cancelled: it throws cancelled and the WebSocket closes")
+    func cancelledSend() async throws {
+        let server = try await WebSocketServer { routes in
+            routes.webSocket("/ws/deaf", configuration: .init(maxQueuedMessages: 1)) { socket in
+                _ = await socket.closed  // reads nothing: its queue fills, then TCP's window
+            }
+        }
+        let group = try EventLoopGroup(loopCount: 1)
+        let socket = try await WebSocket.connect(to: "ws://127.0.0.1:\(server.port)/ws/deaf", on: group.loops[0],
+                                                 configuration: .init(outputLimit: 64 * 1024,
+                                                                      closeTimeout: .milliseconds(200)))
+        let sent = FloodCount()
+        let sender = Task { () async -> WebSocketError? in
+            let chunk = [UInt8](repeating: 0x41, count: 65_536)
+            do throws(WebSocketError) {
+                // Each send returns once queued; the peer reads nothing, so one of them waits.
+                while true {
+                    try await socket.send(binary: chunk)
+                    sent.count.add(1, ordering: .relaxed)
+                }
+            } catch {
+                return error
+            }
+        }
+        sender.cancel()  // whether it waits already or not: the wait it meets ends at once
+        #expect(await sender.value == .cancelled)
+        // A cancelled send closes the WebSocket, as a cancelled reader does (posted to its loop).
+        let status = await socket.closed
+        #expect(status.code != .normalClosure, "\(status)")
+        #expect(!socket.isOpen)
+        await #expect(throws: WebSocketError.self) { try await socket.send(text: "after") }
+        await group.shutdown(gracePeriod: .seconds(2))
+        await server.stop()
+    }
+
     @Test("mainspring-daemon --http-port 0 serves GET /ws/echo: text and binary echoed to the library's client")
     func daemonEcho() async throws {
         let daemon = try startExecutable("mainspring-daemon", arguments: ["--port", "0", "--http-port", "0", "--loops", "2"])

@@ -66,8 +66,12 @@ public enum DatagramEvent: Sendable, Hashable {
 /// datagrams — never more.
 ///
 /// **Threads.** The handle is `Sendable`; its synchronous members are for the loop's thread
-/// (they throw `.wrongThread` elsewhere), its async ones hop there. The loop keeps the socket
-/// open until `close()` (dropping the handle does not close it) or the loop's shutdown.
+/// (they throw `.wrongThread` elsewhere), its async ones hop there.
+///
+/// **Lifetime.** The library's rule for handles: dropping the last handle ends nothing that can
+/// still run. A socket with a consumer (``onReceive(_:)`` or a `datagrams()` sequence) stays
+/// open until `close()`, its consumer's end or the loop's shutdown; one with neither — nothing
+/// could ever read it again — closes when its last handle goes, as `close()` closes it.
 ///
 /// **In a simulation.** On a simulated loop (`MainspringTesting`) the socket is a UDP port of
 /// the simulation's network, on the loop's host: no descriptor, datagrams on virtual time, lost,
@@ -140,6 +144,13 @@ public final class DatagramSocket: Sendable {
 
     /// The loop side (tests reach its seams through it).
     var source: DatagramSource { state.value }
+
+    deinit {
+        // Posted, even on the loop's thread: the handle may go in the middle of the source's
+        // own work (a handler that captured it being released).
+        let state = self.state
+        loop.execute { state.value.handleReleased() }
+    }
 
     /// A UDP socket bound to `host` and `port` on `loop`. `host` is an IPv4 or IPv6 literal
     /// (`"0.0.0.0"`, `"::"` — dual-stack, `"127.0.0.1"`, `"::1"`) or `"localhost"` (127.0.0.1);
@@ -228,15 +239,16 @@ public final class DatagramSocket: Sendable {
     /// The datagrams (and errors) as an async sequence, ending (`nil`) when the socket
     /// closes. Reading pauses while ``Options/maximumDatagramsPerWakeup`` events wait for the
     /// consumer (the kernel's buffer then fills and drops, as UDP does). One consumer per
-    /// socket; cancelling the iterating task ends the sequence but leaves the socket open. Loop
-    /// thread only (the async overload works from any task).
+    /// socket; cancelling the iterating task (or dropping the sequence) ends it and closes the
+    /// socket, as for every sequence that is a source's one consumer (`Listener.connections`,
+    /// `signals`, `lines(from:)`). Loop thread only (the async overload works from any task).
     /// - Throws: `.wrongThread`, `.socketClosed`, `.libevent`.
     public func datagrams() throws(EventLoopError) -> Datagrams {
         try checkUsable("DatagramSocket.datagrams()")
         let feed = LoopFeed<DatagramEvent>(loop: loop, bound: max(1, source.options.maximumDatagramsPerWakeup))
         let source = self.source
         try source.startReading { [weak feed] event in feed?.yield(event) }
-        feed.attach(source: PassiveSource(loop: loop, priority: .input), pause: { [weak source] in source?.pauseReading() },
+        feed.attach(source: source, pause: { [weak source] in source?.pauseReading() },
                     resume: { [weak source] in source?.resumeReading() })
         source.onClosed = { [weak feed] in feed?.finish() }
         return Datagrams(feed: feed)
@@ -273,15 +285,24 @@ public final class DatagramSocket: Sendable {
 
     /// Sends `datagram`, suspending while the send queue is full; returns once it is sent or
     /// queued (in order with other senders). Any task.
-    /// - Throws: like ``trySend(_:)``; `.socketClosed` when the socket closes while it waits.
+    /// - Throws: like ``trySend(_:)``; `.socketClosed` when the socket closes while it waits;
+    ///   `.cancelled` when the task is cancelled while it waits (the datagram is not sent; the
+    ///   socket stays open for other senders).
     public nonisolated(nonsending) func send(_ datagram: Datagram) async throws(EventLoopError) {
         let state = self.state
-        let result: Result<Void, EventLoopError> = await withUnsafeContinuation { continuation in
-            loop.executeNowOrPost {
-                state.value.send(datagram, resuming: continuation)
-            } orElse: {
-                continuation.resume(returning: .failure(.loopClosed))
+        let loop = self.loop
+        let wait = CancellableWait<Result<Void, EventLoopError>, Never>(cancelled: .success(.failure(.cancelled)))
+        let result = await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                let once = wait.begin(continuation, orphaned: .success(.failure(.loopClosed)))
+                loop.executeNowOrPost {
+                    state.value.send(datagram, resuming: once)
+                } orElse: {
+                    once.resume(with: .success(.failure(.loopClosed)))
+                }
             }
+        } onCancel: {
+            wait.cancel()
         }
         try result.get()
     }
@@ -386,7 +407,3 @@ public final class DatagramSocket: Sendable {
         }
     }
 }
-
-/// A source that only stands for the datagram sequence in its feed: cancelling the sequence
-/// closes it, which ends nothing else (the socket stays open).
-private final class PassiveSource: Source {}

@@ -22,8 +22,9 @@ final class DatagramSource: Source {
     private var isReadingPaused = false
     private var writeEvent: NativeEvent?
     private var isWriteArmed = false
-    /// `send(_:)` calls waiting for room in the queue, in order.
-    private var waitingSenders: [(Datagram, UnsafeContinuation<Result<Void, EventLoopError>, Never>)] = []
+    /// `send(_:)` calls waiting for room in the queue, in order. One whose task was cancelled has been
+    /// resumed already (`isResumed`): its datagram is skipped, never sent.
+    private var waitingSenders: [(Datagram, ResumeOnce<Result<Void, EventLoopError>, Never>)] = []
     /// The simulated network's port (a simulated loop only).
     var simulatedPort: (any SimulatedDatagramPort)?
     /// What the simulated network delivered and the consumer has not taken, from `inboxStart`.
@@ -55,6 +56,14 @@ final class DatagramSource: Source {
     override var keepsFiring: Bool { true }
 
     var pendingCount: Int { queue.count - queueStart }
+
+    /// The last `DatagramSocket` handle is gone: with no consumer (a handler or a sequence) the
+    /// socket can do nothing any more, so it closes, as `close()` closes it. With one, it lives
+    /// on: the consumer's end (or the loop's) closes it.
+    func handleReleased() {
+        guard !isClosed, handler == nil else { return }
+        close()
+    }
 
     func startReading(_ handler: @escaping (DatagramEvent) -> Void) throws(EventLoopError) {
         requireUsage(self.handler == nil, "Mainspring: DatagramSocket: the socket already has a consumer (onReceive or datagrams)")
@@ -263,16 +272,17 @@ final class DatagramSource: Source {
         return sendDatagramBatch(fd, datagrams)
     }
 
-    func send(_ datagram: Datagram, resuming continuation: UnsafeContinuation<Result<Void, EventLoopError>, Never>) {
-        guard !isClosed else { return continuation.resume(returning: .failure(.socketClosed)) }
+    func send(_ datagram: Datagram, resuming once: ResumeOnce<Result<Void, EventLoopError>, Never>) {
+        guard !once.isResumed else { return }  // cancelled before it reached the loop
+        guard !isClosed else { return once.resume(with: .success(.failure(.socketClosed))) }
         if waitingSenders.isEmpty {
             do throws(EventLoopError) {
-                if try trySend(datagram) != .queueFull { return continuation.resume(returning: .success(())) }
+                if try trySend(datagram) != .queueFull { return once.resume(with: .success(.success(()))) }
             } catch {
-                return continuation.resume(returning: .failure(error))
+                return once.resume(with: .success(.failure(error)))
             }
         }
-        waitingSenders.append((datagram, continuation))
+        waitingSenders.append((datagram, once))
     }
 
     private func check(_ datagram: Datagram) throws(EventLoopError) {
@@ -342,18 +352,22 @@ final class DatagramSource: Source {
             queueStart = 0
         }
         while !waitingSenders.isEmpty, !isClosed {
-            let (datagram, continuation) = waitingSenders[0]
+            let (datagram, once) = waitingSenders[0]
+            if once.isResumed {  // its task was cancelled: the datagram is not sent
+                waitingSenders.removeFirst()
+                continue
+            }
             let outcome: DatagramSocket.SendOutcome
             do throws(EventLoopError) {
                 outcome = try trySend(datagram)
             } catch {
                 waitingSenders.removeFirst()
-                continuation.resume(returning: .failure(error))
+                once.resume(with: .success(.failure(error)))
                 continue
             }
             if outcome == .queueFull { return }
             waitingSenders.removeFirst()
-            withLoop { $0.resumingInput { continuation.resume(returning: .success(())) } }
+            withLoop { $0.resumingInput { once.resume(with: .success(.success(()))) } }
         }
     }
 
@@ -365,7 +379,7 @@ final class DatagramSource: Source {
         queueStart = 0
         let senders = waitingSenders
         waitingSenders = []
-        for (_, continuation) in senders { continuation.resume(returning: .failure(.socketClosed)) }
+        for (_, once) in senders { once.resume(with: .success(.failure(.socketClosed))) }
         inbox = []
         inboxStart = 0
         inboxBytes = 0

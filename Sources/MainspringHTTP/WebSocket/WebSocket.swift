@@ -115,7 +115,9 @@ public final class WebSocket: Sendable {
     /// Sends a text message. Returns once it is queued for the socket; suspends first while
     /// more than `Configuration.outputLimit` bytes wait for the peer, until half have drained
     /// (each concurrent sender adds at most its one message over the limit).
-    /// - Throws: `WebSocketError.closed` once a close frame was sent or the connection is gone.
+    /// - Throws: `WebSocketError.closed` once a close frame was sent or the connection is gone;
+    ///   `.cancelled` when the task is cancelled while it waits (the message stays queued, the
+    ///   WebSocket closes with 1001).
     public nonisolated(nonsending) func send(text: String) async throws(WebSocketError) {
         if core.compresses { return try await send(message: .text, Array(text.utf8)) }
         var text = text
@@ -165,10 +167,17 @@ public final class WebSocket: Sendable {
         }
         guard outcome.written else { throw .closed(core.loop.isCurrent ? core.finalStatus : nil) }
         if outcome.mustWait {
+            let writable: Bool
             do {
-                _ = try await core.connection.waitUntilWritable()
+                writable = try await core.connection.waitUntilWritable()
             } catch {
                 throw .closed(nil)
+            }
+            if !writable && Task.isCancelled {
+                // The library's rule for a cancelled send: the message is queued (it goes out
+                // before the close frame) and the WebSocket closes, as for a cancelled reader.
+                startClosing(code: .goingAway, reason: "")
+                throw .cancelled
             }
         }
     }

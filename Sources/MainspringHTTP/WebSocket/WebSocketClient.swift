@@ -25,7 +25,8 @@ extension WebSocket {
     ///   - headers: added to the upgrade request (`Origin`, `Authorization`, …).
     ///   - secureConnector: how a `wss://` URL is connected (TLS); nil refuses `wss://`.
     /// - Throws: `WebSocketError.invalidURL` (not `ws://` or `wss://` with a host, or `wss://`
-    ///   without a `secureConnector`), `.connectFailed`, `.handshakeFailed`.
+    ///   without a `secureConnector`), `.connectFailed`, `.handshakeFailed`, `.cancelled` when
+    ///   the calling task is cancelled (the connection is closed).
     public static func connect(to url: String, on loop: EventLoop, configuration: Configuration = .init(),
                                subprotocols: [String] = [], headers: HTTPHeaders = [:],
                                secureConnector: HTTPClient.Connector? = nil) async throws(WebSocketError) -> WebSocket
@@ -72,6 +73,7 @@ extension WebSocket {
             connection = try await connector.connect(
                 host, port, host, loop, .init(outputLimit: configuration.outputLimit, closeTimeout: configuration.closeTimeout))
         } catch {
+            if Task.isCancelled { throw .cancelled }
             throw .connectFailed("\(error)")
         }
         let deadline = HandshakeDeadline(connection: connection)
@@ -94,6 +96,7 @@ extension WebSocket {
         } catch {
             connection.close()
             if deadline.hasFired { throw .handshakeFailed("no 101 within \(configuration.handshakeTimeout)") }
+            if Task.isCancelled { throw .cancelled }
             throw error
         }
     }

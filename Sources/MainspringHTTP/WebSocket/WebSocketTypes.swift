@@ -181,6 +181,11 @@ public enum WebSocketError: Error, Sendable, Equatable, CustomStringConvertible 
     /// (`reason` names what was wrong: the status, `Sec-WebSocket-Accept`, …), or it did not
     /// come within `handshakeTimeout`.
     case handshakeFailed(String)
+    /// The calling task was cancelled while it waited: a client's connect or handshake (the
+    /// connection is closed), or a `send` waiting for the peer to take the output (the message
+    /// was queued and still goes out before the close frame; the WebSocket closes with 1001, as
+    /// when the task reading `messages` is cancelled).
+    case cancelled
 
     public var description: String {
         switch self {
@@ -188,6 +193,7 @@ public enum WebSocketError: Error, Sendable, Equatable, CustomStringConvertible 
         case .invalidURL(let url): "not a usable ws:// or wss:// URL: \(url)"
         case .connectFailed(let reason): "WebSocket connect failed: \(reason)"
         case .handshakeFailed(let reason): "WebSocket handshake failed: \(reason)"
+        case .cancelled: "cancelled: the waiting task was cancelled"
         }
     }
 }
