@@ -87,7 +87,10 @@ extension Connection {
     /// task; the handshake runs on `loop` as `.normal` work.
     /// - Throws: `EventLoopError.tls` with OpenSSL's reason (naming the certificate check that
     ///   failed), `.system` with the connect's errno, `.hostNotFound`, `.resolveTimedOut`,
-    ///   `.connectFailed` (naming every address tried), `.invalidAddress`, `.loopClosed`.
+    ///   `.connectFailed` (naming every address tried), `.invalidAddress`, `.loopClosed`;
+    ///   `.cancelled` when the task was cancelled before the handshake ended (unlike the plain
+    ///   `connect`, which ends at once, this one sees the cancellation once the handshake is
+    ///   over or has failed; the connection is then closed).
     public static func connect(to host: String, port: UInt16, on loop: EventLoop, options: Options = .init(),
                                tls: TLSClientContext, serverName: String? = nil) async throws(EventLoopError) -> Connection
     {
@@ -102,6 +105,12 @@ extension Connection {
                 // A loop that shut down drops the post: the caller gets `.loopClosed`, not a hang.
                 loop.execute(start, orElse: { continuation.resume(returning: .failure(.loopClosed)) })
             }
+        }
+        if Task.isCancelled {
+            // The TCP connect and the handshake run to their end (within their timeouts); a task
+            // cancelled meanwhile gets `.cancelled`, and the connection is closed, not handed over.
+            if case .success(let connection) = made { connection.abort() }
+            throw .cancelled
         }
         return try made.get()
     }

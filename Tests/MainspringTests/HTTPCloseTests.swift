@@ -102,6 +102,23 @@ struct HTTPCloseTests {
         await group.shutdown(gracePeriod: .seconds(2))
     }
 
+    @Test("a closed server lets go of its routes: nothing of it outlives closeAndWait and its handle")
+    func closedServerIsFreed() async throws {
+        let group = try EventLoopGroup(loopCount: 2)
+        let watched = WeakMarker()
+        do {
+            let marker = Marker()
+            watched.marker = marker
+            var routes = HTTPRoutes()
+            routes.get("/m") { [marker] _ in .text("\(ObjectIdentifier(marker))\n") }
+            let server = try await HTTPServer(group: group, routes: routes)
+            await server.closeAndWait()
+        }
+        for loop in group.loops { try await loop.submit {} }  // each loop's last turn of closing
+        #expect(watched.isGone, "the server's loops kept its routes (and themselves) after it closed")
+        await group.shutdown(gracePeriod: .seconds(2))
+    }
+
     @Test("evhttp's own error pages go out as plain text, like every other error body")
     func plainTextErrors() async throws {
         let group = try EventLoopGroup(loopCount: 1)
@@ -123,6 +140,15 @@ struct HTTPCloseTests {
         await server.closeAndWait()
         await group.shutdown(gracePeriod: .seconds(2))
     }
+}
+
+/// Something a route captures, to see whether the route was let go.
+private final class Marker: Sendable {}
+
+/// A weak reference to a `Marker`.
+private final class WeakMarker: @unchecked Sendable {
+    weak var marker: Marker?
+    var isGone: Bool { marker == nil }
 }
 
 /// Busy-waits (real CPU work, no sleep) for `duration`: a handler that takes long.

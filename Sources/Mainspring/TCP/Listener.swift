@@ -161,6 +161,16 @@ public final class Listener: @unchecked Sendable {
     /// Whether the listener still accepts connections. Any thread.
     public var isListening: Bool { !shared.isClosed.load(ordering: .acquiring) }
 
+    /// The library's rule for handles: dropping the last one ends nothing that can still run. A
+    /// listener with an accept handler lives on until `close()` or its loop's shutdown; one made
+    /// for `connections` whose handle and sequences are all gone could hand its connections to
+    /// nobody, so it closes as `close()` closes it (the connections it had accepted close too).
+    deinit {
+        guard queue != nil else { return }
+        let source = UncheckedListenerSource(self.source)
+        loop.execute { source.value.close() }
+    }
+
     /// Stops accepting and closes the listening socket. Connections already accepted are not
     /// affected (those still waiting in `connections` are delivered, then the iteration ends).
     /// Idempotent. Any thread: on the loop's thread the socket closes at once, from elsewhere

@@ -291,6 +291,7 @@ final class ServerShared: @unchecked Sendable {
         var limitReached = false
         var openEndpoints = 0
         var socketFileRemoved = false
+        var endpoints: [LoopEndpoint] = []
     }
 
     private func withState<T>(_ body: (inout State) -> T) -> T {
@@ -298,7 +299,13 @@ final class ServerShared: @unchecked Sendable {
         defer { lock.unlock() }
         return body(&state)
     }
-    var endpoints: [LoopEndpoint] = []
+    /// The server's loops' parts, until the last has closed: then the list is emptied, which
+    /// breaks the cycle between this and each endpoint (`LoopEndpoint.shared`), so a closed
+    /// server's parts are freed. Any thread.
+    var endpoints: [LoopEndpoint] {
+        get { withState { $0.endpoints } }
+        set { withState { $0.endpoints = newValue } }
+    }
 
     init(maxConnections: Int, socketFile: UnixSocketFile?) {
         self.maxConnections = maxConnections
@@ -337,11 +344,14 @@ final class ServerShared: @unchecked Sendable {
     }
 
     func endpointClosed() {
-        let open = withState { state -> Int in
+        let (open, closed) = withState { state -> (Int, [LoopEndpoint]) in
             state.openEndpoints -= 1
-            return state.openEndpoints
+            guard state.openEndpoints == 0 else { return (state.openEndpoints, []) }
+            defer { state.endpoints = [] }
+            return (0, state.endpoints)
         }
         if open == 0 { removeSocketFile() }
+        _ = closed  // released here, outside the lock
     }
 
     var openEndpoints: Int { withState { $0.openEndpoints } }
