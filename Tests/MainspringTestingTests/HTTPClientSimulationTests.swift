@@ -36,6 +36,40 @@ import Testing
         listener.close()
     }
 
+    /// The response timeout covers the whole head, not each line: an upstream that trickles
+    /// its head a line every 200 ms — each line well within 600 ms, the 16 lines 3.2 s — fails
+    /// at exactly 600 ms after the request went out. (Read per line, as it once was, this
+    /// request succeeded after 3.2 s.)
+    @Test func theResponseTimeoutCoversAHeadTrickledALineAtATime() async throws {
+        let simulation = try Simulation(seed: 3)
+        simulation.network.latency = .milliseconds(1)
+        let upstream = try simulation.makeGroup(loopCount: 1, host: "10.0.0.3")
+        let lines = ["HTTP/1.1 200 OK"] + (0..<14).map { "X-Line-\($0): v" } + ["Content-Length: 0", ""]
+        let listener = try Listener(.tcp(host: "0.0.0.0", port: 80), on: upstream.loops[0]) { connection in
+            let loop = connection.loop
+            connection.readLines { event in
+                guard case .line("") = event else { return }  // the request's head has ended
+                for (index, line) in lines.enumerated() {
+                    _ = loop.schedule(after: .milliseconds(200 * index)) { connection.writeLine(line + "\r") }
+                }
+            }
+        }
+        let client = HTTPClient(loop: simulation.loop, configuration: .init(responseTimeout: .milliseconds(600)))
+        let (failure, at) = try await simulation.run { () async -> (HTTPClientError?, Duration) in
+            do throws(HTTPClientError) {
+                _ = try await client.get("http://10.0.0.3/")
+                return (nil, simulation.now)
+            } catch {
+                return (error, simulation.now)
+            }
+        }
+        #expect(failure == .responseTimeout(.milliseconds(600)))
+        // Connected after one round trip (2 ms), the request sent then: 600 ms later, exactly.
+        #expect(at == .milliseconds(602))
+        client.shutdown()
+        listener.close()
+    }
+
     @Test func aPartitionHealsAndTheClientRecovers() async throws {
         let simulation = try Simulation(seed: 2)
         simulation.network.latency = .milliseconds(1)
