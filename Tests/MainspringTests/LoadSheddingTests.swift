@@ -203,6 +203,50 @@ struct LoadSheddingTests {
         await clients.shutdown(gracePeriod: .seconds(2))
     }
 
+    @Test("while shedding, a request that announces a body is answered 503 + Retry-After as soon as its head is in: its body is never read; /healthz's body is")
+    func shedsBeforeTheBody() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        let loop = group.loops[0]
+        let feeder = Feeder(loop: loop)
+        var routes = HTTPRoutes()
+        routes.post("/upload") { request in .text("\(request.body.count) bytes\n") }
+        routes.post("/healthz") { request in .text("ok \(request.body.count)\n") }
+        var configuration = HTTPServer.Configuration()
+        configuration.bodyTimeout = .seconds(10)  // a body that never comes ends the exchange at the latest then
+        configuration.loadShedding = .init(queueWaitTarget: .milliseconds(20), watchedFeeders: [feeder])
+        let server = try await HTTPServer(group: group, configuration: configuration, routes: routes)
+        let port = server.port
+        // Overloaded, as the watched feeder says: paused with a job that waits to start, until it
+        // has waited past the target.
+        try await loop.submit {
+            feeder.pause()
+            _ = feeder.feed(chunks: 1) { _ in }
+        }
+        let deadline = ContinuousClock.now + .seconds(30)
+        var backlog = Duration.zero
+        while backlog <= .milliseconds(20) && ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(5))
+            backlog = try await loop.submit { feeder.oldestPendingJobWait }
+        }
+        #expect(backlog > .milliseconds(20))
+        let (shed, exempt) = await onPlainThread { () -> (String, String) in
+            // A head announcing 10 MB, and not one byte of the body: the answer comes anyway.
+            let uploader = try? TestClient(port: port)
+            uploader?.send("POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 10000000\r\n\r\n")
+            let shed = uploader?.readToEnd() ?? ""
+            let prober = try? TestClient(port: port)
+            prober?.send("POST /healthz HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello")
+            return (shed, prober?.readToEnd() ?? "")
+        }
+        #expect(shed.hasPrefix("HTTP/1.1 503 Service Unavailable\r\n"), "\(shed)")
+        #expect(shed.contains("\r\nRetry-After: 1\r\n") && shed.contains("\r\nConnection: close\r\n"), "\(shed)")
+        #expect(exempt.hasPrefix("HTTP/1.1 200") && exempt.hasSuffix("ok 5\n"), "\(exempt)")
+        #expect(server.statistics.snapshot.requestsShed == 1)
+        feeder.cancelAll()
+        await server.closeAndWait()
+        await group.shutdown(gracePeriod: .seconds(2))
+    }
+
     @Test("a route limited to 2 in flight: with 2 parked, 4 more get 503 + Retry-After at once; places come back when responses are written")
     func routeConcurrencyLimit() async throws {
         let group = try EventLoopGroup(loopCount: 2)

@@ -56,7 +56,8 @@ final class EvhttpConnection {
     private init(server: EvhttpServer, underlying: OpaquePointer) {
         self.server = server
         self.underlying = underlying
-        self.head = RequestHeadScan(maxHeaderBytes: server.limits.maxHeaderBytes)
+        self.head = RequestHeadScan(maxHeaderBytes: server.limits.maxHeaderBytes,
+                                    keepsTargetPath: server.limits.shedsBeforeBody)
     }
 
     /// A connection for evhttp's next accepted socket: a socket bufferevent (evhttp sets its fd)
@@ -324,7 +325,7 @@ final class EvhttpConnection {
                 refuse(.oversized)
                 return BEV_OK
             }
-            if let problem = head.problem {
+            if let problem = head.problem ?? shedBeforeBody() {
                 evbuffer_drain(source, available)
                 refuse(problem)
                 return BEV_OK
@@ -344,6 +345,18 @@ final class EvhttpConnection {
         case badRequest(String)
         /// A transfer coding evhttp does not decode (anything but exactly `chunked`): 501.
         case notImplemented(String)
+        /// Load shedding: a request that announces a body, shed as soon as its head is in —
+        /// its body never read: 503 with `Retry-After` (seconds).
+        case overloaded(retryAfter: Int)
+    }
+
+    /// Load shedding before the body: once a head that announces a body is complete (and
+    /// well-formed), whether the server sheds it now.
+    private func shedBeforeBody() -> Refusal? {
+        guard server.limits.shedsBeforeBody, head.isComplete, head.declaresBody,
+              let retryAfter = server.delegate?.evhttpShedsBeforeBody(path: head.targetPath)
+        else { return nil }
+        return .overloaded(retryAfter: retryAfter)
     }
 
     /// The guard's refusal, to send once the request in flight (if any) is answered.
@@ -367,8 +380,11 @@ final class EvhttpConnection {
         case .oversized: (431, "Request Header Fields Too Large", "request head larger than \(head.maxHeaderBytes) bytes\n")
         case .badRequest(let problem): (400, "Bad Request", problem + "\n")
         case .notImplemented(let problem): (501, "Not Implemented", problem + "\n")
+        case .overloaded: (503, "Service Unavailable", "overloaded: try again later\n")
         }
-        let text = "HTTP/1.1 \(status) \(reason)\r\nContent-Type: text/plain; charset=utf-8\r\n"
+        var extra = ""
+        if case .overloaded(let seconds) = refusal { extra = "Retry-After: \(seconds)\r\n" }
+        let text = "HTTP/1.1 \(status) \(reason)\r\nContent-Type: text/plain; charset=utf-8\r\n" + extra
             + "Content-Length: \(body.utf8.count)\r\nConnection: close\r\n\r\n" + body
         var bytes = Array(text.utf8)
         bytes.withUnsafeMutableBytes { _ = bufferevent_write(underlying, $0.baseAddress, $0.count) }
@@ -388,7 +404,7 @@ final class EvhttpConnection {
             evbuffer_drain(leftover, length)
             rejectPending = true
             pendingRefusal = .oversized
-        } else if let problem = head.problem {
+        } else if let problem = head.problem ?? shedBeforeBody() {
             evbuffer_drain(leftover, length)
             rejectPending = true
             pendingRefusal = problem

@@ -33,6 +33,9 @@ struct EvhttpLimits {
     var acceptBurst: Int
     /// The security layer under every connection (HTTPS), if any.
     var layer: (any HTTPConnectionLayer)? = nil
+    /// Whether the head guard asks the delegate, when a head that announces a body is complete,
+    /// whether to shed it before its body is read (load shedding is on).
+    var shedsBeforeBody = false
 }
 
 /// A layer under each connection of an HTTP server — TLS, from `MainspringTLS` — that makes the
@@ -78,6 +81,10 @@ protocol EvhttpServerDelegate: AnyObject {
     /// Mainspring's head guard answered a request itself (431, 400, 501), or libevent's parser
     /// did (400, 413).
     func evhttpAnsweredByGuard(status: Int)
+    /// A request head announcing a body is complete and its body not read yet: whether to
+    /// answer it `503` now (load shedding), and the `Retry-After` seconds to send. Counts what
+    /// it sheds. Asked only when `EvhttpLimits.shedsBeforeBody`.
+    func evhttpShedsBeforeBody(path: [UInt8]) -> Int?
     /// A connection was accepted. Returns whether the listener may keep accepting.
     func evhttpConnectionOpened() -> Bool
     /// A connection closed (for any reason).

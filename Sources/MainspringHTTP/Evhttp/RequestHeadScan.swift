@@ -20,6 +20,15 @@ import Glibc
 /// The scan of one request head (reset for each request of a connection). Loop thread only.
 struct RequestHeadScan {
     let maxHeaderBytes: Int
+    /// Whether the scan keeps the request target's path (load shedding decides on it before
+    /// the body is read); off, the request line costs nothing more than its last bytes.
+    let keepsTargetPath: Bool
+    /// The request target up to its `?`, as it came (at most `maxTargetPath` bytes: a longer
+    /// one is kept empty, and matches no exempt path). Kept when `keepsTargetPath`.
+    private(set) var targetPath: [UInt8] = []
+    /// Where the request line stands for `targetPath`: 0 the method, 1 the target, 2 past it.
+    private var targetPhase: UInt8 = 0
+    static let maxTargetPath = 256
     /// Bytes of the head seen so far.
     private(set) var bytes = 0
     /// The current line has a byte other than CR so far.
@@ -114,10 +123,20 @@ struct RequestHeadScan {
         return nil
     }
 
-    init(maxHeaderBytes: Int) { self.maxHeaderBytes = maxHeaderBytes }
+    init(maxHeaderBytes: Int, keepsTargetPath: Bool = false) {
+        self.maxHeaderBytes = maxHeaderBytes
+        self.keepsTargetPath = keepsTargetPath
+    }
+
+    /// Whether the head announces a body (a `Content-Length` over zero, or chunked).
+    var declaresBody: Bool { contentLength > 0 || transferEncodingFields > 0 }
 
     /// Starts over for the next request.
     mutating func reset() {
+        if keepsTargetPath {
+            targetPath.removeAll(keepingCapacity: true)
+            targetPhase = 0
+        }
         bytes = 0
         lineHasContent = false
         isComplete = false
@@ -162,6 +181,7 @@ struct RequestHeadScan {
         guard count > 0 else { return }
         let bytes = UnsafeRawBufferPointer(start: start, count: count)
         if lineIndex == 0 {
+            if keepsTargetPath && targetPhase < 2 { noteTarget(bytes) }
             // The last eight bytes other than CR (whatever the CRs and however the line arrives).
             var index = count
             var kept = 0
@@ -262,6 +282,25 @@ struct RequestHeadScan {
     }
 
     @inline(__always)
+    /// Bytes of the request line, for `targetPath`: the target is what lies between the first
+    /// space and the next space or `?`.
+    private mutating func noteTarget(_ bytes: UnsafeRawBufferPointer) {
+        for byte in bytes {
+            if targetPhase == 0 {
+                if byte == 0x20 { targetPhase = 1 }
+            } else if byte == 0x20 || byte == 0x3F || byte == 0x0D {
+                targetPhase = 2
+                return
+            } else if targetPath.count == Self.maxTargetPath {
+                targetPath.removeAll()
+                targetPhase = 2
+                return
+            } else {
+                targetPath.append(byte)
+            }
+        }
+    }
+
     private static func lowercased(_ byte: UInt8) -> UInt8 { byte >= 0x41 && byte <= 0x5A ? byte | 0x20 : byte }
 
     private mutating func found(_ problem: Malformed) {
@@ -415,6 +454,7 @@ public enum RequestHeadCheck {
         let (status, reason): (Int?, String?) = switch refusal {
         case .badRequest(let why): (400, why)
         case .notImplemented(let why): (501, why)
+        case .overloaded: (503, nil)  // never a scan's own verdict: shedding is the server's
         case .oversized, nil: (nil, nil)
         }
         return Verdict(isComplete: scan.isComplete, isOversized: !withinLimit, status: status, reason: reason)

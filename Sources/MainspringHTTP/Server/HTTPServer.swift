@@ -183,7 +183,8 @@ public final class HTTPServer: Sendable {
         let limits = EvhttpLimits(
             maxHeaderBytes: max(256, configuration.maxHeaderBytes), maxBodyBytes: max(0, configuration.maxBodyBytes),
             idleTimeout: max(floor, configuration.idleTimeout), headerTimeout: max(floor, configuration.headerTimeout),
-            bodyTimeout: max(floor, configuration.bodyTimeout), acceptBurst: 16, layer: layer)
+            bodyTimeout: max(floor, configuration.bodyTimeout), acceptBurst: 16, layer: layer,
+            shedsBeforeBody: configuration.loadShedding != nil)
         let socket: ListeningSocket
         if let path = configuration.unixPath {
             socket = try ListeningSocket(unixPath: path, mode: configuration.unixMode, backlog: configuration.backlog)

@@ -21,8 +21,9 @@ extension HTTPServer {
     ///
     /// Cost: one clock read when a request is read and one when it is dispatched, and a few
     /// integer operations; nothing when shedding is off (`Configuration.loadShedding` nil).
-    /// Bodies are read before the decision (evhttp hands a request over whole): a shed request
-    /// costs its parsing, not its handler.
+    /// A request with a body is shed as soon as its head is in, its body never read (the
+    /// connection then closes); one without is read whole first (evhttp hands a request over
+    /// whole): a shed request costs its parsing, not its handler.
     public struct LoadShedding: Sendable, Equatable {
         /// The p99 queue wait over a window above which requests are shed. Default 50 ms.
         public var queueWaitTarget: Duration

@@ -77,6 +77,14 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
         statistics.recordResponse(status: status)
     }
 
+    func evhttpShedsBeforeBody(path: [UInt8]) -> Int? {
+        guard let shedding, gauge.isOverTarget || isWorkBacklogged(shedding),
+              !shedding.neverShed.contains(String(decoding: path, as: UTF8.self))
+        else { return nil }
+        statistics.requestShed()
+        return max(0, shedding.retryAfterSeconds)
+    }
+
     func evhttpConnectionOpened() -> Bool {
         let open = statistics.connectionOpened()
         if sweepTimer == nil { startSweep() }
