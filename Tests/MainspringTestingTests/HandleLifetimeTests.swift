@@ -10,8 +10,9 @@ import Glibc
 /// nothing that can still run (a timer, a watch, a listener or connection with a handler, a
 /// child process); what nothing can reach any more — a connection with no handler, a listener
 /// made for `connections` — closes as `close()` closes it. In virtual time, exactly.
-/// (`DatagramSocket`'s case is in `DatagramSimulationTests`, `HTTPServer`'s in the HTTP tests,
-/// sequences' in each source's tests.)
+/// (`DatagramSocket`'s case is in `DatagramSimulationTests`, `HTTPServer`'s in `HTTPCloseTests`,
+/// `Watcher`'s in `FailureTests`, `WebSocket`'s in `WebSocketTests`, sequences' in each source's
+/// tests.)
 @Suite struct HandleLifetimeTests {
     /// What a callback recorded, on the simulation's driving thread.
     final class Record: @unchecked Sendable {

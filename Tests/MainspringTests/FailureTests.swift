@@ -31,6 +31,26 @@ struct FailureTests {
         #expect(runs == 1, "a failed watcher never runs again")
     }
 
+    @Test("a dropped Watcher handle goes on: its handler still runs (the library's rule for handles)")
+    func droppedWatcherLivesOn() async throws {
+        let pipe = Pipe()
+        defer { pipe.closeRead(); pipe.closeWrite() }
+        let runs = try await onLoopThread { loop -> Int in
+            nonisolated(unsafe) var runs = 0
+            _ = try loop.watch(pipe.readEnd, for: .read) { _ in  // the handle dropped at once
+                runs += 1
+                var byte: UInt8 = 0
+                _ = read(pipe.readEnd, &byte, 1)
+            }
+            for (index, byte) in ["a", "b", "c"].enumerated() {
+                pipe.write(byte)
+                loop.spin(until: { runs == index + 1 }, timeout: .seconds(10))
+            }
+            return runs
+        }
+        #expect(runs == 3)
+    }
+
     @Test("a line reader whose fd the loop refuses again reports .error(EBADF), then ends")
     func lineReaderReports() async throws {
         let pipe = Pipe()

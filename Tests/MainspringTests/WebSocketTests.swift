@@ -755,6 +755,27 @@ extension WebSocketServerTests {
         await server.stop()
     }
 
+    @Test("A WebSocket whose last handle is dropped closes with 1001, going away (the library's rule for handles)")
+    func droppedWebSocketCloses() async throws {
+        let seen = Locked<WebSocket.CloseStatus?>(nil)
+        let server = try await WebSocketServer { routes in
+            routes.webSocket("/ws/watch") { socket in
+                for await _ in socket.messages {}
+                let status = await socket.closed
+                seen.withLock { $0 = status }
+            }
+        }
+        let group = try EventLoopGroup(loopCount: 1)
+        do {
+            let socket = try await WebSocket.connect(to: "ws://127.0.0.1:\(server.port)/ws/watch", on: group.loops[0])
+            try await socket.send(text: "hello")
+        }  // nothing can use it any more
+        #expect(await eventually { seen.value != nil }, "the server never saw the WebSocket end")
+        #expect(seen.value?.code == .goingAway, "\(String(describing: seen.value))")
+        await group.shutdown(gracePeriod: .seconds(2))
+        await server.stop()
+    }
+
     @Test("mainspring-daemon --http-port 0 serves GET /ws/echo: text and binary echoed to the library's client")
     func daemonEcho() async throws {
         let daemon = try startExecutable("mainspring-daemon", arguments: ["--port", "0", "--http-port", "0", "--loops", "2"])
