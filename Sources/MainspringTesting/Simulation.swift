@@ -144,8 +144,8 @@ public final class Simulation: @unchecked Sendable {
     /// when several could. The loops share the simulation's clock and modelled CPU; their
     /// indices in the ``trace`` follow ``loop`` (0) in creation order.
     ///
-    /// `shutdown(gracePeriod:)` on such a group runs the loops' shutdowns on virtual time before
-    /// it returns (call it from the test, or from a task on a loop outside the group).
+    /// `shutdown(gracePeriod:)` (or `shutdownBlocking(gracePeriod:)`) on such a group runs the
+    /// loops' shutdowns on virtual time before it returns (call it from the test, or from a task on a loop outside the group).
     ///
     /// One limit of simulating several loops on one thread: a loop that spins (`spin(until:)`,
     /// and so each loop's graceful shutdown) holds the thread while it waits. Other loops run

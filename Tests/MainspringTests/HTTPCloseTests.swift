@@ -19,7 +19,7 @@ private func exchange(port: UInt16, _ request: String) -> String? {
 
 @Suite("HTTP: creation and close that block nothing; 400 without Host; one error content type", .serialized)
 struct HTTPCloseTests {
-    @Test("100 rounds: a request fired right after `await close()` never gets 200 from the server that said it closed, even with a loop busy")
+    @Test("100 rounds: a request fired right after `await closeAndWait()` never gets 200 from the server that said it closed, even with a loop busy")
     func nothingAfterClose() async throws {
         let group = try EventLoopGroup(loopCount: 2)
         var answered: [String] = []

@@ -4,6 +4,10 @@ import Mainspring
 import Synchronization
 import Testing
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// The gauge's arithmetic, exactly: its instants are given, not read.
 @Suite("Load shedding: the queue-wait gauge")
 struct QueueWaitGaugeTests {
@@ -42,6 +46,22 @@ struct QueueWaitGaugeTests {
         gauge.record(wait: 50 * ms, now: 335 * ms)
         gauge.record(wait: 1 * ms, now: 520 * ms)  // [330, 430) ended 90 ms ago: 1 of 2 over
         #expect(gauge.isOverTarget)
+    }
+
+    @Test("the verdict read without a sample (requests shed before their body, never dispatched) goes stale as time passes")
+    func verdictWithoutSamples() {
+        var gauge = QueueWaitGauge(target: .milliseconds(10), window: .milliseconds(100))
+        gauge.record(wait: 50 * ms, now: 1 * ms)
+        let closed = gauge.verdict(now: 120 * ms)
+        #expect(closed, "[1, 101) closed: over")
+        let open = gauge.verdict(now: 200 * ms)
+        #expect(open, "the window from 120 ms is still open: the verdict holds")
+        // No dispatched request since: at 230 ms the window [120, 220) closes empty, and so
+        // the overload's verdict is gone, though nothing was recorded to say so.
+        let emptied = gauge.verdict(now: 230 * ms)
+        #expect(!emptied)
+        let later = gauge.verdict(now: 5_000 * ms)
+        #expect(!later)
     }
 }
 
@@ -229,19 +249,35 @@ struct LoadSheddingTests {
             backlog = try await loop.submit { feeder.oldestPendingJobWait }
         }
         #expect(backlog > .milliseconds(20))
-        let (shed, exempt) = await onPlainThread { () -> (String, String) in
+        let (shed, sending, exempt) = await onPlainThread { () -> (String, String, String) in
             // A head announcing 10 MB, and not one byte of the body: the answer comes anyway.
             let uploader = try? TestClient(port: port)
             uploader?.send("POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 10000000\r\n\r\n")
             let shed = uploader?.readToEnd() ?? ""
+            // One that goes on sending its body for a while before it reads (a slow uploader):
+            // the server reads and drops what comes after its answer (a lingering close), so
+            // the answer is not lost to the reset that closing on unread input would send.
+            var refusedSends = 0
+            let busy = try? TestClient(port: port)
+            busy?.send("POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 10000000\r\n\r\n")
+            let chunk = [UInt8](repeating: 0x62, count: 16_384)
+            for _ in 0..<20 {  // 0.4 s: past the sweep that closed at once (≤ 250 ms), within the 2 s linger
+                if let busy, chunk.withUnsafeBytes({ Glibc.send(busy.fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }) < 0 {
+                    refusedSends += 1  // EPIPE or ECONNRESET: the server closed on it
+                }
+                usleep(20_000)
+            }
+            let sending = busy?.readToEnd() ?? ""
             let prober = try? TestClient(port: port)
             prober?.send("POST /healthz HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello")
-            return (shed, prober?.readToEnd() ?? "")
+            return (shed, sending + (refusedSends > 0 ? " [\(refusedSends) sends refused]" : ""), prober?.readToEnd() ?? "")
         }
         #expect(shed.hasPrefix("HTTP/1.1 503 Service Unavailable\r\n"), "\(shed)")
         #expect(shed.contains("\r\nRetry-After: 1\r\n") && shed.contains("\r\nConnection: close\r\n"), "\(shed)")
+        #expect(sending.hasPrefix("HTTP/1.1 503 Service Unavailable\r\n") && !sending.contains("sends refused"),
+                "the uploader's sends go on being read after the answer (within the 2 s linger): \(sending)")
         #expect(exempt.hasPrefix("HTTP/1.1 200") && exempt.hasSuffix("ok 5\n"), "\(exempt)")
-        #expect(server.statistics.snapshot.requestsShed == 1)
+        #expect(server.statistics.snapshot.requestsShed == 2)
         feeder.cancelAll()
         await server.closeAndWait()
         await group.shutdown(gracePeriod: .seconds(2))

@@ -349,7 +349,10 @@ struct NetworkTests {
         started.wait()
         let start = ContinuousClock.now
         let forced = await busy.shutdown(gracePeriod: .milliseconds(150))
-        #expect(ContinuousClock.now - start < .seconds(3))
+        // Ended by the grace period, not by the 30 s timer in flight: a bound far from both, for
+        // a loaded machine whose task pool may be slow to resume this test (6.2 s seen once
+        // against the 3 s bound this had).
+        #expect(ContinuousClock.now - start < .seconds(20))
         #expect(forced.timedOut)
         #expect(forced.closedSources == 2)
         #expect(forced.droppedWork >= 1)

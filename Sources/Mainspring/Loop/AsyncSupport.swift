@@ -87,6 +87,17 @@ final class ResumeOnce<T: Sendable, E: Error>: Sendable {
     /// Whether it has been resumed already.
     var isResumed: Bool { state.withLock { $0 == nil } }
 
+    /// Takes the continuation, to resume it later (nil if it was resumed already): from then on
+    /// a `resume(with:)` — a cancellation's, say — finds nothing to resume. For a step that must
+    /// not happen once the waiter has been told otherwise (a datagram sent after its sender got
+    /// `.cancelled`): take first, then act, then resume what was taken.
+    func take() -> CheckedContinuation<T, E>? {
+        state.withLock { slot -> CheckedContinuation<T, E>? in
+            defer { slot = nil }
+            return slot
+        }
+    }
+
     func resume(with result: Result<T, E>) {
         let continuation = state.withLock { slot -> CheckedContinuation<T, E>? in
             defer { slot = nil }

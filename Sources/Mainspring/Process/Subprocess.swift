@@ -132,12 +132,12 @@ public final class Subprocess: @unchecked Sendable {
         /// wherever stdout goes (`2>&1`).
         public var standardError: Redirection
         /// Starts the child as the leader of a new process group, so that
-        /// `terminate(grace:)` and ``Subprocess/signalGroup(_:)`` reach what it
+        /// ``Subprocess/startTerminating(grace:)`` and ``Subprocess/signalGroup(_:)`` reach what it
         /// starts in turn (a shell's commands, a server's workers).
         public var newProcessGroup: Bool
         /// A wait: once the child has run this long it is terminated
-        /// (`terminate(grace:)` with ``timeoutGrace``) and ``Subprocess/didTimeOut``
-        /// reads true. Nil: no limit.
+        /// (as by ``Subprocess/startTerminating(grace:)`` with ``timeoutGrace``) and
+        /// ``Subprocess/didTimeOut`` reads true. Nil: no limit.
         public var timeout: Duration?
         /// The grace of a ``timeout`` between `SIGTERM` and `SIGKILL` (a wait).
         public var timeoutGrace: Duration

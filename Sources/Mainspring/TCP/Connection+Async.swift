@@ -1,5 +1,3 @@
-import Synchronization
-
 /// The async side of `Connection`: input as async sequences, writes that wait for the peer,
 /// the close as something to await.
 ///
@@ -313,39 +311,41 @@ extension Connection {
         throws(EventLoopError) -> Connection
     {
         let attempt = PendingConnect()
-        let made: Result<Connection, EventLoopError> = await withTaskCancellationHandler {
-            await withUnsafeContinuation { continuation in
+        let wait = CancellableWait<Result<Connection, EventLoopError>, Never>(cancelled: .success(.failure(.cancelled)))
+        let made = await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                // Resumed once: by the connect's outcome, the task's cancellation (at once, from
+                // the cancelling thread), or the loop's end.
+                let once = wait.begin(continuation, orphaned: .success(.failure(.loopClosed)))
                 let start: @Sendable () -> Void = {
-                    guard !attempt.isCancelled else { return continuation.resume(returning: .failure(.cancelled)) }
+                    guard !once.isResumed else { return }  // cancelled before it began: nothing made
                     do throws(EventLoopError) {
                         let source = try ConnectionSource(loop: loop, connectingTo: host, port: port, options: options)
                         let connection = Connection(source: source)
                         attempt.connection = connection
-                        source.awaitConnect { result in continuation.resume(returning: result.map { connection }) }
+                        source.awaitConnect { result in once.resume(with: .success(result.map { connection })) }
                     } catch {
-                        continuation.resume(returning: .failure(error))
+                        once.resume(with: .success(.failure(error)))
                     }
                 }
-                loop.executeNowOrPost(start, orElse: { continuation.resume(returning: .failure(.loopClosed)) })
+                loop.executeNowOrPost(start, orElse: { once.resume(with: .success(.failure(.loopClosed))) })
             }
         } onCancel: {
-            attempt.cancel(on: loop)
+            wait.cancel()
+            attempt.abort(on: loop)
         }
         return try made.get()
     }
 }
 
-/// An async connect the calling task may cancel: the cancellation aborts the connection being
-/// made, on its loop, unless it is established already (then the task gets it, and ends it as
-/// it sees fit). `connection` is set and read on the loop's thread only.
+/// The connection an async connect is making, for its cancellation: aborted on its loop unless
+/// it is established by then (a connection that connected as the task was cancelled is closed by
+/// the drop rule instead: nobody holds it). `connection` is set and read on the loop's thread
+/// only.
 final class PendingConnect: @unchecked Sendable {
-    private let cancelled = Atomic<Bool>(false)
     var connection: Connection?
 
-    var isCancelled: Bool { cancelled.load(ordering: .acquiring) }
-
-    func cancel(on loop: EventLoop) {
-        cancelled.store(true, ordering: .releasing)
+    func abort(on loop: EventLoop) {
         loop.executeNowOrPost({
             guard let connection = self.connection, !connection.source.state.isConnected else { return }
             connection.source.finish(.cancelled)

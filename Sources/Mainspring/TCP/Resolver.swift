@@ -113,6 +113,7 @@ extension EventLoop {
                 // the loop is freed before the answer comes back — the loop's end.
                 let once = wait.begin(continuation, orphaned: .success(.failure(.loopClosed)))
                 loop.executeNowOrPost({
+                    guard !once.isResumed else { return }  // cancelled before it began: no lookup
                     loop.resolveAddresses(host, port: port, timeout: timeout) { once.resume(with: .success($0)) }
                 }, orElse: { once.resume(with: .success(.failure(.loopClosed))) })
             }

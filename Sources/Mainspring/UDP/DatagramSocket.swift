@@ -285,6 +285,9 @@ public final class DatagramSocket: Sendable {
 
     /// Sends `datagram`, suspending while the send queue is full; returns once it is sent or
     /// queued (in order with other senders). Any task.
+    /// A datagram queued is sent as the kernel takes it, while the socket is open: closing it
+    /// (`close()`, the loop's end, or its last handle dropped with no consumer) drops what is
+    /// still queued.
     /// - Throws: like ``trySend(_:)``; `.socketClosed` when the socket closes while it waits;
     ///   `.cancelled` when the task is cancelled while it waits (the datagram is not sent; the
     ///   socket stays open for other senders).

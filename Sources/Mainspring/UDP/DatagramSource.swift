@@ -23,7 +23,7 @@ final class DatagramSource: Source {
     private var writeEvent: NativeEvent?
     private var isWriteArmed = false
     /// `send(_:)` calls waiting for room in the queue, in order. One whose task was cancelled has been
-    /// resumed already (`isResumed`): its datagram is skipped, never sent.
+    /// resumed already: its datagram is skipped, never sent.
     private var waitingSenders: [(Datagram, ResumeOnce<Result<Void, EventLoopError>, Never>)] = []
     /// The simulated network's port (a simulated loop only).
     var simulatedPort: (any SimulatedDatagramPort)?
@@ -273,16 +273,28 @@ final class DatagramSource: Source {
     }
 
     func send(_ datagram: Datagram, resuming once: ResumeOnce<Result<Void, EventLoopError>, Never>) {
-        guard !once.isResumed else { return }  // cancelled before it reached the loop
         guard !isClosed else { return once.resume(with: .success(.failure(.socketClosed))) }
-        if waitingSenders.isEmpty {
-            do throws(EventLoopError) {
-                if try trySend(datagram) != .queueFull { return once.resume(with: .success(.success(()))) }
-            } catch {
-                return once.resume(with: .success(.failure(error)))
-            }
+        if waitingSenders.isEmpty && hasRoom {
+            send(datagram, taking: once)
+        } else {
+            waitingSenders.append((datagram, once))
         }
-        waitingSenders.append((datagram, once))
+    }
+
+    /// Whether `trySend` would take a datagram now (send it, or queue it).
+    private var hasRoom: Bool { pendingCount == 0 || pendingCount < max(1, options.sendQueueLimit) }
+
+    /// Sends for a waiting `send(_:)`, if it still waits: its continuation is taken first, so
+    /// a sender cancelled from another thread meanwhile is either told `.cancelled` (and its
+    /// datagram is not sent) or sent (and told so) — never both.
+    private func send(_ datagram: Datagram, taking once: ResumeOnce<Result<Void, EventLoopError>, Never>) {
+        guard let continuation = once.take() else { return }  // cancelled: not sent
+        do throws(EventLoopError) {
+            _ = try trySend(datagram)  // there is room: sent or queued
+            withLoop { $0.resumingInput { continuation.resume(returning: .success(())) } }
+        } catch {
+            continuation.resume(returning: .failure(error))
+        }
     }
 
     private func check(_ datagram: Datagram) throws(EventLoopError) {
@@ -351,23 +363,9 @@ final class DatagramSource: Source {
             queue.removeFirst(queueStart)
             queueStart = 0
         }
-        while !waitingSenders.isEmpty, !isClosed {
-            let (datagram, once) = waitingSenders[0]
-            if once.isResumed {  // its task was cancelled: the datagram is not sent
-                waitingSenders.removeFirst()
-                continue
-            }
-            let outcome: DatagramSocket.SendOutcome
-            do throws(EventLoopError) {
-                outcome = try trySend(datagram)
-            } catch {
-                waitingSenders.removeFirst()
-                once.resume(with: .success(.failure(error)))
-                continue
-            }
-            if outcome == .queueFull { return }
-            waitingSenders.removeFirst()
-            withLoop { $0.resumingInput { once.resume(with: .success(.success(()))) } }
+        while !waitingSenders.isEmpty, !isClosed, hasRoom {
+            let (datagram, once) = waitingSenders.removeFirst()
+            send(datagram, taking: once)  // skipped if its task was cancelled
         }
     }
 

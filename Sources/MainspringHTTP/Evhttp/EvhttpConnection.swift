@@ -50,8 +50,11 @@ final class EvhttpConnection {
     @exclusivity(unchecked) private(set) var head: RequestHeadScan
     /// The next request's head went over the limit while this one was in flight.
     private var rejectPending = false
-    /// When the guard's own answer was queued (0: never); the connection closes once it is out.
+    /// When the guard's own answer was queued (0: never); the connection closes once it is out
+    /// and the peer has left, or two seconds after the answer (see `startLingering`).
     private(set) var answeredAt: UInt64 = 0
+    /// Whether the guard's answer is out and the write side shut down (a lingering close).
+    private(set) var isLingering = false
 
     private init(server: EvhttpServer, underlying: OpaquePointer) {
         self.server = server
@@ -389,6 +392,19 @@ final class EvhttpConnection {
         var bytes = Array(text.utf8)
         bytes.withUnsafeMutableBytes { _ = bufferevent_write(underlying, $0.baseAddress, $0.count) }
         server.guardAnswered(status: status)
+    }
+
+    /// The guard's answer is out: shuts the write side down, so the peer reads the answer and
+    /// then the end of the connection, while what it still sends (the rest of an upload that
+    /// was shed, say) is read and dropped. Closing at once instead would meet that unread input
+    /// and reset the connection — and a client busy sending would often see only the reset,
+    /// never the answer. The connection closes when the peer leaves, or at the sweep's linger
+    /// deadline. A loop callback.
+    func startLingering() {
+        guard !isLingering, !isClosed else { return }
+        isLingering = true
+        let fd = bufferevent_getfd(underlying)
+        if fd >= 0 { shutdown(fd, Int32(SHUT_WR)) }
     }
 
     /// evhttp read `request` in full (inside libevent).

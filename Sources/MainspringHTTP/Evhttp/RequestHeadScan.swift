@@ -281,7 +281,6 @@ struct RequestHeadScan {
         }
     }
 
-    @inline(__always)
     /// Bytes of the request line, for `targetPath`: the target is what lies between the first
     /// space and the next space or `?`.
     private mutating func noteTarget(_ bytes: UnsafeRawBufferPointer) {
@@ -301,6 +300,7 @@ struct RequestHeadScan {
         }
     }
 
+    @inline(__always)
     private static func lowercased(_ byte: UInt8) -> UInt8 { byte >= 0x41 && byte <= 0x5A ? byte | 0x20 : byte }
 
     private mutating func found(_ problem: Malformed) {

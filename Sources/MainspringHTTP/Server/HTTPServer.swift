@@ -307,6 +307,13 @@ public final class HTTPServer: Sendable {
         }
     }
 
+    /// ``close()-i51n`` under a name of its own: stops accepting and returns at once. In `async`
+    /// code, `close()` resolves to the deprecated waiting form until it goes (0.3); this
+    /// spelling is the one that never waits, from anywhere.
+    public func startClosing() {
+        close()
+    }
+
     /// The old name of ``closeAndWait()``. In `async` code it is the one the compiler picks for
     /// `close()`, so a task that must not wait cannot reach ``close()`` by this spelling.
     @available(*, deprecated, renamed: "closeAndWait()")

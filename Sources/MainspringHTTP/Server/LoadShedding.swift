@@ -99,6 +99,7 @@ struct QueueWaitGauge {
     /// Whether the last full window's p99 was over the target.
     private(set) var isOverTarget = false
     private var windowStart: UInt64 = 0
+    private var hasStarted = false
     private var count = 0
     private var over = 0
 
@@ -112,16 +113,35 @@ struct QueueWaitGauge {
     /// the last full window's verdict. After a gap with no request the next window starts now
     /// and the verdict is "under".
     mutating func record(wait: UInt64, now: UInt64) {
-        let elapsed = now &- windowStart
-        if count == 0 || elapsed >= window {
-            // A window that ended a whole window ago or more says nothing of now: no request
-            // came meanwhile, so none was waiting.
-            isOverTarget = count > 0 && elapsed < 2 &* window && over &* 100 > count
-            windowStart = now
-            count = 0
-            over = 0
-        }
+        closeWindow(ifEndedBy: now)
         count += 1
         if wait > target { over += 1 }
+    }
+
+    /// The last full window's verdict as of `now`, without a sample: a window that has ended
+    /// is closed first. For decisions on requests that are never dispatched (shed before their
+    /// body): without this, a verdict of "over" would hold for as long as only such requests
+    /// came, the overload long gone.
+    mutating func verdict(now: UInt64) -> Bool {
+        closeWindow(ifEndedBy: now)
+        return isOverTarget
+    }
+
+    /// Closes the current window if it ended before `now`; after a gap with no request the
+    /// next window starts now and the verdict is "under".
+    private mutating func closeWindow(ifEndedBy now: UInt64) {
+        guard hasStarted else {
+            hasStarted = true
+            windowStart = now
+            return
+        }
+        let elapsed = now &- windowStart
+        guard elapsed >= window else { return }
+        // A window that ended a whole window ago or more says nothing of now: no request
+        // came meanwhile, so none was waiting.
+        isOverTarget = count > 0 && elapsed < 2 &* window && over &* 100 > count
+        windowStart = now
+        count = 0
+        over = 0
     }
 }

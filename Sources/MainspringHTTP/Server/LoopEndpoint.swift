@@ -78,7 +78,10 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
     }
 
     func evhttpShedsBeforeBody(path: [UInt8]) -> Int? {
-        guard let shedding, gauge.isOverTarget || isWorkBacklogged(shedding),
+        // A target that is not a plain path (absolute form, percent-encoded) is left to the
+        // decision at dispatch, which sees the decoded path: an exempt path is never shed early.
+        guard let shedding, path.first == UInt8(ascii: "/"), !path.contains(UInt8(ascii: "%")),
+              gauge.verdict(now: loop.monotonicNow()) || isWorkBacklogged(shedding),
               !shedding.neverShed.contains(String(decoding: path, as: UTF8.self))
         else { return nil }
         statistics.requestShed()

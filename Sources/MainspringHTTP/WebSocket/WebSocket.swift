@@ -228,7 +228,10 @@ public final class WebSocket: Sendable {
         startClosing(code: code, reason: reason)
     }
 
-    private func startClosing(code: CloseCode, reason: String) {
+    /// ``close(code:reason:)->()`` under a name of its own: starts the closing handshake and
+    /// returns at once. In `async` code, `close(code:reason:)` resolves to the deprecated waiting
+    /// form until it goes (0.3); this spelling is the one that never waits, from anywhere.
+    public func startClosing(code: CloseCode = .normalClosure, reason: String = "") {
         let core = self.core
         if core.loop.isCurrent {
             core.startClose(code: code, reason: reason)
