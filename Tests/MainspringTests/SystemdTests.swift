@@ -279,6 +279,9 @@ struct AdoptedListenerTests {
         // it could starve the task that serves it.
         let reply = Task { await onPlainThread { () -> String? in
             let client = try? TestClient(port: port)
+            // The echo comes from this test's task, which waits for a thread of that pool: at
+            // the suite's start the pool was once held for 45 s by blocking tests (10 s ran out).
+            client?.setReceiveTimeout(seconds: 180)
             client?.send("async hello\n")
             return client?.readLine()
         } }
