@@ -145,7 +145,8 @@ public final class Simulation: @unchecked Sendable {
     /// indices in the ``trace`` follow ``loop`` (0) in creation order.
     ///
     /// `shutdown(gracePeriod:)` (or `shutdownBlocking(gracePeriod:)`) on such a group runs the
-    /// loops' shutdowns on virtual time before it returns (call it from the test, or from a task on a loop outside the group).
+    /// loops' shutdowns on virtual time before it returns (call it from the test, or from a task
+    /// on a loop outside the group).
     ///
     /// One limit of simulating several loops on one thread: a loop that spins (`spin(until:)`,
     /// and so each loop's graceful shutdown) holds the thread while it waits. Other loops run

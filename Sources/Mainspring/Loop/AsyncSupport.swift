@@ -27,24 +27,22 @@ extension EventLoop {
     /// freed), it throws `EventLoopError.loopClosed`.
     public func sleep(for duration: Duration) async throws {
         let deadline = monotonicNow() &+ duration.clampedNanoseconds
-        let sleeper = Sleeper()
+        let wait = CancellableWait<Void, Error>(cancelled: .failure(CancellationError()))
+        let timer = SleepTimer()
         try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, Error>) in
-                let once = ResumeOnce(continuation, orphaned: .failure(EventLoopError.loopClosed))
-                guard sleeper.arm(once) else {
-                    once.resume(with: .failure(CancellationError()))
-                    return
-                }
+                let once = wait.begin(continuation, orphaned: .failure(EventLoopError.loopClosed))
+                guard !once.isResumed else { return }  // cancelled already
                 execute {
                     guard !once.isResumed else { return }
-                    let timer = self.schedule(atMonotonicNanoseconds: deadline) {
+                    timer.handle = self.schedule(atMonotonicNanoseconds: deadline) {
                         once.resume(with: .success(()))
                     }
-                    sleeper.setTimer(timer)
                 }
             }
         } onCancel: {
-            sleeper.cancel(on: self)
+            wait.cancel()
+            execute { timer.cancel() }
         }
     }
 
@@ -117,7 +115,8 @@ final class ResumeOnce<T: Sendable, E: Error>: Sendable {
 
 /// The cancellation side of a wait whose continuation the loop's closures hold (through a
 /// `ResumeOnce`, so a freed loop still resumes it): held weakly here, to resume the wait early
-/// with `cancelled` when the waiting task is cancelled — even before the wait began.
+/// with `cancelled` when the waiting task is cancelled — even before the wait began. Used by
+/// `sleep(for:)` and `waitCancellably`.
 final class CancellableWait<T: Sendable, E: Error>: Sendable {
     private struct State {
         weak var once: ResumeOnce<T, E>?
@@ -151,41 +150,40 @@ final class CancellableWait<T: Sendable, E: Error>: Sendable {
     }
 }
 
-/// The cancellation side of one `sleep(for:)`. The loop's closures hold the continuation
-/// strongly (so that a freed loop resumes it, through `ResumeOnce`'s release); this holds it
-/// weakly, to resume it early on cancellation.
-private final class Sleeper: @unchecked Sendable {
-    private struct State {
-        weak var once: ResumeOnce<Void, Error>?
-        var isCancelled = false
+/// The timer of one `sleep(for:)`, cancelled with the sleep. Loop thread only (`@unchecked
+/// Sendable` only so that the loop's own posts can carry it).
+private final class SleepTimer: @unchecked Sendable {
+    var handle: TimerHandle?
+
+    func cancel() {
+        handle?.cancel()
+        handle = nil
     }
+}
 
-    private let state = Protected(State())
-    /// The timer, once armed. Loop thread only.
-    private var timer: TimerHandle?
-
-    /// Remembers the continuation; false if the task was already cancelled.
-    func arm(_ once: ResumeOnce<Void, Error>) -> Bool {
-        state.withLock { state in
-            if state.isCancelled { return false }
-            state.once = once
-            return true
-        }
-    }
-
-    /// Loop thread: the timer to cancel if the task is cancelled.
-    func setTimer(_ handle: TimerHandle) { timer = handle }
-
-    /// Any thread: the task was cancelled. Resumes it now and cancels the timer on the loop.
-    func cancel(on loop: EventLoop) {
-        let once = state.withLock { state -> ResumeOnce<Void, Error>? in
-            state.isCancelled = true
-            return state.once
-        }
-        once?.resume(with: .failure(CancellationError()))
-        loop.execute {
-            self.timer?.cancel()
-            self.timer = nil
+extension EventLoop {
+    /// A call that starts something on this loop and waits for its outcome, the library's
+    /// cancellation rule built in: `start` runs on the loop (at once when the caller is there)
+    /// with the `ResumeOnce` its outcome resumes. Cancelling the task resumes it at once with
+    /// `.cancelled`, then runs `onCancel` (on the cancelling thread) to undo what was started; a
+    /// task cancelled before `start` ran never runs it. A loop that drops the post, or is freed
+    /// while the wait is held, resumes it with `.loopClosed`.
+    nonisolated(nonsending) func waitCancellably<T: Sendable>(
+        _ start: @escaping @Sendable (ResumeOnce<Result<T, EventLoopError>, Never>) -> Void,
+        onCancel: @escaping @Sendable () -> Void = {}
+    ) async -> Result<T, EventLoopError> {
+        let wait = CancellableWait<Result<T, EventLoopError>, Never>(cancelled: .success(.failure(.cancelled)))
+        return await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                let once = wait.begin(continuation, orphaned: .success(.failure(.loopClosed)))
+                executeNowOrPost({
+                    guard !once.isResumed else { return }  // cancelled before it began
+                    start(once)
+                }, orElse: { once.resume(with: .success(.failure(.loopClosed))) })
+            }
+        } onCancel: {
+            wait.cancel()
+            onCancel()
         }
     }
 }

@@ -311,29 +311,18 @@ extension Connection {
         throws(EventLoopError) -> Connection
     {
         let attempt = PendingConnect()
-        let wait = CancellableWait<Result<Connection, EventLoopError>, Never>(cancelled: .success(.failure(.cancelled)))
-        let made = await withTaskCancellationHandler {
-            await withCheckedContinuation { continuation in
-                // Resumed once: by the connect's outcome, the task's cancellation (at once, from
-                // the cancelling thread), or the loop's end.
-                let once = wait.begin(continuation, orphaned: .success(.failure(.loopClosed)))
-                let start: @Sendable () -> Void = {
-                    guard !once.isResumed else { return }  // cancelled before it began: nothing made
-                    do throws(EventLoopError) {
-                        let source = try ConnectionSource(loop: loop, connectingTo: host, port: port, options: options)
-                        let connection = Connection(source: source)
-                        attempt.connection = connection
-                        source.awaitConnect { result in once.resume(with: .success(result.map { connection })) }
-                    } catch {
-                        once.resume(with: .success(.failure(error)))
-                    }
-                }
-                loop.executeNowOrPost(start, orElse: { once.resume(with: .success(.failure(.loopClosed))) })
+        // Resumed once: by the connect's outcome, the task's cancellation (at once, from the
+        // cancelling thread), or the loop's end.
+        let made: Result<Connection, EventLoopError> = await loop.waitCancellably({ once in
+            do throws(EventLoopError) {
+                let source = try ConnectionSource(loop: loop, connectingTo: host, port: port, options: options)
+                let connection = Connection(source: source)
+                attempt.connection = connection
+                source.awaitConnect { result in once.resume(with: .success(result.map { connection })) }
+            } catch {
+                once.resume(with: .success(.failure(error)))
             }
-        } onCancel: {
-            wait.cancel()
-            attempt.abort(on: loop)
-        }
+        }, onCancel: { attempt.abort(on: loop) })
         return try made.get()
     }
 }

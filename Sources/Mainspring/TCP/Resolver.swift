@@ -106,19 +106,10 @@ extension EventLoop {
         throws(EventLoopError) -> [SocketAddress]
     {
         let loop = self
-        let wait = CancellableWait<Result<[SocketAddress], EventLoopError>, Never>(cancelled: .success(.failure(.cancelled)))
-        let result = await withTaskCancellationHandler {
-            await withCheckedContinuation { continuation in
-                // Resumed once: by the answer, the deadline, the task's cancellation, or — when
-                // the loop is freed before the answer comes back — the loop's end.
-                let once = wait.begin(continuation, orphaned: .success(.failure(.loopClosed)))
-                loop.executeNowOrPost({
-                    guard !once.isResumed else { return }  // cancelled before it began: no lookup
-                    loop.resolveAddresses(host, port: port, timeout: timeout) { once.resume(with: .success($0)) }
-                }, orElse: { once.resume(with: .success(.failure(.loopClosed))) })
-            }
-        } onCancel: {
-            wait.cancel()
+        // Resumed once: by the answer, the deadline, the task's cancellation, or — when the loop
+        // is freed before the answer comes back — the loop's end.
+        let result: Result<[SocketAddress], EventLoopError> = await waitCancellably { once in
+            loop.resolveAddresses(host, port: port, timeout: timeout) { once.resume(with: .success($0)) }
         }
         return try result.get()
     }

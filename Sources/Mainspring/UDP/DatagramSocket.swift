@@ -293,19 +293,8 @@ public final class DatagramSocket: Sendable {
     ///   socket stays open for other senders).
     public nonisolated(nonsending) func send(_ datagram: Datagram) async throws(EventLoopError) {
         let state = self.state
-        let loop = self.loop
-        let wait = CancellableWait<Result<Void, EventLoopError>, Never>(cancelled: .success(.failure(.cancelled)))
-        let result = await withTaskCancellationHandler {
-            await withCheckedContinuation { continuation in
-                let once = wait.begin(continuation, orphaned: .success(.failure(.loopClosed)))
-                loop.executeNowOrPost {
-                    state.value.send(datagram, resuming: once)
-                } orElse: {
-                    once.resume(with: .success(.failure(.loopClosed)))
-                }
-            }
-        } onCancel: {
-            wait.cancel()
+        let result: Result<Void, EventLoopError> = await loop.waitCancellably { once in
+            state.value.send(datagram, resuming: once)
         }
         try result.get()
     }
