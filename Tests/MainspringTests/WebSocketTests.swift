@@ -1211,7 +1211,7 @@ struct WebSocketCompressionTests {
 
 @Suite("WebSocket over TLS", .serialized)
 struct WebSocketTLSTests {
-    @Test("wss:// through MainspringTLS's connector against Python's TLS server; without a connector it is refused; our HTTPS server answers the upgrade 501",
+    @Test("wss:// through MainspringTLS's connector against Python's TLS server; without a connector it is refused",
           .enabled(if: hasPythonWebSockets, "needs .build/kv-venv with websockets (make test-tools makes it)"))
     func wss() async throws {
         let certs = try #require(TestCertificates.shared, "needs the openssl command")
@@ -1255,21 +1255,89 @@ struct WebSocketTLSTests {
         } catch {
             guard case .invalidURL = error else { Issue.record("\(error)"); return }
         }
-        // The library's HTTPS server: the WebSocket route answers 501.
+        await group.shutdown(gracePeriod: .seconds(2))
+    }
+
+    @Test("Our HTTPS server upgrades to wss://: echo over the same TLS session (our client and Python's websockets), bytes that came with the request kept, compression, a client that leaves reads as leaving, the server's close")
+    func httpsServerUpgrades() async throws {
+        let certs = try #require(TestCertificates.shared, "needs the openssl command")
+        let group = try EventLoopGroup(loopCount: 1)
+        let loop = group.loops[0]
+        let trusting = try TLSClientContext(configuration: .init(trustRoots: .file(certs.caCertificate)))
+        let (ends, ended) = AsyncStream<WebSocket.CloseStatus>.makeStream()
         var routes = HTTPRoutes()
-        routes.webSocket("/ws") { _ in }
+        routes.webSocket("/ws", configuration: .init(compression: .init())) { socket in
+            for await message in socket.messages { try await socket.send(message) }
+            ended.yield(await socket.closed)
+        }
+        routes.get("/plain") { _ in .text("still HTTPS\n") }
         let tls = try TLSServerContext(configuration: .init(certificates: [
             TLSCertificate(certificateFile: certs.serverCertificate, keyFile: certs.serverKey),
         ]))
         let server = try await HTTPServer(group: group, routes: routes, tls: tls)
-        do {
-            _ = try await WebSocket.connect(to: "wss://127.0.0.1:\(server.port)/ws", on: loop, secureConnector: .tls(trusting))
-            Issue.record("the HTTPS server upgraded")
-        } catch {
-            guard case .handshakeFailed(let reason) = error else { Issue.record("\(error)"); return }
-            #expect(reason.contains("501"), "\(reason)")
+        for compressed in [false, true] {
+            let socket = try await WebSocket.connect(to: "wss://localhost:\(server.port)/ws", on: loop,
+                                                     configuration: .init(compression: compressed ? .init() : nil),
+                                                     secureConnector: .tls(trusting))
+            #expect(socket.isCompressed == compressed)
+            try await socket.send(text: "over tls")
+            #expect(await socket.receive() == .text("over tls"))
+            let bytes = (0..<200_000).map { UInt8(truncatingIfNeeded: $0 % 251) }
+            try await socket.send(binary: bytes)
+            #expect(await socket.receive() == .binary(bytes))
+            #expect(await socket.closeAndWait() == WebSocket.CloseStatus(code: .normalClosure))
         }
+        // A frame sent in the same TLS record as the upgrade request is kept (read by evhttp
+        // with the request, handed over with the session).
+        let raw = try await Connection.connect(to: "localhost", port: server.port, on: loop, tls: trusting)
+        let key = "dGhlIHNhbXBsZSBub25jZQ=="
+        var request = Array("GET /ws HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n".utf8)
+        request += Array("Sec-WebSocket-Key: \(key)\r\nSec-WebSocket-Version: 13\r\n\r\n".utf8)
+        let mask: [UInt8] = [1, 2, 3, 4]
+        let payload = Array("early".utf8)
+        request += [0x81, 0x80 | UInt8(payload.count)] + mask + payload.enumerated().map { $1 ^ mask[$0 % 4] }
+        try await raw.send(request)
+        #expect(try await raw.readLine() == .line("HTTP/1.1 101 Switching Protocols"))
+        while let event = try await raw.readLine(), event != .line("") {}
+        #expect(try await raw.read(exactly: 2 + payload.count) == [0x81, UInt8(payload.count)] + payload)
+        // The client leaves without a closing handshake or close_notify: the server's WebSocket
+        // ends as one whose peer went away (1006), not with a TLS error.
+        raw.abort()
+        // Python's websockets, a client nobody here wrote, over wss:// with compression.
+        if hasPythonWebSockets {
+            let script = """
+            import ssl, sys
+            from websockets.sync.client import connect
+            context = ssl.create_default_context(cafile=sys.argv[2])
+            with connect(sys.argv[1], ssl=context, server_hostname="localhost", open_timeout=120) as ws:
+                ws.send("from python"); print("text", ws.recv())
+                ws.send(bytes(range(256)) * 100); print("binary", ws.recv() == bytes(range(256)) * 100)
+                print("compressed", ws.protocol.extensions != [] if hasattr(ws, "protocol") else "?")
+            """
+            let result = try await PythonChild.run(["-c", script, "wss://localhost:\(server.port)/ws", certs.caCertificate])
+            #expect(result.stdout == "text from python\nbinary True\ncompressed True\n", "\(result.stdout)\n\(result.stderr)")
+        }
+        // Plain HTTPS requests are served beside the WebSockets.
+        let client = HTTPClient(loop: loop, configuration: .init(secureConnector: .tls(trusting)))
+        let plain = try await client.get("https://localhost:\(server.port)/plain")
+        #expect(plain.status == 200 && String(decoding: plain.body, as: UTF8.self) == "still HTTPS\n")
+        // The server's side of each: closed normally, but the one whose client aborted (1006).
+        var statuses: [WebSocket.CloseStatus] = []
+        for await status in ends {
+            statuses.append(status)
+            if statuses.count == (hasPythonWebSockets ? 4 : 3) { break }
+        }
+        #expect(statuses.filter { $0.code == .normalClosure }.count == statuses.count - 1, "\(statuses)")
+        #expect(statuses.filter { $0.code == .abnormalClosure }.count == 1, "\(statuses)")
+        // The server's close starts the closing handshake of a wss:// WebSocket it upgraded.
+        let last = try await WebSocket.connect(to: "wss://localhost:\(server.port)/ws", on: loop, secureConnector: .tls(trusting))
+        try await last.send(text: "ping")
+        #expect(await last.receive() == .text("ping"))
         await server.closeAndWait()
+        #expect(await last.receive() == nil)
+        let lastStatus = await last.closed
+        #expect(lastStatus.code == .goingAway, "\(lastStatus)")
+        client.shutdown()
         await group.shutdown(gracePeriod: .seconds(2))
     }
 }

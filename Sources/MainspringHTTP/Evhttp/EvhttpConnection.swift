@@ -6,6 +6,7 @@
 // responses straight to the socket. evhttp still does all the parsing.
 internal import CLibevent
 import Foundation
+import Mainspring
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -445,6 +446,10 @@ final class EvhttpConnection {
         if let outputCallback, let filter { evbuffer_remove_cb_entry(bufferevent_get_output(filter), outputCallback) }
         outputCallback = nil
         layer?.release(underlying: underlying)
+        if let pending = pendingAdoption {
+            pendingAdoption = nil
+            finishAdoption(pending)
+        }
         if !isDetached { server.connectionClosed(self) }
     }
 
@@ -454,24 +459,40 @@ final class EvhttpConnection {
     // MARK: Taking the socket over (a WebSocket upgrade)
 
     /// Takes the socket away from this connection (libevent 2.1's evhttp has no way to hand
-    /// one over), for the caller to free the evhttp connection next: returns a duplicate of the
-    /// socket and the bytes that arrived after the current request, or nil (nothing changed)
-    /// over a layer (TLS: the session cannot leave OpenSSL's bufferevent), with output still
-    /// waiting, or when the connection is closed.
+    /// one over), for the caller to free the evhttp connection next, or nil (nothing changed)
+    /// with output still waiting, a guard's answer out, or the connection closed.
     ///
     /// evhttp shuts a connection's socket down (`shutdown(SHUT_WR)`) when it frees it, which a
     /// duplicate would share; so the descriptor number evhttp knows is pointed at a fresh,
-    /// unconnected socket (`dup2`) for evhttp to shut down and close, once the socket's events
-    /// are out of epoll (a registration belongs to the socket, not the number: left in, it
-    /// would report the duplicate's readiness under the old number).
-    func takeOverSocket() -> (descriptor: Int32, leftover: [UInt8])? {
-        guard layer == nil, !isClosed, let filter, outputIsEmpty, answeredAt == 0, !rejectPending else { return nil }
+    /// unconnected socket (`dup2`) for evhttp to shut down, once the socket's events are out of
+    /// epoll (a registration belongs to the socket, not the number: left in, it would report
+    /// the duplicate's readiness under the old number).
+    ///
+    /// A plain socket comes back as the duplicate (`.descriptor`), and evhttp closes the
+    /// placeholder. Over a layer (HTTPS) the session cannot leave OpenSSL's bufferevent, nor
+    /// its socket's number (libevent 2.1 restarts the handshake of a session given a new
+    /// descriptor): the bufferevent is kept (one reference more), and once evhttp is done with
+    /// the number the caller puts the socket back under it (`.layered`: `move(copy, onto:
+    /// number)`); the bufferevent becomes the upgraded connection when this connection's filter
+    /// is freed, a loop turn later (`adopted` is called then, from `closed()`, or never if the
+    /// server is freed first) — until then the filter's own unlinking would clear any callbacks
+    /// set on it.
+    func takeOverSocket(options: Connection.Options,
+                        adopted: @escaping (Connection, [UInt8]) -> Void) -> TakenSocket?
+    {
+        guard !isClosed, let filter, outputIsEmpty, answeredAt == 0, !rejectPending else { return nil }
         let fd = bufferevent_getfd(underlying)
         guard fd >= 0 else { return nil }
         guard let copy = duplicateDescriptor(fd) else { return nil }
         guard let placeholder = makePlaceholderSocket() else {
             closeDescriptor(copy)
             return nil
+        }
+        if layer != nil {
+            // The filter suspends its underlying bufferevent's reading while its own is off,
+            // and nothing lifts that once the filter is gone: lifted here, reading stopped next.
+            bufferevent_enable(filter, Int16(EV_READ))
+            bufferevent_incref(underlying)
         }
         bufferevent_disable(underlying, Int16(EV_READ | EV_WRITE))
         if let writable { event_del(writable) }
@@ -486,8 +507,48 @@ final class EvhttpConnection {
         }
         move(placeholder, onto: fd)
         disableNagle(copy)
-        return (copy, leftover)
+        guard layer != nil else { return .descriptor(copy, leftover: leftover) }
+        pendingAdoption = PendingAdoption(options: options, leftover: leftover, adopted: adopted)
+        return .layered(copy, number: fd)
     }
+
+    /// A layered connection taken over, waiting for its filter to be freed (see
+    /// `takeOverSocket`).
+    private struct PendingAdoption {
+        let options: Connection.Options
+        let leftover: [UInt8]
+        let adopted: (Connection, [UInt8]) -> Void
+    }
+
+    private var pendingAdoption: PendingAdoption?
+
+    /// The filter is gone, and with it evhttp's hold on the layer's bufferevent: it becomes the
+    /// upgraded connection (inside libevent, in the filter's finalizer; the connection only
+    /// registers itself and starts reading). When the server is being freed, or the layer
+    /// cannot make the connection, the kept reference is dropped (the bufferevent then closes
+    /// the socket and frees the session).
+    private func finishAdoption(_ pending: PendingAdoption) {
+        guard !isDetached, let layer else {
+            bufferevent_free(underlying)
+            return
+        }
+        do throws(EventLoopError) {
+            let connection = try layer.adoptUpgraded(underlying: underlying, peer: peer ?? "", on: server.loop,
+                                                     options: pending.options)
+            pending.adopted(connection, pending.leftover)
+        } catch {
+            bufferevent_free(underlying)
+        }
+    }
+}
+
+/// What `EvhttpConnection.takeOverSocket` took.
+enum TakenSocket {
+    /// A duplicate of the plain socket, the caller's, and the bytes that came after the request.
+    case descriptor(Int32, leftover: [UInt8])
+    /// The layer's bufferevent, handed over when evhttp lets go of it; its socket is the
+    /// duplicate until the caller moves it back under the number the session uses.
+    case layered(Int32, number: Int32)
 }
 
 // MARK: - Trampolines (inside libevent: record, hand off)

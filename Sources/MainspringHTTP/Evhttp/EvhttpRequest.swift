@@ -2,6 +2,7 @@
 // query, header fields, body, peer) into Swift values, and answering it — a whole response, or a
 // chunked one with a callback per drained chunk (the streaming writer's backpressure).
 internal import CLibevent
+import Mainspring
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -183,22 +184,41 @@ final class EvhttpRequest {
 }
 
 extension EvhttpRequest {
-    /// Takes this request's connection away from evhttp (a WebSocket upgrade): its socket (a
-    /// duplicate the caller owns) and the bytes that came after the request; evhttp frees its
+    /// Takes this request's connection away from evhttp (a WebSocket upgrade); evhttp frees its
     /// connection and this request at once, without sending anything (the request then
-    /// finishes unwritten, as if its connection were lost). nil, with nothing changed, when it
-    /// cannot be taken (see `EvhttpConnection.takeOverSocket`). Loop thread.
-    func takeOverConnection() -> (descriptor: Int32, leftover: [UInt8])? {
-        guard let raw, let evcon = evhttp_request_get_connection(raw), let taken = connection.takeOverSocket() else {
-            return nil
+    /// finishes unwritten, as if its connection were lost). `adopted` gets the connection,
+    /// with `options`, and the bytes that came after the request: at once for a plain socket;
+    /// over HTTPS, whose session stays in its OpenSSL bufferevent, once evhttp has let go of
+    /// that (a loop turn later; never, the connection closed, if the server is freed first).
+    /// False, with nothing changed, when it cannot be taken (see
+    /// `EvhttpConnection.takeOverSocket`); also false, the connection gone, when a plain
+    /// socket cannot become a `Connection`. Loop thread.
+    func takeOverConnection(options: Connection.Options, adopted: @escaping (Connection, [UInt8]) -> Void) -> Bool {
+        guard let raw, let evcon = evhttp_request_get_connection(raw),
+              let taken = connection.takeOverSocket(options: options, adopted: adopted)
+        else {
+            return false
         }
         self.raw = nil
         evhttp_connection_free(evcon)
-        return taken
+        let descriptor: Int32, leftover: [UInt8]
+        switch taken {
+        case .layered(let copy, let number):
+            // evhttp has shut the placeholder down: the session's socket goes back under its number.
+            move(copy, onto: number)
+            return true
+        case .descriptor(let copy, let bytes):
+            descriptor = copy
+            leftover = bytes
+        }
+        do {
+            adopted(try Connection.adopting(descriptor: descriptor, on: connection.server.loop, options: options), leftover)
+            return true
+        } catch {
+            closeDescriptor(descriptor)
+            return false
+        }
     }
-
-    /// Whether the connection is under a layer (HTTPS): it cannot be taken over.
-    var isOverLayer: Bool { connection.hasLayer }
 }
 
 // MARK: - Trampolines (inside libevent: record, hand off)

@@ -58,6 +58,13 @@ package protocol HTTPConnectionLayer: Sendable {
     /// closes its socket, right after this call): the layer lets go of what it attached to it.
     /// evhttp has shut the socket's output down already: nothing more can be sent.
     func release(underlying: OpaquePointer)
+
+    /// A connection over `underlying` after a WebSocket upgrade: the layer's bufferevent,
+    /// established, moved to a socket of its own and no longer evhttp's; the caller's one
+    /// reference to it becomes the connection's. On a throw the caller frees it. Inside
+    /// libevent, on the loop's thread.
+    func adoptUpgraded(underlying: OpaquePointer, peer: String, on loop: EventLoop,
+                       options: Connection.Options) throws(EventLoopError) -> Connection
 }
 
 /// The outcome of `HTTPConnectionLayer.writeNow`.

@@ -31,15 +31,16 @@ extension HTTPRoutes {
     ///   answers with that response instead. nil accepts every valid upgrade, with no
     ///   subprotocol. Choosing a subprotocol the client did not offer answers `500`. A refused
     ///   or invalid upgrade's response closes the connection.
-    /// - Over HTTPS (an `HTTPServer` made by `MainspringTLS`) the upgrade is answered `501`: the
-    ///   TLS session cannot be taken from evhttp's connection in libevent 2.1.
+    /// - Over HTTPS (an `HTTPServer` made by `MainspringTLS`) the WebSocket is `wss://`: the
+    ///   connection keeps its TLS session (the `101` goes out a loop turn after the request, once
+    ///   evhttp has let go of the session).
     ///
     /// Once upgraded, the connection is the WebSocket's: it leaves the server's connection
     /// count and timeouts, and lives until either side closes it — or the server's `close()`,
     /// which starts the closing handshake of every WebSocket it upgraded (1001, "server
     /// closing") without waiting for it.
     /// - Complexity: the upgrade itself costs a `dup` of the socket and a new connection on the
-    ///   same loop; each frame costs its header and, from a client, its unmasking.
+    ///   same loop (over HTTPS, on the same session); each frame costs its header and, from a client, its unmasking.
     public mutating func webSocket(_ path: String, match: PathMatch = .exact,
                                    configuration: WebSocket.Configuration = .init(),
                                    shouldUpgrade: (@Sendable (HTTPRequest) -> WebSocket.Upgrade)? = nil,
@@ -74,10 +75,6 @@ extension LoopEndpoint {
             subprotocol = chosen
             extra = headers
         }
-        if raw.isOverLayer {
-            reply(.text("WebSocket over HTTPS is not supported\n", status: 501), to: raw, method: request.method)
-            return
-        }
         var head = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
         head += "Sec-WebSocket-Accept: \(WebSocketHandshake.acceptValue(forKey: request.headers["Sec-WebSocket-Key"] ?? ""))\r\n"
         if let subprotocol { head += "Sec-WebSocket-Protocol: \(subprotocol)\r\n" }
@@ -93,20 +90,20 @@ extension LoopEndpoint {
             head += "\(field.name): \(field.value)\r\n"
         }
         head += "\r\n"
-        guard let (descriptor, leftover) = raw.takeOverConnection() else {
-            reply(.status(500), to: raw, method: request.method)
-            return
-        }
         let configuration = route.configuration
-        let connection: Connection
-        do {
-            connection = try Connection.adopting(
-                descriptor: descriptor, on: loop,
-                options: .init(outputLimit: configuration.outputLimit, closeTimeout: configuration.closeTimeout))
-        } catch {
-            closeDescriptor(descriptor)
-            return
+        let options = Connection.Options(outputLimit: configuration.outputLimit, closeTimeout: configuration.closeTimeout)
+        let taken = raw.takeOverConnection(options: options) { [self] connection, leftover in
+            startWebSocket(route, request, connection: connection, head: head, leftover: leftover,
+                           subprotocol: subprotocol, agreement: agreement)
         }
+        if !taken && raw.isConnectionOpen { reply(.status(500), to: raw, method: request.method) }
+    }
+
+    /// The upgraded connection: the `101` goes out, and the route's handler gets its WebSocket.
+    /// Loop thread.
+    private func startWebSocket(_ route: WebSocketRoute, _ request: HTTPRequest, connection: Connection, head: String,
+                                leftover: [UInt8], subprotocol: String?, agreement: DeflateAgreement?)
+    {
         statistics.recordResponse(status: 101)
         connection.write(head)
         let core = WebSocketCore(connection: connection, configuration: route.sharedConfiguration, isClient: false,

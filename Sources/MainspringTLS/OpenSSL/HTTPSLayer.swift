@@ -48,6 +48,21 @@ struct HTTPSLayer: HTTPConnectionLayer {
         }
     }
 
+    /// The established session's bufferevent after a WebSocket upgrade, as a TLS connection (a
+    /// `wss://` one): failures read as any TLS connection's (a peer that leaves without
+    /// close_notify is the end of its input, a reset is an error: evhttp's allowance for a dirty
+    /// shutdown goes), close_notify on a graceful close.
+    func adoptUpgraded(underlying: OpaquePointer, peer: String, on loop: EventLoop,
+                       options: Connection.Options) throws(EventLoopError) -> Connection
+    {
+        guard let ssl = bufferevent_openssl_get_ssl(underlying) else { throw .tls(reason: "the upgraded connection has no session") }
+        bufferevent_openssl_set_allow_dirty_shutdown(underlying, 0)
+        // Reading and writing were stopped for the takeover; enabled as a new bufferevent's are.
+        bufferevent_enable(underlying, Int16(EV_READ | EV_WRITE))
+        let layer = TLSLayer(bufferevent: underlying, ssl: ssl, session: sessionSummary(ssl))
+        return try Connection.adopting(bufferevent: underlying, peer: peer, on: loop, options: options, transport: layer)
+    }
+
     /// Lets go of the session's context keeper (libevent frees the session, and the socket,
     /// with the bufferevent right after). No close_notify: evhttp has shut the socket's output
     /// down by now. (It used to be sent here, after evhttp had closed the socket too: to a

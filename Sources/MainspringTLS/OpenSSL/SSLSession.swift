@@ -104,20 +104,7 @@ final class SSLSession {
     /// The established session's details.
     func summary() -> TLSSession {
         guard let ssl = raw else { return TLSSession(version: "", cipher: "", applicationProtocol: nil, serverName: nil, peerCertificate: nil) }
-        let version = String(cString: SSL_get_version(ssl))
-        let cipher = SSL_get_current_cipher(ssl).flatMap { SSL_CIPHER_get_name($0) }.map { String(cString: $0) } ?? ""
-        var alpnData: UnsafePointer<UInt8>?
-        var alpnLength: UInt32 = 0
-        SSL_get0_alpn_selected(ssl, &alpnData, &alpnLength)
-        let alpn = alpnData.map { String(decoding: UnsafeBufferPointer(start: $0, count: Int(alpnLength)), as: UTF8.self) }
-        let serverName = SSL_get_servername(ssl, TLSEXT_NAMETYPE_host_name).map { String(cString: $0) }
-        var peer: TLSCertificateSummary?
-        if let certificate = SSL_get1_peer_certificate(ssl) {
-            defer { X509_free(certificate) }
-            peer = summarize(certificate, verified: SSL_get_verify_result(ssl) == X509_V_OK)
-        }
-        return TLSSession(version: version, cipher: cipher, applicationProtocol: alpn.flatMap { $0.isEmpty ? nil : $0 },
-                          serverName: serverName, peerCertificate: peer)
+        return sessionSummary(ssl)
     }
 
     /// Hands the session to a libevent OpenSSL bufferevent on `loop`'s base (which then owns the
@@ -139,6 +126,24 @@ final class SSLSession {
         // for a clean end too.
         return (bev, ssl)
     }
+}
+
+/// An established session's details: protocol, cipher, ALPN, SNI, the peer's certificate.
+func sessionSummary(_ ssl: OpaquePointer) -> TLSSession {
+    let version = String(cString: SSL_get_version(ssl))
+    let cipher = SSL_get_current_cipher(ssl).flatMap { SSL_CIPHER_get_name($0) }.map { String(cString: $0) } ?? ""
+    var alpnData: UnsafePointer<UInt8>?
+    var alpnLength: UInt32 = 0
+    SSL_get0_alpn_selected(ssl, &alpnData, &alpnLength)
+    let alpn = alpnData.map { String(decoding: UnsafeBufferPointer(start: $0, count: Int(alpnLength)), as: UTF8.self) }
+    let serverName = SSL_get_servername(ssl, TLSEXT_NAMETYPE_host_name).map { String(cString: $0) }
+    var peer: TLSCertificateSummary?
+    if let certificate = SSL_get1_peer_certificate(ssl) {
+        defer { X509_free(certificate) }
+        peer = summarize(certificate, verified: SSL_get_verify_result(ssl) == X509_V_OK)
+    }
+    return TLSSession(version: version, cipher: cipher, applicationProtocol: alpn.flatMap { $0.isEmpty ? nil : $0 },
+                      serverName: serverName, peerCertificate: peer)
 }
 
 /// The summary of a certificate: subject, issuer, names, expiry.
