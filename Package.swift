@@ -57,10 +57,12 @@ let package = Package(
             pkgConfig: "libevent_openssl",
             providers: [.apt(["libevent-dev", "libssl-dev"])]
         ),
-        // TLS for connections, listeners and HTTPS; its OpenSSL calls are in its OpenSSL/ folder.
+        // TLS for connections and listeners, and the layer under HTTPS: MainspringHTTP takes it
+        // through the core's `ServerConnectionSecurity` / `ClientConnectionSecurity`, so neither
+        // module depends on the other. Its OpenSSL calls are in its OpenSSL/ folder.
         .target(
             name: "MainspringTLS",
-            dependencies: ["Mainspring", "MainspringHTTP", "CLibevent", "CMainspringTLS"],
+            dependencies: ["Mainspring", "CLibevent", "CMainspringTLS"],
             path: "Sources/MainspringTLS"
         ),
         // zlib through pkg-config, for WebSocket compression (permessage-deflate); `make`

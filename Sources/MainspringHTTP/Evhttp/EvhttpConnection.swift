@@ -39,7 +39,7 @@ final class EvhttpConnection {
     var timedOut = false
     /// The security layer under the connection (HTTPS), if any: output then goes through the
     /// underlying bufferevent (which encrypts), not straight to the socket.
-    fileprivate var layer: (any HTTPConnectionLayer)?
+    fileprivate var layer: (any ServerConnectionLayer)?
     /// Whether there is a layer (HTTPS) under the connection.
     var hasLayer: Bool { layer != nil }
 
@@ -175,7 +175,7 @@ final class EvhttpConnection {
     /// filter, frees it only once the response is in the kernel. (Handed to the layer's
     /// bufferevent instead, the response waited there for a poll that never came: evhttp had
     /// shut the socket down and freed it, and the client got an empty reply.)
-    private func writeThroughLayer(_ layer: any HTTPConnectionLayer, _ source: OpaquePointer) -> bufferevent_filter_result {
+    private func writeThroughLayer(_ layer: any ServerConnectionLayer, _ source: OpaquePointer) -> bufferevent_filter_result {
         var wroteAny = false
         while true {
             let pending = evbuffer_get_length(source)

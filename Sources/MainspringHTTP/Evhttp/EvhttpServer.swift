@@ -32,49 +32,10 @@ struct EvhttpLimits {
     /// Connections accepted per loop turn before the listener yields to the loop.
     var acceptBurst: Int
     /// The security layer under every connection (HTTPS), if any.
-    var layer: (any HTTPConnectionLayer)? = nil
+    var layer: (any ServerConnectionLayer)? = nil
     /// Whether the head guard asks the delegate, when a head that announces a body is complete,
     /// whether to shed it before its body is read (load shedding is on).
     var shedsBeforeBody = false
-}
-
-/// A layer under each connection of an HTTP server — TLS, from `MainspringTLS` — that makes the
-/// bufferevent the server's connection filter sits on. Called inside libevent (evhttp's
-/// `bevcb`): record and hand off, no user code.
-package protocol HTTPConnectionLayer: Sendable {
-    /// A bufferevent on `base` for a connection about to be accepted (made without a socket:
-    /// evhttp gives it its socket next), or nil to refuse the connection.
-    func makeUnderlying(base: OpaquePointer) -> OpaquePointer?
-
-    /// Writes `bytes` to the peer now, through the layer (encrypted), straight to the socket —
-    /// not into `underlying`'s output buffer, which libevent writes only on a later poll: evhttp
-    /// takes output that left the filter as sent, and frees a `Connection: close` connection
-    /// (shutting the socket down) at that moment. `.blocked`: the socket took none or part of
-    /// it; offer the same bytes again, the same count, once it has room (OpenSSL finishes a
-    /// record it began only from them).
-    func writeNow(underlying: OpaquePointer, _ bytes: UnsafeRawBufferPointer) -> HTTPLayerWrite
-
-    /// The connection's filter was freed, and `underlying` with it (libevent frees it, and
-    /// closes its socket, right after this call): the layer lets go of what it attached to it.
-    /// evhttp has shut the socket's output down already: nothing more can be sent.
-    func release(underlying: OpaquePointer)
-
-    /// A connection over `underlying` after a WebSocket upgrade: the layer's bufferevent,
-    /// established, moved to a socket of its own and no longer evhttp's; the caller's one
-    /// reference to it becomes the connection's. On a throw the caller frees it. Inside
-    /// libevent, on the loop's thread.
-    func adoptUpgraded(underlying: OpaquePointer, peer: String, on loop: EventLoop,
-                       options: Connection.Options) throws(EventLoopError) -> Connection
-}
-
-/// The outcome of `HTTPConnectionLayer.writeNow`.
-package enum HTTPLayerWrite {
-    /// All of the bytes were written.
-    case wrote
-    /// The socket has no room: offer the same bytes again when it has.
-    case blocked
-    /// The connection failed (the peer is gone): drop the output; reading reports the close.
-    case failed
 }
 
 /// What a loop's evhttp server tells its owner. Called inside libevent callbacks (except where

@@ -156,19 +156,19 @@ public final class HTTPServer: Sendable {
 
     /// HTTPS (`MainspringTLS`): the async form with a layer under every connection.
     package convenience init(group: EventLoopGroup, configuration: Configuration, routes: HTTPRoutes,
-                             layer: any HTTPConnectionLayer) async throws(HTTPServerError)
+                             layer: any ServerConnectionLayer) async throws(HTTPServerError)
     {
         try await self.init(loops: group.loops, configuration: configuration, routes: routes, layer: layer)
     }
 
     /// HTTPS: the blocking form with a layer under every connection.
     package convenience init(group: EventLoopGroup, configuration: Configuration, routes: HTTPRoutes,
-                             layer: any HTTPConnectionLayer) throws(HTTPServerError)
+                             layer: any ServerConnectionLayer) throws(HTTPServerError)
     {
         try self.init(loops: group.loops, configuration: configuration, routes: routes, layer: layer)
     }
 
-    private static func plan(_ configuration: Configuration, layer: (any HTTPConnectionLayer)? = nil) throws(HTTPServerError) -> Plan {
+    private static func plan(_ configuration: Configuration, layer: (any ServerConnectionLayer)? = nil) throws(HTTPServerError) -> Plan {
         let floor = Duration.milliseconds(1)
         _ = requirePositive(configuration.idleTimeout, "HTTPServer.Configuration.idleTimeout")
         _ = requirePositive(configuration.headerTimeout, "HTTPServer.Configuration.headerTimeout")
@@ -198,7 +198,7 @@ public final class HTTPServer: Sendable {
     }
 
     private convenience init(loops: [EventLoop], configuration: Configuration, routes: HTTPRoutes,
-                             layer: (any HTTPConnectionLayer)? = nil) async throws(HTTPServerError)
+                             layer: (any ServerConnectionLayer)? = nil) async throws(HTTPServerError)
     {
         let plan = try Self.plan(configuration, layer: layer)
         let made: [Result<LoopEndpoint, HTTPServerError>] = await withTaskGroup(of: (Int, Result<LoopEndpoint, HTTPServerError>).self) { tasks in
@@ -238,7 +238,7 @@ public final class HTTPServer: Sendable {
     }
 
     private convenience init(loops: [EventLoop], configuration: Configuration, routes: HTTPRoutes,
-                             layer: (any HTTPConnectionLayer)? = nil) throws(HTTPServerError)
+                             layer: (any ServerConnectionLayer)? = nil) throws(HTTPServerError)
     {
         let plan = try Self.plan(configuration, layer: layer)
         var endpoints: [LoopEndpoint] = []

@@ -1,7 +1,6 @@
 internal import CMainspringTLS
 internal import CLibevent
 import Mainspring
-import MainspringHTTP
 
 /// HTTPS for `HTTPServer`: each accepted connection's bufferevent is a libevent OpenSSL
 /// bufferevent, in the accepting state, with a session from the server context's certificates
@@ -10,7 +9,7 @@ import MainspringHTTP
 /// Its handshakes run inside libevent's OpenSSL layer, as evhttp reads — not as scheduled loop
 /// work like the handshakes of TLS listeners (`Listener(…tls:)`); evhttp offers no point between
 /// accepting a socket and reading it where a handshake could be placed.
-struct HTTPSLayer: HTTPConnectionLayer {
+struct HTTPSLayer: ServerConnectionLayer {
     let context: TLSServerContext
 
     func makeUnderlying(base: OpaquePointer) -> OpaquePointer? {
@@ -33,7 +32,7 @@ struct HTTPSLayer: HTTPConnectionLayer {
         return bev
     }
 
-    func writeNow(underlying: OpaquePointer, _ bytes: UnsafeRawBufferPointer) -> HTTPLayerWrite {
+    func writeNow(underlying: OpaquePointer, _ bytes: UnsafeRawBufferPointer) -> ServerLayerWrite {
         guard let ssl = bufferevent_openssl_get_ssl(underlying) else { return .failed }
         ERR_clear_error()
         let written = SSL_write(ssl, bytes.baseAddress, Int32(clamping: bytes.count))

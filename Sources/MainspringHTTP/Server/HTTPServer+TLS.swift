@@ -1,8 +1,8 @@
 import Mainspring
-import MainspringHTTP
 
 /// HTTPS: an `HTTPServer` whose connections speak TLS with the certificates of a
-/// ``TLSServerContext`` (reloading the context changes them for new connections). Everything
+/// `TLSServerContext` from `MainspringTLS` (reloading the context changes them for new
+/// connections). Everything
 /// else — routes, limits, metrics, health, closing — is the plain server's. One server per
 /// port: serve HTTP and HTTPS side by side with two servers on one group.
 extension HTTPServer {
@@ -10,16 +10,16 @@ extension HTTPServer {
     /// Any task.
     /// - Throws: `HTTPServerError` when the address is invalid or in use, or libevent fails.
     public convenience init(group: EventLoopGroup, configuration: Configuration = .init(), routes: HTTPRoutes,
-                            tls: TLSServerContext) async throws(HTTPServerError)
+                            tls: some ServerConnectionSecurity) async throws(HTTPServerError)
     {
-        try await self.init(group: group, configuration: configuration, routes: routes, layer: HTTPSLayer(context: tls))
+        try await self.init(group: group, configuration: configuration, routes: routes, layer: tls._serverLayer.layer)
     }
 
     /// The blocking form of ``init(group:configuration:routes:tls:)-(_,_,_,_)``, for a plain
     /// thread.
     public convenience init(group: EventLoopGroup, configuration: Configuration = .init(), routes: HTTPRoutes,
-                            tls: TLSServerContext) throws(HTTPServerError)
+                            tls: some ServerConnectionSecurity) throws(HTTPServerError)
     {
-        try self.init(group: group, configuration: configuration, routes: routes, layer: HTTPSLayer(context: tls))
+        try self.init(group: group, configuration: configuration, routes: routes, layer: tls._serverLayer.layer)
     }
 }

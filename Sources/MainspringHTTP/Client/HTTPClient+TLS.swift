@@ -1,10 +1,10 @@
 import Mainspring
-import MainspringHTTP
 
 extension HTTPClient.Connector {
-    /// HTTPS: a TCP connect, then the TLS handshake with `context`, the server's certificate
-    /// checked against the URL's host (also sent as SNI when it is a name) as
-    /// `context.configuration.verification` says. For `HTTPClient.Configuration.secureConnector` (MainspringHTTP):
+    /// HTTPS: a TCP connect, then the TLS handshake with `context` (a `TLSClientContext` from
+    /// `MainspringTLS`, or any `ClientConnectionSecurity`), the server's certificate checked
+    /// against the URL's host (also sent as SNI when it is a name) as
+    /// `context.configuration.verification` says. For `HTTPClient.Configuration.secureConnector`:
     ///
     /// ```swift
     /// let tls = try TLSClientContext(configuration: .init(trustRoots: .file("ca.pem")))
@@ -14,11 +14,10 @@ extension HTTPClient.Connector {
     /// The handshake runs on the client's loop as `.normal` work; it counts against the
     /// client's connect timeout. A failed check is `HTTPClientError.connectFailed` with
     /// `EventLoopError.tls` naming it.
-    public static func tls(_ context: TLSClientContext) -> Self {
+    public static func tls(_ context: some ClientConnectionSecurity) -> Self {
         Self { (address: String, port: UInt16, hostName: String, loop: EventLoop, options: Connection.Options)
             async throws(EventLoopError) -> Connection in
-            try await Connection.connect(to: address, port: port, on: loop, options: options, tls: context,
-                                         serverName: hostName)
+            try await context.connect(to: address, port: port, serverName: hostName, on: loop, options: options)
         }
     }
 }
