@@ -36,6 +36,33 @@ import Testing
         listener.close()
     }
 
+    /// The connect timeout ends the connect itself, not only the wait for it: an address no
+    /// host has (the network gives up on such a connect after 30 s) and a 1 s connect timeout —
+    /// the request fails at exactly 1 s, and nothing of the connect is left: nothing runs after
+    /// 1 s. (Before, the connect went on in the background until the network gave up,
+    /// 30 s later.)
+    @Test func theConnectTimeoutAbortsTheConnect() async throws {
+        let simulation = try Simulation(seed: 5)
+        simulation.network.connectTimeout = .seconds(30)
+        simulation.isTracing = true
+        let client = HTTPClient(loop: simulation.loop, configuration: .init(connectTimeout: .seconds(1)))
+        let failure = try await simulation.run { () async -> HTTPClientError? in
+            do throws(HTTPClientError) {
+                _ = try await client.get("http://10.0.0.3/")
+                return nil
+            } catch {
+                return error
+            }
+        }
+        #expect(failure == .connectTimeout(host: "10.0.0.3", port: 80, .seconds(1)))
+        #expect(simulation.now == .seconds(1))
+        simulation.advance(by: .seconds(60))
+        let after = simulation.trace.filter { $0.instant > .seconds(1) }
+        #expect(after.isEmpty, "the timed-out connect went on in the background: \(after)")
+        #expect(simulation.network.openStreamEnds == 0)
+        client.shutdown()
+    }
+
     /// The response timeout covers the whole head, not each line: an upstream that trickles
     /// its head a line every 200 ms — each line well within 600 ms, the 16 lines 3.2 s — fails
     /// at exactly 600 ms after the request went out. (Read per line, as it once was, this

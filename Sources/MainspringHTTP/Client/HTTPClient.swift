@@ -484,21 +484,22 @@ public final class HTTPClient: Sendable {
         let limit = configuration.connectTimeout
         // The connect, its timeout (a timer of the loop: its clock, virtual time on a simulated
         // loop) and the task's cancellation race; the first decides. A connect that wins cancels
-        // the timer; one that comes too late is closed.
+        // the timer; a timeout or cancellation that wins cancels the connect (which aborts the
+        // half-made socket at once); a connect that still comes too late is closed.
         let result: Result<Connection, HTTPClientError> = await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in
                 race.arm(continuation)
                 race.startTimer(after: limit, failure: timeout)
                 // On the client's loop: the connect is the loop's work (and on a simulated loop
                 // stays inside the simulation, where virtual time sees it).
-                Task(executorPreference: loop) {
+                race.attach(Task(executorPreference: loop) {
                     do throws(EventLoopError) {
                         let connection = try await connector.connect(address, target.port, target.host, loop, options)
                         if !race.finish(.success(connection)) { connection.close() }  // too late
                     } catch {
                         _ = race.finish(.failure(Self.connectError(error, target: target)))
                     }
-                }
+                })
             }
         } onCancel: {
             _ = race.finish(.failure(.cancelled))
@@ -539,9 +540,10 @@ struct Lease: Sendable {
 /// The first of a connect, its timeout and the caller's cancellation.
 private final class ConnectRace: @unchecked Sendable {
     typealias Waiter = CheckedContinuation<Result<Connection, HTTPClientError>, Never>
-    /// The waiter, or the result that came before it did; `done` once a result is in.
-    private let state = ClientLock<(continuation: Waiter?, early: Result<Connection, HTTPClientError>?, done: Bool)>(
-        (nil, nil, false))
+    /// The waiter, or the result that came before it did; `done` once a result is in; the
+    /// connect's task until then.
+    private let state = ClientLock<(continuation: Waiter?, early: Result<Connection, HTTPClientError>?, done: Bool,
+                                    connect: Task<Void, Never>?)>((nil, nil, false, nil))
     private let loop: EventLoop
     /// The timeout's timer. Loop thread only.
     private var timer: TimerHandle?
@@ -560,6 +562,17 @@ private final class ConnectRace: @unchecked Sendable {
         if let early { continuation.resume(returning: early) }
     }
 
+    /// The connect's task: cancelled if the timeout or the caller's cancellation finishes the
+    /// race first (at once, if one did already).
+    func attach(_ connect: Task<Void, Never>) {
+        let lost = state.withLock { state -> Bool in
+            guard !state.done else { return true }
+            state.connect = connect
+            return false
+        }
+        if lost { connect.cancel() }
+    }
+
     /// Arms the timeout on the loop: `failure` unless something else finished first.
     func startTimer(after limit: Duration, failure: HTTPClientError) {
         loop.execute { [self] in
@@ -573,18 +586,22 @@ private final class ConnectRace: @unchecked Sendable {
 
     /// Resumes the waiter with `result` if nothing did yet; false if it came too late.
     func finish(_ result: Result<Connection, HTTPClientError>) -> Bool {
-        let (first, continuation) = state.withLock { state -> (Bool, Waiter?) in
-            guard !state.done else { return (false, nil) }
+        let (first, continuation, connect) = state.withLock { state -> (Bool, Waiter?, Task<Void, Never>?) in
+            guard !state.done else { return (false, nil, nil) }
             state.done = true
+            let connect = state.connect
+            state.connect = nil
             guard let continuation = state.continuation else {
                 state.early = result
-                return (true, nil)
+                return (true, nil, connect)
             }
             state.continuation = nil
-            return (true, continuation)
+            return (true, continuation, connect)
         }
         guard first else { return false }
         continuation?.resume(returning: result)
+        // The connect lost (a timeout, the caller's cancellation): it ends now, its socket with it.
+        if case .failure = result { connect?.cancel() }
         loop.execute { [self] in
             timer?.cancel()
             timer = nil
