@@ -1,6 +1,6 @@
 import Foundation
 import Mainspring
-import MainspringHTTP
+@testable import MainspringHTTP
 import Synchronization
 import Testing
 
@@ -116,6 +116,29 @@ struct HTTPCloseTests {
         }
         for loop in group.loops { try await loop.submit {} }  // each loop's last turn of closing
         #expect(watched.isGone, "the server's loops kept its routes (and themselves) after it closed")
+        await group.shutdown(gracePeriod: .seconds(2))
+    }
+
+    @Test("a loop's part that closes while its server is still starting counts: the server still closes (and lets go of its parts) when the rest do, or at once when all did")
+    func partClosedDuringStartCounts() async throws {
+        let group = try EventLoopGroup(loopCount: 2)
+        let server = try await HTTPServer(group: group, routes: HTTPRoutes())
+        let parts = server.shared.endpoints  // two real parts, to count
+        #expect(parts.count == 2)
+        // One part reported its close before the server was made (its loop shut down meanwhile).
+        let one = ServerShared(maxConnections: 1, socketFile: nil)
+        one.endpointClosed()
+        one.start(with: parts)
+        #expect(one.openEndpoints == 1 && one.endpoints.count == 2)
+        one.endpointClosed()
+        #expect(one.openEndpoints == 0 && one.endpoints.isEmpty, "the last close did not close the server")
+        // Both did: closed at once.
+        let both = ServerShared(maxConnections: 1, socketFile: nil)
+        both.endpointClosed()
+        both.endpointClosed()
+        both.start(with: parts)
+        #expect(both.openEndpoints == 0 && both.endpoints.isEmpty)
+        await server.closeAndWait()
         await group.shutdown(gracePeriod: .seconds(2))
     }
 

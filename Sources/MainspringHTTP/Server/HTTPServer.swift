@@ -107,7 +107,7 @@ public final class HTTPServer: Sendable {
     public let loops: [EventLoop]
     /// The server's counters (responses by status class, requests in flight, connections).
     public let statistics: HTTPServerStatistics
-    private let shared: ServerShared
+    let shared: ServerShared
 
     /// Serves `routes` on every loop of `group`, and returns once every loop serves. Any task;
     /// it waits for each loop (a hop to each, side by side) without blocking a thread.
@@ -259,8 +259,7 @@ public final class HTTPServer: Sendable {
     }
 
     private init(loops: [EventLoop], plan: Plan, endpoints: [LoopEndpoint]) {
-        plan.shared.endpoints = endpoints
-        plan.shared.setEndpointCount(endpoints.count)
+        plan.shared.start(with: endpoints)
         self.port = plan.socket.port
         self.loops = loops
         self.statistics = plan.statistics

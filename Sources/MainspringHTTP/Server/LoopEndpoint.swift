@@ -313,10 +313,7 @@ final class ServerShared: @unchecked Sendable {
     /// The server's loops' parts, until the last has closed: then the list is emptied, which
     /// breaks the cycle between this and each endpoint (`LoopEndpoint.shared`), so a closed
     /// server's parts are freed. Any thread.
-    var endpoints: [LoopEndpoint] {
-        get { withState { $0.endpoints } }
-        set { withState { $0.endpoints = newValue } }
-    }
+    var endpoints: [LoopEndpoint] { withState { $0.endpoints } }
 
     init(maxConnections: Int, socketFile: UnixSocketFile?) {
         self.maxConnections = maxConnections
@@ -334,7 +331,20 @@ final class ServerShared: @unchecked Sendable {
         socketFile.remove()
     }
 
-    func setEndpointCount(_ count: Int) { withState { $0.openEndpoints = count } }
+    /// The server is made: its loops' parts, counted open. A part whose loop shut down while the
+    /// server started has already reported its close (the count went below zero for it), so the
+    /// count adds, and a server whose every part closed before this is closed at once. Any thread.
+    func start(with endpoints: [LoopEndpoint]) {
+        let allClosed = withState { state -> Bool in
+            state.openEndpoints += endpoints.count
+            guard state.openEndpoints == 0 else {
+                state.endpoints = endpoints
+                return false
+            }
+            return true
+        }
+        if allClosed { removeSocketFile() }
+    }
 
     /// Whether accepting may go on with `open` connections.
     func connectionOpened(open: Int) -> Bool {
@@ -354,6 +364,8 @@ final class ServerShared: @unchecked Sendable {
         }
     }
 
+    /// One loop's part closed (before `start(with:)` too, when its loop shut down while the
+    /// server started). Any thread.
     func endpointClosed() {
         let (open, closed) = withState { state -> (Int, [LoopEndpoint]) in
             state.openEndpoints -= 1
