@@ -306,7 +306,8 @@ import Glibc
             let bound = simulation.network.boundDatagramPorts
             reader.cancel()
             #expect(try await reader.value == 0)
-            return (bound, socket.isClosed, simulation.network.boundDatagramPorts)
+            let closed = try await loop.submit { socket.isClosed }
+            return (bound, closed, simulation.network.boundDatagramPorts)
         }
         #expect(boundWhileReading == 1)
         #expect(closedAfter)

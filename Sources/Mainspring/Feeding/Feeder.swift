@@ -173,6 +173,7 @@ public final class Feeder: Sendable {
     /// Must be called on the loop's thread (precondition): `body` need not be `Sendable`.
     /// - Returns: the job: progress, pause, resume, cancel, outcome.
     @discardableResult
+    @available(*, noasync, message: "loop thread only; in async code feed from the loop: `loop.execute { … }`")
     public func feed(chunks: Int, _ body: @escaping (Int) -> Void) -> FeedJob {
         loop.preconditionOnLoop("Feeder.feed(chunks:_:)")
         let job = FeedJob(feeder: self, runner: CountedRunner(count: chunks, body: body), total: max(0, chunks))
@@ -186,6 +187,7 @@ public final class Feeder: Sendable {
     ///
     /// Must be called on the loop's thread (precondition).
     @discardableResult
+    @available(*, noasync, message: "loop thread only; in async code feed from the loop: `loop.execute { … }`")
     public func feed<S: Sequence>(_ items: S, _ body: @escaping (S.Element) -> Void) -> FeedJob {
         loop.preconditionOnLoop("Feeder.feed(_:_:)")
         let total = (items as? any Collection)?.count
@@ -217,6 +219,7 @@ public final class Feeder: Sendable {
     ///
     /// Loop thread only (precondition). Costs a look at the jobs up to the first waiting one
     /// (usually the one running, then it) and, when the loop holds none, a lock.
+    @available(*, noasync, message: "loop thread only; in async code read it on the loop (`await loop.submit { … }`, or a synchronous function when already there)")
     public var oldestPendingJobWait: Duration {
         loop.preconditionOnLoop("Feeder.oldestPendingJobWait")
         var oldest: UInt64?

@@ -33,6 +33,7 @@ extension EventLoop {
     /// getter cannot throw: where the thread may have no loop yet while the process is out of
     /// descriptors (a thread started under an `EMFILE` storm), call ``forCurrentThread()``,
     /// which reports the failure as an error; here it stops the program with that error.
+    @available(*, noasync, message: "a task's thread has no loop of its own (this would make one nobody runs); use EventLoop.main, a group's loop, or the loop the task prefers")
     public static var current: EventLoop {
         do {
             return try forCurrentThread()
@@ -48,6 +49,7 @@ extension EventLoop {
     ///
     /// - Throws: `EventLoopError.system` or `.libevent` when the thread has no loop yet and
     ///   none can be made; the next call tries again.
+    @available(*, noasync, message: "a task's thread has no loop of its own (this would make one nobody runs); use EventLoop.main, a group's loop, or the loop the task prefers")
     public static func forCurrentThread() throws(EventLoopError) -> EventLoop {
         if let loop = threadLoop.value { return loop }
         let loop = isProcessMainThread() ? main : try EventLoop(configuration: .init(), isMainLoop: false)
@@ -76,6 +78,18 @@ extension EventLoop {
         let owner = ownerThread.load(ordering: .relaxed)
         if owner == currentThreadID() { return true }
         return owner == 0 && isMainLoop && claimThread()
+    }
+
+    /// Whether the caller may act on the loop directly, for a member that works from any thread
+    /// (posting otherwise): its thread owns the loop, or it is the main thread and this the main
+    /// loop, or it drives this simulated loop's simulation. Unlike `claimThread()` it never binds
+    /// an unbound loop to the calling thread: a call from a task or a stray thread is posted,
+    /// and the loop stays free for the thread that runs it. As cheap as `isCurrent`.
+    @inline(__always)
+    var acceptsDirectCalls: Bool {
+        let owner = ownerThread.load(ordering: .relaxed)
+        if owner == currentThreadID() { return true }
+        return (isSimulated || (owner == 0 && isMainLoop)) && claimThread()
     }
 
     /// Binds an unbound loop to the calling thread, or tells whether the caller owns it.

@@ -250,6 +250,7 @@ public final class Subprocess: @unchecked Sendable {
     /// Runs `handler` on the loop's thread once the child has exited and been reaped (on the next
     /// turn if it has already). Handlers run in the order they were added; one added after the
     /// loop shut down never runs. Loop thread only.
+    @available(*, noasync, message: "loop thread only; in async code await `exit`")
     public func onExit(_ handler: @escaping (ExitStatus) -> Void) {
         loop.preconditionOnLoop("Subprocess.onExit(_:)")
         source.addExitHandler(handler)

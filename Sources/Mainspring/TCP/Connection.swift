@@ -210,6 +210,7 @@ public final class Connection: @unchecked Sendable {
 
     /// Bytes written but not yet sent to the peer: what the connection holds for a peer that
     /// reads slowly. Loop thread only.
+    @available(*, noasync, message: "loop thread only; in async code read it on the loop (`await loop.submit { … }`, or a synchronous function when already there)")
     public var bufferedOutputBytes: Int {
         loop.preconditionOnLoop("Connection.bufferedOutputBytes")
         return source.bufferedOutputBytes
@@ -235,6 +236,7 @@ public final class Connection: @unchecked Sendable {
 
     /// Whether reading is paused because the peer is not taking our output (see Backpressure).
     /// Loop thread only.
+    @available(*, noasync, message: "loop thread only; in async code read it on the loop (`await loop.submit { … }`, or a synchronous function when already there)")
     public var isReadingPaused: Bool {
         loop.preconditionOnLoop("Connection.isReadingPaused")
         return source.state.isOutputPaused
@@ -248,6 +250,7 @@ public final class Connection: @unchecked Sendable {
     /// delivered to this one (call it from inside a handler to switch framing mid-stream, say
     /// after a header line). Not while a task is suspended reading the connection (a
     /// precondition failure: one reader at a time).
+    @available(*, noasync, message: "loop thread only; in async code read `lines` or `readLine()`")
     public func readLines(_ handler: @escaping (LineEvent) -> Void) {
         source.withLoop { $0.preconditionOnLoop("Connection.readLines(_:)") }
         source.startReading(.lines(handler))
@@ -256,6 +259,7 @@ public final class Connection: @unchecked Sendable {
     /// Delivers the peer's input as it arrives, in chunks of at most 64 KiB, then `.endOfFile`.
     /// Replaces the current callback reader, as `readLines` does (nothing is lost in the
     /// switch). Loop thread only.
+    @available(*, noasync, message: "loop thread only; in async code read `bytes` or `read(upTo:)`")
     public func readBytes(_ handler: @escaping (Input) -> Void) {
         source.withLoop { $0.preconditionOnLoop("Connection.readBytes(_:)") }
         source.startReading(.bytes(handler))
@@ -267,6 +271,7 @@ public final class Connection: @unchecked Sendable {
     /// `handler` (`readLines` again, say). Replaces the current callback reader, as `readLines`
     /// does. Bytes beyond libevent's input buffer (256 KiB) are gathered as they arrive, so a
     /// body costs its own size once. Loop thread only.
+    @available(*, noasync, message: "loop thread only; in async code use `read(exactly:)`")
     public func readBytes(exactly count: Int, _ handler: @escaping (Input) -> Void) {
         source.withLoop { $0.preconditionOnLoop("Connection.readBytes(exactly:_:)") }
         requireUsage(count >= 0, "Mainspring: Connection.readBytes(exactly:_:) needs a count of at least 0, not \(count)")
@@ -276,37 +281,66 @@ public final class Connection: @unchecked Sendable {
     /// Ends the callback reader (`readLines` or `readBytes`): nothing more is delivered to it,
     /// and what it did not take stays buffered — byte for byte — for the next reader, callbacks
     /// or async. The socket is still read meanwhile, up to the input limit (256 KiB), then left
-    /// in the kernel. Idempotent. Loop thread only.
+    /// in the kernel. Idempotent. Any thread: on the loop's thread it takes effect at once;
+    /// from another it is posted to the loop (one post), and a callback already due may run
+    /// before it.
     public func stopReading() {
-        source.withLoop { $0.preconditionOnLoop("Connection.stopReading()") }
-        source.stopReading()
+        if source.withLoop({ $0.acceptsDirectCalls }) {
+            source.stopReading()
+        } else {
+            let source = UncheckedSource(source)
+            loop.execute { source.value.stopReading() }
+        }
     }
 
     /// Queues bytes for the peer. Never blocks; see Backpressure. Ignored once closing.
+    ///
+    /// Any thread. On the loop's thread the bytes are queued at once; from another thread (a
+    /// task, say) the write is posted to the loop — one post, as `execute` costs — and the
+    /// writes one thread posts keep their order. In async code, `send(_:)` waits for room too.
     public func write(_ bytes: some Sequence<UInt8>) {
-        source.withLoop { $0.preconditionOnLoop("Connection.write(_:)") }
-        source.write(Array(bytes))
+        let bytes = Array(bytes)
+        if source.withLoop({ $0.acceptsDirectCalls }) {
+            source.write(bytes)
+        } else {
+            let source = UncheckedSource(source)
+            loop.execute { source.value.write(bytes) }
+        }
     }
 
-    /// Queues the UTF-8 bytes of `text`.
+    /// Queues the UTF-8 bytes of `text`. Any thread, as the byte-sequence `write(_:)`.
     public func write(_ text: String) {
-        source.withLoop { $0.preconditionOnLoop("Connection.write(_:)") }
-        source.write(text: text, newline: false)
+        if source.withLoop({ $0.acceptsDirectCalls }) {
+            source.write(text: text, newline: false)
+        } else {
+            let source = UncheckedSource(source)
+            loop.execute { source.value.write(text: text, newline: false) }
+        }
     }
 
     /// Queues the UTF-8 bytes of `text` and a `\n`, without building a new string (the usual
-    /// reply of a line protocol).
+    /// reply of a line protocol). Any thread, as the byte-sequence `write(_:)`.
     public func writeLine(_ text: String) {
-        source.withLoop { $0.preconditionOnLoop("Connection.writeLine(_:)") }
-        source.write(text: text, newline: true)
+        if source.withLoop({ $0.acceptsDirectCalls }) {
+            source.write(text: text, newline: true)
+        } else {
+            let source = UncheckedSource(source)
+            loop.execute { source.value.write(text: text, newline: true) }
+        }
     }
 
     /// Queues the UTF-8 bytes of a slice of a string and a `\n`: a reply that is part of its
     /// request (an echo) goes out without a string of its own (no allocation for text of
-    /// more than 15 bytes).
+    /// more than 15 bytes). Any thread, as the byte-sequence `write(_:)` (from another thread the slice
+    /// is copied into a string of its own, for the post).
     public func writeLine(_ text: Substring) {
-        source.withLoop { $0.preconditionOnLoop("Connection.writeLine(_:)") }
-        source.write(text: text, newline: true)
+        if source.withLoop({ $0.acceptsDirectCalls }) {
+            source.write(text: text, newline: true)
+        } else {
+            let source = UncheckedSource(source)
+            let text = String(text)
+            loop.execute { source.value.write(text: text, newline: true) }
+        }
     }
 
     /// Sends what is buffered, then half-closes: the peer reads end of file, and this side can
@@ -356,6 +390,7 @@ public final class Connection: @unchecked Sendable {
 
     /// Runs `handler` once when the connection closes, with the reason. If it is already closed,
     /// `handler` runs on the next loop turn.
+    @available(*, noasync, message: "loop thread only; in async code await `closed`")
     public func onClose(_ handler: @escaping (CloseReason) -> Void) {
         source.withLoop { $0.preconditionOnLoop("Connection.onClose(_:)") }
         source.setCloseHandler(handler)
@@ -417,6 +452,7 @@ public final class Connection: @unchecked Sendable {
     /// Runs `handler` once the connection is writable: on the next turn if it is now,
     /// otherwise when its output has drained to half of `outputLimit`. Dropped if the
     /// connection closes first. Loop thread only.
+    @available(*, noasync, message: "loop thread only; in async code use `waitUntilWritable(timeout:)`")
     public func onWritable(_ handler: @escaping () -> Void) {
         source.withLoop { $0.preconditionOnLoop("Connection.onWritable(_:)") }
         source.whenWritable(handler)

@@ -97,6 +97,7 @@ extension Connection {
 
     /// The peer's process, user and group on a Unix socket connection (`SO_PEERCRED`); nil on
     /// TCP or once closed. Loop thread only; one system call each time.
+    @available(*, noasync, message: "loop thread only; in async code read it on the loop (`await loop.submit { … }`, or a synchronous function when already there)")
     public var peerCredentials: PeerCredentials? {
         loop.preconditionOnLoop("Connection.peerCredentials")
         guard let fd = source.socket?.fd, fd >= 0, let found = socketPeerCredentials(of: fd) else { return nil }

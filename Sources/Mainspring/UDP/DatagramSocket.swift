@@ -221,6 +221,7 @@ public final class DatagramSocket: Sendable {
     }
 
     /// The peer given to ``connect(to:)``, if any. Loop thread only.
+    @available(*, noasync, message: "loop thread only; in async code read it on the loop (`await loop.submit { … }`, or a synchronous function when already there)")
     public var connectedPeer: SocketAddress? {
         loop.preconditionOnLoop("DatagramSocket.connectedPeer")
         return source.peer
@@ -322,29 +323,37 @@ public final class DatagramSocket: Sendable {
     }
 
     /// The socket's counters (receive and send batches among them). Loop thread only.
+    @available(*, noasync, message: "loop thread only; in async code read them on the loop (`await loop.submit { … }`, or a synchronous function when already there)")
     public var statistics: Statistics {
         loop.preconditionOnLoop("DatagramSocket.statistics")
         return source.statistics
     }
 
     /// Datagrams waiting in the send queue. Loop thread only.
+    @available(*, noasync, message: "loop thread only; in async code read it on the loop (`await loop.submit { … }`, or a synchronous function when already there)")
     public var queuedDatagrams: Int {
         loop.preconditionOnLoop("DatagramSocket.queuedDatagrams")
         return source.queue.count
     }
 
     /// Whether the socket is closed (by `close()` or the loop's shutdown). Loop thread only.
+    @available(*, noasync, message: "loop thread only; in async code read it on the loop (`await loop.submit { … }`, or a synchronous function when already there)")
     public var isClosed: Bool {
         loop.preconditionOnLoop("DatagramSocket.isClosed")
         return source.isClosed
     }
 
-    /// Closes the socket: no handler runs after this returns, the sequence ends, queued
-    /// datagrams are dropped and waiting ``send(_:)`` calls throw `.socketClosed`. Idempotent.
-    /// Loop thread only.
+    /// Closes the socket: the sequence ends, queued datagrams are dropped and waiting
+    /// ``send(_:)`` calls throw `.socketClosed`. Idempotent. Any thread: on the loop's thread no
+    /// handler runs after this returns; from another thread the close is posted to the loop
+    /// (one post), and a handler already due may run before it.
     public func close() {
-        loop.preconditionOnLoop("DatagramSocket.close()")
-        source.close()
+        if loop.acceptsDirectCalls {
+            source.close()
+        } else {
+            let state = self.state
+            loop.execute { state.value.close() }
+        }
     }
 
     /// `close()` from any task.

@@ -1,0 +1,164 @@
+import Foundation
+import Mainspring
+import Synchronization
+import Testing
+
+/// The library's rule for which thread may call what, on the handles that are `Sendable`:
+/// what takes no callback works from any thread (posted to the loop when called elsewhere);
+/// what registers a callback, reads loop-owned state or names "the current loop" is for the
+/// loop's thread — and the compiler refuses it in async code, where the call would be off the
+/// loop (a task) rather than trap at run time.
+@Suite("Thread rules", .serialized)
+struct ThreadRuleTests {
+    @Test("write, writeLine and stopReading from a plain thread and from a task: posted to the loop, in order, no trap")
+    func actionsFromAnyThread() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        let loop = group.loops[0]
+        let (writer, reader) = try await Connection.makePair(on: loop)
+        // A plain thread: before, each of these stopped the program ("must be called on the
+        // loop's own thread").
+        await onPlainThread {
+            #expect(!loop.isCurrent)
+            for index in 0..<50 {
+                switch index % 4 {
+                case 0: writer.writeLine("line \(index)")
+                case 1: writer.write("line \(index)\n")
+                case 2: writer.write(Array("line \(index)\n".utf8))
+                default: writer.writeLine("line \(index) and more".prefix(5 + String(index).count))
+                }
+            }
+        }
+        // A task off the loop.
+        for index in 50..<100 { writer.writeLine("line \(index)") }
+        for index in 0..<100 {
+            #expect(try await reader.readLine() == .line("line \(index)"))
+        }
+        // stopReading from another thread ends a callback reader; what comes next waits for the
+        // next reader, byte for byte.
+        let seen = Mutex<[String]>([])
+        try await loop.submit {
+            reader.readLines { event in if case .line(let text) = event { seen.withLock { $0.append(text) } } }
+        }
+        try await writer.send(line: "to the callback")
+        try await waitUntil { seen.withLock { $0 } == ["to the callback"] }
+        await onPlainThread { reader.stopReading() }
+        try await loop.submit {}  // the posted stop has run
+        try await writer.send(line: "to the next reader")
+        #expect(try await reader.readLine() == .line("to the next reader"))
+        #expect(seen.withLock { $0 } == ["to the callback"])
+        writer.close()
+        reader.close()
+        await group.shutdown(gracePeriod: .seconds(5))
+    }
+
+    @Test("DatagramSocket.close() from a plain thread: posted, the socket closes and its port is free")
+    func datagramCloseFromAnyThread() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        let loop = group.loops[0]
+        let socket = try await DatagramSocket.bind(to: "127.0.0.1", port: 0, on: loop)
+        let port = socket.localAddress.port
+        await onPlainThread { socket.close() }
+        #expect(try await loop.submit { socket.isClosed })
+        // The port is free again: a new socket binds it.
+        let again = try await DatagramSocket.bind(to: "127.0.0.1", port: port, on: loop)
+        await again.close()
+        await group.shutdown(gracePeriod: .seconds(5))
+    }
+
+    /// The compiler's half of the rule, checked with the compiler: the library's module as
+    /// built for this test run, a file that calls loop-only members from async code (each one
+    /// refused, with the async way in the message), and a file that makes the same calls from
+    /// synchronous code and the any-thread ones from async code (accepted).
+    @Test("the compiler refuses loop-only members in async code and accepts them in synchronous code")
+    func compilerRefusesLoopOnlyCallsInAsyncCode() async throws {
+        let misuse = """
+        import Mainspring
+        func misuse(_ connection: Connection, _ loop: EventLoop, _ child: Subprocess, _ feeder: Feeder,
+                    _ socket: DatagramSocket) async {
+            connection.readLines { _ in }
+            connection.readBytes { _ in }
+            connection.onClose { _ in }
+            connection.onWritable {}
+            _ = connection.bufferedOutputBytes
+            _ = loop.schedule(after: .seconds(1)) {}
+            _ = loop.schedule(every: .seconds(1)) { _ in }
+            child.onExit { _ in }
+            _ = feeder.feed(chunks: 1) { _ in }
+            _ = socket.statistics
+            _ = EventLoop.current
+        }
+        """
+        let refused = try await typecheck(misuse)
+        let lines = refused.split(separator: "\n").filter { $0.contains(": error:") }
+        #expect(lines.count == 11, "\(refused)")
+        #expect(lines.allSatisfy { $0.contains("unavailable from asynchronous contexts") }, "\(refused)")
+        #expect(refused.contains("in async code await `closed`"), "\(refused)")
+        #expect(refused.contains("in async code use `sleep(for:)`"), "\(refused)")
+        #expect(refused.contains("this would make one nobody runs"), "\(refused)")
+
+        let fine = """
+        import Mainspring
+        func onTheLoop(_ connection: Connection, _ loop: EventLoop, _ child: Subprocess) {
+            connection.readLines { _ in }
+            connection.onClose { _ in }
+            _ = loop.schedule(after: .seconds(1)) {}
+            child.onExit { _ in }
+            _ = connection.bufferedOutputBytes
+        }
+        func fromATask(_ connection: Connection, _ loop: EventLoop, _ socket: DatagramSocket) async throws {
+            connection.writeLine("any thread")
+            connection.write([1, 2, 3])
+            connection.stopReading()
+            loop.execute { _ = loop.schedule(after: .seconds(1)) {} }
+            _ = try await loop.submit { connection.bufferedOutputBytes }
+            await socket.close()
+        }
+        """
+        let accepted = try await typecheck(fine)
+        #expect(!accepted.contains("error:"), "\(accepted)")
+    }
+}
+
+/// The compiler's diagnostics for `source` type-checked against the Mainspring module this test
+/// bundle was built with (its `Modules` directory sits beside the bundle).
+private func typecheck(_ source: String) async throws -> String {
+    let bundleDirectory = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
+    var buildDirectory = bundleDirectory
+    while !FileManager.default.fileExists(atPath: buildDirectory.appendingPathComponent("Modules/Mainspring.swiftmodule").path) {
+        let parent = buildDirectory.deletingLastPathComponent()
+        try #require(parent.path != buildDirectory.path, "no Modules/Mainspring.swiftmodule above \(bundleDirectory.path)")
+        buildDirectory = parent
+    }
+    let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+    let file = FileManager.default.temporaryDirectory.appendingPathComponent("mainspring-typecheck-\(UUID().uuidString).swift")
+    try source.write(to: file, atomically: true, encoding: .utf8)
+    defer { try? FileManager.default.removeItem(at: file) }
+    let arguments = [
+        "swiftc", "-swift-version", "6", "-typecheck", "-diagnostic-style", "llvm", file.path,
+        "-I", buildDirectory.appendingPathComponent("Modules").path,
+        "-Xcc", "-fmodule-map-file=" + buildDirectory.appendingPathComponent("CMainspringSystem.build/module.modulemap").path,
+        "-I", root.appendingPathComponent("CLibevent").path,
+        "-I", root.appendingPathComponent("Sources/CMainspringSystem/include").path,
+    ]
+    return try await onPlainThread { () throws -> String in
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        process.arguments = arguments
+        let output = Foundation.Pipe()
+        process.standardOutput = output
+        process.standardError = output
+        try process.run()
+        let data = output.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return String(decoding: data, as: UTF8.self)
+    }
+}
+
+/// Waits (real time, generous) until `condition` holds.
+private func waitUntil(_ condition: @escaping @Sendable () -> Bool) async throws {
+    let deadline = ContinuousClock.now + .seconds(60)
+    while !condition() {
+        try #require(ContinuousClock.now < deadline, "timed out")
+        try await Task.sleep(for: .milliseconds(5))
+    }
+}
