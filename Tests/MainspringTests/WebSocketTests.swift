@@ -1258,7 +1258,7 @@ struct WebSocketTLSTests {
         await group.shutdown(gracePeriod: .seconds(2))
     }
 
-    @Test("Our HTTPS server upgrades to wss://: echo over the same TLS session (our client and Python's websockets), bytes that came with the request kept, compression, a client that leaves reads as leaving, the server's close")
+    @Test("Our HTTPS server upgrades to wss://: echo over the same TLS session (our client and Python's websockets), bytes that came with the request kept, compression, a client that leaves reads as leaving, the server's close", .timeLimit(.minutes(5)))
     func httpsServerUpgrades() async throws {
         let certs = try #require(TestCertificates.shared, "needs the openssl command")
         let group = try EventLoopGroup(loopCount: 1)

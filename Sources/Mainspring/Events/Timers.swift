@@ -102,7 +102,6 @@ extension EventLoop {
     /// allocation and O(log n) in the loop's pending timers (the same to cancel).
     /// - Returns: a handle to cancel the timer; the loop keeps the timer alive without it.
     @discardableResult
-    @available(*, noasync, message: "loop thread only; in async code use `sleep(for:)`, or schedule from the loop: `loop.execute { … }`")
     public func schedule(after delay: Duration, _ work: @escaping () -> Void) -> TimerHandle {
         preconditionOnLoop("EventLoop.schedule(after:_:)")
         return makeTimer(deadline: monotonicNow() &+ delay.clampedNanoseconds, interval: nil, oneShot: work,
@@ -130,7 +129,6 @@ extension EventLoop {
     /// message), and one shorter than ``minimumRepeatInterval`` is raised to it, so that no
     /// repeating timer can keep its loop from sleeping.
     @discardableResult
-    @available(*, noasync, message: "loop thread only; in async code loop over `sleep(for:)`, or schedule from the loop: `loop.execute { … }`")
     public func schedule(every interval: Duration, _ work: @escaping (TimerHandle) -> Void) -> TimerHandle {
         preconditionOnLoop("EventLoop.schedule(every:_:)")
         let nanoseconds = max(requirePositive(interval, "EventLoop.schedule(every:_:)'s interval"),

@@ -176,7 +176,6 @@ public final class FeedJob: Sendable {
     /// job has already finished, `handler` runs in a later loop turn, never inside this call.
     ///
     /// Must be called on the feeder's loop thread (precondition).
-    @available(*, noasync, message: "loop thread only; in async code await `outcome`")
     public func onCompletion(_ handler: @escaping (FeedOutcome) -> Void) {
         feeder.loop.preconditionOnLoop("FeedJob.onCompletion(_:)")
         if let outcome = finished.withLock({ $0.outcome }) {

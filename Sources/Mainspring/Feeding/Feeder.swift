@@ -173,7 +173,6 @@ public final class Feeder: Sendable {
     /// Must be called on the loop's thread (precondition): `body` need not be `Sendable`.
     /// - Returns: the job: progress, pause, resume, cancel, outcome.
     @discardableResult
-    @available(*, noasync, message: "loop thread only; in async code feed from the loop: `loop.execute { … }`")
     public func feed(chunks: Int, _ body: @escaping (Int) -> Void) -> FeedJob {
         loop.preconditionOnLoop("Feeder.feed(chunks:_:)")
         let job = FeedJob(feeder: self, runner: CountedRunner(count: chunks, body: body), total: max(0, chunks))
@@ -187,7 +186,6 @@ public final class Feeder: Sendable {
     ///
     /// Must be called on the loop's thread (precondition).
     @discardableResult
-    @available(*, noasync, message: "loop thread only; in async code feed from the loop: `loop.execute { … }`")
     public func feed<S: Sequence>(_ items: S, _ body: @escaping (S.Element) -> Void) -> FeedJob {
         loop.preconditionOnLoop("Feeder.feed(_:_:)")
         let total = (items as? any Collection)?.count

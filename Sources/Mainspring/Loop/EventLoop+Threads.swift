@@ -33,7 +33,6 @@ extension EventLoop {
     /// getter cannot throw: where the thread may have no loop yet while the process is out of
     /// descriptors (a thread started under an `EMFILE` storm), call ``forCurrentThread()``,
     /// which reports the failure as an error; here it stops the program with that error.
-    @available(*, noasync, message: "a task's thread has no loop of its own (this would make one nobody runs); use EventLoop.main, a group's loop, or the loop the task prefers")
     public static var current: EventLoop {
         do {
             return try forCurrentThread()
@@ -49,7 +48,6 @@ extension EventLoop {
     ///
     /// - Throws: `EventLoopError.system` or `.libevent` when the thread has no loop yet and
     ///   none can be made; the next call tries again.
-    @available(*, noasync, message: "a task's thread has no loop of its own (this would make one nobody runs); use EventLoop.main, a group's loop, or the loop the task prefers")
     public static func forCurrentThread() throws(EventLoopError) -> EventLoop {
         if let loop = threadLoop.value { return loop }
         let loop = isProcessMainThread() ? main : try EventLoop(configuration: .init(), isMainLoop: false)

@@ -34,7 +34,6 @@ extension OperationQueue {
     ///   loop (the helper thread then keeps waiting for the queue and exits when it drains).
     @available(*, noasync, message: "it blocks the calling thread; await the work instead, or call it on a loop's thread")
     @discardableResult
-    @available(*, noasync, message: "spins a loop, holding its thread; in async code wait for `onDrained(on:_:)` (a continuation it resumes) instead")
     public func waitUntilAllOperationsAreFinished(spinning loop: EventLoop, timeout: Duration? = nil) -> Bool {
         loop.preconditionOnLoop("OperationQueue.waitUntilAllOperationsAreFinished(spinning:)")
         if operationCount == 0 { return true }

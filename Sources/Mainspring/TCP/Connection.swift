@@ -289,22 +289,23 @@ public final class Connection: @unchecked Sendable {
             source.stopReading()
         } else {
             let source = UncheckedSource(source)
-            loop.execute { source.value.stopReading() }
+            loop.execute(priority: .input) { source.value.stopReading() }
         }
     }
 
     /// Queues bytes for the peer. Never blocks; see Backpressure. Ignored once closing.
     ///
     /// Any thread. On the loop's thread the bytes are queued at once; from another thread (a
-    /// task, say) the write is posted to the loop — one post, as `execute` costs — and the
-    /// writes one thread posts keep their order. In async code, `send(_:)` waits for room too.
+    /// task, say) the write is posted to the loop — one post at `.input` priority, as `execute`
+    /// costs — and what one thread writes, sends (`send`, `trySend`) and then closes goes out in
+    /// that order. In async code, `send(_:)` waits for room too.
     public func write(_ bytes: some Sequence<UInt8>) {
         let bytes = Array(bytes)
         if source.withLoop({ $0.acceptsDirectCalls }) {
             source.write(bytes)
         } else {
             let source = UncheckedSource(source)
-            loop.execute { source.value.write(bytes) }
+            loop.execute(priority: .input) { source.value.write(bytes) }
         }
     }
 
@@ -314,7 +315,7 @@ public final class Connection: @unchecked Sendable {
             source.write(text: text, newline: false)
         } else {
             let source = UncheckedSource(source)
-            loop.execute { source.value.write(text: text, newline: false) }
+            loop.execute(priority: .input) { source.value.write(text: text, newline: false) }
         }
     }
 
@@ -325,7 +326,7 @@ public final class Connection: @unchecked Sendable {
             source.write(text: text, newline: true)
         } else {
             let source = UncheckedSource(source)
-            loop.execute { source.value.write(text: text, newline: true) }
+            loop.execute(priority: .input) { source.value.write(text: text, newline: true) }
         }
     }
 
@@ -339,7 +340,7 @@ public final class Connection: @unchecked Sendable {
         } else {
             let source = UncheckedSource(source)
             let text = String(text)
-            loop.execute { source.value.write(text: text, newline: true) }
+            loop.execute(priority: .input) { source.value.write(text: text, newline: true) }
         }
     }
 

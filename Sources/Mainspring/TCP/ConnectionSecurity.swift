@@ -1,6 +1,6 @@
-/// Security for the connections a client makes and a server accepts: the protocols through
-/// which `MainspringHTTP` uses TLS from `MainspringTLS` without either module depending on the
-/// other (a program that wants TLS alone builds no HTTP, and HTTP alone links no OpenSSL).
+// Security for the connections a client makes and a server accepts: the protocols through
+// which `MainspringHTTP` uses TLS from `MainspringTLS` without either module depending on the
+// other (a program that wants TLS alone builds no HTTP, and HTTP alone links no OpenSSL).
 
 /// Security for a connection a client makes — TLS from `MainspringTLS` (`TLSClientContext`
 /// conforms) — in the form the library's clients take it: `HTTPClient.Connector.tls(_:)` and
@@ -47,13 +47,14 @@ package protocol ServerConnectionLayer: Sendable {
     func writeNow(underlying: OpaquePointer, _ bytes: UnsafeRawBufferPointer) -> ServerLayerWrite
 
     /// The connection's filter was freed, and `underlying` with it (libevent frees it, and
-    /// closes its socket, right after this call): the layer lets go of what it attached to it.
-    /// evhttp has shut the socket's output down already: nothing more can be sent.
+    /// closes its socket, right after this call — unless a WebSocket upgrade keeps it, see
+    /// `adoptUpgraded`): the layer lets go of what it attached to it. evhttp has shut the
+    /// socket's output down already: nothing more can be sent (but on an upgraded one).
     func release(underlying: OpaquePointer)
 
     /// A connection over `underlying` after a WebSocket upgrade: the layer's bufferevent,
-    /// established, moved to a socket of its own and no longer evhttp's; the caller's one
-    /// reference to it becomes the connection's. On a throw the caller frees it. Inside
+    /// established, on its own socket again (evhttp shut a placeholder down in its place) and no
+    /// longer evhttp's; the caller's one reference to it becomes the connection's. On a throw the caller frees it. Inside
     /// libevent, on the loop's thread.
     func adoptUpgraded(underlying: OpaquePointer, peer: String, on loop: EventLoop,
                        options: Connection.Options) throws(EventLoopError) -> Connection

@@ -23,7 +23,6 @@ extension EventLoop {
     /// (precondition); `steps` and `completion` run on it.
     /// - Returns: the running timeline, to `cancel()` it (then `completion(false)`).
     @discardableResult
-    @available(*, noasync, message: "loop thread only; in async code run a `Timeline`: `await timeline.run()`")
     public func animate(eachStepDuration duration: Duration, eachStepDelay delay: Duration = .zero,
                         curve: Curve = .easeInOut, steps: ((Double) -> Void)...,
                         completion: ((Bool) -> Void)? = nil) -> Timeline

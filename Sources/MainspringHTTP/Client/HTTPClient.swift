@@ -484,8 +484,9 @@ public final class HTTPClient: Sendable {
         let limit = configuration.connectTimeout
         // The connect, its timeout (a timer of the loop: its clock, virtual time on a simulated
         // loop) and the task's cancellation race; the first decides. A connect that wins cancels
-        // the timer; a timeout or cancellation that wins cancels the connect (which aborts the
-        // half-made socket at once); a connect that still comes too late is closed.
+        // the timer; a timeout or cancellation that wins cancels the connect (a plain connect
+        // aborts its half-made socket at once; a TLS one notices when its handshake ends); a
+        // connect that still comes too late is closed.
         let result: Result<Connection, HTTPClientError> = await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in
                 race.arm(continuation)

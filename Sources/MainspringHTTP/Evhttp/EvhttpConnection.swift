@@ -40,8 +40,6 @@ final class EvhttpConnection {
     /// The security layer under the connection (HTTPS), if any: output then goes through the
     /// underlying bufferevent (which encrypts), not straight to the socket.
     fileprivate var layer: (any ServerConnectionLayer)?
-    /// Whether there is a layer (HTTPS) under the connection.
-    var hasLayer: Bool { layer != nil }
 
     /// The request handed over and not yet finished.
     var current: EvhttpRequest?
@@ -445,6 +443,8 @@ final class EvhttpConnection {
         writable = nil
         if let outputCallback, let filter { evbuffer_remove_cb_entry(bufferevent_get_output(filter), outputCallback) }
         outputCallback = nil
+        // An adopted session lets go of its contexts' keeper too: OpenSSL reads it only while a
+        // handshake runs (SNI), and the server's sessions refuse renegotiation.
         layer?.release(underlying: underlying)
         if let pending = pendingAdoption {
             pendingAdoption = nil
@@ -529,7 +529,7 @@ final class EvhttpConnection {
     /// the socket and frees the session).
     private func finishAdoption(_ pending: PendingAdoption) {
         guard !isDetached, let layer else {
-            bufferevent_free(underlying)
+            bufferevent_decref(underlying)
             return
         }
         do throws(EventLoopError) {
@@ -537,7 +537,7 @@ final class EvhttpConnection {
                                                      options: pending.options)
             pending.adopted(connection, pending.leftover)
         } catch {
-            bufferevent_free(underlying)
+            bufferevent_decref(underlying)
         }
     }
 }
@@ -546,8 +546,9 @@ final class EvhttpConnection {
 enum TakenSocket {
     /// A duplicate of the plain socket, the caller's, and the bytes that came after the request.
     case descriptor(Int32, leftover: [UInt8])
-    /// The layer's bufferevent, handed over when evhttp lets go of it; its socket is the
-    /// duplicate until the caller moves it back under the number the session uses.
+    /// Over a layer: the socket's duplicate, for the caller to move back under `number` (the
+    /// descriptor the layer's bufferevent and session use) once evhttp is done with it; the
+    /// bufferevent itself is handed over when evhttp lets go of it.
     case layered(Int32, number: Int32)
 }
 

@@ -215,7 +215,9 @@ extension EvhttpRequest {
             adopted(try Connection.adopting(descriptor: descriptor, on: connection.server.loop, options: options), leftover)
             return true
         } catch {
-            closeDescriptor(descriptor)
+            // A check that failed leaves the descriptor ours; one that failed to register it
+            // with the loop (libevent) closed it already.
+            if case .libevent = error {} else { closeDescriptor(descriptor) }
             return false
         }
     }

@@ -40,7 +40,7 @@ func makePlaceholderSocket() -> Int32? {
 /// `placeholder`'s own number: whatever still uses `fd` — shuts it down, closes it — no longer
 /// reaches the socket it was.
 func move(_ placeholder: Int32, onto fd: Int32) {
-    _ = dup2(placeholder, fd)
+    while dup2(placeholder, fd) < 0 && (errno == EINTR || errno == EBUSY) {}
     _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
     _ = close(placeholder)
 }

@@ -12,7 +12,7 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
     private var evhttp: EvhttpServer?
     private var attachment: LoopAttachment?
     private var sweepTimer: TimerHandle?
-    private var isDraining = false
+    private(set) var isDraining = false
     private var inFlight = 0
     // These three are touched on the loop's thread only, each access over before the next
     // begins: no dynamic exclusivity check per request.

@@ -31,7 +31,7 @@ extension HTTPRoutes {
     ///   answers with that response instead. nil accepts every valid upgrade, with no
     ///   subprotocol. Choosing a subprotocol the client did not offer answers `500`. A refused
     ///   or invalid upgrade's response closes the connection.
-    /// - Over HTTPS (an `HTTPServer` made by `MainspringTLS`) the WebSocket is `wss://`: the
+    /// - Over HTTPS (an `HTTPServer` made with `tls:`) the WebSocket is `wss://`: the
     ///   connection keeps its TLS session (the `101` goes out a loop turn after the request, once
     ///   evhttp has let go of the session).
     ///
@@ -108,9 +108,15 @@ extension LoopEndpoint {
         connection.write(head)
         let core = WebSocketCore(connection: connection, configuration: route.sharedConfiguration, isClient: false,
                                  agreement: agreement)
-        openWebSockets[ObjectIdentifier(core)] = core
         core.server = self
         core.start(leftover: leftover)
+        if isDraining {
+            // The server closed while this upgrade was on its way (over HTTPS the WebSocket
+            // comes a loop turn after its request): it goes as the others went.
+            core.startClose(code: .goingAway, reason: "server closing")
+        } else {
+            openWebSockets[ObjectIdentifier(core)] = core
+        }
         let socket = WebSocket(core: core, subprotocol: subprotocol, request: request)
         let handler = route.handler
         Task(executorPreference: loop) {
