@@ -1,4 +1,6 @@
-import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
 import Mainspring
 
 /// Where PEM data comes from: a file (read when a context is made, and again on `reload()`),

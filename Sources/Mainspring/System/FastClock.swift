@@ -1,5 +1,7 @@
 internal import CMainspringSystem
-import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// A cheap monotonic clock for the dispatcher's own bookkeeping: the poll deadline, busy time,
 /// queue waits and starvation checks, read after every callback.

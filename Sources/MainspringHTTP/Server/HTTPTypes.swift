@@ -1,4 +1,6 @@
-import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// An HTTP request method.
 public enum HTTPMethod: String, Sendable, Hashable, CaseIterable, CustomStringConvertible {

@@ -1,5 +1,4 @@
 internal import CMainspringTLS
-import Foundation
 
 #if canImport(Glibc)
 import Glibc
