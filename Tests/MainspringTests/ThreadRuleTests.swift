@@ -40,7 +40,7 @@ struct ThreadRuleTests {
             reader.readLines { event in if case .line(let text) = event { seen.withLock { $0.append(text) } } }
         }
         try await writer.send(line: "to the callback")
-        try await waitUntil { seen.withLock { $0 } == ["to the callback"] }
+        #expect(await eventually(timeout: .seconds(60)) { seen.withLock { $0 } == ["to the callback"] })
         await onPlainThread { reader.stopReading() }
         try await loop.submit {}  // the posted stop has run
         try await writer.send(line: "to the next reader")
@@ -155,14 +155,5 @@ private func typecheck(_ source: String) async throws -> String {
         let data = output.fileHandleForReading.readDataToEndOfFile()
         process.waitUntilExit()
         return String(decoding: data, as: UTF8.self)
-    }
-}
-
-/// Waits (real time, generous) until `condition` holds.
-private func waitUntil(_ condition: @escaping @Sendable () -> Bool) async throws {
-    let deadline = ContinuousClock.now + .seconds(60)
-    while !condition() {
-        try #require(ContinuousClock.now < deadline, "timed out")
-        try await Task.sleep(for: .milliseconds(5))
     }
 }

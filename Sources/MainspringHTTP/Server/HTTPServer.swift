@@ -154,20 +154,6 @@ public final class HTTPServer: Sendable {
         let shedding: HTTPServer.LoadShedding?
     }
 
-    /// HTTPS (`MainspringTLS`): the async form with a layer under every connection.
-    package convenience init(group: EventLoopGroup, configuration: Configuration, routes: HTTPRoutes,
-                             layer: any ServerConnectionLayer) async throws(HTTPServerError)
-    {
-        try await self.init(loops: group.loops, configuration: configuration, routes: routes, layer: layer)
-    }
-
-    /// HTTPS: the blocking form with a layer under every connection.
-    package convenience init(group: EventLoopGroup, configuration: Configuration, routes: HTTPRoutes,
-                             layer: any ServerConnectionLayer) throws(HTTPServerError)
-    {
-        try self.init(loops: group.loops, configuration: configuration, routes: routes, layer: layer)
-    }
-
     private static func plan(_ configuration: Configuration, layer: (any ServerConnectionLayer)? = nil) throws(HTTPServerError) -> Plan {
         let floor = Duration.milliseconds(1)
         _ = requirePositive(configuration.idleTimeout, "HTTPServer.Configuration.idleTimeout")
@@ -197,8 +183,9 @@ public final class HTTPServer: Sendable {
                     shedding: configuration.loadShedding)
     }
 
-    private convenience init(loops: [EventLoop], configuration: Configuration, routes: HTTPRoutes,
-                             layer: (any ServerConnectionLayer)? = nil) async throws(HTTPServerError)
+    /// The server on `loops`, with `layer` under every connection (HTTPS: `HTTPServer+TLS.swift`).
+    convenience init(loops: [EventLoop], configuration: Configuration, routes: HTTPRoutes,
+                     layer: (any ServerConnectionLayer)? = nil) async throws(HTTPServerError)
     {
         let plan = try Self.plan(configuration, layer: layer)
         let made: [Result<LoopEndpoint, HTTPServerError>] = await withTaskGroup(of: (Int, Result<LoopEndpoint, HTTPServerError>).self) { tasks in
@@ -237,8 +224,9 @@ public final class HTTPServer: Sendable {
         self.init(loops: loops, plan: plan, endpoints: endpoints)
     }
 
-    private convenience init(loops: [EventLoop], configuration: Configuration, routes: HTTPRoutes,
-                             layer: (any ServerConnectionLayer)? = nil) throws(HTTPServerError)
+    /// The blocking form of `init(loops:configuration:routes:layer:)`.
+    convenience init(loops: [EventLoop], configuration: Configuration, routes: HTTPRoutes,
+                     layer: (any ServerConnectionLayer)? = nil) throws(HTTPServerError)
     {
         let plan = try Self.plan(configuration, layer: layer)
         var endpoints: [LoopEndpoint] = []
