@@ -15,9 +15,10 @@ import Glibc
 final class EventBase {
     let raw: OpaquePointer
 
-    /// Fault injection for tests: this many of the next registrations (`event_add`,
-    /// `bufferevent_enable`) fail with `EBADF`, as they do when a descriptor was closed behind
-    /// the loop's back. Loop thread only; 0 in normal operation.
+    /// Fault injection for tests: this many of the next registrations of a descriptor
+    /// (`event_add` of a descriptor's watch, `bufferevent_enable`, `evconnlistener_enable`) fail
+    /// with `EBADF`, as they do when a descriptor was closed behind the loop's back. The loop's
+    /// own timers and signals never take one. Loop thread only; 0 in normal operation.
     var injectedRegistrationFailures = 0
 
     /// Set on a simulated loop's base (`MainspringTesting`): every descriptor, socket, listener

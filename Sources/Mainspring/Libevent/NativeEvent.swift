@@ -61,6 +61,9 @@ class NativeEventTarget {
 final class NativeEvent {
     private let raw: OpaquePointer
     private let base: EventBase  // keeps the base alive until the event is freed
+    /// Whether the event watches a descriptor (not a timer or a signal): only such registrations
+    /// take the base's injected failures, which stand for a descriptor closed behind the loop.
+    private let watchesDescriptor: Bool
 
     /// An I/O event on `fd` (persistent) or, with `fd == -1` and no flags, a timer (one-shot).
     init(base: EventBase, fd: Int32, readiness: Readiness, persistent: Bool, target: NativeEventTarget)
@@ -76,6 +79,7 @@ final class NativeEvent {
         }
         self.raw = event
         self.base = base
+        watchesDescriptor = fd >= 0 && !readiness.contains(.signal)
     }
 
     /// A one-shot timer event.
@@ -93,7 +97,7 @@ final class NativeEvent {
     /// Makes the event pending; with a timeout it fires after `nanoseconds` at the latest
     /// (I/O events) or exactly then (timers). Re-adding a pending event reschedules it.
     func add(timeoutNanoseconds: UInt64? = nil) throws(EventLoopError) {
-        try base.takeInjectedFailure("event_add")
+        if watchesDescriptor { try base.takeInjectedFailure("event_add") }
         if let ns = timeoutNanoseconds {
             var tv = timeval(tv_sec: Int(ns / 1_000_000_000), tv_usec: Int((ns % 1_000_000_000) / 1_000))
             // libevent rounds down to microseconds; round up so a timer never fires early.
