@@ -6,9 +6,6 @@ TSAN_SUPPRESSIONS := $(CURDIR)/.ci/tsan.supp
 
 DOCC ?= docc
 DOCS_OUTPUT ?= .build/docs
-DOCS_HTTP_OUTPUT ?= .build/docs-http
-DOCS_TLS_OUTPUT ?= .build/docs-tls
-DOCS_TESTING_OUTPUT ?= .build/docs-testing
 DOCS_SYMBOL_GRAPHS := .build/docs-symbol-graphs
 
 FUZZ_RUNS ?= 200000
@@ -68,65 +65,45 @@ test-release: deps test-tools
 	$(SWIFT) build --build-tests -c release -Xswiftc -enable-testing --scratch-path .build/release-tests
 	SWIFT=$(SWIFT) ./scripts/run-tests.sh --skip-build --no-parallel -c release --scratch-path .build/release-tests
 
-## The documentation: DocC renders Sources/Mainspring/Mainspring.docc (the landing page and the
-## articles) and the library's doc comments, from its symbol graphs, into $(DOCS_OUTPUT) (a
-## static site), Sources/MainspringHTTP/MainspringHTTP.docc into $(DOCS_HTTP_OUTPUT) and
-## Sources/MainspringTLS/MainspringTLS.docc into $(DOCS_TLS_OUTPUT), and
-## Sources/MainspringTesting/MainspringTesting.docc into $(DOCS_TESTING_OUTPUT). Any docc warning (an unresolved symbol link, a parameter
-## documented that does not exist or one left undocumented, ...) fails the target, so that CI
-## keeps the documentation clean. The log is in .build/docs.log. The symbol graphs come from
-## the debug build that make test uses (after it, this takes seconds); dump-symbol-graph needs
-## the test modules built too, or it fails on them.
+## The documentation: DocC renders each module's catalog (Sources/<folder>/<Module>.docc: the
+## landing page and the articles) with the module's doc comments, from its symbol graphs, into
+## .build/docs-<module> (a static site), and the umbrella's catalog (the library's layout, no
+## symbols of its own) into $(DOCS_OUTPUT). Any docc warning (an unresolved symbol link, a
+## parameter documented that does not exist or one left undocumented, ...) fails the target, so
+## that CI keeps the documentation clean. The logs are in .build/docs-<module>.log. The symbol
+## graphs come from the debug build that make test uses (after it, this takes seconds);
+## dump-symbol-graph needs the test modules built too, or it fails on them.
+DOCS_MODULES := MainspringCore:Sources/Mainspring MainspringPatterns:Sources/MainspringPatterns \
+	MainspringServices:Sources/MainspringServices MainspringHTTP:Sources/MainspringHTTP \
+	MainspringTLS:Sources/MainspringTLS MainspringTesting:Sources/MainspringTesting
+
 docs: deps
 	@command -v $(DOCC) >/dev/null || { echo "make docs needs docc, which ships with the Swift toolchain (next to swift)"; exit 1; }
 	$(SWIFT) build --build-tests
 	@rm -rf "$$(dirname "$$($(SWIFT) build --show-bin-path)")/symbolgraph"
 	$(SWIFT) package dump-symbol-graph --emit-extension-block-symbols
 	@graphs="$$(dirname "$$($(SWIFT) build --show-bin-path)")/symbolgraph"; \
-		rm -rf $(DOCS_SYMBOL_GRAPHS) && mkdir -p $(DOCS_SYMBOL_GRAPHS) && \
-		cp "$$graphs"/Mainspring.symbols.json "$$graphs"/Mainspring@*.symbols.json $(DOCS_SYMBOL_GRAPHS)/
+	for entry in $(DOCS_MODULES); do \
+		module=$${entry%%:*}; folder=$${entry#*:}; \
+		rm -rf $(DOCS_SYMBOL_GRAPHS)-$$module .build/docs-$$module && mkdir -p $(DOCS_SYMBOL_GRAPHS)-$$module && \
+		cp "$$graphs"/$$module.symbols.json $(DOCS_SYMBOL_GRAPHS)-$$module/ && \
+		{ cp "$$graphs"/$$module@*.symbols.json $(DOCS_SYMBOL_GRAPHS)-$$module/ 2>/dev/null || true; } && \
+		$(DOCC) convert $$folder/$$module.docc --additional-symbol-graph-dir $(DOCS_SYMBOL_GRAPHS)-$$module \
+			--output-path .build/docs-$$module --fallback-display-name $$module \
+			--fallback-bundle-identifier mainspring.$$module --fallback-default-module-kind Library \
+			--warnings-as-errors > .build/docs-$$module.log 2>&1; \
+		status=$$?; cat .build/docs-$$module.log; \
+		if [ $$status -ne 0 ] || grep -qE "(warning|error):" .build/docs-$$module.log; then \
+			echo "make docs: docc reported problems in $$module (above); fix them, warnings included"; exit 1; fi; \
+	done
 	@rm -rf $(DOCS_OUTPUT)
-	@$(DOCC) convert Sources/Mainspring/Mainspring.docc --additional-symbol-graph-dir $(DOCS_SYMBOL_GRAPHS) \
-		--output-path $(DOCS_OUTPUT) --fallback-display-name Mainspring \
-		--fallback-bundle-identifier mainspring.Mainspring --fallback-default-module-kind Library \
-		--warnings-as-errors > .build/docs.log 2>&1; \
-		status=$$?; cat .build/docs.log; \
-		if [ $$status -ne 0 ] || grep -qE "(warning|error):" .build/docs.log; then \
-			echo "make docs: docc reported problems (above); fix them, warnings included"; exit 1; fi
-	@rm -rf $(DOCS_SYMBOL_GRAPHS)-http $(DOCS_HTTP_OUTPUT) && mkdir -p $(DOCS_SYMBOL_GRAPHS)-http && \
-		graphs="$$(dirname "$$($(SWIFT) build --show-bin-path)")/symbolgraph"; \
-		cp "$$graphs"/MainspringHTTP.symbols.json $(DOCS_SYMBOL_GRAPHS)-http/; \
-		cp "$$graphs"/MainspringHTTP@*.symbols.json $(DOCS_SYMBOL_GRAPHS)-http/ 2>/dev/null || true
-	@$(DOCC) convert Sources/MainspringHTTP/MainspringHTTP.docc --additional-symbol-graph-dir $(DOCS_SYMBOL_GRAPHS)-http \
-		--output-path $(DOCS_HTTP_OUTPUT) --fallback-display-name MainspringHTTP \
-		--fallback-bundle-identifier mainspring.MainspringHTTP --fallback-default-module-kind Library \
-		--warnings-as-errors > .build/docs-http.log 2>&1; \
-		status=$$?; cat .build/docs-http.log; \
-		if [ $$status -ne 0 ] || grep -qE "(warning|error):" .build/docs-http.log; then \
-			echo "make docs: docc reported problems in MainspringHTTP (above); fix them, warnings included"; exit 1; fi
-	@rm -rf $(DOCS_SYMBOL_GRAPHS)-tls $(DOCS_TLS_OUTPUT) && mkdir -p $(DOCS_SYMBOL_GRAPHS)-tls && \
-		graphs="$$(dirname "$$($(SWIFT) build --show-bin-path)")/symbolgraph"; \
-		cp "$$graphs"/MainspringTLS.symbols.json $(DOCS_SYMBOL_GRAPHS)-tls/; \
-		cp "$$graphs"/MainspringTLS@*.symbols.json $(DOCS_SYMBOL_GRAPHS)-tls/ 2>/dev/null || true
-	@$(DOCC) convert Sources/MainspringTLS/MainspringTLS.docc --additional-symbol-graph-dir $(DOCS_SYMBOL_GRAPHS)-tls \
-		--output-path $(DOCS_TLS_OUTPUT) --fallback-display-name MainspringTLS \
-		--fallback-bundle-identifier mainspring.MainspringTLS --fallback-default-module-kind Library \
-		--warnings-as-errors > .build/docs-tls.log 2>&1; \
-		status=$$?; cat .build/docs-tls.log; \
-		if [ $$status -ne 0 ] || grep -qE "(warning|error):" .build/docs-tls.log; then \
-			echo "make docs: docc reported problems in MainspringTLS (above); fix them, warnings included"; exit 1; fi
-	@rm -rf $(DOCS_SYMBOL_GRAPHS)-testing $(DOCS_TESTING_OUTPUT) && mkdir -p $(DOCS_SYMBOL_GRAPHS)-testing && \
-		graphs="$$(dirname "$$($(SWIFT) build --show-bin-path)")/symbolgraph"; \
-		cp "$$graphs"/MainspringTesting.symbols.json $(DOCS_SYMBOL_GRAPHS)-testing/; \
-		cp "$$graphs"/MainspringTesting@*.symbols.json $(DOCS_SYMBOL_GRAPHS)-testing/ 2>/dev/null || true
-	@$(DOCC) convert Sources/MainspringTesting/MainspringTesting.docc --additional-symbol-graph-dir $(DOCS_SYMBOL_GRAPHS)-testing \
-		--output-path $(DOCS_TESTING_OUTPUT) --fallback-display-name MainspringTesting \
-		--fallback-bundle-identifier mainspring.MainspringTesting --fallback-default-module-kind Library \
-		--warnings-as-errors > .build/docs-testing.log 2>&1; \
-		status=$$?; cat .build/docs-testing.log; \
-		if [ $$status -ne 0 ] || grep -qE "(warning|error):" .build/docs-testing.log; then \
-			echo "make docs: docc reported problems in MainspringTesting (above); fix them, warnings included"; exit 1; fi
-	@echo "documentation written to $(DOCS_OUTPUT), $(DOCS_HTTP_OUTPUT), $(DOCS_TLS_OUTPUT) and $(DOCS_TESTING_OUTPUT) (open documentation/<module>/index.html in each through a web server)"
+	@$(DOCC) convert Sources/MainspringUmbrella/Mainspring.docc --output-path $(DOCS_OUTPUT) \
+		--fallback-display-name Mainspring --fallback-bundle-identifier mainspring.Mainspring \
+		--warnings-as-errors > .build/docs-Mainspring.log 2>&1; \
+		status=$$?; cat .build/docs-Mainspring.log; \
+		if [ $$status -ne 0 ] || grep -qE "(warning|error):" .build/docs-Mainspring.log; then \
+			echo "make docs: docc reported problems in the umbrella's catalog (above); fix them, warnings included"; exit 1; fi
+	@echo "documentation written to $(DOCS_OUTPUT) (the layout) and .build/docs-<module> for $(foreach e,$(DOCS_MODULES),$(firstword $(subst :, ,$(e)))) (open documentation/<module>/index.html in each through a web server)"
 
 ## Builds and runs the interactive example (simulated input when stdin is not a terminal).
 demo: deps
@@ -214,4 +191,4 @@ ci: test test-release docs sanitize
 
 clean:
 	$(SWIFT) package clean
-	rm -rf .build/tsan .build/asan .build/release-tests .build/stress .build/fuzz .build/counts $(DOCS_OUTPUT) $(DOCS_HTTP_OUTPUT) $(DOCS_SYMBOL_GRAPHS) $(DOCS_SYMBOL_GRAPHS)-http
+	rm -rf .build/tsan .build/asan .build/release-tests .build/stress .build/fuzz .build/counts $(DOCS_OUTPUT) .build/docs-* $(DOCS_SYMBOL_GRAPHS)*

@@ -9,7 +9,12 @@ let experimentalMainExecutor: [SwiftSetting] =
 let package = Package(
     name: "Mainspring",
     products: [
+        // Everything below, re-exported: `import Mainspring` gives the whole library.
         .library(name: "Mainspring", targets: ["Mainspring"]),
+        // Each job on its own, for a dependent that wants only that part.
+        .library(name: "MainspringCore", targets: ["MainspringCore"]),
+        .library(name: "MainspringPatterns", targets: ["MainspringPatterns"]),
+        .library(name: "MainspringServices", targets: ["MainspringServices"]),
         .library(name: "MainspringHTTP", targets: ["MainspringHTTP"]),
         .library(name: "MainspringTLS", targets: ["MainspringTLS"]),
         .library(name: "MainspringTesting", targets: ["MainspringTesting"]),
@@ -35,17 +40,40 @@ let package = Package(
             name: "CMainspringSystem",
             path: "Sources/CMainspringSystem"
         ),
+        // The loop and what it drives: executor, feeder, timers, signals, metrics, sockets and
+        // names, UDP, child processes, file watching, socket activation. Its libevent calls are
+        // in its Libevent/ folder (the folder keeps the library's name: Sources/Mainspring).
         .target(
-            name: "Mainspring",
+            name: "MainspringCore",
             dependencies: ["CLibevent", "CMainspringSystem"],
             path: "Sources/Mainspring",
             swiftSettings: experimentalMainExecutor
+        ),
+        // The seed patterns on top of the loop: Operations that spin it and completion hooks,
+        // the GCD-style `Queue` and `Semaphore`, `Timeline`.
+        .target(
+            name: "MainspringPatterns",
+            dependencies: ["MainspringCore"],
+            path: "Sources/MainspringPatterns"
+        ),
+        // Running as a service: the service group (ordered start, reverse-ordered stop with
+        // deadlines), systemd readiness, the watchdog, the journal.
+        .target(
+            name: "MainspringServices",
+            dependencies: ["MainspringCore"],
+            path: "Sources/MainspringServices"
+        ),
+        // The umbrella: `import Mainspring` re-exports the three modules above.
+        .target(
+            name: "Mainspring",
+            dependencies: ["MainspringCore", "MainspringPatterns", "MainspringServices"],
+            path: "Sources/MainspringUmbrella"
         ),
         // Deterministic simulation for tests: virtual time, modelled CPU, seeded order. Depends
         // on the library alone (it reaches the loop through the `Simulation` SPI).
         .target(
             name: "MainspringTesting",
-            dependencies: ["Mainspring"],
+            dependencies: ["MainspringCore"],
             path: "Sources/MainspringTesting"
         ),
         // OpenSSL 3 and libevent's OpenSSL bufferevents through pkg-config (`libevent_openssl`
@@ -62,7 +90,7 @@ let package = Package(
         // module depends on the other. Its OpenSSL calls are in its OpenSSL/ folder.
         .target(
             name: "MainspringTLS",
-            dependencies: ["Mainspring", "CLibevent", "CMainspringTLS"],
+            dependencies: ["MainspringCore", "CLibevent", "CMainspringTLS"],
             path: "Sources/MainspringTLS"
         ),
         // zlib through pkg-config, for WebSocket compression (permessage-deflate); `make`
@@ -77,7 +105,7 @@ let package = Package(
         // WebSockets. Only its Evhttp/ folder imports CLibevent, only its Deflate/ folder CZlib.
         .target(
             name: "MainspringHTTP",
-            dependencies: ["Mainspring", "CLibevent", "CZlib"],
+            dependencies: ["MainspringCore", "CLibevent", "CZlib"],
             path: "Sources/MainspringHTTP"
         ),
         // Plain-C TLS peers for the `tls` benchmark (libevent + bufferevent_openssl), and a
@@ -185,12 +213,31 @@ let package = Package(
             path: "Tests/Fixture",
             swiftSettings: experimentalMainExecutor
         ),
+        // What the test targets share: threads, pipes, sockets, a fake notification socket, and
+        // the fixture that runs the package's executables as subprocesses.
+        .target(
+            name: "MainspringTestSupport",
+            dependencies: ["MainspringCore", "CMainspringSystem"],
+            path: "Tests/Support"
+        ),
+        // One test target per module: MainspringTests is the core's (and the examples', HTTP's
+        // and TLS's, which exercise it end to end).
         .testTarget(
             name: "MainspringTests",
             dependencies: ["Mainspring", "MainspringHTTP", "MainspringTLS", "MainspringFuzzing", "ExampleServices",
-                           "CMainspringSystem", "KVCore", "KVService", "MainspringTesting"],
+                           "CMainspringSystem", "KVCore", "KVService", "MainspringTesting", "MainspringTestSupport"],
             path: "Tests/MainspringTests",
             swiftSettings: experimentalMainExecutor
+        ),
+        .testTarget(
+            name: "MainspringPatternsTests",
+            dependencies: ["MainspringPatterns", "MainspringTesting", "MainspringTestSupport"],
+            path: "Tests/MainspringPatternsTests"
+        ),
+        .testTarget(
+            name: "MainspringServicesTests",
+            dependencies: ["MainspringServices", "MainspringTesting", "MainspringTestSupport"],
+            path: "Tests/MainspringServicesTests"
         ),
         .testTarget(
             name: "MainspringTestingTests",

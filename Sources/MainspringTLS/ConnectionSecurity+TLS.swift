@@ -1,4 +1,4 @@
-import Mainspring
+import MainspringCore
 
 /// A `TLSServerContext` secures the connections an `HTTPServer` accepts
 /// (`HTTPServer(group:routes:tls:)` in `MainspringHTTP`): each one speaks TLS with the

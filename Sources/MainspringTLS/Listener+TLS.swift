@@ -1,4 +1,4 @@
-import Mainspring
+import MainspringCore
 
 /// TLS listeners: connections are handed over once their handshake is done.
 ///

@@ -1,7 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
-import Mainspring
+import MainspringCore
 
 /// Where PEM data comes from: a file (read when a context is made, and again on `reload()`),
 /// or bytes in memory.

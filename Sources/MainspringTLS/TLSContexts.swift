@@ -1,4 +1,4 @@
-import Mainspring
+import MainspringCore
 import Synchronization
 
 /// A TLS server's certificates and settings, made once from a `TLSServerConfiguration` and

@@ -1,4 +1,4 @@
-import Mainspring
+import MainspringCore
 import Synchronization
 
 #if canImport(Glibc)

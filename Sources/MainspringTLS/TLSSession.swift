@@ -1,5 +1,5 @@
 import Foundation
-import Mainspring
+import MainspringCore
 
 /// What was agreed in a TLS handshake, and who the peer is. Read it from an established
 /// connection: `connection.tls`.

@@ -1,4 +1,4 @@
-@_spi(Simulation) import Mainspring
+@_spi(Simulation) import MainspringCore
 
 /// A simulation's network (``Simulation/network``): the hosts of its loops, the names they
 /// resolve, and the links between them — one-way latency, segment size, window, partitions,

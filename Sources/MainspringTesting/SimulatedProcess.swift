@@ -1,4 +1,4 @@
-@_spi(Simulation) import Mainspring
+@_spi(Simulation) import MainspringCore
 import Synchronization
 
 #if canImport(Glibc)

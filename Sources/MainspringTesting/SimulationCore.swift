@@ -1,4 +1,4 @@
-@_spi(Simulation) import Mainspring
+@_spi(Simulation) import MainspringCore
 import Synchronization
 
 /// The engine of a `Simulation`: its virtual clock, its loops, the seeded choices, the trace.

@@ -3,7 +3,7 @@
 //
 // Each scenario prints `key=value` lines on stdout and exits 0; a failed check prints
 // `FAIL: …` on stderr and exits 1. A watchdog ends a hung scenario with status 3.
-// The tests (Tests/MainspringTests/Fixture.swift) assert the exit status and the lines.
+// The tests (Tests/Support/Fixture.swift runs it) assert the exit status and the lines.
 import Foundation
 import Mainspring
 

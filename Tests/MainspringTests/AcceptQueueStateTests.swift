@@ -1,5 +1,7 @@
 import Testing
-@testable import Mainspring
+import Mainspring
+import MainspringTestSupport
+@testable import MainspringCore
 
 /// The listener's queue of accepted connections on its own: elements are plain numbers and the
 /// waiter a name, so the transitions are tested without sockets or tasks.

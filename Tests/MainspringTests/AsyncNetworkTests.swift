@@ -2,7 +2,9 @@ import ExampleServices
 import Foundation
 import Synchronization
 import Testing
-@testable import Mainspring
+import Mainspring
+import MainspringTestSupport
+@testable import MainspringCore
 
 #if canImport(Glibc)
 import Glibc

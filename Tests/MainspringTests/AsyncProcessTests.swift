@@ -3,6 +3,7 @@ import Testing
 
 #if canImport(Glibc)
 import Glibc
+import MainspringTestSupport
 #endif
 
 /// The async API where a process of its own is needed: descriptor counts no parallel test

@@ -4,6 +4,7 @@ import Testing
 
 #if canImport(Glibc)
 import Glibc
+import MainspringTestSupport
 #endif
 
 /// A reader of the room's broadcast on its own thread: checks that the sequence numbers come in

@@ -1,5 +1,6 @@
 import Foundation
 import Mainspring
+import MainspringTestSupport
 import Testing
 
 @Suite("Connections without a listener: makePair and adopting a descriptor")
@@ -78,7 +79,7 @@ struct ConnectionPairTests {
         #expect(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &fds) == 0)
         let peer = fds[1]
         defer { close(peer) }
-        let pipeEnds = Pipe()
+        let pipeEnds = TestPipe()
         let listening = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         defer { close(listening) }
         var address = sockaddr_in()

@@ -1,5 +1,7 @@
 import Testing
-@testable import Mainspring
+import Mainspring
+import MainspringTestSupport
+@testable import MainspringCore
 
 /// The connection's lifecycle on its own: the transitions and what each asks the connection to
 /// do, with no socket and no loop.

@@ -4,6 +4,7 @@ import Testing
 
 #if canImport(Glibc)
 import Glibc
+import MainspringTestSupport
 #endif
 
 // mainspring-daemon under a service manager, in subprocesses (they need their own environment

@@ -4,6 +4,7 @@ import Testing
 
 #if canImport(Glibc)
 import Glibc
+import MainspringTestSupport
 #endif
 
 /// `mainspring-daemon` as a subprocess: start it, read the port it prints.
@@ -158,6 +159,9 @@ struct DaemonTests {
     func sigtermDuringWork() async throws {
         let (daemon, port) = try startDaemon(["--loops", "1", "--grace", "30"])
         let client = try TestClient(port: port)
+        // The job takes about 200 ms in a release build; a debug daemon beside a loaded suite can
+        // take well over the default 10 s.
+        client.setReceiveTimeout(seconds: 90)
         client.send("ECHO before\n")
         #expect(client.readLine() == "before")
         client.send("WORK 4000\n")  // long enough (about 200 ms) for the SIGTERM to come during it

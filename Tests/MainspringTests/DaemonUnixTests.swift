@@ -4,6 +4,7 @@ import Testing
 
 #if canImport(Glibc)
 import Glibc
+import MainspringTestSupport
 #endif
 
 /// A Python client on a Unix stream socket: sends `ECHO u<i>` for i in 0..<count, with a

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import MainspringTestSupport
 
 /// `mainspring-demo` run as a subprocess (the build under test: debug, or release under
 /// `make test-release`; small limits): scripted stdin, junk, end of input, `quit`, simulated

@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 import Mainspring
+import MainspringTestSupport
 
 /// Out of file descriptors (`EMFILE`), nothing traps: everything that needs a new descriptor
 /// fails with an error that says so, and what is open keeps working. Run in a child process

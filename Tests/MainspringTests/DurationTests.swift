@@ -1,5 +1,6 @@
 import Foundation
 import Mainspring
+import MainspringTestSupport
 import Testing
 
 @Suite("Durations: a wait may be negative, a period may not", .serialized)

@@ -1,5 +1,6 @@
 import ExampleServices
 import Testing
+import MainspringTestSupport
 
 @Suite("Example services: command parsers and the prime sieve")
 struct ExampleServicesTests {

@@ -1,25 +1,9 @@
 import Foundation
 import Synchronization
 import Testing
-@testable import Mainspring
-
-/// A loop on its own thread, running until `stop()`; for tests that await work on it.
-final class BackgroundLoop: Sendable {
-    let loop: EventLoop
-    private let done: DispatchSemaphore
-
-    init() throws {
-        let loop = try EventLoop()
-        self.loop = loop
-        done = startThread { try? loop.run() }
-    }
-
-    /// Stops the loop and waits for its thread to return.
-    func stop() {
-        loop.stop()
-        done.wait()
-    }
-}
+import Mainspring
+import MainspringTestSupport
+@testable import MainspringCore
 
 actor PinnedCounter {
     let loop: EventLoop
@@ -119,7 +103,7 @@ struct ExecutorTests {
         let background = try BackgroundLoop()
         defer { background.stop() }
         let loop = background.loop
-        let pipe = Pipe()
+        let pipe = TestPipe()
         let log = Locked<[String]>([])
         let watcher = try await loop.submit { () -> UncheckedBox<Watcher> in
             UncheckedBox(try loop.watch(pipe.readEnd, for: .read) { _ in
@@ -251,7 +235,7 @@ struct TaskExecutorTests {
         defer { background.stop() }
         let loop = background.loop
         for yields in [false, true] {
-            let pipe = Pipe()
+            let pipe = TestPipe()
             let log = Locked<[String]>([])
             let written = Atomic<Bool>(false)
             let watcher = try await loop.submit { () -> UncheckedBox<Watcher> in
@@ -290,7 +274,7 @@ actor YieldingWorker {
     nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
     init(loop: EventLoop) { self.loop = loop }
 
-    func work(pipe: Pipe, log: Locked<[String]>) async {
+    func work(pipe: TestPipe, log: Locked<[String]>) async {
         pipe.write("x")  // the fd is readable now, but the loop has not polled since
         log.withLock { $0.append("before-yield") }
         await loop.yield()

@@ -1,6 +1,8 @@
 import Foundation
 import Testing
-@testable import Mainspring
+import Mainspring
+import MainspringTestSupport
+@testable import MainspringCore
 
 /// Every path where the loop could not register a source again ends that source with an error
 /// the user sees, and counts it — nothing goes deaf silently. The failures are injected
@@ -10,7 +12,7 @@ import Testing
 struct FailureTests {
     @Test("a watcher held back while its handler spins, then refused: cancelled and counted")
     func heldBackWatcher() async throws {
-        let pipe = Pipe()
+        let pipe = TestPipe()
         defer { pipe.closeRead(); pipe.closeWrite() }
         let (cancelled, failures, runs) = try await onLoopThread { loop -> (Bool, Int, Int) in
             pipe.write("x")  // stays readable: the watcher is held back while its handler spins
@@ -33,7 +35,7 @@ struct FailureTests {
 
     @Test("a dropped Watcher handle goes on: its handler still runs (the library's rule for handles)")
     func droppedWatcherLivesOn() async throws {
-        let pipe = Pipe()
+        let pipe = TestPipe()
         defer { pipe.closeRead(); pipe.closeWrite() }
         let runs = try await onLoopThread { loop -> Int in
             nonisolated(unsafe) var runs = 0
@@ -53,7 +55,7 @@ struct FailureTests {
 
     @Test("a line reader whose fd the loop refuses again reports .error(EBADF), then ends")
     func lineReaderReports() async throws {
-        let pipe = Pipe()
+        let pipe = TestPipe()
         defer { pipe.closeRead(); pipe.closeWrite() }
         let (events, failures) = try await onLoopThread { loop -> ([LineEvent], Int) in
             // More than one read's worth (64 KiB), so the fd stays readable while the handler spins.

@@ -1,6 +1,8 @@
 import Foundation
 import Testing
-@testable import Mainspring
+import Mainspring
+import MainspringTestSupport
+@testable import MainspringCore
 
 // Fairness both ways — input first behind a careless flood of closures and behind a Feeder,
 // work's share under an input flood and an overload — is tested exactly on modelled CPU in

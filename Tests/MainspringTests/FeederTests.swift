@@ -2,7 +2,9 @@ import Foundation
 import Synchronization
 import MainspringTesting
 import Testing
-@testable import Mainspring
+import Mainspring
+import MainspringTestSupport
+@testable import MainspringCore
 
 @Suite("Feeder and FeedJob")
 struct FeederTests {
@@ -348,7 +350,7 @@ struct FeederTests {
     func inputBetweenChunks() async throws {
         let log = try await onLoopThread { loop -> [String] in
             let feeder = Feeder(loop: loop, pacing: .oneChunkPerTurn)
-            let pipe = Pipe()
+            let pipe = TestPipe()
             nonisolated(unsafe) var log: [String] = []
             let watcher = try loop.watch(pipe.readEnd, for: .read) { _ in
                 var byte: UInt8 = 0

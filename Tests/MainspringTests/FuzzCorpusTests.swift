@@ -1,6 +1,7 @@
 import Foundation
 import MainspringFuzzing
 import Testing
+import MainspringTestSupport
 
 /// The committed seed corpus (Fuzz/Corpus/<harness>/), replayed through the fuzz harnesses on
 /// every test run: the inputs that once mattered keep mattering.

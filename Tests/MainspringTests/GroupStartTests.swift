@@ -1,5 +1,6 @@
 import Foundation
 import Mainspring
+import MainspringTestSupport
 import Testing
 
 @Suite("EventLoopGroup: its loops are their threads' from the moment init returns (subprocess)")

@@ -1,5 +1,7 @@
 import Foundation
-@testable import Mainspring
+import Mainspring
+import MainspringTestSupport
+@testable import MainspringCore
 @testable import MainspringHTTP
 import MainspringTLS
 import Synchronization

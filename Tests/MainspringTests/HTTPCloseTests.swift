@@ -1,5 +1,6 @@
 import Foundation
 import Mainspring
+import MainspringTestSupport
 @testable import MainspringHTTP
 import Synchronization
 import Testing

@@ -1,5 +1,7 @@
 import Testing
-@testable import Mainspring
+import Mainspring
+import MainspringTestSupport
+@testable import MainspringCore
 
 @Suite("LatencyHistogram")
 struct HistogramTests {

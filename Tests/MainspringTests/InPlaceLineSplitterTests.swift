@@ -1,5 +1,7 @@
 import Testing
-@testable import Mainspring
+import Mainspring
+import MainspringTestSupport
+@testable import MainspringCore
 
 /// An input buffer in pieces, like libevent's chains: what `InPlaceLineSplitter` reads in place.
 final class PieceInput: SplittableInput {

@@ -1,5 +1,6 @@
 import ExampleServices
 import Testing
+import MainspringTestSupport
 
 /// Junk against every parser on the simulated network (`JunkSoak`), two seeds each in the suite
 /// (the benchmark `simulation-junk` runs a thousand): clear events and errors only, every byte

@@ -1,5 +1,6 @@
 import Testing
 import KVCore
+import MainspringTestSupport
 
 private let wrongType = "-WRONGTYPE Operation against a key holding the wrong kind of value\r\n"
 private let notInteger = "-ERR value is not an integer or out of range\r\n"

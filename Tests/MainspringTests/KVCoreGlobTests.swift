@@ -1,5 +1,6 @@
 import Testing
 import KVCore
+import MainspringTestSupport
 
 @Suite("KVCore glob matching (Redis's stringmatchlen)")
 struct KVCoreGlobTests {

@@ -1,5 +1,6 @@
 import Testing
 @testable import KVCore
+import MainspringTestSupport
 
 /// The keyspace's compact layout: `SmallBytes` (15 bytes inline, else a heap array), the
 /// 16-byte `KVValue`, the 40-byte slot, expiry times kept apart from the slots, and `KEYS`

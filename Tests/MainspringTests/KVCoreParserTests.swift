@@ -1,5 +1,6 @@
 import Testing
 import KVCore
+import MainspringTestSupport
 
 @Suite("KVCore RESP2 parser")
 struct KVCoreParserTests {

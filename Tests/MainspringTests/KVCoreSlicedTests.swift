@@ -1,5 +1,6 @@
 import Testing
 import KVCore
+import MainspringTestSupport
 
 /// The keys in a `*N` array reply of bulk strings.
 private func kvArray(_ reply: String) -> [String] {

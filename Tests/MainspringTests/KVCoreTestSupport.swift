@@ -1,4 +1,5 @@
 import KVCore
+import MainspringTestSupport
 
 /// A settable clock for the KV core tests (Unix milliseconds).
 final class KVTestClock {

@@ -4,6 +4,7 @@ import Testing
 
 #if canImport(Glibc)
 import Glibc
+import MainspringTestSupport
 #endif
 
 // The Redis-protocol server (`mainspring-kv`, Examples/KV) end to end, as a subprocess: the

@@ -2,6 +2,7 @@ import ExampleServices
 import Foundation
 import KVService
 import Mainspring
+import MainspringTestSupport
 import MainspringTesting
 import Testing
 

@@ -1,6 +1,8 @@
 import Foundation
 import Testing
-@testable import Mainspring
+import Mainspring
+import MainspringTestSupport
+@testable import MainspringCore
 
 import CMainspringSystem
 #if canImport(Glibc)
@@ -52,7 +54,7 @@ struct LeakTests {
                     if i % 2 == 0 { handle.cancel() }
                 }
                 loop.spin(until: { fired == 50_000 }, timeout: .seconds(30))
-                let pipe = Pipe()
+                let pipe = TestPipe()
                 for _ in 0..<10_000 {
                     let watcher = try loop.watch(pipe.readEnd, for: .read) { _ in }
                     watcher.cancel()

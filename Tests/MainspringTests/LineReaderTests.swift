@@ -1,6 +1,8 @@
 import Foundation
 import Testing
-@testable import Mainspring
+import Mainspring
+import MainspringTestSupport
+@testable import MainspringCore
 
 /// Splits `chunks` (fed one by one) and returns every event.
 private func split(_ chunks: [[UInt8]], max: Int = 16) -> [LineEvent] {
@@ -89,7 +91,7 @@ struct LineSplitterTests {
 struct ReadLinesTests {
     @Test("readLines reports lines, bad input and end of file from a pipe, in order")
     func pipeLines() async throws {
-        let pipe = Pipe()
+        let pipe = TestPipe()
         let events = try await onLoopThread { loop -> [LineEvent] in
             nonisolated(unsafe) var events: [LineEvent] = []
             _ = try loop.readLines(from: pipe.readEnd, maxLineLength: 100) { events.append($0) }
@@ -111,7 +113,7 @@ struct ReadLinesTests {
 
     @Test("a 10 MB line is skipped without buffering it, and the next line arrives")
     func hugeLine() async throws {
-        let pipe = Pipe()
+        let pipe = TestPipe()
         let events = try await onLoopThread { loop -> [LineEvent] in
             nonisolated(unsafe) var events: [LineEvent] = []
             _ = try loop.readLines(from: pipe.readEnd) { events.append($0) }
@@ -151,7 +153,7 @@ struct ReadLinesTests {
     func readError() async throws {
         let events = try await onLoopThread { loop -> [LineEvent] in
             // A write-only fd: read(2) fails with EBADF.
-            let pipe = Pipe()
+            let pipe = TestPipe()
             nonisolated(unsafe) var events: [LineEvent] = []
             let watcher = try loop.readLines(from: pipe.writeEnd) { events.append($0) }
             // The write end of an empty pipe is writable, not readable: poke it to be "ready"

@@ -1,5 +1,7 @@
 import Testing
-@testable import Mainspring
+import Mainspring
+import MainspringTestSupport
+@testable import MainspringCore
 
 /// The loop's lifecycle values on their own: the cross-thread queue's phases (awake, sleeping,
 /// closed), the loop-thread lifecycle, and the ownership word — no threads, no loop running.

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import MainspringTestSupport
 
 /// `EventLoop.main` on the real process main thread: each test runs a `mainspring-fixture`
 /// scenario (Tests/Fixture/MainThreadScenarios.swift) in a subprocess and checks what it printed.

@@ -2,7 +2,9 @@ import Foundation
 import Synchronization
 import Testing
 import CMainspringSystem
-@testable import Mainspring
+import Mainspring
+import MainspringTestSupport
+@testable import MainspringCore
 
 /// An echo service on a group: each line comes back as "echo: <line>"; the connection closes
 /// when the client half-closes.

@@ -1,7 +1,9 @@
 import Foundation
 import MainspringTesting
 import Testing
-@testable import Mainspring
+import Mainspring
+import MainspringTestSupport
+@testable import MainspringCore
 
 /// The priority rules on modelled CPU (`MainspringTesting`): what used to be measured in the
 /// loop thread's CPU time with bounds for a loaded machine is exact here.

@@ -4,7 +4,9 @@ import Testing
 #if canImport(Glibc)
 import Glibc
 #endif
-@testable import Mainspring
+import Mainspring
+import MainspringTestSupport
+@testable import MainspringCore
 
 /// The README's code, compiled and run.
 @Suite("README examples")

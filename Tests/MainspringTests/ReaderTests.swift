@@ -1,7 +1,9 @@
 import Foundation
 import Synchronization
 import Testing
-@testable import Mainspring
+import Mainspring
+import MainspringTestSupport
+@testable import MainspringCore
 
 #if canImport(Glibc)
 import Glibc
@@ -230,7 +232,7 @@ struct ReaderTests {
             _ = client.readToEnd()
         }
         #expect(try await result.value == [
-            "until: Optional(Mainspring.Connection.Delimited.tooLong)", "exactly: nil",
+            "until: Optional(MainspringCore.Connection.Delimited.tooLong)", "exactly: nil",
             "upTo: too long for four\nand a tail", "upTo at the end: nil",
         ])
         listener.close()

@@ -1,5 +1,7 @@
 import Testing
-@testable import Mainspring
+import Mainspring
+import MainspringTestSupport
+@testable import MainspringCore
 
 /// A clock the test advances by hand: callbacks "take" exactly the time they add.
 private final class ManualClock: SchedulerClock {

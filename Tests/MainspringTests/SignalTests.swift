@@ -1,7 +1,9 @@
 import Foundation
 import Synchronization
 import Testing
-@testable import Mainspring
+import Mainspring
+import MainspringTestSupport
+@testable import MainspringCore
 
 #if canImport(Glibc)
 import Glibc

@@ -1,6 +1,8 @@
 import Foundation
 import Testing
-@testable import Mainspring
+import Mainspring
+import MainspringTestSupport
+@testable import MainspringCore
 
 /// Sizes are multiplied by 100 when the environment has `STRESS=1` (`make stress`).
 let stressScale = ProcessInfo.processInfo.environment["STRESS"] == "1" ? 100 : 1
@@ -87,7 +89,7 @@ struct StressTests {
         let ranAfterCancel = try await onLoopThread { loop -> Int in
             nonisolated(unsafe) var ranAfterCancel = 0
             for _ in 0..<rounds {
-                let pipes = (0..<8).map { _ in Pipe() }
+                let pipes = (0..<8).map { _ in TestPipe() }
                 for pipe in pipes { pipe.write("x") }  // all ready in the same poll
                 nonisolated(unsafe) var watchers: [Watcher] = []
                 nonisolated(unsafe) var cancelled = Set<Int>()

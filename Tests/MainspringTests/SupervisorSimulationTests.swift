@@ -1,6 +1,7 @@
 import ExampleServices
 import Foundation
 import Mainspring
+import MainspringTestSupport
 import MainspringHTTP
 import MainspringTesting
 import Testing

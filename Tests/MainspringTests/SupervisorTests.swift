@@ -1,5 +1,6 @@
 import Foundation
 import Mainspring
+import MainspringTestSupport
 import MainspringHTTP
 import Testing
 

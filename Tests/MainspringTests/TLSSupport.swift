@@ -2,6 +2,7 @@ import Foundation
 
 #if canImport(Glibc)
 import Glibc
+import MainspringTestSupport
 #endif
 
 /// Certificates made at test time with the `openssl` command (no private key is committed):

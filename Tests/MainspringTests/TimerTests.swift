@@ -1,6 +1,8 @@
 import Foundation
 import Testing
-@testable import Mainspring
+import Mainspring
+import MainspringTestSupport
+@testable import MainspringCore
 import MainspringTesting
 
 @Suite("Timers", .serialized)

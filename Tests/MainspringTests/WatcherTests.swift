@@ -1,12 +1,14 @@
 import Foundation
 import Testing
-@testable import Mainspring
+import Mainspring
+import MainspringTestSupport
+@testable import MainspringCore
 
 @Suite("Fd watchers")
 struct WatcherTests {
     @Test("a pipe watcher sees data, then end of file")
     func pipeReadAndEOF() async throws {
-        let pipe = Pipe()
+        let pipe = TestPipe()
         let received = try await onLoopThread { loop -> (String, Bool) in
             nonisolated(unsafe) var text = ""
             nonisolated(unsafe) var sawEOF = false
@@ -48,12 +50,12 @@ struct WatcherTests {
     @Test("a watcher cancelled while its event is already ready never runs")
     func cancelWhileReady() async throws {
         let ran = try await onLoopThread { loop -> Bool in
-            let pipe = Pipe()
+            let pipe = TestPipe()
             pipe.write("x")
             nonisolated(unsafe) var ran = false
             nonisolated(unsafe) var victim: Watcher?
             // Both fds are ready in the same poll; the first handler cancels the second watcher.
-            let other = Pipe()
+            let other = TestPipe()
             other.write("y")
             let first = try loop.watch(other.readEnd, for: .read) { _ in victim?.cancel() }
             victim = try loop.watch(pipe.readEnd, for: .read) { _ in ran = true }
@@ -68,7 +70,7 @@ struct WatcherTests {
     @Test("a handler is never re-entered, even when it spins while its fd stays readable")
     func neverReentered() async throws {
         let (maxDepth, calls, cpu) = try await onLoopThread { loop -> (Int, Int, Duration) in
-            let pipe = Pipe()
+            let pipe = TestPipe()
             pipe.write("data that nobody reads")
             nonisolated(unsafe) var depth = 0
             nonisolated(unsafe) var maxDepth = 0
@@ -100,12 +102,12 @@ struct WatcherTests {
             // A reader and a watcher on a pipe whose read end then changes file behind their
             // back: dup2 puts a new pipe's read end on the same number (atomically, so no test
             // running in parallel can take the number in between).
-            let old = Pipe()
+            let old = TestPipe()
             let number = old.readEnd
             nonisolated(unsafe) var staleEvents: [LineEvent] = []
             let staleReader = try loop.readLines(from: number) { staleEvents.append($0) }
             let staleWatcher = try loop.watch(number, for: .read) { _ in }
-            let fresh = Pipe()
+            let fresh = TestPipe()
             #expect(dup2(fresh.readEnd, number) == number)
             _ = fcntl(number, F_SETFD, FD_CLOEXEC)  // dup2 clears it (dup3 is not in Swift's Glibc)
             nonisolated(unsafe) var fired = false

@@ -112,7 +112,7 @@ extension EventLoop {
     /// later: `schedule(after:)` for a deadline computed earlier, possibly on another thread
     /// (`sleep(for:)`, `Queue.after`), so that it keeps its nanoseconds. Loop thread only.
     @discardableResult
-    func schedule(atMonotonicNanoseconds deadline: UInt64, _ work: @escaping () -> Void) -> TimerHandle {
+    package func schedule(atMonotonicNanoseconds deadline: UInt64, _ work: @escaping () -> Void) -> TimerHandle {
         preconditionOnLoop("EventLoop.schedule(atMonotonicNanoseconds:_:)")
         return makeTimer(deadline: deadline, interval: nil, oneShot: work, repeating: nil)
     }

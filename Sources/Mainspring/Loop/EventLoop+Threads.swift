@@ -63,7 +63,7 @@ extension EventLoop {
     /// freezing: the loop this thread is running right now, else its `EventLoop.current` if it
     /// has one, else `EventLoop.main` on the main thread. `nil` on a plain thread (never creates
     /// a loop).
-    static var loopToSpinWhileWaiting: EventLoop? {
+    package static var loopToSpinWhileWaiting: EventLoop? {
         if let loop = runningLoop.value { return loop }
         if let loop = threadLoop.value { return loop }
         if isProcessMainThread() && main.claimThread() { return main }
@@ -129,7 +129,7 @@ extension EventLoop {
         return false
     }
 
-    func preconditionOnLoop(_ function: StaticString, file: StaticString = #fileID, line: UInt = #line) {
+    package func preconditionOnLoop(_ function: StaticString, file: StaticString = #fileID, line: UInt = #line) {
         requireUsage(
             claimThread(),
             "Mainspring: \(function) must be called on the loop's own thread; use execute(_:) to get there",

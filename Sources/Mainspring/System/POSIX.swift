@@ -11,7 +11,7 @@ import Musl
 /// Monotonic time in nanoseconds (`CLOCK_MONOTONIC`, the clock libevent's precise timers use).
 /// About 20 ns per call through the vDSO.
 @inline(__always)
-func monotonicNanoseconds() -> UInt64 {
+package func monotonicNanoseconds() -> UInt64 {
     var ts = timespec()
     clock_gettime(CLOCK_MONOTONIC, &ts)
     return UInt64(ts.tv_sec) &* 1_000_000_000 &+ UInt64(ts.tv_nsec)
@@ -57,16 +57,18 @@ func closeDescriptor(_ fd: Int32) { _ = close(fd) }
 func errnoName(_ code: Int32) -> String { String(cString: strerror(code)) }
 
 /// Which file an fd names: its device and inode (nil when `fd` is not open).
-struct FileIdentity: Equatable {
-    let device: UInt64
-    let inode: UInt64
+package struct FileIdentity: Equatable, Sendable, CustomStringConvertible {
+    package let device: UInt64
+    package let inode: UInt64
 
-    init?(of fd: Int32) {
+    package init?(of fd: Int32) {
         var st = stat()
         guard fd >= 0, fstat(fd, &st) == 0 else { return nil }
         device = UInt64(st.st_dev)
         inode = UInt64(st.st_ino)
     }
+
+    package var description: String { "\(device):\(inode)" }
 }
 
 /// Whether `fd` is a regular file (epoll refuses those: they are always ready).

@@ -221,7 +221,7 @@ func defaultSearchPath() -> String {
 }
 
 /// A signal's name ("SIGTERM"), or "signal N" for one without a common name.
-func signalName(_ signal: Int32) -> String {
+package func signalName(_ signal: Int32) -> String {
     let names: [Int32: String] = [
         SIGHUP: "SIGHUP", SIGINT: "SIGINT", SIGQUIT: "SIGQUIT", SIGILL: "SIGILL", SIGTRAP: "SIGTRAP",
         SIGABRT: "SIGABRT", SIGBUS: "SIGBUS", SIGFPE: "SIGFPE", SIGKILL: "SIGKILL", SIGUSR1: "SIGUSR1",

@@ -11,13 +11,13 @@ import Glibc
 /// same (one atomic to lock, one to unlock).
 ///
 /// Never call user code or resume a continuation inside `withLock`.
-final class Protected<Value>: @unchecked Sendable {
+package final class Protected<Value>: @unchecked Sendable {
     private let mutex: UnsafeMutablePointer<pthread_mutex_t>
     /// Only touched inside `withLock`, under the mutex: the mutex is the exclusivity check (a
     /// dynamic one would cost some 80 instructions per access).
     @exclusivity(unchecked) private var value: Value
 
-    init(_ value: Value) {
+    package init(_ value: Value) {
         self.value = value
         mutex = .allocate(capacity: 1)
         mutex.initialize(to: pthread_mutex_t())
@@ -33,7 +33,7 @@ final class Protected<Value>: @unchecked Sendable {
 
     /// Runs `body` with exclusive access to the value.
     @inline(__always)
-    func withLock<Result>(_ body: (inout Value) throws -> Result) rethrows -> Result {
+    package func withLock<Result>(_ body: (inout Value) throws -> Result) rethrows -> Result {
         pthread_mutex_lock(mutex)
         defer { pthread_mutex_unlock(mutex) }
         return try body(&value)

@@ -11,21 +11,21 @@ import Musl
 
 /// The longest `sun_path` a unix socket address may use: 108 bytes, one of which is the
 /// terminating NUL for a path (an abstract name uses all 108, its first byte being NUL).
-let unixSocketPathCapacity = MemoryLayout.size(ofValue: sockaddr_un().sun_path)
+package let unixSocketPathCapacity = MemoryLayout.size(ofValue: sockaddr_un().sun_path)
 
 /// An AF_UNIX datagram socket that sends to one address: the service manager's notification
 /// socket. `send` may be called from any thread.
 ///
 /// The socket is made in `init` (so that a process that later runs out of descriptors can still
 /// notify); if that fails, `send` tries again and reports the failure.
-final class DatagramSender: Sendable {
+package final class DatagramSender: Sendable {
     /// The address's `sun_path` bytes: a path (NUL-terminated here) or an abstract name
     /// (starting with NUL, not terminated).
     private let pathBytes: [UInt8]
     private let descriptor = Protected<Int32>(-1)
 
     /// `pathBytes` must fit `unixSocketPathCapacity` (checked by the caller).
-    init(pathBytes: [UInt8]) {
+    package init(pathBytes: [UInt8]) {
         precondition(pathBytes.count <= unixSocketPathCapacity, "Mainspring: unix socket address too long")
         self.pathBytes = pathBytes
         descriptor.withLock { fd in fd = makeDatagramSocket() }
@@ -39,7 +39,7 @@ final class DatagramSender: Sendable {
     /// Sends `message` as one datagram, without blocking (`MSG_DONTWAIT`), retried on `EINTR`.
     /// - Throws: `.system(function:errno:)` naming `function`; `EAGAIN` when the receiver's queue
     ///   is full.
-    func send(_ message: [UInt8], function: @autoclosure () -> String) throws(EventLoopError) {
+    package func send(_ message: [UInt8], function: @autoclosure () -> String) throws(EventLoopError) {
         let fd = descriptor.withLock { fd -> Int32 in
             if fd < 0 { fd = makeDatagramSocket() }
             return fd
@@ -154,7 +154,7 @@ func descriptorLimit() -> Int? {
 // MARK: The process
 
 /// This process's id.
-func currentProcessID() -> Int32 { getpid() }
+package func currentProcessID() -> Int32 { getpid() }
 
 /// Removes `name` from the process environment, so that child processes do not inherit it.
 /// Not thread-safe against other threads reading the environment (no POSIX call is): done once,

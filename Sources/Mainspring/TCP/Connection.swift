@@ -168,7 +168,7 @@ public final class Connection: @unchecked Sendable {
     /// Starts connecting to `host:port` from `loop` — an IPv4 or IPv6 literal, or a host name
     /// ("localhost", a name from /etc/hosts or DNS) — and returns the connection at once, before
     /// it is established: writes are buffered until it is. Loop thread only. The `async`
-    /// ``connect(to:port:on:options:)-13sgy`` returns once the connection is established instead.
+    /// ``connect(to:port:on:options:)-pf2q`` returns once the connection is established instead.
     ///
     /// A name is resolved off the loop (the system's resolver on a resolver thread, within
     /// `options.resolveTimeout`) and its addresses are tried with Happy Eyeballs (RFC 8305): the
@@ -189,7 +189,7 @@ public final class Connection: @unchecked Sendable {
     }
 
     /// The old name of ``startConnecting(to:port:on:options:)``: in `async` code the compiler
-    /// picks the `async` ``connect(to:port:on:options:)-13sgy``, which waits for the connection, for
+    /// picks the `async` ``connect(to:port:on:options:)-pf2q``, which waits for the connection, for
     /// this spelling.
     @available(*, deprecated, renamed: "startConnecting(to:port:on:options:)")
     public static func connect(to host: String, port: UInt16, on loop: EventLoop, options: Options = .init())

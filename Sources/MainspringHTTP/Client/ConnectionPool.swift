@@ -1,4 +1,4 @@
-import Mainspring
+import MainspringCore
 import Synchronization
 
 /// A pool's key: scheme, host and port.

@@ -1,4 +1,4 @@
-import Mainspring
+import MainspringCore
 
 extension HTTPClient.Connector {
     /// HTTPS: a TCP connect, then the TLS handshake with `context` (a `TLSClientContext` from

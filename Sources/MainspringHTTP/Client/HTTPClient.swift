@@ -1,5 +1,5 @@
 import Foundation
-import Mainspring
+import MainspringCore
 import Synchronization
 
 /// An HTTP/1.1 client on a loop: `GET`, `POST`, `PUT`, `DELETE`, `HEAD` (any ``HTTPMethod``)

@@ -1,5 +1,5 @@
 import Foundation
-import Mainspring
+import MainspringCore
 
 /// A request for ``HTTPClient``: method, absolute URL, header fields, body.
 public struct HTTPClientRequest: Sendable {

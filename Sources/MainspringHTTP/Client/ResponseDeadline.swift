@@ -1,4 +1,4 @@
-import Mainspring
+import MainspringCore
 import Synchronization
 
 /// The response timeout of one exchange: one timer of the client's loop, armed when the

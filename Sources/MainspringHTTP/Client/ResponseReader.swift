@@ -1,4 +1,4 @@
-import Mainspring
+import MainspringCore
 import Synchronization
 
 /// A response's status line and header fields.

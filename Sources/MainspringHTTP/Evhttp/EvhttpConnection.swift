@@ -5,7 +5,7 @@
 // head guard before evhttp buffers anything (431, 400, 501), and its output step writes
 // responses straight to the socket. evhttp still does all the parsing.
 internal import CLibevent
-import Mainspring
+import MainspringCore
 #if canImport(Glibc)
 import Glibc
 #endif

@@ -5,7 +5,7 @@
 // evhttp's own timeout had fired, and lingers on those whose guard answer (431, 503…) is out: their
 // write side shut, their input drained until the peer leaves, closed two seconds after the answer.
 internal import CLibevent
-import Mainspring
+import MainspringCore
 
 extension EvhttpServer {
     /// Closes connections whose request is arriving too slowly (head or body past its timeout)

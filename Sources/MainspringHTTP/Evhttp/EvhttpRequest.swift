@@ -2,7 +2,7 @@
 // query, header fields, body, peer) into Swift values, and answering it — a whole response, or a
 // chunked one with a callback per drained chunk (the streaming writer's backpressure).
 internal import CLibevent
-import Mainspring
+import MainspringCore
 #if canImport(Glibc)
 import Glibc
 #endif

@@ -17,7 +17,7 @@
 // - EvhttpRequest.swift: one request handed to Swift, read into values and answered (whole or
 //   chunked).
 internal import CLibevent
-@_spi(MainspringHTTP) import Mainspring
+@_spi(MainspringHTTP) import MainspringCore
 #if canImport(Glibc)
 import Glibc
 #endif

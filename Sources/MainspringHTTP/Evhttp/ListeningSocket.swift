@@ -5,7 +5,7 @@ internal import CLibevent
 #if canImport(Glibc)
 import Glibc
 #endif
-import Mainspring
+import MainspringCore
 
 /// A listening socket (TCP, or Unix stream) shared by every loop of a server: each loop's evhttp
 /// accepts from its own duplicate of it, so a loop that is stuck in a long callback simply stops

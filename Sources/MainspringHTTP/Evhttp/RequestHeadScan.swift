@@ -12,7 +12,7 @@
 // a folded line or whitespace in a field name are answered 400; a transfer coding other than
 // `chunked` 501. The connection closes after the answer.
 internal import CLibevent
-import Mainspring
+import MainspringCore
 #if canImport(Glibc)
 import Glibc
 #endif

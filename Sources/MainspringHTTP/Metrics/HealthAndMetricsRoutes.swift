@@ -1,4 +1,4 @@
-import Mainspring
+import MainspringCore
 
 extension HTTPRoutes {
     /// `GET path` answers with `exporter`'s metrics and the serving server's counters, in the

@@ -1,5 +1,4 @@
-import Foundation
-import Mainspring
+import MainspringCore
 
 /// Renders the metrics of a set of loops — and of `Feeder` jobs and an `HTTPServer` — in the
 /// Prometheus text exposition format (version 0.0.4), one `loop` label per loop.
@@ -36,7 +35,7 @@ public final class LoopMetricsExporter: Sendable {
     public let loops: [EventLoop]
     /// How long a scrape waits for a loop's snapshot.
     public let timeout: Duration
-    private let state = Locked(State())
+    private let state = Protected(State())
 
     private struct State {
         var lastSnapshots: [Int: LoopMetrics] = [:]
@@ -234,18 +233,6 @@ private final class Gather: @unchecked Sendable {
         guard !taken else { return nil }
         taken = true
         return snapshots
-    }
-}
-
-/// A value behind a lock (an `NSLock`: a pthread mutex).
-final class Locked<Value>: @unchecked Sendable {
-    private let lock = NSLock()
-    private var value: Value
-    init(_ value: Value) { self.value = value }
-    func withLock<T>(_ body: (inout Value) -> T) -> T {
-        lock.lock()
-        defer { lock.unlock() }
-        return body(&value)
     }
 }
 

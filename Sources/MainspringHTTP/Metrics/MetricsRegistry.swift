@@ -1,6 +1,7 @@
+import MainspringCore
 import Synchronization
 
-// Locks here are `Locked` (an NSLock), not `Mutex`: ThreadSanitizer does not see `Mutex`'s futex
+// Locks here are the core's `Protected` (a pthread mutex), not `Mutex`: ThreadSanitizer does not see `Mutex`'s futex
 // as synchronisation (see ClientLock).
 
 /// The application's own metrics — counters, gauges and histograms, with labels — served on
@@ -24,8 +25,8 @@ import Synchronization
 /// atomic operation (a gauge's: a compare-and-swap loop; a histogram's observation takes a
 /// short lock); looking up a labelled series takes a lock, so keep series you update often.
 public final class MetricsRegistry: Sendable {
-    private let families = Locked<[String: any MetricFamily]>([:])
-    private let order = Locked<[String]>([])
+    private let families = Protected<[String: any MetricFamily]>([:])
+    private let order = Protected<[String]>([])
 
     /// An empty registry.
     public init() {}
@@ -139,8 +140,8 @@ extension MetricFamily {
 /// A family's series by label values, made on first use. The unlabelled series (no label
 /// names) is made at once.
 final class SeriesTable<Series: Sendable & AnyObject>: Sendable {
-    private let table = Locked<[[String]: Series]>([:])
-    private let order = Locked<[[String]]>([])
+    private let table = Protected<[[String]: Series]>([:])
+    private let order = Protected<[[String]]>([])
     private let make: @Sendable () -> Series
     let labelNames: [String]
     let family: String
@@ -276,11 +277,11 @@ public final class Histogram: MetricFamily {
         private let bounds: [Double]
         /// Counts per bucket (`+Inf` last, not cumulative), the sum and the count, together, so
         /// a scrape sees them agree.
-        private let state: Locked<(counts: [Int], sum: Double, count: Int)>
+        private let state: Protected<(counts: [Int], sum: Double, count: Int)>
 
         init(bounds: [Double]) {
             self.bounds = bounds
-            state = Locked((Array(repeating: 0, count: bounds.count + 1), 0, 0))
+            state = Protected((Array(repeating: 0, count: bounds.count + 1), 0, 0))
         }
 
         /// Counts `value` in the first bucket whose bound is at least `value` (`+Inf` past the

@@ -1,4 +1,4 @@
-import Mainspring
+import MainspringCore
 
 // How an `async` route handler runs: in a task that prefers the request's loop as its executor
 // (`Task(executorPreference:)`), so the handler's body runs on the loop's thread, between the

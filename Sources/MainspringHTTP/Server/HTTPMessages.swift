@@ -1,5 +1,5 @@
 import Foundation
-import Mainspring
+import MainspringCore
 
 /// A request as the server read it: a value, safe to keep and to pass to any thread.
 ///

@@ -1,4 +1,4 @@
-import Mainspring
+import MainspringCore
 
 /// How a route's path matches a request path.
 public enum PathMatch: Sendable, Hashable {

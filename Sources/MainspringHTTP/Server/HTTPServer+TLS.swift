@@ -1,4 +1,4 @@
-import Mainspring
+import MainspringCore
 
 /// HTTPS: an `HTTPServer` whose connections speak TLS with the certificates of a
 /// `TLSServerContext` from `MainspringTLS` (reloading the context changes them for new

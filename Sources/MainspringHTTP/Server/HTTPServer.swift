@@ -1,6 +1,6 @@
 import Dispatch
 import Foundation
-import Mainspring
+import MainspringCore
 
 /// An HTTP/1.1 server on Mainspring loops, built on libevent's evhttp (its parser, keep-alive,
 /// chunked encoding, timeouts and limits).

@@ -1,5 +1,5 @@
 import Foundation
-@_spi(MainspringHTTP) import Mainspring
+@_spi(MainspringHTTP) import MainspringCore
 
 /// One loop's share of an `HTTPServer`: its evhttp, its in-flight requests (counted as the loop's
 /// busy work, so a graceful group shutdown waits for them), its deadline sweep. Loop thread

@@ -1,5 +1,5 @@
 import Foundation
-import Mainspring
+import MainspringCore
 
 /// Answers one request later, from any thread, exactly once (a deferred handler's way to reply).
 ///

@@ -1,4 +1,4 @@
-@_spi(MainspringHTTP) import Mainspring
+@_spi(MainspringHTTP) import MainspringCore
 
 /// A WebSocket connection (RFC 6455) on a Mainspring loop: messages in as an `AsyncSequence`,
 /// messages out with backpressure, pings answered, the closing handshake with a deadline.

@@ -1,5 +1,5 @@
 import Foundation
-@_spi(MainspringHTTP) import Mainspring
+@_spi(MainspringHTTP) import MainspringCore
 import Synchronization
 
 extension WebSocket {

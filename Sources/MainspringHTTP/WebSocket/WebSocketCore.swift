@@ -1,4 +1,4 @@
-@_spi(MainspringHTTP) import Mainspring
+@_spi(MainspringHTTP) import MainspringCore
 import Synchronization
 
 /// A WebSocket configuration as the WebSockets made with it share it: a route's, one

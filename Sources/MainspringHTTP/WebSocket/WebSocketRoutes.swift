@@ -1,4 +1,4 @@
-import Mainspring
+import MainspringCore
 
 /// A WebSocket route: its configuration, its upgrade decision, its handler.
 struct WebSocketRoute: Sendable {

@@ -1,4 +1,4 @@
-import Mainspring
+import MainspringCore
 
 extension WebSocket {
     /// A message: a text message (valid UTF-8, checked as it arrives) or a binary one, whole

@@ -1,6 +1,6 @@
 internal import CMainspringTLS
 internal import CLibevent
-import Mainspring
+import MainspringCore
 
 /// HTTPS for `HTTPServer`: each accepted connection's bufferevent is a libevent OpenSSL
 /// bufferevent, in the accepting state, with a session from the server context's certificates

@@ -5,7 +5,7 @@
 // typed Swift values.
 internal import CMainspringTLS
 import Foundation
-import Mainspring
+import MainspringCore
 
 /// One `SSL_CTX`, freed with the handle (OpenSSL counts references: sessions made from it keep
 /// it alive as long as they need it).

@@ -1,7 +1,7 @@
 internal import CMainspringTLS
 internal import CLibevent
 import Foundation
-@_spi(MainspringHTTP) import Mainspring
+@_spi(MainspringHTTP) import MainspringCore
 
 /// One TLS session (an `SSL`) on a socket, while its handshake runs — driven a step at a time
 /// by `TLSHandshake` — then handed to a libevent OpenSSL bufferevent. Loop thread only.

@@ -1,0 +1,556 @@
+import CMainspringSystem
+import Foundation
+import Testing
+@testable import MainspringServices
+import MainspringTestSupport
+@testable import MainspringCore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+// The service-manager protocols in process: notification datagrams to a fake notify socket,
+// the environment parsers (fed dictionaries, so the test runner's own environment is never
+// touched), adopting descriptors as listeners, and the watchdog over a real group. What needs
+// the process environment or descriptors from 3 on runs in subprocesses
+// (DaemonSystemdTests.swift).
+
+@Suite("Service manager notifications")
+struct ServiceNotifierTests {
+    @Test("each notification is one datagram of KEY=value lines, in the order given, status last")
+    func datagrams() throws {
+        let fake = try FakeNotifySocket()
+        let notifier = try ServiceNotifier(address: fake.address)
+        #expect(notifier.isEnabled && notifier.address == fake.address)
+        try notifier.notify(.ready, .status("serving on 127.0.0.1:7000"))
+        try notifier.notify(.watchdog)
+        try notifier.notify(.stopping, .status("draining"))
+        let before = monotonicNow() / 1_000
+        try notifier.notify(.reloading)
+        let after = monotonicNow() / 1_000
+        let reload = try #require(fake.waitFor { $0.text.hasPrefix("RELOADING=1") })
+        let texts = fake.messages.map(\.text)
+        #expect(texts.prefix(3) == ["READY=1\nSTATUS=serving on 127.0.0.1:7000", "WATCHDOG=1", "STOPPING=1\nSTATUS=draining"])
+        // MONOTONIC_USEC is CLOCK_MONOTONIC in microseconds, taken when the datagram was sent.
+        let stamp = try #require(reload.value(of: "MONOTONIC_USEC").flatMap { UInt64($0) }, "\(reload)")
+        #expect(stamp >= before && stamp <= after)
+    }
+
+    @Test("an abstract-namespace address (@name) works like a path")
+    func abstractNamespace() throws {
+        let fake = try FakeNotifySocket(abstract: true)
+        #expect(fake.address.hasPrefix("@"))
+        let notifier = try ServiceNotifier(environment: ["NOTIFY_SOCKET": fake.address])
+        try notifier.notify(.ready)
+        #expect(fake.waitFor { $0.text == "READY=1" } != nil)
+    }
+
+    @Test("a status line's line breaks become spaces; an oversized one is cut below the manager's 4,096-byte limit")
+    func statusText() throws {
+        #expect(ServiceNotifier.message(for: [.status("one\ntwo\r\nthree\rfour")], monotonicMicroseconds: 0)
+            == "STATUS=one two three four")
+        let long = String(repeating: "é", count: 5_000)  // 10,000 bytes
+        let message = ServiceNotifier.message(for: [.ready, .status(long)], monotonicMicroseconds: 0)
+        #expect(message.utf8.count < 4_096 && message.utf8.count > 4_000)
+        #expect(message.hasPrefix("READY=1\nSTATUS=éé") && message.hasSuffix("é…"))
+        // And it is still one datagram the socket accepts.
+        let fake = try FakeNotifySocket()
+        try ServiceNotifier(address: fake.address).notify(.status(long))
+        let received = try #require(fake.waitFor { $0.text.hasPrefix("STATUS=") })
+        #expect(received.text.utf8.count < 4_096)
+    }
+
+    @Test("without NOTIFY_SOCKET the notifier is disabled and every call is a no-op")
+    func disabled() throws {
+        let notifier = try ServiceNotifier(environment: ["HOME": "/root"])
+        #expect(!notifier.isEnabled && notifier.address == nil)
+        try notifier.notify(.ready, .status("x"))
+        try ServiceNotifier.disabled.notify(.watchdog)
+        #expect(!ServiceNotifier.disabled.isEnabled)
+    }
+
+    @Test("malformed or oversized NOTIFY_SOCKET values are clear errors naming the variable")
+    func badAddresses() throws {
+        let longPath = "/tmp/" + String(repeating: "p", count: 103)  // 108 bytes: no room for the NUL
+        let longName = "@" + String(repeating: "a", count: 109)
+        for value in ["", "relative/notify", "vsock:2:1234", "@", longPath, longName] {
+            #expect(throws: ServiceEnvironmentError.self, "\(value)") {
+                _ = try ServiceNotifier(environment: ["NOTIFY_SOCKET": value])
+            }
+            do {
+                _ = try ServiceNotifier(address: value)
+            } catch {
+                guard case .invalidValue(let variable, let shown, let expected) = error else {
+                    Issue.record("unexpected \(error)")
+                    continue
+                }
+                #expect(variable == "NOTIFY_SOCKET" && shown == value)
+                #expect(expected.contains("absolute path") && expected.contains("@abstract"))
+                #expect(error.description.contains("NOTIFY_SOCKET='"))
+                #expect(error.description.count < 300, "the value is cut in messages")
+            }
+        }
+        // The longest accepted: a 107-byte path, a 107-byte abstract name.
+        _ = try ServiceNotifier(address: String(longPath.dropLast()))
+        _ = try ServiceNotifier(address: String(longName.prefix(108)))
+    }
+
+    @Test("nobody listening at the address: notify throws a system error naming the socket")
+    func nobodyListening() throws {
+        // A fresh path in the process's own directory: nothing there.
+        let path = uniqueTestPath("nobody.sock")
+        let notifier = try ServiceNotifier(address: path)
+        #expect {
+            try notifier.notify(.ready)
+        } throws: { error in
+            guard case EventLoopError.system(let function, let code) = error else { return false }
+            return function.contains("NOTIFY_SOCKET=\(path)") && code == ENOENT
+        }
+    }
+}
+
+@Suite("Service manager environment")
+struct ServiceEnvironmentTests {
+    @Test("WATCHDOG_USEC and WATCHDOG_PID: the interval for this process, nil for another, errors for junk")
+    func watchdogVariables() throws {
+        let me = String(getpid())
+        #expect(try Watchdog.requestedInterval(environment: [:]) == nil)
+        #expect(try Watchdog.requestedInterval(environment: ["WATCHDOG_USEC": "200000"]) == .milliseconds(200))
+        #expect(try Watchdog.requestedInterval(environment: ["WATCHDOG_USEC": "30000000", "WATCHDOG_PID": me]) == .seconds(30))
+        // Inherited from a parent the watchdog was meant for: not ours.
+        #expect(try Watchdog.requestedInterval(environment: ["WATCHDOG_USEC": "200000", "WATCHDOG_PID": "1"]) == nil)
+        let oversized = String(repeating: "9", count: 10_000)
+        for value in ["abc", "0", "-5", "1e6", " 200000", "18446744073709551615", "18446744073709551616", oversized] {
+            #expect(throws: ServiceEnvironmentError.invalidValue(
+                variable: "WATCHDOG_USEC", value: value,
+                expected: "a whole number of microseconds from 1 to 18446744073709551614")) {
+                _ = try Watchdog.requestedInterval(environment: ["WATCHDOG_USEC": value])
+            }
+        }
+        let error = ServiceEnvironmentError.invalidValue(variable: "WATCHDOG_USEC", value: oversized, expected: "x")
+        #expect(error.description.contains("(10000 bytes)") && error.description.count < 200)
+        #expect(throws: ServiceEnvironmentError.self) {
+            _ = try Watchdog.requestedInterval(environment: ["WATCHDOG_USEC": "1000", "WATCHDOG_PID": "me"])
+        }
+    }
+
+    @Test("LISTEN_PID, LISTEN_FDS, LISTEN_FDNAMES: sockets for this process only, names, clear errors")
+    func listenVariables() throws {
+        let me: Int32 = 4242
+        func parse(_ environment: [String: String], limit: Int? = 1_024) throws(ServiceEnvironmentError) -> ActivatedSockets {
+            try ActivatedSockets.parse(environment, processID: me, descriptorLimit: limit)
+        }
+        // Nothing passed.
+        let none = try parse(["PATH": "/bin"])
+        #expect(none.isEmpty && none.ignoredReason == nil)
+        // Two sockets with names.
+        let two = try parse(["LISTEN_PID": "4242", "LISTEN_FDS": "2", "LISTEN_FDNAMES": "http:line"])
+        #expect(two.sockets == [.init(descriptor: 3, index: 0, name: "http"), .init(descriptor: 4, index: 1, name: "line")])
+        #expect(two.first(named: "line")?.descriptor == 4 && two.first(named: "nope") == nil)
+        #expect(two.sockets[1].description == "descriptor 4 named 'line'")
+        // Without names.
+        #expect(try parse(["LISTEN_PID": "4242", "LISTEN_FDS": "1"]).sockets == [.init(descriptor: 3, index: 0, name: nil)])
+        #expect(try parse(["LISTEN_PID": "4242", "LISTEN_FDS": "0", "LISTEN_FDNAMES": ""]).isEmpty)
+        // Meant for another process, or without LISTEN_PID: ignored, with the reason.
+        let other = try parse(["LISTEN_PID": "1", "LISTEN_FDS": "1"])
+        #expect(other.isEmpty && other.ignoredReason?.contains("LISTEN_PID=1 names another process (this one is 4242)") == true)
+        let orphan = try parse(["LISTEN_FDS": "1"])
+        #expect(orphan.isEmpty && orphan.ignoredReason?.contains("without LISTEN_PID") == true)
+        // LISTEN_FDS=999: parsed (the descriptors are checked when taken from the environment).
+        #expect(try parse(["LISTEN_PID": "4242", "LISTEN_FDS": "999"]).sockets.count == 999)
+        // Junk.
+        let bad: [([String: String], String)] = [
+            (["LISTEN_PID": "abc", "LISTEN_FDS": "1"], "LISTEN_PID"),
+            (["LISTEN_PID": "-3", "LISTEN_FDS": "1"], "LISTEN_PID"),
+            (["LISTEN_PID": "4242", "LISTEN_FDS": "many"], "LISTEN_FDS"),
+            (["LISTEN_PID": "4242", "LISTEN_FDS": "-1"], "LISTEN_FDS"),
+            (["LISTEN_PID": "4242", "LISTEN_FDS": "1022"], "LISTEN_FDS"),  // over the limit less 3
+            (["LISTEN_PID": "4242", "LISTEN_FDS": "99999999999999999999999"], "LISTEN_FDS"),
+            (["LISTEN_PID": "4242", "LISTEN_FDS": "2", "LISTEN_FDNAMES": "one"], "LISTEN_FDNAMES"),
+            (["LISTEN_PID": "4242", "LISTEN_FDS": "1", "LISTEN_FDNAMES": "a:b"], "LISTEN_FDNAMES"),
+            (["LISTEN_PID": "4242", "LISTEN_FDS": "1", "LISTEN_FDNAMES": "bad\tname"], "LISTEN_FDNAMES"),
+            (["LISTEN_PID": "4242", "LISTEN_FDS": "1", "LISTEN_FDNAMES": String(repeating: "n", count: 256)], "LISTEN_FDNAMES"),
+        ]
+        for (environment, variable) in bad {
+            do {
+                _ = try parse(environment)
+                Issue.record("\(environment) was accepted")
+            } catch {
+                guard case .invalidValue(let name, _, _) = error else {
+                    Issue.record("\(environment): \(error)")
+                    continue
+                }
+                #expect(name == variable, "\(environment): \(error)")
+            }
+        }
+        #expect(try parse(["LISTEN_PID": "4242", "LISTEN_FDS": "1021"]).sockets.count == 1_021)
+    }
+
+    @Test("the not-open error names LISTEN_FDS, the range and the missing descriptor")
+    func notOpenMessage() {
+        #expect(ServiceEnvironmentError.passedDescriptorNotOpen(descriptor: 3, count: 999).description
+            == "LISTEN_FDS=999 says descriptors 3…1001 were passed, but descriptor 3 is not open")
+        #expect(ServiceEnvironmentError.passedDescriptorNotOpen(descriptor: 3, count: 1).description
+            == "LISTEN_FDS=1 says descriptor 3 was passed, but descriptor 3 is not open")
+    }
+
+    @Test("JOURNAL_STREAM: only a match of the descriptor's own device and inode counts")
+    func journalStream() throws {
+        let pipe = TestPipe()
+        var st = stat()
+        #expect(fstat(pipe.writeEnd, &st) == 0)
+        let mine = "\(st.st_dev):\(st.st_ino)"
+        #expect(JournalStream.isConnected(pipe.writeEnd, environment: ["JOURNAL_STREAM": mine]))
+        #expect(!JournalStream.isConnected(pipe.writeEnd, environment: ["JOURNAL_STREAM": "\(st.st_dev):\(st.st_ino + 1)"]))
+        for junk in ["", "garbage", "\(st.st_dev)", "\(st.st_dev):\(st.st_ino):1", "-1:-1"] {
+            #expect(!JournalStream.isConnected(pipe.writeEnd, environment: ["JOURNAL_STREAM": junk]))
+        }
+        #expect(!JournalStream.isConnected(pipe.writeEnd, environment: [:]))
+        #expect(!JournalStream.isConnected(-1, environment: ["JOURNAL_STREAM": mine]))
+    }
+}
+
+/// A listening TCP socket on 127.0.0.1 made with plain calls — blocking, inheritable — as a
+/// service manager would pass it. Made close-on-exec, so a child another test spawns while it
+/// is being set up never holds it; the flag is cleared once it listens (the test fixture's
+/// spawns close every descriptor from 3 on in the child anyway), so that adopting must set it.
+private func plainListeningSocket() throws -> (fd: Int32, port: UInt16) {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+    guard fd >= 0 else { throw POSIXError(.EMFILE) }
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+    let bound = withUnsafeMutablePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0 }
+    }
+    guard bound, listen(fd, 16) == 0, fcntl(fd, F_SETFD, 0) == 0 else {
+        close(fd)
+        throw POSIXError(.EADDRINUSE)
+    }
+    return (fd, UInt16(bigEndian: address.sin_port))
+}
+
+@Suite("Adopting a listening descriptor")
+struct AdoptedListenerTests {
+    @Test("an inherited, blocking listening socket is adopted: non-blocking, close-on-exec, serving, closed with the listener")
+    func adoptsListeningSocket() async throws {
+        let (fd, port) = try plainListeningSocket()
+        let identity = try #require(FileIdentity(of: fd))
+        let outcome = try await onLoopThread { loop -> (flags: Int32, descriptorFlags: Int32, reply: String?, address: String, listenerPort: UInt16) in
+            let listener = try Listener(.adopted(descriptor: fd), on: loop) { connection in
+                connection.readLines { event in
+                    switch event {
+                    case .line(let text): connection.writeLine("echo: \(text)")
+                    default: connection.close()
+                    }
+                }
+            }
+            let flags = fcntl(fd, F_GETFL)
+            let descriptorFlags = fcntl(fd, F_GETFD)
+            let reply = Locked<String?>(nil)
+            startThread {
+                let client = try? TestClient(port: port)
+                client?.send("hello\n")
+                let text = client?.readLine() ?? "no reply"
+                reply.withLock { $0 = text }
+                loop.execute {}  // wakes the loop to see the condition
+            }
+            loop.spin(until: { reply.value != nil }, timeout: .seconds(20))
+            let result = (flags, descriptorFlags, reply.value, listener.localAddress, listener.port)
+            listener.close()
+            return result
+        }
+        #expect(outcome.reply == "echo: hello")
+        #expect(outcome.flags & O_NONBLOCK != 0)
+        #expect(outcome.descriptorFlags & FD_CLOEXEC != 0)
+        #expect(outcome.listenerPort == port && outcome.address == "127.0.0.1:\(port)")
+        // Closing the listener closed the socket: the number no longer names it (it may be
+        // closed, or already reused by a test running in parallel). A connect to the port would
+        // prove nothing: anybody may have been given the freed port meanwhile.
+        #expect(FileIdentity(of: fd) != identity, "descriptor \(fd) still names the adopted socket \(identity)")
+    }
+
+    @Test("the async form: an adopted socket's connections are iterated with for try await")
+    func adoptsForAsyncIteration() async throws {
+        let (fd, port) = try plainListeningSocket()
+        let group = try EventLoopGroup(loopCount: 1)
+        let listener = try await Listener(.adopted(descriptor: fd), on: group.loops[0], group: group)
+        #expect(listener.port == port)
+        // The blocking client on a thread of its own: on the cooperative pool (two threads here)
+        // it could starve the task that serves it.
+        let reply = Task { await onPlainThread { () -> String? in
+            let client = try? TestClient(port: port)
+            // The echo comes from this test's task, which waits for a thread of that pool: at
+            // the suite's start the pool was once held for 45 s by blocking tests (10 s ran out).
+            client?.setReceiveTimeout(seconds: 180)
+            client?.send("async hello\n")
+            return client?.readLine()
+        } }
+        for try await connection in listener.connections {
+            for try await event in connection.lines {
+                if case .line(let text) = event { try await connection.send(line: "echo: \(text)") }
+                break
+            }
+            connection.close()
+            break
+        }
+        #expect(await reply.value == "echo: async hello")
+        listener.close()
+        _ = await group.shutdown(gracePeriod: .seconds(2))
+    }
+
+    @Test("a unix stream socket is adopted too; its address is its path")
+    func adoptsUnixSocket() async throws {
+        let path = uniqueTestPath("adopt.sock")
+        defer { unlink(path) }
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8) + [0]) }
+        let rc = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        #expect(rc == 0 && listen(fd, 4) == 0)
+        let serverAddress = address
+        let (reply, shown) = try await onLoopThread { loop -> (String?, String) in
+            let listener = try Listener(.adopted(descriptor: fd), on: loop) { connection in
+                connection.readLines { event in
+                    if case .line(let text) = event { connection.writeLine("unix: \(text)") } else { connection.close() }
+                }
+            }
+            let reply = Locked<String?>(nil)
+            startThread {
+                let client = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+                defer { close(client) }
+                var timeout = timeval(tv_sec: 10, tv_usec: 0)
+                setsockopt(client, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+                var target = serverAddress
+                let connected = withUnsafePointer(to: &target) {
+                    $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(client, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+                }
+                var text = "no connection"
+                if connected == 0 {
+                    _ = Array("ping\n".utf8).withUnsafeBytes { send(client, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+                    var buffer = [UInt8](repeating: 0, count: 64)
+                    let n = buffer.withUnsafeMutableBytes { recv(client, $0.baseAddress, $0.count, 0) }
+                    text = n > 0 ? String(decoding: buffer[0..<n], as: UTF8.self) : "no reply"
+                }
+                reply.withLock { $0 = text }
+                loop.execute {}
+            }
+            loop.spin(until: { reply.value != nil }, timeout: .seconds(20))
+            defer { listener.close() }
+            return (reply.value, listener.localAddress)
+        }
+        #expect(reply == "unix: ping\n")
+        #expect(shown == path)
+    }
+
+    @Test("a descriptor that is not a listening stream socket is refused with what it is, and stays the caller's")
+    func refusesOtherDescriptors() async throws {
+        var pipeEnds: [Int32] = [-1, -1]
+        try #require(ms_pipe2(&pipeEnds, O_CLOEXEC) == 0)
+        let file = open("/proc/self/status", O_RDONLY | O_CLOEXEC)
+        let udp = socket(AF_INET, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        let tcp = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)  // never listens
+        let devNull = open("/dev/null", O_RDONLY | O_CLOEXEC)
+        // Which file each number names now: if one were closed by mistake, a test running in
+        // parallel could be given its number at once, so "still open" would prove nothing, and
+        // closing it at the end would close that test's descriptor.
+        let opened = [pipeEnds[0], pipeEnds[1], file, udp, tcp, devNull]
+        let identities = opened.map { FileIdentity(of: $0) }
+        try #require(identities.allSatisfy { $0 != nil }, "could not open the test's descriptors")
+        defer {
+            for (fd, identity) in zip(opened, identities) where FileIdentity(of: fd) == identity { close(fd) }
+        }
+        let cases: [(Int32, String)] = [
+            (pipeEnds[0], "a pipe, not a socket"),
+            (file, "a regular file, not a socket"),
+            (devNull, "a character device, not a socket"),
+            (udp, "a datagram socket, not a stream socket"),
+            (tcp, "a stream socket that is not listening"),
+        ]
+        let descriptors = cases.map(\.0) + [-1]
+        let errors = try await onLoopThread { loop -> [EventLoopError?] in
+            descriptors.map { fd -> EventLoopError? in
+                do throws(EventLoopError) {
+                    _ = try Listener(.adopted(descriptor: fd), on: loop) { _ in }
+                    return nil
+                } catch {
+                    return error
+                }
+            }
+        }
+        for ((fd, reason), error) in zip(cases, errors) {
+            #expect(error == .notListeningSocket(descriptor: fd, reason: reason))
+            let before = identities[opened.firstIndex(of: fd)!]
+            #expect(FileIdentity(of: fd) == before, "descriptor \(fd) was closed; it should still be the caller's")
+        }
+        guard case .notListeningSocket(-1, let reason)? = errors.last else {
+            Issue.record("descriptor -1: \(String(describing: errors.last))")
+            return
+        }
+        #expect(reason.hasPrefix("not an open descriptor"))
+        #expect(EventLoopError.notListeningSocket(descriptor: 3, reason: "a pipe, not a socket").description
+            == "descriptor 3 is not a listening stream socket: it is a pipe, not a socket")
+    }
+
+    @Test("adopting off the loop's thread is a wrongThread error")
+    func wrongThread() async throws {
+        let loop = try EventLoop()
+        let claimed = DispatchSemaphore(value: 0)
+        let thread = Thread {
+            loop.runOnce(blocking: false)  // this thread owns the loop now
+            claimed.signal()
+        }
+        thread.start()
+        claimed.wait()
+        #expect(throws: EventLoopError.wrongThread(function: "Listener.init(.adopted, on:…)")) {
+            _ = try Listener(.adopted(descriptor: 0), on: loop) { _ in }
+        }
+    }
+}
+
+@Suite("Watchdog", .serialized)
+struct WatchdogTests {
+    @Test("pings every half interval while the loops poll, none while one is wedged for 1 s, then pings again")
+    func wedgedLoop() async throws {
+        let fake = try FakeNotifySocket()
+        let group = try EventLoopGroup(loopCount: 2)
+        defer { group.shutdownBlocking(gracePeriod: .seconds(5)) }
+        let changes = Locked<[Watchdog.Health]>([])
+        let watchdog = Watchdog(watching: group.loops, notifier: try ServiceNotifier(address: fake.address),
+                                interval: .milliseconds(200)) { health in changes.withLock { $0.append(health) } }
+        defer { watchdog.stop() }
+        #expect(watchdog.pingInterval == .milliseconds(100) && watchdog.stallThreshold == .milliseconds(100))
+        func pings(after: Int = 0) -> [FakeNotifySocket.Message] {
+            fake.messages.dropFirst(after).filter { $0.text == "WATCHDOG=1" }
+        }
+        // Healthy: ten pings, about 100 ms apart.
+        _ = await fake.waitFor(timeout: .seconds(30)) { _ in pings().count >= 10 }
+        let healthy = pings()
+        try #require(healthy.count >= 10, "\(fake.messages)")
+        let gaps = zip(healthy.dropFirst(), healthy).map { Double($0.arrival - $1.arrival) / 1e6 }.sorted()
+        let median = gaps[gaps.count / 2]
+        #expect(median > 60 && median < 200, "median gap \(median) ms: \(gaps)")
+
+        // Wedge loop 1 for a second (a blocking call in a callback).
+        let stamps = Locked<(start: UInt64, end: UInt64)?>(nil)
+        group.loops[1].execute {
+            let start = monotonicNow()
+            usleep(1_000_000)
+            stamps.withLock { $0 = (start, monotonicNow()) }
+        }
+        let deadline = ContinuousClock.now + .seconds(30)
+        while stamps.value == nil && ContinuousClock.now < deadline { usleep(10_000) }
+        let wedge = try #require(stamps.value)
+        // And then a few more pings.
+        let afterWedge = await fake.waitFor(timeout: .seconds(30)) { message in
+            message.text == "WATCHDOG=1" && message.arrival > wedge.end
+        }
+        #expect(afterWedge != nil, "no ping after the loop recovered: \(fake.messages.suffix(5))")
+        // Pings may still arrive for the threshold (100 ms) after the wedge starts, and for a
+        // scheduling delay after that (generous: a loaded machine); none for the rest of the
+        // second. The watchdog's own count of withheld pings does not depend on delays.
+        let quietFrom = wedge.start + 500_000_000
+        let during = pings().filter { $0.arrival > quietFrom && $0.arrival < wedge.end }
+        #expect(during.isEmpty, "pings while loop 1 was wedged: \(during); wedge \(wedge)")
+        #expect(watchdog.counters.pingsWithheld >= 3, "\(watchdog.counters)")
+        let seen = changes.value
+        #expect(seen.count == 2, "\(seen)")
+        if case .unresponsive(let index, let activity)? = seen.first {
+            #expect(index == 1)
+            if case .dispatching(let stuck) = activity { #expect(stuck > .milliseconds(100)) } else { Issue.record("\(activity)") }
+        } else {
+            Issue.record("first change: \(seen)")
+        }
+        #expect(seen.last == .healthy)
+        #expect(watchdog.health == .healthy)
+
+        // After stop() returns, no more pings.
+        watchdog.stop()
+        #expect(!watchdog.isRunning)
+        let count = pings().count
+        usleep(350_000)
+        #expect(pings().count == count)
+    }
+
+    @Test("a loop that is not running counts as stuck once its start grace (one interval) is over: no more pings")
+    func loopNotRunning() async throws {
+        let fake = try FakeNotifySocket()
+        let idle = try EventLoop()  // never runs
+        let watchdog = Watchdog(watching: [idle], notifier: try ServiceNotifier(address: fake.address),
+                                interval: .milliseconds(40))
+        defer { watchdog.stop() }
+        let deadline = ContinuousClock.now + .seconds(30)
+        while watchdog.counters.pingsWithheld < 2 && ContinuousClock.now < deadline { usleep(5_000) }
+        let sent = watchdog.counters.pingsSent
+        while watchdog.counters.pingsWithheld < 6 && ContinuousClock.now < deadline { usleep(5_000) }
+        #expect(watchdog.counters.pingsWithheld >= 6)
+        // A grace of one interval (two checks at most), then nothing.
+        #expect(sent <= 3 && watchdog.counters.pingsSent == sent, "\(watchdog.counters)")
+        #expect(watchdog.health == .unresponsive(loopIndex: 0, activity: .notRunning))
+        #expect(watchdog.health.description == "loop 0 is stuck: not running")
+    }
+
+    @Test("a loop that starts within the first interval (a group's threads still starting) is not reported stuck")
+    func loopStartingLate() async throws {
+        let fake = try FakeNotifySocket()
+        let late = try EventLoop()
+        let changes = Locked<[Watchdog.Health]>([])
+        // A 6 s interval: the loop's grace to start, and pings every 3 s. The loop is started
+        // only once the first ping is in (the first check comes at once, and let the loop off
+        // for not running yet); a thread starting and running a loop fits in the rest of the
+        // grace on a loaded machine (with 2 s, a run with a build beside it did not).
+        let created = ContinuousClock.now
+        let watchdog = Watchdog(watching: [late], notifier: try ServiceNotifier(address: fake.address),
+                                interval: .seconds(6)) { health in changes.withLock { $0.append(health) } }
+        defer { watchdog.stop() }
+        let pings = { fake.messages.filter { $0.text == "WATCHDOG=1" }.count }
+        try #require(await fake.waitFor { $0.text == "WATCHDOG=1" } != nil, "no first ping: \(watchdog.counters)")
+        #expect(late.activity == .notRunning, "checked before the loop ran")
+        let running = Thread { try? late.run() }
+        running.start()
+        defer { late.stop() }
+        let deadline = ContinuousClock.now + .seconds(30)
+        while late.activity == .notRunning && ContinuousClock.now < deadline { usleep(1_000) }
+        let startedAfter = ContinuousClock.now - created
+        // Two more checks at least, the last one past the start grace (checks at 0, 3, 6, 9 s).
+        #expect(await fake.waitFor(timeout: .seconds(60)) { _ in pings() >= 4 } != nil, "\(watchdog.counters)")
+        #expect(changes.value.isEmpty, "\(changes.value); the loop ran \(startedAfter) after the watchdog started")
+        #expect(watchdog.counters.pingsWithheld == 0 && watchdog.health == .healthy)
+    }
+
+    @Test("a ping that cannot be sent is counted with its error; the watchdog keeps going")
+    func failedPings() async throws {
+        let notifier = try ServiceNotifier(address: uniqueTestPath("gone.sock"))  // never made
+        let watchdog = Watchdog(watching: [], notifier: notifier, interval: .milliseconds(20))
+        defer { watchdog.stop() }
+        let deadline = ContinuousClock.now + .seconds(30)
+        while watchdog.counters.pingsFailed < 3 && ContinuousClock.now < deadline { usleep(5_000) }
+        let counters = watchdog.counters
+        #expect(counters.pingsFailed >= 3 && counters.pingsSent == 0)
+        if case .system(let function, _)? = counters.lastFailure {
+            #expect(function.contains("NOTIFY_SOCKET"))
+        } else {
+            Issue.record("\(counters)")
+        }
+    }
+
+    @Test("startIfRequested: only with WATCHDOG_USEC for this process and an enabled notifier")
+    func startIfRequested() throws {
+        let fake = try FakeNotifySocket()
+        let notifier = try ServiceNotifier(address: fake.address)
+        #expect(try Watchdog.startIfRequested(watching: [], notifier: notifier, environment: [:]) == nil)
+        #expect(try Watchdog.startIfRequested(watching: [], notifier: .disabled, environment: ["WATCHDOG_USEC": "1000000"]) == nil)
+        let started = try #require(try Watchdog.startIfRequested(watching: [], notifier: notifier,
+                                                                 environment: ["WATCHDOG_USEC": "1000000"]))
+        #expect(started.interval == .seconds(1) && started.pingInterval == .milliseconds(500))
+        #expect(fake.waitFor { $0.text == "WATCHDOG=1" } != nil)
+        started.stop()
+        #expect(throws: ServiceEnvironmentError.self) {
+            _ = try Watchdog.startIfRequested(watching: [], notifier: notifier, environment: ["WATCHDOG_USEC": "abc"])
+        }
+    }
+}
