@@ -11,7 +11,7 @@ DOCS_SYMBOL_GRAPHS := .build/docs-symbol-graphs
 FUZZ_RUNS ?= 200000
 FUZZ_TARGETS := $(notdir $(wildcard Fuzz/Corpus/*))
 
-.PHONY: all deps test-tools kv-venv bench-tools build test test-release docs demo bench bench-counts sanitize tsan asan stress fuzz leaks soak ci clean
+.PHONY: all deps test-tools kv-venv bench-tools build test test-release docs demo bench bench-counts sanitize tsan asan stress fuzz leaks soak ci clean check-dependents
 
 all: build
 
@@ -187,7 +187,12 @@ soak: deps
 
 ## What CI runs: the plain suite, the optimised suite, the documentation, then the sanitizer
 ## suites.
-ci: test test-release docs sanitize
+## A package that depends on one library product compiles only the targets that product needs
+## (scripts/check-dependents.sh builds one throw-away dependent per product and checks).
+check-dependents: deps
+	SWIFT=$(SWIFT) ./scripts/check-dependents.sh
+
+ci: test test-release docs check-dependents sanitize
 
 clean:
 	$(SWIFT) package clean

@@ -1,0 +1,43 @@
+#!/bin/sh
+# Builds a throw-away package that depends on one of Mainspring's library products, for each of
+# MainspringCore, MainspringPatterns, MainspringServices, MainspringHTTP, MainspringTLS and
+# MainspringTesting, and checks that the build compiled exactly the library targets that product
+# needs: a dependent compiles only what it uses (no HTTP for a TLS user, no patterns for a core
+# user). Exits non-zero naming the product and the targets that should not have been compiled.
+set -eu
+root="$(cd "$(dirname "$0")/.." && pwd)"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+status=0
+check() {
+    product="$1"; expected="$2"
+    dir="$work/$product"
+    mkdir -p "$dir/Sources/app"
+    cat > "$dir/Package.swift" <<PACKAGE
+// swift-tools-version:6.2
+import PackageDescription
+let package = Package(name: "app", dependencies: [.package(path: "$root")], targets: [
+    .executableTarget(name: "app", dependencies: [.product(name: "$product", package: "$(basename "$root")")])
+])
+PACKAGE
+    echo "import $product" > "$dir/Sources/app/main.swift"
+    ${SWIFT:-swift} build --package-path "$dir" -q
+    compiled="$(for d in "$dir"/.build/debug/*.build; do
+        name="$(basename "$d" .build)"
+        [ "$name" = app ] && continue
+        ls "$d" | grep -q '\.o$' && echo "$name"
+    done | sort | tr '\n' ' ')"
+    if [ "$compiled" = "$expected " ]; then
+        echo "check-dependents: $product compiles $compiled"
+    else
+        echo "check-dependents: $product compiled [$compiled], expected [$expected]"
+        status=1
+    fi
+}
+check MainspringCore "CMainspringSystem MainspringCore"
+check MainspringPatterns "CMainspringSystem MainspringCore MainspringPatterns"
+check MainspringServices "CMainspringSystem MainspringCore MainspringServices"
+check MainspringTLS "CMainspringSystem MainspringCore MainspringTLS"
+check MainspringHTTP "CMainspringSystem MainspringCore MainspringHTTP"
+check MainspringTesting "CMainspringSystem MainspringCore MainspringTesting"
+exit $status
