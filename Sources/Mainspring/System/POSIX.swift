@@ -56,6 +56,17 @@ func closeDescriptor(_ fd: Int32) { _ = close(fd) }
 /// The text of an errno value ("Connection reset by peer"), for messages.
 func errnoName(_ code: Int32) -> String { String(cString: strerror(code)) }
 
+/// Points the descriptor number `target` at what `source` names, close-on-exec, in one step
+/// (`dup3` with `O_CLOEXEC`; a child spawned meanwhile by another thread cannot inherit it
+/// without the flag, as it could between `dup2` and `fcntl`), retried on `EINTR` and `EBUSY`.
+/// `false` with `errno` when it failed. `source` stays open.
+package func duplicateCloseOnExec(_ source: Int32, onto target: Int32) -> Bool {
+    while ms_dup3(source, target, O_CLOEXEC) < 0 {
+        if errno != EINTR && errno != EBUSY { return false }
+    }
+    return true
+}
+
 /// Which file an fd names: its device and inode (nil when `fd` is not open).
 package struct FileIdentity: Equatable, Sendable, CustomStringConvertible {
     package let device: UInt64

@@ -5,6 +5,7 @@
 // that import both — so every file of this module that names one imports CLibevent as well as
 // Glibc.
 internal import CLibevent
+import MainspringCore
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -36,11 +37,10 @@ func makePlaceholderSocket() -> Int32? {
     return placeholder >= 0 ? placeholder : nil
 }
 
-/// Points the descriptor number `fd` at `placeholder` in one step (`dup2`), and closes
-/// `placeholder`'s own number: whatever still uses `fd` — shuts it down, closes it — no longer
-/// reaches the socket it was.
+/// Points the descriptor number `fd` at `placeholder` in one step, close-on-exec (the core's
+/// `duplicateCloseOnExec`: `dup3`), and closes `placeholder`'s own number: whatever still uses
+/// `fd` — shuts it down, closes it — no longer reaches the socket it was.
 func move(_ placeholder: Int32, onto fd: Int32) {
-    while dup2(placeholder, fd) < 0 && (errno == EINTR || errno == EBUSY) {}
-    _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+    _ = duplicateCloseOnExec(placeholder, onto: fd)
     _ = close(placeholder)
 }
