@@ -52,6 +52,32 @@ struct ThreadRuleTests {
         await group.shutdown(gracePeriod: .seconds(5))
     }
 
+    @Test("a plain thread's writeLine, close(), writeLine keep their order on the loop: the peer reads the first line, then end of input")
+    func closeKeepsItsPlaceAmongPostedWrites() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        let loop = group.loops[0]
+        let (writer, reader) = try await Connection.makePair(on: loop)
+        // The loop is held while the three calls are posted, so that all of them wait in its
+        // queue together and only their priorities could reorder them.
+        let holding = DispatchSemaphore(value: 0)
+        let release = DispatchSemaphore(value: 0)
+        loop.execute(priority: .input) {
+            holding.signal()
+            release.wait()
+        }
+        await onPlainThread {
+            holding.wait()
+            writer.writeLine("before the close")
+            writer.close()
+            writer.writeLine("after the close")
+            release.signal()
+        }
+        #expect(try await reader.readLine() == .line("before the close"))
+        #expect(try await reader.readLine() == .endOfFile, "the line written after close() was sent")
+        reader.close()
+        await group.shutdown(gracePeriod: .seconds(5))
+    }
+
     @Test("DatagramSocket.close() from a plain thread: posted, the socket closes and its port is free")
     func datagramCloseFromAnyThread() async throws {
         let group = try EventLoopGroup(loopCount: 1)

@@ -352,13 +352,14 @@ public final class Connection: @unchecked Sendable {
     /// child's standard output or error it does nothing.
     ///
     /// Any thread, as `close()`: on the loop's thread it starts at once, from elsewhere (a task)
-    /// it is posted to the loop, after the writes this thread posted before it.
+    /// it is posted to the loop, in order with this thread's other posted calls (writes,
+    /// `trySend`, `close()`): all of them post at `.input`.
     public func shutdownOutput() {
-        if loop.isCurrent {
+        if loop.acceptsDirectCalls {
             source.shutdownOutput()
         } else {
             let source = UncheckedSource(source)
-            loop.execute { source.value.shutdownOutput() }
+            loop.execute(priority: .input) { source.value.shutdownOutput() }
         }
     }
 
@@ -367,11 +368,11 @@ public final class Connection: @unchecked Sendable {
     /// close starts at once, from elsewhere it is posted to the loop; it never waits — `await
     /// closed` does.
     public func close() {
-        if loop.isCurrent {
+        if loop.acceptsDirectCalls {
             source.closeGracefully()
         } else {
             let source = UncheckedSource(source)
-            loop.execute { source.value.closeGracefully() }
+            loop.execute(priority: .input) { source.value.closeGracefully() }
         }
     }
 
@@ -381,11 +382,11 @@ public final class Connection: @unchecked Sendable {
     /// say goodbye first, `close()` (which sends what was queued, within `closeTimeout`).
     /// Idempotent; a no-op once closed. Any thread, as `close()`.
     public func abort() {
-        if loop.isCurrent {
+        if loop.acceptsDirectCalls {
             source.finish(.cancelled)
         } else {
             let source = UncheckedSource(source)
-            loop.execute { source.value.finish(.cancelled) }
+            loop.execute(priority: .input) { source.value.finish(.cancelled) }
         }
     }
 
@@ -428,7 +429,7 @@ public final class Connection: @unchecked Sendable {
     public func trySend(line text: String) -> Bool { offer(.text(text, newline: true)) }
 
     private func offer(_ payload: ConnectionSource.Payload) -> Bool {
-        if loop.isCurrent { return source.offer(payload) }
+        if loop.acceptsDirectCalls { return source.offer(payload) }
         let source = self.source
         guard !source.closedFlag.load(ordering: .acquiring), !source.outputPausedFlag.load(ordering: .relaxed) else {
             return false
