@@ -1,5 +1,4 @@
 import Foundation
-import Mainspring
 import MainspringCore
 
 #if canImport(Glibc)

@@ -2,7 +2,6 @@ import CMainspringSystem
 import Foundation
 import Synchronization
 import Testing
-import Mainspring
 import MainspringCore
 
 #if canImport(Glibc)
