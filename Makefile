@@ -85,7 +85,8 @@ docs: deps
 	@graphs="$$(dirname "$$($(SWIFT) build --show-bin-path)")/symbolgraph"; \
 	for entry in $(DOCS_MODULES); do \
 		module=$${entry%%:*}; folder=$${entry#*:}; \
-		rm -rf $(DOCS_SYMBOL_GRAPHS)-$$module .build/docs-$$module && mkdir -p $(DOCS_SYMBOL_GRAPHS)-$$module && \
+		rm -rf $(DOCS_SYMBOL_GRAPHS)-$$module .build/docs-$$module .build/docs-$$module.log && \
+		mkdir -p $(DOCS_SYMBOL_GRAPHS)-$$module && \
 		cp "$$graphs"/$$module.symbols.json $(DOCS_SYMBOL_GRAPHS)-$$module/ && \
 		{ cp "$$graphs"/$$module@*.symbols.json $(DOCS_SYMBOL_GRAPHS)-$$module/ 2>/dev/null || true; } && \
 		$(DOCC) convert $$folder/$$module.docc --additional-symbol-graph-dir $(DOCS_SYMBOL_GRAPHS)-$$module \
@@ -185,13 +186,13 @@ soak: deps
 	$(SWIFT) build -c release --product mainspring-daemon
 	$(SWIFT) run -c release --skip-build mainspring-bench soak
 
-## What CI runs: the plain suite, the optimised suite, the documentation, then the sanitizer
-## suites.
 ## A package that depends on one library product compiles only the targets that product needs
 ## (scripts/check-dependents.sh builds one throw-away dependent per product and checks).
 check-dependents: deps
 	SWIFT=$(SWIFT) ./scripts/check-dependents.sh
 
+## What CI runs: the plain suite, the optimised suite, the documentation, the dependents check,
+## then the sanitizer suites.
 ci: test test-release docs check-dependents sanitize
 
 clean:

@@ -9,7 +9,8 @@ let experimentalMainExecutor: [SwiftSetting] =
 let package = Package(
     name: "Mainspring",
     products: [
-        // Everything below, re-exported: `import Mainspring` gives the whole library.
+        // The three modules with one job each (the next three products), re-exported:
+        // `import Mainspring` gives the whole library but HTTP, TLS and Testing.
         .library(name: "Mainspring", targets: ["Mainspring"]),
         // Each job on its own, for a dependent that wants only that part.
         .library(name: "MainspringCore", targets: ["MainspringCore"]),
@@ -70,7 +71,7 @@ let package = Package(
             path: "Sources/MainspringUmbrella"
         ),
         // Deterministic simulation for tests: virtual time, modelled CPU, seeded order. Depends
-        // on the library alone (it reaches the loop through the `Simulation` SPI).
+        // on MainspringCore alone (it reaches the loop through the `Simulation` SPI).
         .target(
             name: "MainspringTesting",
             dependencies: ["MainspringCore"],
@@ -125,7 +126,8 @@ let package = Package(
         // a library, so the benchmark, the fuzzer and the tests use the very same code.
         .target(
             name: "ExampleServices",
-            dependencies: ["Mainspring", "MainspringHTTP", "MainspringTLS", "MainspringTesting", "KVService"],
+            dependencies: ["Mainspring", "MainspringCore", "MainspringHTTP", "MainspringTLS", "MainspringTesting",
+                           "KVService"],
             path: "Sources/ExampleServices"
         ),
         // The `--flag value` command line that mainspring-daemon and mainspring-kv share: a target
@@ -220,8 +222,8 @@ let package = Package(
             dependencies: ["MainspringCore", "CMainspringSystem"],
             path: "Tests/Support"
         ),
-        // One test target per module: MainspringTests is the core's (and the examples', HTTP's
-        // and TLS's, which exercise it end to end).
+        // One test target per module: MainspringTests is the core's (and the examples', which
+        // run it end to end).
         .testTarget(
             name: "MainspringTests",
             dependencies: ["Mainspring", "MainspringHTTP", "MainspringTLS", "MainspringFuzzing", "ExampleServices",
@@ -230,13 +232,25 @@ let package = Package(
             swiftSettings: experimentalMainExecutor
         ),
         .testTarget(
+            name: "MainspringHTTPTests",
+            dependencies: ["Mainspring", "MainspringCore", "MainspringHTTP", "MainspringTLS", "MainspringTesting",
+                           "ExampleServices", "MainspringTestSupport"],
+            path: "Tests/MainspringHTTPTests"
+        ),
+        .testTarget(
+            name: "MainspringTLSTests",
+            dependencies: ["Mainspring", "MainspringTLS", "MainspringHTTP", "MainspringTestSupport"],
+            path: "Tests/MainspringTLSTests"
+        ),
+        .testTarget(
             name: "MainspringPatternsTests",
-            dependencies: ["MainspringPatterns", "MainspringTesting", "MainspringTestSupport"],
+            dependencies: ["MainspringCore", "MainspringPatterns", "MainspringTesting", "MainspringTestSupport"],
             path: "Tests/MainspringPatternsTests"
         ),
         .testTarget(
             name: "MainspringServicesTests",
-            dependencies: ["MainspringServices", "MainspringTesting", "MainspringTestSupport"],
+            dependencies: ["MainspringCore", "MainspringServices", "CMainspringSystem", "MainspringTesting",
+                           "MainspringTestSupport"],
             path: "Tests/MainspringServicesTests"
         ),
         .testTarget(

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Builds a throw-away package that depends on one of Mainspring's library products, for each of
-# MainspringCore, MainspringPatterns, MainspringServices, MainspringHTTP, MainspringTLS and
-# MainspringTesting, and checks that the build compiled exactly the library targets that product
+# them (the Mainspring umbrella, MainspringCore, MainspringPatterns, MainspringServices,
+# MainspringHTTP, MainspringTLS, MainspringTesting), and checks that the build compiled exactly the library targets that product
 # needs: a dependent compiles only what it uses (no HTTP for a TLS user, no patterns for a core
 # user). Exits non-zero naming the product and the targets that should not have been compiled.
 set -eu
@@ -21,7 +21,11 @@ let package = Package(name: "app", dependencies: [.package(path: "$root")], targ
 ])
 PACKAGE
     echo "import $product" > "$dir/Sources/app/main.swift"
-    ${SWIFT:-swift} build --package-path "$dir" -q
+    if ! ${SWIFT:-swift} build --package-path "$dir" -q; then
+        echo "check-dependents: a package depending on $product does not build (above)"
+        status=1
+        return 0
+    fi
     compiled="$(for d in "$dir"/.build/debug/*.build; do
         name="$(basename "$d" .build)"
         [ "$name" = app ] && continue
@@ -34,6 +38,7 @@ PACKAGE
         status=1
     fi
 }
+check Mainspring "CMainspringSystem Mainspring MainspringCore MainspringPatterns MainspringServices"
 check MainspringCore "CMainspringSystem MainspringCore"
 check MainspringPatterns "CMainspringSystem MainspringCore MainspringPatterns"
 check MainspringServices "CMainspringSystem MainspringCore MainspringServices"

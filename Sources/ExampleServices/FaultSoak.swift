@@ -1,6 +1,7 @@
 import Foundation
 import KVService
-@_spi(Simulation) import Mainspring
+import Mainspring
+@_spi(Simulation) import MainspringCore
 import MainspringTesting
 
 /// The line service and the Redis-protocol server (`mainspring-kv`'s `KVServer`) under a random

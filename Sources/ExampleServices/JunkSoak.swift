@@ -1,6 +1,7 @@
 import Foundation
 import KVService
-@_spi(Simulation) import Mainspring
+import Mainspring
+@_spi(Simulation) import MainspringCore
 import MainspringHTTP
 import MainspringTesting
 

@@ -2,8 +2,8 @@
 /// (`major.minor.patch`): `"0.1.0"`. What each version brings is listed in the package's
 /// CHANGELOG.md.
 ///
-/// Refer to it qualified, as `Mainspring.version`: inside your own code a plain `version`
-/// names your own declaration first. Handy for a `--version` flag or a start-up log line:
+/// Refer to it qualified, as `Mainspring.version` (or `MainspringCore.version` where only the
+/// core is imported): inside your own code a plain `version` names your own declaration first. Handy for a `--version` flag or a start-up log line:
 ///
 /// ```swift
 /// print("mydaemon 1.4 (Mainspring \(Mainspring.version))")

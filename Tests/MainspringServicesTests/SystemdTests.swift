@@ -496,30 +496,39 @@ struct WatchdogTests {
 
     @Test("a loop that starts within the first interval (a group's threads still starting) is not reported stuck")
     func loopStartingLate() async throws {
-        let fake = try FakeNotifySocket()
-        let late = try EventLoop()
-        let changes = Locked<[Watchdog.Health]>([])
         // A 6 s interval: the loop's grace to start, and pings every 3 s. The loop is started
         // only once the first ping is in (the first check comes at once, and let the loop off
         // for not running yet); a thread starting and running a loop fits in the rest of the
-        // grace on a loaded machine (with 2 s, a run with a build beside it did not).
-        let created = ContinuousClock.now
-        let watchdog = Watchdog(watching: [late], notifier: try ServiceNotifier(address: fake.address),
-                                interval: .seconds(6)) { health in changes.withLock { $0.append(health) } }
-        defer { watchdog.stop() }
-        let pings = { fake.messages.filter { $0.text == "WATCHDOG=1" }.count }
-        try #require(await fake.waitFor { $0.text == "WATCHDOG=1" } != nil, "no first ping: \(watchdog.counters)")
-        #expect(late.activity == .notRunning, "checked before the loop ran")
-        let running = Thread { try? late.run() }
-        running.start()
-        defer { late.stop() }
-        let deadline = ContinuousClock.now + .seconds(30)
-        while late.activity == .notRunning && ContinuousClock.now < deadline { usleep(1_000) }
-        let startedAfter = ContinuousClock.now - created
-        // Two more checks at least, the last one past the start grace (checks at 0, 3, 6, 9 s).
-        #expect(await fake.waitFor(timeout: .seconds(60)) { _ in pings() >= 4 } != nil, "\(watchdog.counters)")
-        #expect(changes.value.isEmpty, "\(changes.value); the loop ran \(startedAfter) after the watchdog started")
-        #expect(watchdog.counters.pingsWithheld == 0 && watchdog.health == .healthy)
+        // grace on a loaded machine — nearly always: a run that got the loop going only after
+        // the grace (a suite at full load beside it took 7.6 s once) proves nothing either way,
+        // and is tried again.
+        try await inSomeAttempt(3) { () async throws -> String? in
+            let fake = try FakeNotifySocket()
+            let late = try EventLoop()
+            let changes = Locked<[Watchdog.Health]>([])
+            let interval = Duration.seconds(6)
+            let created = ContinuousClock.now
+            let watchdog = Watchdog(watching: [late], notifier: try ServiceNotifier(address: fake.address),
+                                    interval: interval) { health in changes.withLock { $0.append(health) } }
+            defer { watchdog.stop() }
+            let pings = { fake.messages.filter { $0.text == "WATCHDOG=1" }.count }
+            try #require(await fake.waitFor { $0.text == "WATCHDOG=1" } != nil, "no first ping: \(watchdog.counters)")
+            #expect(late.activity == .notRunning, "checked before the loop ran")
+            let running = Thread { try? late.run() }
+            running.start()
+            defer { late.stop() }
+            let started = await eventually(timeout: .seconds(30)) { late.activity != .notRunning }
+            let startedAfter = ContinuousClock.now - created
+            try #require(started, "the loop never ran")
+            if startedAfter >= interval - .milliseconds(500) {
+                return "the loop ran \(startedAfter) after the watchdog started, past its grace"
+            }
+            // Two more checks at least, the last one past the start grace (checks at 0, 3, 6, 9 s).
+            #expect(await fake.waitFor(timeout: .seconds(60)) { _ in pings() >= 4 } != nil, "\(watchdog.counters)")
+            #expect(changes.value.isEmpty, "\(changes.value); the loop ran \(startedAfter) after the watchdog started")
+            #expect(watchdog.counters.pingsWithheld == 0 && watchdog.health == .healthy)
+            return nil
+        }
     }
 
     @Test("a ping that cannot be sent is counted with its error; the watchdog keeps going")

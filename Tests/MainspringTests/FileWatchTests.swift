@@ -11,13 +11,6 @@ import Glibc
 // File operations as the kernel sees them: one system call each (Foundation's file writing
 // may write a temporary file and rename it, which is a different event).
 
-/// A new, empty directory for one test.
-func freshDirectory(_ name: String = "watched") -> String {
-    let path = uniqueTestPath(name)
-    mkdir(path, 0o755)
-    return path
-}
-
 /// Creates `path` empty (one IN_CREATE), or truncates it.
 func createFile(_ path: String) {
     let fd = open(path, O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0o644)

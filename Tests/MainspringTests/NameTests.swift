@@ -23,23 +23,9 @@ struct NameTests {
         }
     }
 
-    /// A name /etc/hosts maps to 127.0.0.1, other than "localhost", if there is one.
-    static func hostsFileName() -> String? {
-        guard let text = try? String(contentsOfFile: "/etc/hosts", encoding: .utf8) else { return nil }
-        for line in text.split(separator: "\n") {
-            let fields = line.split(whereSeparator: { $0 == " " || $0 == "\t" })
-            guard fields.count >= 2, fields[0] == "127.0.0.1" else { continue }
-            for name in fields.dropFirst() where name != "localhost" && isPlausibleHostName(String(name)) {
-                if name.first == "#" { break }
-                return String(name)
-            }
-        }
-        return nil
-    }
-
     @Test("connect by \"localhost\" and by an /etc/hosts name, callbacks and async; resolve returns the addresses")
     func namesFromHosts() async throws {
-        let names = ["localhost"] + (Self.hostsFileName().map { [$0] } ?? [])
+        let names = ["localhost"] + (hostsFileName().map { [$0] } ?? [])
         let group = try EventLoopGroup(loopCount: 1)
         let loop = group.loops[0]
         let listener = try await loop.submit { try Self.echoServer(on: loop) }
@@ -283,7 +269,7 @@ struct NameTests {
     func bindingANameNeedsAnAddress() async throws {
         // A name that would take the resolver's time (and not exist): before, the listener called
         // getaddrinfo for it on the loop's thread and threw hostNotFound when that came back.
-        let name = Self.hostsFileName() ?? "mainspring-test.invalid"
+        let name = hostsFileName() ?? "mainspring-test.invalid"
         let group = try EventLoopGroup(loopCount: 1)
         let loop = group.loops[0]
         let errors = try await loop.submit { () -> [EventLoopError?] in

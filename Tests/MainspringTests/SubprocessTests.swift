@@ -50,16 +50,6 @@ func processIsGoneOrDead(_ pid: Int32) -> Bool {
     return state == "Z" || state == "X"
 }
 
-/// Polls `condition` every 10 ms until it holds or `timeout` passes; returns whether it held.
-func eventually(timeout: Duration = .seconds(20), _ condition: () -> Bool) async -> Bool {
-    let deadline = ContinuousClock.now + timeout
-    while ContinuousClock.now < deadline {
-        if condition() { return true }
-        try? await Task.sleep(for: .milliseconds(10))  // a cancelled sleep only polls sooner
-    }
-    return condition()
-}
-
 @Suite("Subprocess: spawn, pipes, exit, signals")
 struct SubprocessTests {
     @Test("stdout as lines, then the exit status; argv, environment and working directory as given")

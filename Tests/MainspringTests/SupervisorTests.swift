@@ -108,13 +108,3 @@ struct SupervisorTests {
         await group.shutdown(gracePeriod: .seconds(2))
     }
 }
-
-/// `eventually` for an async condition.
-func eventuallyAsync(timeout: Duration = .seconds(20), _ condition: () async -> Bool) async -> Bool {
-    let deadline = ContinuousClock.now + timeout
-    while ContinuousClock.now < deadline {
-        if await condition() { return true }
-        try? await Task.sleep(for: .milliseconds(50))
-    }
-    return await condition()
-}

@@ -191,3 +191,44 @@ package final class Counter: Sendable {
     package func increment() { value.add(1, ordering: .acquiringAndReleasing) }
     package var count: Int { value.load(ordering: .acquiring) }
 }
+
+/// Polls `condition` every 10 ms until it holds or `timeout` passes; returns whether it held.
+package func eventually(timeout: Duration = .seconds(20), _ condition: () -> Bool) async -> Bool {
+    let deadline = ContinuousClock.now + timeout
+    while ContinuousClock.now < deadline {
+        if condition() { return true }
+        try? await Task.sleep(for: .milliseconds(10))  // a cancelled sleep only polls sooner
+    }
+    return condition()
+}
+
+/// `eventually` for an async condition.
+package func eventuallyAsync(timeout: Duration = .seconds(20), _ condition: () async -> Bool) async -> Bool {
+    let deadline = ContinuousClock.now + timeout
+    while ContinuousClock.now < deadline {
+        if await condition() { return true }
+        try? await Task.sleep(for: .milliseconds(50))
+    }
+    return await condition()
+}
+
+/// A name /etc/hosts maps to 127.0.0.1, other than "localhost", if there is one.
+package func hostsFileName() -> String? {
+    guard let text = try? String(contentsOfFile: "/etc/hosts", encoding: .utf8) else { return nil }
+    for line in text.split(separator: "\n") {
+        let fields = line.split(whereSeparator: { $0 == " " || $0 == "\t" })
+        guard fields.count >= 2, fields[0] == "127.0.0.1" else { continue }
+        for name in fields.dropFirst() where name != "localhost" && isPlausibleHostName(String(name)) {
+            if name.first == "#" { break }
+            return String(name)
+        }
+    }
+    return nil
+}
+
+/// A new, empty directory for one test.
+package func freshDirectory(_ name: String = "watched") -> String {
+    let path = uniqueTestPath(name)
+    mkdir(path, 0o755)
+    return path
+}

@@ -1,4 +1,4 @@
-/// The one timer a running `Timeline` re-arms for its delays and its frames: absolute deadlines
+/// The one timer a running `Timeline` (`MainspringPatterns`) re-arms for its delays and its frames: absolute deadlines
 /// on the monotonic clock (the timers' clock), never early, at `.normal` priority (so it runs
 /// ahead of `.background` fed work). A deadline source of the loop's timer queue, re-armed in
 /// place: no allocation per frame. Frames of several timelines due at the same instant come in

@@ -111,6 +111,7 @@ extension EventLoop {
     /// Runs `work` once on this loop at `deadline` (monotonic ns, `monotonicNanoseconds()`) or
     /// later: `schedule(after:)` for a deadline computed earlier, possibly on another thread
     /// (`sleep(for:)`, `Queue.after`), so that it keeps its nanoseconds. Loop thread only.
+    /// `package`: `Queue.after` (MainspringPatterns) schedules with it.
     @discardableResult
     package func schedule(atMonotonicNanoseconds deadline: UInt64, _ work: @escaping () -> Void) -> TimerHandle {
         preconditionOnLoop("EventLoop.schedule(atMonotonicNanoseconds:_:)")

@@ -1,5 +1,5 @@
 /// Something registered that can be cancelled: a timer (`TimerHandle`), an fd, line or signal
-/// watcher (`Watcher`), a drain hook (`DrainHook`). Every such handle has the same shape:
+/// watcher (`Watcher`), a drain hook (`DrainHook`, in `MainspringPatterns`). Every such handle has the same shape:
 ///
 /// - `cancel()` is idempotent. Once it returns, the callback is never started again, even if
 ///   its event was already due; a run already in progress finishes.

@@ -63,6 +63,7 @@ extension EventLoop {
     /// freezing: the loop this thread is running right now, else its `EventLoop.current` if it
     /// has one, else `EventLoop.main` on the main thread. `nil` on a plain thread (never creates
     /// a loop).
+    /// `package`: `Semaphore`, `Queue.sync` and the operations' waits (MainspringPatterns) spin it.
     package static var loopToSpinWhileWaiting: EventLoop? {
         if let loop = runningLoop.value { return loop }
         if let loop = threadLoop.value { return loop }
@@ -129,6 +130,9 @@ extension EventLoop {
         return false
     }
 
+    /// Stops the program with a message naming `function` unless the caller is on this loop's
+    /// thread (binding an unbound loop to it, as running it would). `package`: the loop-only
+    /// calls of MainspringPatterns (`Timeline`, `animate`, the drain hooks) check with it.
     package func preconditionOnLoop(_ function: StaticString, file: StaticString = #fileID, line: UInt = #line) {
         requireUsage(
             claimThread(),

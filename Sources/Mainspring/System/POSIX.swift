@@ -10,6 +10,7 @@ import Musl
 
 /// Monotonic time in nanoseconds (`CLOCK_MONOTONIC`, the clock libevent's precise timers use).
 /// About 20 ns per call through the vDSO.
+/// `package`: `Semaphore` and `Queue` (MainspringPatterns) time their waits with it.
 @inline(__always)
 package func monotonicNanoseconds() -> UInt64 {
     var ts = timespec()
@@ -60,6 +61,7 @@ func errnoName(_ code: Int32) -> String { String(cString: strerror(code)) }
 /// (`dup3` with `O_CLOEXEC`; a child spawned meanwhile by another thread cannot inherit it
 /// without the flag, as it could between `dup2` and `fcntl`), retried on `EINTR` and `EBUSY`.
 /// `false` with `errno` when it failed. `source` stays open.
+/// `package`: MainspringHTTP moves an upgraded connection's socket with it.
 package func duplicateCloseOnExec(_ source: Int32, onto target: Int32) -> Bool {
     while ms_dup3(source, target, O_CLOEXEC) < 0 {
         if errno != EINTR && errno != EBUSY { return false }
@@ -68,6 +70,7 @@ package func duplicateCloseOnExec(_ source: Int32, onto target: Int32) -> Bool {
 }
 
 /// Which file an fd names: its device and inode (nil when `fd` is not open).
+/// `package`: `JournalStream` (MainspringServices) and the tests compare descriptors with it.
 package struct FileIdentity: Equatable, Sendable, CustomStringConvertible {
     package let device: UInt64
     package let inode: UInt64

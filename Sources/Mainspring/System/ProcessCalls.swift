@@ -221,6 +221,7 @@ func defaultSearchPath() -> String {
 }
 
 /// A signal's name ("SIGTERM"), or "signal N" for one without a common name.
+/// `package`: the service group (MainspringServices) names the signals it stops on.
 package func signalName(_ signal: Int32) -> String {
     let names: [Int32: String] = [
         SIGHUP: "SIGHUP", SIGINT: "SIGINT", SIGQUIT: "SIGQUIT", SIGILL: "SIGILL", SIGTRAP: "SIGTRAP",

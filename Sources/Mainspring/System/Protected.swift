@@ -11,11 +11,14 @@ import Glibc
 /// same (one atomic to lock, one to unlock).
 ///
 /// Never call user code or resume a continuation inside `withLock`.
+///
+/// `package`: MainspringPatterns, MainspringServices and MainspringHTTP lock with it too;
+/// `withLock` is inlinable so that HTTP's per-request locking costs what the core's does.
 package final class Protected<Value>: @unchecked Sendable {
-    private let mutex: UnsafeMutablePointer<pthread_mutex_t>
+    @usableFromInline let mutex: UnsafeMutablePointer<pthread_mutex_t>
     /// Only touched inside `withLock`, under the mutex: the mutex is the exclusivity check (a
     /// dynamic one would cost some 80 instructions per access).
-    @exclusivity(unchecked) private var value: Value
+    @exclusivity(unchecked) @usableFromInline var value: Value
 
     package init(_ value: Value) {
         self.value = value
@@ -32,7 +35,7 @@ package final class Protected<Value>: @unchecked Sendable {
     }
 
     /// Runs `body` with exclusive access to the value.
-    @inline(__always)
+    @inlinable @inline(__always)
     package func withLock<Result>(_ body: (inout Value) throws -> Result) rethrows -> Result {
         pthread_mutex_lock(mutex)
         defer { pthread_mutex_unlock(mutex) }

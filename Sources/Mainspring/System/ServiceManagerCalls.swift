@@ -11,6 +11,7 @@ import Musl
 
 /// The longest `sun_path` a unix socket address may use: 108 bytes, one of which is the
 /// terminating NUL for a path (an abstract name uses all 108, its first byte being NUL).
+/// `package`: `ServiceNotifier` (MainspringServices) checks `NOTIFY_SOCKET` against it.
 package let unixSocketPathCapacity = MemoryLayout.size(ofValue: sockaddr_un().sun_path)
 
 /// An AF_UNIX datagram socket that sends to one address: the service manager's notification
@@ -18,6 +19,7 @@ package let unixSocketPathCapacity = MemoryLayout.size(ofValue: sockaddr_un().su
 ///
 /// The socket is made in `init` (so that a process that later runs out of descriptors can still
 /// notify); if that fails, `send` tries again and reports the failure.
+/// `package`: the notify socket of `ServiceNotifier` (MainspringServices); its system calls stay here.
 package final class DatagramSender: Sendable {
     /// The address's `sun_path` bytes: a path (NUL-terminated here) or an abstract name
     /// (starting with NUL, not terminated).
@@ -154,6 +156,7 @@ func descriptorLimit() -> Int? {
 // MARK: The process
 
 /// This process's id.
+/// `package`: `Watchdog` (MainspringServices) checks `WATCHDOG_PID` against it.
 package func currentProcessID() -> Int32 { getpid() }
 
 /// Removes `name` from the process environment, so that child processes do not inherit it.

@@ -56,7 +56,8 @@ func interleavedByFamily(_ addresses: [SocketAddress]) -> [SocketAddress] {
 
 /// Whether `host` could be a host name (RFC 1123 labels, a trailing dot allowed; underscores
 /// tolerated, as resolvers do): a cheap check before a resolver thread is asked.
-func isPlausibleHostName(_ host: String) -> Bool {
+/// `package`: the tests pick an /etc/hosts name with it.
+package func isPlausibleHostName(_ host: String) -> Bool {
     let bytes = Array(host.utf8)
     guard !bytes.isEmpty, bytes.count <= 253 || (bytes.count == 254 && bytes.last == UInt8(ascii: ".")) else {
         return false

@@ -33,7 +33,6 @@ import MainspringCore
 /// `run(_:)` is called once, in a task of its own (not on any loop unless the service moves
 /// there: an `@MainActor` body runs on `EventLoop.main`, `withTaskExecutorPreference(loop)` on
 /// another loop). `Sendable`, because the group holds services across tasks.
-
 public protocol Service: Sendable {
     /// The name the group uses for this service in its events, its report and its errors.
     /// Default: the type's name.

@@ -1,8 +1,8 @@
 import Foundation
+import MainspringCore
 
 #if canImport(Glibc)
 import Glibc
-import MainspringCore
 #endif
 
 extension ServiceGroup {

@@ -46,7 +46,6 @@ import MainspringCore
 /// group's tasks prefer that loop; without one, on the machine's continuous clock and the global
 /// executor. Give it a simulated loop (`MainspringTesting`) and a test of "past its 30 s deadline
 /// the service is cancelled" takes no real time and sees exactly 30 s.
-
 public final class ServiceGroup: Sendable {
     /// The services, in start order.
     public let members: [Member]

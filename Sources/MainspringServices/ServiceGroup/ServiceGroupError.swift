@@ -2,7 +2,6 @@ import MainspringCore
 
 /// Why ``ServiceGroup/run()`` did not end with a clean stop. Each case that ran services
 /// carries the group's ``ServiceGroup/Report``: how every service ended.
-
 public enum ServiceGroupError: Error, Sendable, CustomStringConvertible {
     /// `service` threw `error` while running (not asked to stop): the group stopped the others
     /// in reverse order. `error` is the service's own error, as thrown.

@@ -2,33 +2,32 @@ import Foundation
 
 #if canImport(Glibc)
 import Glibc
-import MainspringTestSupport
 #endif
 
 /// Certificates made at test time with the `openssl` command (no private key is committed):
 /// a CA, a server certificate for `localhost` and `127.0.0.1` signed by it, one for another
 /// host, an expired one, a self-signed one, a second CA and a client certificate from each.
 /// Keys are EC P-256 (fast to make); made once per test process, in its own directory.
-struct TestCertificates: Sendable {
-    let directory: String
-    var caCertificate: String { directory + "/ca.pem" }
-    var serverCertificate: String { directory + "/server.pem" }
-    var serverKey: String { directory + "/server.key" }
-    var otherHostCertificate: String { directory + "/other.pem" }
-    var otherHostKey: String { directory + "/other.key" }
-    var expiredCertificate: String { directory + "/expired.pem" }
-    var expiredKey: String { directory + "/expired.key" }
-    var selfSignedCertificate: String { directory + "/self.pem" }
-    var selfSignedKey: String { directory + "/self.key" }
-    var clientCertificate: String { directory + "/client.pem" }
-    var clientKey: String { directory + "/client.key" }
+package struct TestCertificates: Sendable {
+    package let directory: String
+    package var caCertificate: String { directory + "/ca.pem" }
+    package var serverCertificate: String { directory + "/server.pem" }
+    package var serverKey: String { directory + "/server.key" }
+    package var otherHostCertificate: String { directory + "/other.pem" }
+    package var otherHostKey: String { directory + "/other.key" }
+    package var expiredCertificate: String { directory + "/expired.pem" }
+    package var expiredKey: String { directory + "/expired.key" }
+    package var selfSignedCertificate: String { directory + "/self.pem" }
+    package var selfSignedKey: String { directory + "/self.key" }
+    package var clientCertificate: String { directory + "/client.pem" }
+    package var clientKey: String { directory + "/client.key" }
     /// A second CA, and a client certificate from it (for "untrusted CA" tests).
-    var untrustedCACertificate: String { directory + "/ca2.pem" }
-    var untrustedClientCertificate: String { directory + "/client2.pem" }
-    var untrustedClientKey: String { directory + "/client2.key" }
+    package var untrustedCACertificate: String { directory + "/ca2.pem" }
+    package var untrustedClientCertificate: String { directory + "/client2.pem" }
+    package var untrustedClientKey: String { directory + "/client2.key" }
 
     /// The process's certificates (made on first use); nil when `openssl` is not installed.
-    static let shared: TestCertificates? = make()
+    package static let shared: TestCertificates? = make()
 
     private static func make() -> TestCertificates? {
         guard FileManager.default.isExecutableFile(atPath: "/usr/bin/openssl") else { return nil }

@@ -322,7 +322,7 @@ struct HTTPClientTests {
         let fixture = try await Fixture()
         let client = fixture.client()
         let port = fixture.server.port
-        let names = ["localhost"] + (NameTests.hostsFileName().map { [$0] } ?? [])
+        let names = ["localhost"] + (hostsFileName().map { [$0] } ?? [])
         for name in names {
             let base = "http://\(name):\(port)"
             let response = try await client.get(base + "/hello")
