@@ -78,9 +78,10 @@ private final class PythonChild: @unchecked Sendable {
         }
     }
 
-    /// Runs a script to its end (killed after `timeout`): status, stdout, stderr.
+    /// Runs a script to its end (killed after `timeout`): status, stdout, stderr. Unbuffered
+    /// (`-u`), so that a script killed at its timeout still shows how far it got.
     static func run(_ arguments: [String], timeout: Duration = .seconds(60)) async throws -> (status: Int32, stdout: String, stderr: String) {
-        let child = try PythonChild(arguments)
+        let child = try PythonChild(["-u"] + arguments)
         return await onPlainThread {
             let killer = DispatchWorkItem { child.kill() }
             DispatchQueue.global().asyncAfter(deadline: .now() + .seconds(Int(timeout.components.seconds)), execute: killer)
