@@ -25,9 +25,9 @@ struct ServiceNotifierTests {
         try notifier.notify(.ready, .status("serving on 127.0.0.1:7000"))
         try notifier.notify(.watchdog)
         try notifier.notify(.stopping, .status("draining"))
-        let before = monotonicNow() / 1_000
+        let before = monotonicNanoseconds() / 1_000
         try notifier.notify(.reloading)
-        let after = monotonicNow() / 1_000
+        let after = monotonicNanoseconds() / 1_000
         let reload = try #require(fake.waitFor { $0.text.hasPrefix("RELOADING=1") })
         let texts = fake.messages.map(\.text)
         #expect(texts.prefix(3) == ["READY=1\nSTATUS=serving on 127.0.0.1:7000", "WATCHDOG=1", "STOPPING=1\nSTATUS=draining"])
@@ -438,9 +438,9 @@ struct WatchdogTests {
         // Wedge loop 1 for a second (a blocking call in a callback).
         let stamps = Locked<(start: UInt64, end: UInt64)?>(nil)
         group.loops[1].execute {
-            let start = monotonicNow()
+            let start = monotonicNanoseconds()
             usleep(1_000_000)
-            stamps.withLock { $0 = (start, monotonicNow()) }
+            stamps.withLock { $0 = (start, monotonicNanoseconds()) }
         }
         let deadline = ContinuousClock.now + .seconds(30)
         while stamps.value == nil && ContinuousClock.now < deadline { usleep(10_000) }

@@ -1,4 +1,5 @@
 import Foundation
+import MainspringCore
 import Synchronization
 
 #if canImport(Glibc)
@@ -74,7 +75,7 @@ package final class FakeNotifySocket: @unchecked Sendable {
             while !shared.stopping.load(ordering: .acquiring) {
                 let n = buffer.withUnsafeMutableBytes { recv(socketFD, $0.baseAddress, $0.count, 0) }
                 guard n > 0 else { continue }
-                let message = Message(arrival: monotonicNow(), text: String(decoding: buffer[0..<n], as: UTF8.self))
+                let message = Message(arrival: monotonicNanoseconds(), text: String(decoding: buffer[0..<n], as: UTF8.self))
                 shared.received.withLock { $0.append(message) }
                 shared.arrived.signal()
             }
@@ -121,11 +122,4 @@ package final class FakeNotifySocket: @unchecked Sendable {
             do { try await Task.sleep(for: .milliseconds(5)) } catch { return nil }
         }
     }
-}
-
-/// `CLOCK_MONOTONIC` now, in nanoseconds.
-package func monotonicNow() -> UInt64 {
-    var ts = timespec()
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return UInt64(ts.tv_sec) * 1_000_000_000 + UInt64(ts.tv_nsec)
 }
