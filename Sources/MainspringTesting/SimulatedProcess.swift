@@ -16,9 +16,14 @@ import Glibc
 /// (`.signaled(SIGKILL)`). Other signals are recorded in ``receivedSignals``.
 ///
 /// Its lines are kept in ``output`` (standard streams cannot be pipes on a simulated loop yet).
-/// What it opens — listeners, connections — is not closed for it when it ends, as a real
-/// process's sockets are: close them before it returns (a `defer`), or a client's pooled
-/// connection goes on talking to the program that ended.
+///
+/// What it opens dies with it, as a real process's descriptors do: when it ends — returns,
+/// throws, or is killed — every connection, listener, datagram socket and timer it opened is
+/// closed before its exit is reported. Its peers read the end of the stream (a reset where it
+/// left input unread), its ports are free, and its callbacks never run again. What it had
+/// written and its connection had not handed to the network yet is lost, as a process's unsent
+/// buffers are. It opened what its task and the tasks that task starts open, what the callbacks
+/// of its own sources open, and what its listeners accept.
 /// Loop-thread state: use it from the program's own code, or from the test between steps.
 public final class SimulatedProcess: @unchecked Sendable {
     /// The executable's name, as spawned.
@@ -40,6 +45,8 @@ public final class SimulatedProcess: @unchecked Sendable {
     public private(set) var exitStatus: Subprocess.ExitStatus?
     /// The virtual instant it ended at.
     public private(set) var exitedAt: Duration?
+    /// Whether it has ended (``exitStatus`` is set).
+    public var hasEnded: Bool { exitStatus != nil }
 
     /// Thrown by ``sleep(for:)`` once the process is being ended.
     public struct Terminated: Error, Sendable, Equatable {
@@ -54,6 +61,8 @@ public final class SimulatedProcess: @unchecked Sendable {
     private var sleeper: (timer: TimerHandle, continuation: UnsafeContinuation<Void, Error>)?
     private var task: Task<Void, Never>?
     private var exited: (@Sendable (Subprocess.ExitStatus) -> Void)?
+    /// What the loops record as the owner of what the program opens.
+    private let ownership = ProgramOwnership()
 
     init(executable: String, arguments: [String], environment: [String: String]?, processIdentifier: Int32,
          loop: EventLoop, simulation: SimulationCore, body: @escaping @Sendable (SimulatedProcess) async throws -> Int32)
@@ -92,7 +101,8 @@ public final class SimulatedProcess: @unchecked Sendable {
 
     func start(exited: @escaping @Sendable (Subprocess.ExitStatus) -> Void) {
         self.exited = exited
-        task = Task(executorPreference: loop) { [self] in
+        // What the task opens is the program's (see the type's documentation).
+        task = SimulatedOwnership.$current.withValue(ownership) { Task(executorPreference: loop) { [self] in
             let status: Subprocess.ExitStatus
             do {
                 status = .exited(try await body(self))
@@ -102,7 +112,7 @@ public final class SimulatedProcess: @unchecked Sendable {
                 status = .exited(1)
             }
             finish(status)
-        }
+        } }
     }
 
     /// On the loop: the signal's effect.
@@ -133,11 +143,20 @@ public final class SimulatedProcess: @unchecked Sendable {
     private func finish(_ status: Subprocess.ExitStatus) {
         guard exitStatus == nil else { return }
         exitStatus = status
+        ownership.hasEnded = true
         exitedAt = Duration(nanoseconds: simulation.clock.elapsed)
+        // The kernel closes a process's descriptors before its parent hears of the exit.
+        simulation.closeSources(openedBy: ownership)
         let exited = self.exited
         self.exited = nil
         exited?(status)
     }
+}
+
+/// A program as the owner of what it opens on simulated loops (see `SimulatedOwnership`).
+/// Loop-thread state (the thread driving the simulation).
+private final class ProgramOwnership: SimulatedOwner, @unchecked Sendable {
+    var hasEnded = false
 }
 
 /// The `SimulatedChild` the library sees: signals posted to the program's loop.

@@ -72,6 +72,12 @@ final class SimulationCore: LoopSimulating, @unchecked Sendable {
 
     func index(of loop: EventLoop) -> Int { indices[ObjectIdentifier(loop)] ?? -1 }
 
+    /// Closes what `owner` (a program that ended) opened on any of the simulation's loops, as
+    /// the kernel closes a process's descriptors. On the driving thread.
+    func closeSources(openedBy owner: any SimulatedOwner) {
+        for (_, loop) in liveLoops { loop.closeSources(openedBy: owner) }
+    }
+
     /// The loops still alive, with their indices (lazily: no array per look).
     private var liveLoops: some Sequence<(Int, EventLoop)> {
         loops.enumerated().lazy.compactMap { index, entry in entry.loop.map { (index, $0) } }

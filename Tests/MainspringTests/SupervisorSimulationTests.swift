@@ -23,7 +23,8 @@ import Glibc
         simulation.register(program: "web") { process in
             let started = simulation.now
             let accepted = Locked<[Connection]>([])
-            let listener = try Listener(.tcp(host: "127.0.0.1", port: 8000), on: process.loop) { connection in
+            // Its listener and connections close when it exits, as a real process's sockets do.
+            _ = try Listener(.tcp(host: "127.0.0.1", port: 8000), on: process.loop) { connection in
                 accepted.withLock { $0.append(connection) }
                 connection.readLines { event in
                     guard case .line(let line) = event else { return connection.close() }
@@ -32,11 +33,6 @@ import Glibc
                         ? "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
                         : "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
                 }
-            }
-            defer {
-                // A real process's sockets close with it; a simulated program closes its own.
-                listener.close()
-                for connection in accepted.value { connection.close() }
             }
             try await process.sleep(for: .seconds(20))
             return 3

@@ -79,7 +79,15 @@ public final class EventLoop: @unchecked Sendable {
     @exclusivity(unchecked) var pollStamp: UInt64 = 0
     /// How many `run`/`spin` calls are on the stack.
     @exclusivity(unchecked) private var runDepth = 0
-    private var sources: [ObjectIdentifier: Source] = [:]
+    private(set) var sources: [ObjectIdentifier: Source] = [:]
+    /// On a simulated loop: who opened each source that a simulated program opened (its
+    /// kernel-side lifetime, see SimulatedOwnership.swift). Empty on a real loop.
+    var simulatedOwners: [ObjectIdentifier: SimulatedOwnership.Record] = [:]
+    /// Numbers the records of `simulatedOwners`, so that closing follows opening order.
+    var simulatedOwnerSequence: UInt64 = 0
+    /// On a simulated loop: the owner of the source being dispatched right now, if a program
+    /// opened it (what its callback opens is the program's too).
+    var dispatchingOwner: (any SimulatedOwner)?
     /// Open sources with `keepsLoopBusy`, plus in-flight work of `LoopAttachment`s (see
     /// `isQuiescent`).
     var busySources = 0
@@ -400,10 +408,12 @@ public final class EventLoop: @unchecked Sendable {
     func register(_ source: Source) {
         sources[ObjectIdentifier(source)] = source
         if source.keepsLoopBusy { busySources += 1 }
+        if isSimulated { noteSimulatedOwner(of: source) }
     }
 
     func unregister(_ source: Source) {
         if sources.removeValue(forKey: ObjectIdentifier(source)) != nil, source.keepsLoopBusy { busySources -= 1 }
+        if isSimulated, !simulatedOwners.isEmpty { simulatedOwners[ObjectIdentifier(source)] = nil }
     }
 
     /// The number of open sources (timers, watchers, readers) on this loop.

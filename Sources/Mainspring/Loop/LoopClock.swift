@@ -137,6 +137,7 @@ struct SimulatedDispatchClock: SchedulerClock {
     static var tracesDispatches: Bool { true }
 
     func willRun(_ job: borrowing ReadyRecord.Job) {
+        if !loop.simulatedOwners.isEmpty || loop.dispatchingOwner != nil { loop.noteDispatch(of: job) }
         guard simulation.isTracing else { return }
         switch job {
         case .work, .loopWork: simulation.willDispatch(on: loop, kind: "work", label: "execute")

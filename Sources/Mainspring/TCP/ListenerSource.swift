@@ -149,11 +149,15 @@ final class ListenerSource: Source {
         // Makes the connection on its loop — at once, or through the preparer (then a
         // connection that fails on its way is simply not delivered).
         let preparer = self.preparer
+        // A simulated program's listener: what it accepts is the program's too, on any loop.
+        let owner = loop.simulatedOwner(of: self)
         let make: @Sendable (@escaping (Connection?) -> Void) -> Void = { done in
             if let end = socket.takeSimulated() {
                 // nil only when the loop cannot make the bufferevent (out of memory): the end is
                 // then closed by ConnectionSource, and the connection is not delivered, as below.
-                done(try? Connection(source: ConnectionSource(loop: destination, simulated: end, peer: socket.peer, options: options)))
+                let source = try? ConnectionSource(loop: destination, simulated: end, peer: socket.peer, options: options)
+                if let source, let owner { destination.setSimulatedOwner(owner, of: source) }
+                done(source.map { Connection(source: $0) })
                 return
             }
             let fd = socket.take()
