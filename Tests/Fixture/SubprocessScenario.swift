@@ -1,5 +1,6 @@
 import Foundation
 import Mainspring
+import Synchronization
 
 // MARK: thousand-children
 
@@ -64,6 +65,71 @@ func thousandChildrenScenario() throws {
         EventLoop.main.stop()
     }
     try EventLoop.main.run()
+}
+
+// MARK: foundation-process-beside
+
+/// Foundation's `Process` beside `Subprocess`: ten children of each at once, Foundation's run on
+/// a plain thread, ours on a loop. Reports each side's exit statuses (sorted) and whether
+/// SIGCHLD's disposition is what it was before. In a process of its own: Foundation's `run()`
+/// on Linux reads past a buffer while it lists `/proc/self/fd`, which crashed the test process
+/// once, with its many descriptors (swift-corelibs-foundation#5472); here there are a few.
+@MainActor
+func foundationProcessBesideScenario() throws {
+    let before = sigchldDispositionBytes()
+    let group = try EventLoopGroup(loopCount: 1)
+    let loop = group.loops[0]
+    let theirs = Mutex<[Int32]?>(nil)
+    let thread = Thread {
+        var statuses: [Int32] = []
+        for code in 20..<30 {
+            let process = Process()
+            process.executableURL = URL(fileURLWithPath: "/bin/sh")
+            process.arguments = ["-c", "sleep 0.02; exit \(code)"]
+            let pipe = Pipe()
+            process.standardOutput = pipe
+            do { try process.run() } catch { fail("Foundation's Process.run threw \(error)") }
+            _ = pipe.fileHandleForReading.readDataToEndOfFile()
+            process.waitUntilExit()
+            statuses.append(process.terminationStatus)
+        }
+        theirs.withLock { $0 = statuses }
+    }
+    thread.start()
+    Task { @MainActor in
+        do {
+            let ours = try await withThrowingTaskGroup(of: Subprocess.ExitStatus.self) { tasks in
+                for code in 0..<10 {
+                    tasks.addTask {
+                        try await Subprocess.spawn(.init(executable: "/bin/sh", arguments: ["-c", "sleep 0.05; exit \(code)"]),
+                                                   on: loop).exit
+                    }
+                }
+                var statuses: [Subprocess.ExitStatus] = []
+                for try await status in tasks { statuses.append(status) }
+                return statuses
+            }
+            let deadline = ContinuousClock.now + .seconds(60)
+            while theirs.withLock({ $0 }) == nil && ContinuousClock.now < deadline {
+                try? await Task.sleep(for: .milliseconds(10))
+            }
+            await group.shutdown(gracePeriod: .seconds(2))
+            report("ours", ours.map { "\($0)" }.sorted().joined(separator: ","))
+            report("theirs", (theirs.withLock { $0 } ?? []).sorted().map(String.init).joined(separator: ","))
+            report("sigchld-unchanged", sigchldDispositionBytes() == before)
+        } catch {
+            fail("foundation-process-beside threw \(error)")
+        }
+        EventLoop.main.stop()
+    }
+    try EventLoop.main.run()
+}
+
+/// SIGCHLD's handler and flags, as bytes to compare.
+private func sigchldDispositionBytes() -> [UInt8] {
+    var action = sigaction()
+    sigaction(SIGCHLD, nil, &action)
+    return withUnsafeBytes(of: &action.__sigaction_handler) { Array($0) } + withUnsafeBytes(of: &action.sa_flags) { Array($0) }
 }
 
 /// How many of this process's descriptors are pidfds and pipes (`/proc/self/fd` links).

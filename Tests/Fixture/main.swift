@@ -27,6 +27,7 @@ var scenarios: [String: @MainActor () throws -> Void] = [
     "group-takeover": groupTakeoverScenario,
     "duration-misuse": durationMisuseScenario,
     "thousand-children": thousandChildrenScenario,
+    "foundation-process-beside": foundationProcessBesideScenario,
     "descriptor-exhaustion": descriptorExhaustionScenario,
     "service-group": serviceGroupScenario,
 ]

@@ -24,52 +24,29 @@ private let venvPython = packageRoot.appendingPathComponent(".build/kv-venv/bin/
 /// Whether the test venv has Python's `websockets` (`make test-tools` makes it).
 private let hasPythonWebSockets: Bool = {
     guard FileManager.default.isExecutableFile(atPath: venvPython) else { return false }
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: venvPython)
-    process.arguments = ["-c", "import websockets.sync.client, websockets.sync.server"]
-    process.standardOutput = FileHandle.nullDevice
-    process.standardError = FileHandle.nullDevice
-    guard (try? process.run()) != nil else { return false }
-    process.waitUntilExit()
-    return process.terminationStatus == 0
+    let probe = try? runProgramSynchronously(venvPython, arguments: ["-c", "import websockets.sync.client, websockets.sync.server"])
+    return probe.map { $0.status == 0 && !$0.crashedBySignal } ?? false
 }()
 
-/// A Python child of the test venv: started with SIGKILL as its end (the test process blocks
-/// signals its children inherit, SIGTERM among them).
+/// A Python child of the test venv (posix_spawn, through the support's `ChildProcess`: no
+/// blocked signals, nothing of the test process's inherited), ended with SIGKILL.
 private final class PythonChild: @unchecked Sendable {
-    let process = Process()
-    let output = Foundation.Pipe()
-    let errors = Foundation.Pipe()
+    let child: ChildProcess
 
     init(_ arguments: [String]) throws {
-        process.executableURL = URL(fileURLWithPath: venvPython)
-        process.arguments = arguments
-        process.standardOutput = output
-        process.standardError = errors
-        process.standardInput = FileHandle.nullDevice
-        try process.run()
-    }
-
-    /// One line of its output (blocking; nil at its end).
-    func readLine() -> String? {
-        var line: [UInt8] = []
-        while let byte = try? output.fileHandleForReading.read(upToCount: 1)?.first {
-            if byte == 0x0A { return String(decoding: line, as: UTF8.self) }
-            line.append(byte)
-        }
-        return line.isEmpty ? nil : String(decoding: line, as: UTF8.self)
+        child = try startProgram(venvPython, arguments: arguments)
     }
 
     func kill() {
-        if process.isRunning { Glibc.kill(process.processIdentifier, SIGKILL) }
-        process.waitUntilExit()
+        child.send(SIGKILL)
+        _ = child.waitForExit()
     }
 
     /// Starts a Python server that prints its port on its first line: the child (kill it when
     /// done) and the port. A child that prints no port is killed, and the test fails here.
     static func server(_ arguments: [String]) async throws -> (child: PythonChild, port: UInt16) {
         let child = try PythonChild(arguments)
-        let portLine = await onPlainThread { child.readLine() ?? "" }
+        let portLine = await child.child.readLine(timeout: .seconds(60)) ?? ""
         do {
             return (child, try #require(UInt16(portLine), "python server port: \(portLine)"))
         } catch {
@@ -82,15 +59,8 @@ private final class PythonChild: @unchecked Sendable {
     /// (`-u`), so that a script killed at its timeout still shows how far it got.
     static func run(_ arguments: [String], timeout: Duration = .seconds(60)) async throws -> (status: Int32, stdout: String, stderr: String) {
         let child = try PythonChild(["-u"] + arguments)
-        return await onPlainThread {
-            let killer = DispatchWorkItem { child.kill() }
-            DispatchQueue.global().asyncAfter(deadline: .now() + .seconds(Int(timeout.components.seconds)), execute: killer)
-            let stdout = child.output.fileHandleForReading.readDataToEndOfFile()
-            let stderr = child.errors.fileHandleForReading.readDataToEndOfFile()
-            child.process.waitUntilExit()
-            killer.cancel()
-            return (child.process.terminationStatus, String(decoding: stdout, as: UTF8.self), String(decoding: stderr, as: UTF8.self))
-        }
+        let result = await child.child.waitForExit(timeout: timeout)
+        return (result.status, result.stdout, result.timedOut ? result.stderr + "\n(killed at its \(timeout) timeout)" : result.stderr)
     }
 }
 

@@ -27,13 +27,8 @@ private let testssl: String? = {
 private let canStrace: Bool = {
     guard ProcessInfo.processInfo.environment["MAINSPRING_SANITIZER"] != "address",
           FileManager.default.isExecutableFile(atPath: "/usr/bin/strace") else { return false }
-    let probe = Process()
-    probe.executableURL = URL(fileURLWithPath: "/usr/bin/strace")
-    probe.arguments = ["-qq", "-o", "/dev/null", "/bin/true"]
-    probe.standardError = FileHandle.nullDevice
-    guard (try? probe.run()) != nil else { return false }
-    probe.waitUntilExit()
-    return probe.terminationStatus == 0
+    let probe = try? runProgramSynchronously("/usr/bin/strace", arguments: ["-qq", "-o", "/dev/null", "/bin/true"])
+    return probe.map { $0.status == 0 && !$0.crashedBySignal } ?? false
 }()
 
 /// A TLS echo server on a fresh 1-loop group: each line back as "echo: <line>"; the server

@@ -292,9 +292,7 @@ struct DatagramTests {
         }
         let port = socket.localAddress.port
         let output = try await onPlainThread { () -> String in
-            let process = Process()
-            process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-            process.arguments = ["python3", "-c", """
+            let result = try runProgramSynchronously("/usr/bin/env", arguments: ["python3", "-c", """
                 import socket, struct, sys
                 total, window, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
                 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(10)
@@ -305,13 +303,8 @@ struct DatagramTests {
                         s.send(pack(sent)); sent += 1
                     acked = max(acked, struct.unpack("<I", s.recv(16))[0])
                 print("ok", sent)
-                """, String(total), String(window), String(port)]
-            let pipe = Foundation.Pipe()
-            process.standardOutput = pipe
-            process.standardError = pipe
-            try process.run()
-            process.waitUntilExit()
-            return String(decoding: pipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+                """, String(total), String(window), String(port)], timeout: .seconds(300))
+            return result.stdout + result.stderr
         }
         #expect(output == "ok \(total)\n")
         let result = done.withLock { $0 }

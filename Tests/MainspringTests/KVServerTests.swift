@@ -28,14 +28,8 @@ private func tool(_ name: String) -> String? {
 
 private let hasPytest: Bool = {
     guard FileManager.default.isExecutableFile(atPath: venvPython) else { return false }
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: venvPython)
-    process.arguments = ["-c", "import redis, pytest"]
-    process.standardOutput = FileHandle.nullDevice
-    process.standardError = FileHandle.nullDevice
-    guard (try? process.run()) != nil else { return false }
-    process.waitUntilExit()
-    return process.terminationStatus == 0
+    let probe = try? runProgramSynchronously(venvPython, arguments: ["-c", "import redis, pytest"])
+    return probe.map { $0.status == 0 && !$0.crashedBySignal } ?? false
 }()
 
 // MARK: Servers

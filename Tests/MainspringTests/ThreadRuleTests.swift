@@ -172,15 +172,7 @@ private func typecheck(_ source: String) async throws -> String {
         "-I", root.appendingPathComponent("Sources/CMainspringSystem/include").path,
     ]
     return try await onPlainThread { () throws -> String in
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        process.arguments = arguments
-        let output = Foundation.Pipe()
-        process.standardOutput = output
-        process.standardError = output
-        try process.run()
-        let data = output.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        return String(decoding: data, as: UTF8.self)
+        let result = try runProgramSynchronously("/usr/bin/env", arguments: arguments, timeout: .seconds(300))
+        return result.stdout + result.stderr
     }
 }

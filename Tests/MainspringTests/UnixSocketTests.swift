@@ -129,18 +129,11 @@ struct UnixSocketTests {
         #expect(try await lines.next() == .line("small"))
         client.close()
         let python = try await onPlainThread { () -> String in
-            let process = Process()
-            process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-            process.arguments = ["python3", "-c", """
+            try runProgramSynchronously("/usr/bin/env", arguments: ["python3", "-c", """
                 import socket, sys
                 s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(b"from python\\n")
                 print(s.makefile().readline().strip())
-                """, path]
-            let output = Foundation.Pipe()
-            process.standardOutput = output
-            try process.run()
-            process.waitUntilExit()
-            return String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+                """, path]).stdout
         }
         #expect(python == "from python\n")
         listener.close()

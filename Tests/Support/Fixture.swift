@@ -121,6 +121,16 @@ package func runProgram(_ name: String, arguments: [String] = [], stdin: String?
     }
 }
 
+/// Runs the program at `path` to its end on the calling thread (blocking; killed after
+/// `timeout`), the way `runProgram` does: posix_spawn, not Foundation's `Process`, whose `run()`
+/// on Linux reads past a buffer while it lists `/proc/self/fd` and crashes a test process that
+/// has many descriptors open (swift-corelibs-foundation#5472) — one did, mid-suite.
+package func runProgramSynchronously(_ path: String, arguments: [String] = [], stdin: String? = nil,
+                                     timeout: Duration = .seconds(60)) throws -> FixtureResult
+{
+    try runBlocking(URL(fileURLWithPath: path), arguments, stdin.map { Array($0.utf8) }, nil, timeout)
+}
+
 /// Where the package's executables are.
 package func executableURL(_ name: String) throws -> URL {
     var directories: [URL] = []

@@ -74,16 +74,9 @@ package struct TestCertificates: Sendable {
         key self.key
         openssl req -x509 -new -key self.key -out self.pem -days 2 -subj "/CN=localhost" -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" 2>/dev/null
         """
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/bin/sh")
-        process.arguments = ["-c", script]
-        do {
-            try process.run()
-            process.waitUntilExit()
-        } catch {
-            return nil
-        }
-        guard process.terminationStatus == 0 else { return nil }
+        guard let result = try? runProgramSynchronously("/bin/sh", arguments: ["-c", script]),
+              result.status == 0, !result.crashedBySignal
+        else { return nil }
         return TestCertificates(directory: directory)
     }
 }
