@@ -239,7 +239,7 @@ let package = Package(
         ),
         .testTarget(
             name: "MainspringTLSTests",
-            dependencies: ["Mainspring", "MainspringTLS", "MainspringHTTP", "MainspringTestSupport"],
+            dependencies: ["Mainspring", "MainspringTLS", "MainspringHTTP", "MainspringTesting", "MainspringTestSupport"],
             path: "Tests/MainspringTLSTests"
         ),
         .testTarget(

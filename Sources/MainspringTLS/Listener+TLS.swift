@@ -1,4 +1,4 @@
-import MainspringCore
+@_spi(Simulation) import MainspringCore
 
 /// TLS listeners: connections are handed over once their handshake is done.
 ///
@@ -18,8 +18,9 @@ extension Listener {
     /// Listens on `endpoint` (TCP, a Unix path, an adopted or activated descriptor) and hands
     /// each TLS-established connection to `accept` on its loop. Loop thread only (`loop`'s).
     /// - Throws: as `Listener(_:on:group:options:accept:)`: `EventLoopError.invalidAddress`,
-    ///   `.system` (address in use, …), `.notListeningSocket`, `.wrongThread`; `.simulatedLoop`
-    ///   on a simulated loop (TLS over the simulated network is not supported yet).
+    ///   `.system` (address in use, …), `.notListeningSocket`, `.wrongThread`. On a simulated
+    ///   loop (`MainspringTesting`) it listens on the simulation's network, and the handshakes
+    ///   run over its bytes.
     public convenience init(_ endpoint: Endpoint, on loop: EventLoop, group: EventLoopGroup? = nil,
                             options: Connection.Options = .init(), tls: TLSServerContext,
                             accept: @escaping @Sendable (Connection) -> Void) throws(EventLoopError)
@@ -130,6 +131,10 @@ extension Connection {
 private func connectTLS(to host: String, port: UInt16, on loop: EventLoop, options: Connection.Options, tls: TLSClientContext,
                         serverName: String, completion: @escaping (Result<Connection, EventLoopError>) -> Void)
 {
+    if loop.isSimulated {
+        return connectSimulatedTLS(to: host, port: port, on: loop, options: options, tls: tls, serverName: serverName,
+                                   completion: completion)
+    }
     loop.connectSocket(to: host, port: port, options: options) { result in
         let fd: Int32
         switch result {
@@ -182,5 +187,45 @@ extension Listener {
         async throws(EventLoopError)
     {
         try await self.init(.activated(socket), on: loop, group: group, options: options, tls: tls)
+    }
+}
+
+/// The client side on a simulated loop (`MainspringTesting`): a stream of the simulation's
+/// network, then the handshake over it (see SimulatedTLS.swift), then the connection. Loop thread.
+private func connectSimulatedTLS(to host: String, port: UInt16, on loop: EventLoop, options: Connection.Options,
+                                 tls: TLSClientContext, serverName: String,
+                                 completion: @escaping (Result<Connection, EventLoopError>) -> Void)
+{
+    loop.connectSimulatedStream(to: host, port: port, options: options) { result in
+        let layerSocket: SimulatedLayerSocket
+        do throws(EventLoopError) {
+            layerSocket = try SimulatedLayerSocket(on: loop, end: result.get())
+        } catch {
+            return completion(.failure(error))
+        }
+        guard let session = SSLSession(client: tls.handle, fd: -1, serverName: serverName,
+                                       verification: tls.configuration.verification)
+        else {
+            layerSocket.closing()
+            freeBufferevent(layerSocket.bufferevent)
+            return completion(.failure(.tls(reason: "OpenSSL could not make a session")))
+        }
+        let peer = host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
+        SimulatedTLSHandshake(loop: loop, session: session, layerSocket: layerSocket,
+                              timeout: tls.configuration.handshakeTimeout) { outcome in
+            switch outcome {
+            case .established(let layer, let bufferevent):
+                do throws(EventLoopError) {
+                    completion(.success(try Connection.adopting(bufferevent: bufferevent, peer: peer, on: loop, options: options,
+                                                                transport: layer, simulatedLayer: layerSocket)))
+                } catch {
+                    layerSocket.closing()
+                    freeBufferevent(bufferevent)
+                    completion(.failure(error))
+                }
+            case .failed(let reason):
+                completion(.failure(.tls(reason: reason)))
+            }
+        }.start()
     }
 }

@@ -1,4 +1,4 @@
-import MainspringCore
+@_spi(Simulation) import MainspringCore
 import Synchronization
 
 #if canImport(Glibc)
@@ -138,6 +138,46 @@ struct TLSAcceptPreparer: AcceptedSocketPreparer {
             }
         }
         handshake.start()
+    }
+
+    func prepare(simulated end: any SimulatedStreamEnd, peer: String, on loop: EventLoop, options: Connection.Options,
+                 done: @escaping (Connection?) -> Void)
+    {
+        let contexts = context.contexts
+        let counters = context.counters
+        let layerSocket: SimulatedLayerSocket
+        do throws(EventLoopError) {
+            layerSocket = try SimulatedLayerSocket(on: loop, end: end)
+        } catch {
+            counters.record(failure: "\(error)")
+            return done(nil)
+        }
+        guard let session = SSLSession(server: contexts, fd: -1) else {
+            layerSocket.closing()
+            freeBufferevent(layerSocket.bufferevent)
+            counters.record(failure: "OpenSSL could not make a session")
+            return done(nil)
+        }
+        SimulatedTLSHandshake(loop: loop, session: session, layerSocket: layerSocket,
+                              timeout: contexts.configuration.handshakeTimeout) { outcome in
+            switch outcome {
+            case .established(let layer, let bufferevent):
+                do {
+                    let connection = try Connection.adopting(bufferevent: bufferevent, peer: peer, on: loop, options: options,
+                                                             transport: layer, simulatedLayer: layerSocket)
+                    counters.record(established: true)
+                    done(connection)
+                } catch {
+                    layerSocket.closing()
+                    freeBufferevent(bufferevent)
+                    counters.record(failure: "\(error)")
+                    done(nil)
+                }
+            case .failed(let reason):
+                counters.record(failure: reason)
+                done(nil)
+            }
+        }.start()
     }
 }
 

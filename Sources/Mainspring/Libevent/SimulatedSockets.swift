@@ -1,4 +1,7 @@
 internal import CLibevent
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// One socket of a simulation's network, as the network sees it (`MainspringTesting`): the
 /// buffers of a bufferevent without a descriptor, on a simulated loop. The network puts what
@@ -13,12 +16,18 @@ internal import CLibevent
 public final class SimulatedSocket {
     private var raw: OpaquePointer?
     private unowned(unsafe) let target: NativeEventTarget
+    /// `target` when the socket owns it (a layer's trigger; a connection's socket is owned by
+    /// its target instead).
+    private let ownedTarget: NativeEventTarget?
     /// The network's side, once attached.
     private(set) var end: (any SimulatedStreamEnd)?
 
-    init(socket: BufferedSocket, bufferevent: OpaquePointer, target: NativeEventTarget) {
+    /// - Parameter owningTarget: whether the socket keeps `target` alive (a `SimulatedLayerSocket`'s
+    ///   trigger); a connection's socket does not (the connection owns the socket).
+    init(bufferevent: OpaquePointer, target: NativeEventTarget, owningTarget: Bool = false) {
         self.raw = bufferevent
         self.target = target
+        self.ownedTarget = owningTarget ? target : nil
         let argument = callbackArgument(for: self)
         evbuffer_add_cb(bufferevent_get_output(bufferevent), simulatedBufferChanged, argument)
         evbuffer_add_cb(bufferevent_get_input(bufferevent), simulatedBufferChanged, argument)
@@ -147,4 +156,71 @@ public final class SimulatedSocket {
 /// An evbuffer callback of a simulated socket's buffers: records that they changed.
 private let simulatedBufferChanged: evbuffer_cb_func = { _, _, argument in
     callbackTarget(argument, as: SimulatedSocket.self).changed()
+}
+
+/// One end of a simulated stream under a layer of the package's own — MainspringTLS's OpenSSL
+/// filter — on a simulated loop (`MainspringTesting`): a bufferevent without a descriptor whose
+/// callbacks are the layer's. The network fills its input and takes its output as it does a
+/// connection's socket's, and tells the layer through libevent's own callbacks
+/// (`bufferevent_trigger`), as a socket's bufferevent does after `read(2)` and `write(2)`; so
+/// the layer's code is the real one, over simulated bytes.
+///
+/// The layer's filter frees the bufferevent (made over it with `BEV_OPT_CLOSE_ON_FREE`); the
+/// network hears of the close first — from the connection that adopts the filter
+/// (`Connection.adopting(bufferevent:…simulatedLayer:)`), or from `closing()` when there is
+/// none. Loop thread only.
+package final class SimulatedLayerSocket {
+    /// The bufferevent the layer puts its filter over.
+    package let bufferevent: OpaquePointer
+    let simulated: SimulatedSocket
+
+    /// A bufferevent for `end`, on `loop`'s base. On a throw the end is closed.
+    package init(on loop: EventLoop, end: any SimulatedStreamEnd) throws(EventLoopError) {
+        guard let bev = bufferevent_socket_new(loop.base.raw, -1, 0) else {
+            end.socketClosed(unreadInput: false)
+            throw .libevent(function: "bufferevent_socket_new", errno: errno)
+        }
+        bufferevent = bev
+        simulated = SimulatedSocket(bufferevent: bev, target: LayerTrigger(bufferevent: bev), owningTarget: true)
+        simulated.attach(end)
+    }
+
+    /// The layer changed what it reads or writes (it enabled reading, say): the network looks
+    /// again at what it can deliver.
+    package func changed() { simulated.changed() }
+
+    /// Runs the layer's write callback, as a socket with room does: a client's filter sends
+    /// its first flight then.
+    package func startWriting() {
+        bufferevent_trigger(bufferevent, Int16(EV_WRITE), Int32(BEV_TRIG_IGNORE_WATERMARKS.rawValue))
+    }
+
+    /// The layer frees the bufferevent without a connection (a failed handshake): the network
+    /// hears the socket close, and nothing reaches the layer from now on.
+    package func closing() { simulated.socketClosing() }
+}
+
+/// A layer socket's side of the network's calls: each one runs the bufferevent's own callback
+/// (the layer's), as libevent does for a socket that became readable, drained or failed.
+private final class LayerTrigger: NativeEventTarget {
+    private let bufferevent: OpaquePointer
+
+    init(bufferevent: OpaquePointer) { self.bufferevent = bufferevent }
+
+    override func socketReadable() { bufferevent_trigger(bufferevent, Int16(EV_READ), 0) }
+
+    override func socketDrained() { bufferevent_trigger(bufferevent, Int16(EV_WRITE), 0) }
+
+    override func socketEvent(_ event: SocketEvent, errno code: Int32) {
+        var what: Int32 = 0
+        if event.contains(.reading) { what |= BEV_EVENT_READING }
+        if event.contains(.writing) { what |= BEV_EVENT_WRITING }
+        if event.contains(.endOfFile) { what |= BEV_EVENT_EOF }
+        if event.contains(.error) { what |= BEV_EVENT_ERROR }
+        if event.contains(.timeout) { what |= BEV_EVENT_TIMEOUT }
+        if event.contains(.connected) { what |= BEV_EVENT_CONNECTED }
+        // The layer reads the failure's errno, as after a failed read(2).
+        errno = code
+        bufferevent_trigger_event(bufferevent, Int16(what), 0)
+    }
 }

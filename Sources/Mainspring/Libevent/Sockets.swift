@@ -187,7 +187,7 @@ final class BufferedSocket {
         self.base = base
         let arg = callbackArgument(for: target)
         bufferevent_setcb(bev, socketReadTrampoline, socketWriteTrampoline, socketEventTrampoline, arg)
-        let simulated = SimulatedSocket(socket: self, bufferevent: bev, target: target)
+        let simulated = SimulatedSocket(bufferevent: bev, target: target)
         base.simulatedSockets[ObjectIdentifier(self)] = simulated
         if let end { simulated.attach(end) }
     }
@@ -200,6 +200,14 @@ final class BufferedSocket {
     /// Gives a simulated socket (made without one) the end of the stream its connect made.
     func attach(simulated end: any SimulatedStreamEnd) {
         simulated?.attach(end)
+    }
+
+    /// Makes the stream end under a layer (`SimulatedLayerSocket`) this socket's simulated
+    /// side: what the connection writes and its timeouts reach the network through it, and the
+    /// network hears of the close when this socket goes (before its bufferevent — the layer's
+    /// filter, with the layer socket under it — is freed).
+    func adopt(simulatedLayer: SimulatedLayerSocket) {
+        base.simulatedSockets[ObjectIdentifier(self)] = simulatedLayer.simulated
     }
 
     /// Takes over `bufferevent`, made elsewhere in the package on `base` (a TLS bufferevent over

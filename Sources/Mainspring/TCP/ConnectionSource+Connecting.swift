@@ -47,27 +47,12 @@ extension ConnectionSource {
             throw error
         }
         configureSocket()
-        loop.resolveAddresses(host, port: port, timeout: options.resolveTimeout) { [weak self] resolved in
-            guard let self else { return }
-            switch resolved {
-            case .failure(let error):
-                self.finish(.connectFailed(error))
-            case .success(let addresses):
-                let named = numericAddress(host, port: port) == nil
-                network.connect(from: loop, to: addresses[0]) { [weak self] result in
-                    guard let self else {
-                        if case .success(let end) = result { end.socketClosed(unreadInput: false) }
-                        return
-                    }
-                    // Failures as a real connect reports them: a literal's errno, or a name's
-                    // `.connectFailed` naming the address tried.
-                    self.simulatedConnectFinished(result.mapError { error in
-                        guard named, case .system(_, let code) = error else { return error }
-                        return .connectFailed(host: host, port: port,
-                                              attempts: [.init(address: addresses[0].description, errno: code)])
-                    })
-                }
+        loop.connectSimulatedStream(to: host, port: port, options: options, network: network) { [weak self] result in
+            guard let self else {
+                if case .success(let end) = result { end.socketClosed(unreadInput: false) }
+                return
             }
+            self.simulatedConnectFinished(result)
         }
     }
 
@@ -84,6 +69,50 @@ extension ConnectionSource {
             handle(.connected, errno: 0)
         case .failure(let error):
             finish(.connectFailed(error))
+        }
+    }
+}
+
+extension EventLoop {
+    /// On a simulated loop (`MainspringTesting`): connects a stream of the simulation's network
+    /// to `host:port` — the name resolved in the simulation's table — as `connectSocket`
+    /// connects a socket, for a layer that puts its own bufferevent over the stream
+    /// (MainspringTLS). `done` runs on this loop's thread once: with the stream's end (now the
+    /// caller's to close), or the error a real connect reports (a literal's errno, a name's
+    /// `.connectFailed` naming the address tried, `.hostNotFound`). Loop thread only.
+    package func connectSimulatedStream(to host: String, port: UInt16, options: Connection.Options,
+                                        _ done: @escaping (Result<any SimulatedStreamEnd, EventLoopError>) -> Void)
+    {
+        do throws(EventLoopError) {
+            if numericAddress(host, port: port) == nil, !isPlausibleHostName(host) { throw EventLoopError.invalidAddress(host) }
+            let peer = host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
+            let network = try requireSimulatedNetwork(for: "a connection to \(peer)")
+            connectSimulatedStream(to: host, port: port, options: options, network: network, done)
+        } catch {
+            done(.failure(error))
+        }
+    }
+
+    fileprivate func connectSimulatedStream(to host: String, port: UInt16, options: Connection.Options,
+                                            network: any SimulatedNetworking,
+                                            _ done: @escaping (Result<any SimulatedStreamEnd, EventLoopError>) -> Void)
+    {
+        resolveAddresses(host, port: port, timeout: options.resolveTimeout) { [self] resolved in
+            switch resolved {
+            case .failure(let error):
+                done(.failure(error))
+            case .success(let addresses):
+                let named = numericAddress(host, port: port) == nil
+                network.connect(from: self, to: addresses[0]) { result in
+                    // Failures as a real connect reports them: a literal's errno, or a name's
+                    // `.connectFailed` naming the address tried.
+                    done(result.mapError { error in
+                        guard named, case .system(_, let code) = error else { return error }
+                        return .connectFailed(host: host, port: port,
+                                              attempts: [.init(address: addresses[0].description, errno: code)])
+                    })
+                }
+            }
         }
     }
 }

@@ -218,7 +218,7 @@ final class ConnectionSource: Source {
 
     /// A connection over an established bufferevent made by a package module's `transport`.
     init(loop: EventLoop, adopting bufferevent: OpaquePointer, peer: String, options: Connection.Options,
-         transport: any ConnectionTransport)
+         transport: any ConnectionTransport, simulatedLayer: SimulatedLayerSocket? = nil)
     {
         _ = ignoreSIGPIPE
         options.check("Connection (TLS)")
@@ -230,7 +230,9 @@ final class ConnectionSource: Source {
         self.readLimit = Self.inputLimit(maxLineLength: options.maxLineLength)
         self.layer = TransportLayer(transport)
         super.init(loop: loop, priority: .input, keepsLoopBusy: true)
-        socket = BufferedSocket(adopting: bufferevent, base: loop.base, target: self)
+        let adopted = BufferedSocket(adopting: bufferevent, base: loop.base, target: self)
+        if let simulatedLayer { adopted.adopt(simulatedLayer: simulatedLayer) }
+        socket = adopted
         configureSocket()
     }
 

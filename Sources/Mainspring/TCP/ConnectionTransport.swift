@@ -40,13 +40,17 @@ package protocol ConnectionTransport: AnyObject {
 extension Connection {
     /// A connection over a bufferevent that a package module made on `loop` (its TLS layer,
     /// say), established already; `transport` is told about its failures and graceful close.
-    /// Loop thread only; the bufferevent must have been made on `loop`'s base.
+    /// Loop thread only; the bufferevent must have been made on `loop`'s base. On a simulated
+    /// loop, `simulatedLayer` is the stream end under the layer's filter (its writes, timeouts
+    /// and close reach the simulation's network through it).
     /// - Throws: `.wrongThread`.
     package static func adopting(bufferevent: OpaquePointer, peer: String, on loop: EventLoop,
-                                 options: Options, transport: any ConnectionTransport) throws(EventLoopError) -> Connection
+                                 options: Options, transport: any ConnectionTransport,
+                                 simulatedLayer: SimulatedLayerSocket? = nil) throws(EventLoopError) -> Connection
     {
         guard loop.claimThread() else { throw .wrongThread(function: "Connection.adopting(bufferevent:…)") }
-        let source = ConnectionSource(loop: loop, adopting: bufferevent, peer: peer, options: options, transport: transport)
+        let source = ConnectionSource(loop: loop, adopting: bufferevent, peer: peer, options: options, transport: transport,
+                                      simulatedLayer: simulatedLayer)
         return Connection(source: source)
     }
 

@@ -45,6 +45,11 @@ package protocol AcceptedSocketPreparer: Sendable {
     /// could not be made (the socket is then closed, and the preparer counted or reported why).
     func prepare(fd: Int32, peer: String, on loop: EventLoop, options: Connection.Options,
                  done: @escaping (Connection?) -> Void)
+
+    /// On a simulated loop (`MainspringTesting`): as `prepare(fd:…)`, for one end of a stream of
+    /// the simulation's network (now the preparer's to close).
+    func prepare(simulated end: any SimulatedStreamEnd, peer: String, on loop: EventLoop, options: Connection.Options,
+                 done: @escaping (Connection?) -> Void)
 }
 
 final class ListenerSource: Source {
@@ -87,7 +92,6 @@ final class ListenerSource: Source {
         target.source = self
         if loop.isSimulated {
             do throws(EventLoopError) {
-                guard preparer == nil else { throw EventLoopError.simulatedLoop(refused: "a TLS listener (TLS over the simulated network is not supported yet)") }
                 let accepted: (any SimulatedStreamEnd, String) -> Void = { [target] end, peer in
                     target.accepted(simulated: end, peer: peer)
                 }
@@ -153,6 +157,13 @@ final class ListenerSource: Source {
         let owner = loop.simulatedOwner(of: self)
         let make: @Sendable (@escaping (Connection?) -> Void) -> Void = { done in
             if let end = socket.takeSimulated() {
+                if let preparer {
+                    preparer.prepare(simulated: end, peer: socket.peer, on: destination, options: options) { connection in
+                        if let connection, let owner { destination.setSimulatedOwner(owner, of: connection.source) }
+                        done(connection)
+                    }
+                    return
+                }
                 // nil only when the loop cannot make the bufferevent (out of memory): the end is
                 // then closed by ConnectionSource, and the connection is not delivered, as below.
                 let source = try? ConnectionSource(loop: destination, simulated: end, peer: socket.peer, options: options)

@@ -22,11 +22,12 @@ final class SSLSession {
         case failed(String)
     }
 
-    /// A server session on an accepted socket.
+    /// A server session on an accepted socket (`fd` -1: on a simulated stream).
     init?(server contexts: ServerContextSet, fd: Int32) {
         ERR_clear_error()
         guard let ssl = SSL_new(contexts.defaultContext.raw) else { return nil }
-        guard SSL_set_fd(ssl, fd) == 1 else {
+        // -1: no socket; a filter over a simulated stream gives it its BIO (`SimulatedTLSHandshake`).
+        guard fd < 0 || SSL_set_fd(ssl, fd) == 1 else {
             SSL_free(ssl)
             return nil
         }
@@ -37,12 +38,14 @@ final class SSLSession {
         self.keepAlive = contexts
     }
 
-    /// A client session on a connected socket, for `serverName` (sent as SNI when it is a
-    /// name, and checked against the certificate unless `verification` says otherwise).
+    /// A client session on a connected socket (`fd` -1: on a simulated stream), for
+    /// `serverName` (sent as SNI when it is a name, and checked against the certificate unless
+    /// `verification` says otherwise).
     init?(client context: SSLContextHandle, fd: Int32, serverName: String, verification: TLSServerVerification) {
         ERR_clear_error()
         guard let ssl = SSL_new(context.raw) else { return nil }
-        guard SSL_set_fd(ssl, fd) == 1 else {
+        // -1: no socket; a filter over a simulated stream gives it its BIO (`SimulatedTLSHandshake`).
+        guard fd < 0 || SSL_set_fd(ssl, fd) == 1 else {
             SSL_free(ssl)
             return nil
         }
@@ -83,22 +86,14 @@ final class SSLSession {
     /// Why the handshake failed, once, in words: the peer's close, the certificate check that
     /// failed, OpenSSL's reasons, or `SSL_get_error`'s condition when OpenSSL gave no reason.
     private func failureReason(_ ssl: OpaquePointer, code: Int32, errno: Int32) -> String {
-        let errors = OpenSSLErrors.take()
-        if errors.peerClosedWithoutCloseNotify { return peerClosedDuringHandshake }
-        let verify = SSL_get_verify_result(ssl)
-        if verify != X509_V_OK, let text = X509_verify_cert_error_string(verify) {
-            let whose = isServer ? "the client's certificate" : "the server's certificate"
-            // OpenSSL's own reason is "certificate verify failed": the check that failed says it.
-            let others = errors.reasons.filter { $0 != "certificate verify failed" }
-            let more = others.isEmpty ? "" : " (\(others.joined(separator: "; ")))"
-            return "\(whose) did not verify: \(String(cString: text))\(more)"
-        }
-        if !errors.isEmpty { return "handshake failed: \(errors.text)" }
-        switch code {
-        case SSL_ERROR_SYSCALL where errno == 0: return peerClosedDuringHandshake
-        case SSL_ERROR_ZERO_RETURN: return "the peer ended the TLS session (close_notify) during the handshake"
-        default: return "handshake failed: \(sslErrorCondition(code, errno: errno))"
-        }
+        handshakeFailureReason(ssl, isServer: isServer, errors: OpenSSLErrors.take(), code: code, errno: errno)
+    }
+
+    /// Takes the session over (a simulated stream's filter owns it from now on), or nil if it
+    /// is gone.
+    func takeSSL() -> OpaquePointer? {
+        defer { raw = nil }
+        return raw
     }
 
     /// The established session's details.
@@ -264,3 +259,23 @@ final class TLSLayer: ConnectionTransport {
 /// Frees a bufferevent made by `SSLSession.makeBufferevent` that no connection took over (its
 /// session and socket go with it).
 func freeBufferevent(_ bufferevent: OpaquePointer) { bufferevent_free(bufferevent) }
+
+/// Why a handshake failed, once, in words: the peer's close, the certificate check that failed,
+/// OpenSSL's reasons (`errors`), or `SSL_get_error`'s condition (`code`) when OpenSSL gave none.
+func handshakeFailureReason(_ ssl: OpaquePointer, isServer: Bool, errors: OpenSSLErrors, code: Int32, errno: Int32) -> String {
+    if errors.peerClosedWithoutCloseNotify { return peerClosedDuringHandshake }
+    let verify = SSL_get_verify_result(ssl)
+    if verify != X509_V_OK, let text = X509_verify_cert_error_string(verify) {
+        let whose = isServer ? "the client's certificate" : "the server's certificate"
+        // OpenSSL's own reason is "certificate verify failed": the check that failed says it.
+        let others = errors.reasons.filter { $0 != "certificate verify failed" }
+        let more = others.isEmpty ? "" : " (\(others.joined(separator: "; ")))"
+        return "\(whose) did not verify: \(String(cString: text))\(more)"
+    }
+    if !errors.isEmpty { return "handshake failed: \(errors.text)" }
+    switch code {
+    case SSL_ERROR_SYSCALL where errno == 0: return peerClosedDuringHandshake
+    case SSL_ERROR_ZERO_RETURN: return "the peer ended the TLS session (close_notify) during the handshake"
+    default: return "handshake failed: \(sslErrorCondition(code, errno: errno))"
+    }
+}

@@ -1,0 +1,210 @@
+import Mainspring
+import MainspringHTTP
+import MainspringTLS
+import MainspringTestSupport
+import MainspringTesting
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Values the tests' handlers write on the simulation's driving thread and the test reads
+/// between steps.
+private final class Box<Value>: @unchecked Sendable {
+    var value: Value
+    init(_ value: Value) { self.value = value }
+}
+
+/// TLS over a simulation's network: real OpenSSL sessions over simulated bytes, on virtual time
+/// — handshakes, certificate checks, timeouts, resets and the end of a peer, exactly.
+@Suite("TLS over the simulated network (MainspringTesting)",
+       .enabled(if: TestCertificates.shared != nil, "the openssl command is not installed (Debian: apt-get install openssl)"))
+struct TLSSimulationTests {
+    private static func serverContext() throws -> TLSServerContext {
+        let certs = try #require(TestCertificates.shared)
+        return try TLSServerContext(configuration: .init(certificateFile: certs.serverCertificate, keyFile: certs.serverKey))
+    }
+
+    private static func clientContext(trusting ca: String? = nil, handshakeTimeout: Duration = .seconds(10)) throws
+        -> TLSClientContext
+    {
+        let certs = try #require(TestCertificates.shared)
+        return try TLSClientContext(configuration: .init(trustRoots: .file(ca ?? certs.caCertificate),
+                                                         handshakeTimeout: handshakeTimeout))
+    }
+
+    /// An echo over TLS between two simulated hosts, the bytes cut into 7-byte segments: the
+    /// handshake (TLS 1.3: one round trip after the TCP connect's) and the echo take exactly
+    /// their latencies, and the certificate was checked against the name.
+    @Test func anEchoOverTLSTakesItsRoundTripsExactly() async throws {
+        let simulation = try Simulation(seed: 31)
+        simulation.network.latency = .milliseconds(5)
+        simulation.network.maxSegmentSize = 7
+        let server = try simulation.makeGroup(loopCount: 1, host: "10.0.0.2")
+        let serverContext = try Self.serverContext()
+        let served = Box<[Connection]>([])
+        let listener = try Listener(.tcp(host: "0.0.0.0", port: 443), on: server.loops[0], tls: serverContext) { connection in
+            served.value.append(connection)
+            connection.readLines { event in
+                guard case .line(let line) = event else { return connection.close() }
+                connection.writeLine("echo: \(line)")
+            }
+        }
+        let client = try Self.clientContext()
+        let loop = simulation.loop
+        let (established, reply, at, session) = try await simulation.run {
+            () async throws -> (Duration, LineEvent?, Duration, TLSSession?) in
+            let connection = try await Connection.connect(to: "10.0.0.2", port: 443, on: loop, tls: client, serverName: "localhost")
+            let established = simulation.now
+            try await connection.send(line: "hello over TLS")
+            let reply = try await connection.readLine()
+            let at = simulation.now
+            connection.close()
+            _ = await connection.closed
+            return (established, reply, at, connection.tls)
+        }
+        // SYN and SYN-ACK (10 ms), ClientHello and the server's flight (10 ms).
+        #expect(established == .milliseconds(20))
+        #expect(reply == .line("echo: hello over TLS"))
+        #expect(at == .milliseconds(30))
+        #expect(session?.version == "TLSv1.3")
+        #expect(session?.peerCertificate?.isVerified == true)
+        #expect(serverContext.statistics.completedHandshakes == 1)
+        simulation.runUntilIdle()
+        listener.close()
+        #expect(served.value.count == 1)
+    }
+
+    /// A certificate the client does not trust fails the connect with the check that failed,
+    /// when the server's flight arrives; the server counts the failed handshake.
+    @Test func anUntrustedCertificateFailsTheConnectWithItsReason() async throws {
+        let certs = try #require(TestCertificates.shared)
+        let simulation = try Simulation(seed: 32)
+        simulation.network.latency = .milliseconds(5)
+        let server = try simulation.makeGroup(loopCount: 1, host: "10.0.0.2")
+        let serverContext = try Self.serverContext()
+        let listener = try Listener(.tcp(host: "0.0.0.0", port: 443), on: server.loops[0], tls: serverContext) { _ in }
+        let client = try Self.clientContext(trusting: certs.untrustedCACertificate)
+        let loop = simulation.loop
+        let (failure, at) = try await simulation.run { () async -> (EventLoopError?, Duration) in
+            do throws(EventLoopError) {
+                _ = try await Connection.connect(to: "10.0.0.2", port: 443, on: loop, tls: client, serverName: "localhost")
+                return (nil, simulation.now)
+            } catch {
+                return (error, simulation.now)
+            }
+        }
+        guard case .tls(let reason)? = failure else {
+            Issue.record("expected a TLS failure, got \(String(describing: failure))")
+            return
+        }
+        #expect(reason.contains("the server's certificate did not verify"), "\(reason)")
+        #expect(at == .milliseconds(20))
+        // The client's alert reaches the server one latency later.
+        simulation.advance(by: .milliseconds(10))
+        #expect(serverContext.statistics.failedHandshakes == 1)
+        #expect(serverContext.statistics.completedHandshakes == 0)
+        listener.close()
+        simulation.runUntilIdle()
+        #expect(simulation.network.openStreamEnds == 0)
+    }
+
+    /// A server that never answers the handshake (a plain listener that reads nothing): the
+    /// client's handshake timeout ends the connect at its exact instant.
+    @Test func aServerThatNeverAnswersTimesTheHandshakeOutExactly() async throws {
+        let simulation = try Simulation(seed: 33)
+        simulation.network.latency = .milliseconds(5)
+        let server = try simulation.makeGroup(loopCount: 1, host: "10.0.0.2")
+        let held = Box<[Connection]>([])
+        let listener = try Listener(.tcp(host: "0.0.0.0", port: 443), on: server.loops[0]) { held.value.append($0) }
+        let client = try Self.clientContext(handshakeTimeout: .seconds(3))
+        let loop = simulation.loop
+        let (failure, at) = try await simulation.run { () async -> (EventLoopError?, Duration) in
+            do throws(EventLoopError) {
+                _ = try await Connection.connect(to: "10.0.0.2", port: 443, on: loop, tls: client, serverName: "localhost")
+                return (nil, simulation.now)
+            } catch {
+                return (error, simulation.now)
+            }
+        }
+        #expect(failure == .tls(reason: "the handshake did not finish within 3.0 seconds"))
+        #expect(at == .milliseconds(3_010))
+        for connection in held.value { connection.abort() }
+        listener.close()
+    }
+
+    /// Plain TCP's rules for a peer that goes away hold over TLS: a reset is `.error(ECONNRESET)`
+    /// at both ends; a peer that closes is the end of the input.
+    @Test func aResetAndAPeersCloseReadAsOverPlainTCP() async throws {
+        let simulation = try Simulation(seed: 34)
+        simulation.network.latency = .milliseconds(5)
+        let server = try simulation.makeGroup(loopCount: 1, host: "10.0.0.2")
+        let serverContext = try Self.serverContext()
+        let serverEnds = Box<[Connection.CloseReason]>([])
+        let listener = try Listener(.tcp(host: "0.0.0.0", port: 443), on: server.loops[0], tls: serverContext) { connection in
+            connection.readLines { event in
+                switch event {
+                case .line("bye"): connection.close()
+                case .line(let line): connection.writeLine(line)
+                default: break
+                }
+            }
+            connection.onClose { serverEnds.value.append($0) }
+        }
+        let client = try Self.clientContext()
+        let loop = simulation.loop
+        let (resetReason, endEvent) = try await simulation.run {
+            () async throws -> (Connection.CloseReason, LineEvent?) in
+            let first = try await Connection.connect(to: "10.0.0.2", port: 443, on: loop, tls: client, serverName: "localhost")
+            try await first.send(line: "one")
+            _ = try await first.readLine()
+            simulation.network.reset("127.0.0.1", "10.0.0.2")
+            let resetReason = await first.closed
+            let second = try await Connection.connect(to: "10.0.0.2", port: 443, on: loop, tls: client, serverName: "localhost")
+            try await second.send(line: "bye")
+            let endEvent = try await second.readLine()
+            second.close()
+            _ = await second.closed
+            return (resetReason, endEvent)
+        }
+        #expect(resetReason == .error(ECONNRESET))
+        #expect(endEvent == .endOfFile)
+        simulation.runUntilIdle()
+        #expect(serverEnds.value.first == .error(ECONNRESET))
+        listener.close()
+        simulation.runUntilIdle()
+        #expect(simulation.network.openStreamEnds == 0)
+    }
+
+    /// `HTTPClient` over `https://` in virtual time: the library's client, its TLS connector and
+    /// a TLS listener answering HTTP, all over simulated bytes; the response body arrives one
+    /// request round trip after the handshake.
+    @Test func theHTTPClientSpeaksHTTPSInVirtualTime() async throws {
+        let simulation = try Simulation(seed: 35)
+        simulation.network.latency = .milliseconds(2)
+        let loop = simulation.loop
+        let serverContext = try Self.serverContext()
+        let served = Box<[Connection]>([])
+        // "localhost" is the client's own host; its certificate names it.
+        let listener = try Listener(.tcp(host: "127.0.0.1", port: 443), on: loop, tls: serverContext) { connection in
+            served.value.append(connection)
+            connection.readLines { event in
+                guard case .line(let line) = event else { return connection.close() }
+                if line.isEmpty { connection.write("HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\nhello, https") }
+            }
+        }
+        let client = HTTPClient(loop: loop, configuration: .init(secureConnector: .tls(try Self.clientContext())))
+        let (status, body, at) = try await simulation.run { () async throws -> (Int, String, Duration) in
+            let response = try await client.get("https://localhost/hello")
+            return (response.status, response.text, simulation.now)
+        }
+        #expect(status == 200)
+        #expect(body == "hello, https")
+        // TCP (4 ms), the handshake (4 ms), the request and its response (4 ms).
+        #expect(at == .milliseconds(12))
+        client.shutdown()
+        listener.close()
+        for connection in served.value { connection.close() }
+    }
+}
