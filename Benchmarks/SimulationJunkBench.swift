@@ -2,8 +2,9 @@ import ExampleServices
 import Foundation
 
 /// simulation-junk: bad input, measured. Every parser that runs on the simulated network —
-/// lines, length-prefixed frames (`read(until:)` and `read(exactly:)`), RESP (the KV server) and
-/// HTTP responses (`HTTPClient`) — fed runs of random bytes slipped between segments the seed
+/// lines, length-prefixed frames (`read(until:)` and `read(exactly:)`), RESP (the KV server),
+/// HTTP responses (`HTTPClient`) and TLS records (`MainspringTLS`, with a certificate the openssl
+/// command makes; left out, saying so, without it) — fed runs of random bytes slipped between segments the seed
 /// sizes, for a simulated minute per seed (`ExampleServices.JunkSoak`), each checked by its
 /// oracle: clear events and errors only, every byte accounted for, the intact units whole and in
 /// order, a clean exchange once the junk stops, nothing leaked.
@@ -13,24 +14,35 @@ import Foundation
 /// (`JunkSoak.run(_:seed:)`). Not a timing benchmark.
 let simulationJunkScenario = Scenario(
     name: "simulation-junk",
-    summary: "lines, frames, RESP and HTTP parsers under random junk bytes for a simulated minute per seed (--seeds N): failures"
+    summary: "lines, frames, RESP, HTTP and TLS under random junk bytes for a simulated minute per seed (--seeds N): failures"
 ) { _ in
     let seeds = simulationFaultSeeds.withLock { $0 }
+    var parsers = JunkSoak.Parser.allCases
+    // TLS's server certificate (self-signed, for localhost) comes from the openssl command.
+    var certificate: BenchCertificate?
+    if let openssl = findExecutable("openssl") {
+        certificate = try BenchCertificate(openssl: openssl)
+    } else {
+        parsers.removeAll { $0 == .tls }
+        FileHandle.standardError.write(Data("simulation-junk: tls left out: no openssl command to make its certificate\n".utf8))
+    }
+    defer { certificate?.remove() }
+    let files = certificate.map { JunkSoak.Certificate(certificateFile: $0.certificate, keyFile: $0.key) }
     var byParser: [JunkSoak.Parser: JunkSoak.Result] = [:]
-    let (crashes, real) = forEachSeed(seeds, of: JunkSoak.Parser.allCases, scenario: "simulation-junk") { parser, seed in
-        byParser[parser, default: JunkSoak.Result()].add(try JunkSoak.run(parser, seed: seed))
+    let (crashes, real) = forEachSeed(seeds, of: parsers, scenario: "simulation-junk") { parser, seed in
+        byParser[parser, default: JunkSoak.Result()].add(try JunkSoak.run(parser, seed: seed, certificate: files))
     }
     var total = JunkSoak.Result()
-    for parser in JunkSoak.Parser.allCases { total.add(byParser[parser] ?? JunkSoak.Result()) }
+    for parser in parsers { total.add(byParser[parser] ?? JunkSoak.Result()) }
     for failure in total.failures {
         FileHandle.standardError.write(Data("simulation-junk: \(failure)\n".utf8))
     }
-    for parser in JunkSoak.Parser.allCases {
+    for parser in parsers {
         let outcomes = (byParser[parser]?.outcomes ?? [:]).sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }
         FileHandle.standardError.write(Data("simulation-junk: \(parser.rawValue): \(outcomes.joined(separator: ", "))\n".utf8))
     }
     var perParser: [(String, Double)] = []
-    for parser in JunkSoak.Parser.allCases {
+    for parser in parsers {
         let result = byParser[parser] ?? JunkSoak.Result()
         perParser += [
             ("\(parser.rawValue)_junk_runs", Double(result.junkRuns)),

@@ -1,8 +1,12 @@
 import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
 import KVService
 import Mainspring
 @_spi(Simulation) import MainspringCore
 import MainspringHTTP
+import MainspringTLS
 import MainspringTesting
 
 /// Bad input against every parser the library ships that runs on the simulated network: runs of
@@ -24,13 +28,39 @@ import MainspringTesting
 /// - ``Parser/http``: `HTTPClient` against a scripted upstream. Every request ends — a response
 ///   or a clear `HTTPClientError` (malformed status line or header, a bad length, a response
 ///   timeout) — and once the junk stops, a request gets its exact response.
+/// - ``Parser/tls``: TLS (`MainspringTLS`, real OpenSSL over the simulated bytes) under a line
+///   echo. Junk must never reach the application: every line either side reads is exactly one
+///   that was sent, and each connection junk touched ends with a clear reason (the TLS layer's
+///   account — a bad record MAC, a wrong version number —, a handshake that fails, or the idle
+///   timeout); once the junk stops, a new connection echoes exactly. Needs a certificate for
+///   `localhost` (`run(_:seed:duration:certificate:)`).
 ///
 /// In each, every stream is closed at the end (no leak). A failure names the parser and the seed
 /// that replays it.
 public enum JunkSoak {
     /// A parser under junk.
     public enum Parser: String, Sendable, CaseIterable {
-        case lines, frames, resp, http
+        case lines, frames, resp, http, tls
+    }
+
+    /// A certificate and its key, in PEM files, for the ``Parser/tls`` run: the server's, for
+    /// `localhost`; the client trusts it (self-signed) or its issuer (`trustedCertificateFile`).
+    public struct Certificate: Sendable {
+        public var certificateFile: String
+        public var keyFile: String
+        /// What the client trusts: the certificate itself (nil), or its issuer's.
+        public var trustedCertificateFile: String?
+
+        public init(certificateFile: String, keyFile: String, trustedCertificateFile: String? = nil) {
+            self.certificateFile = certificateFile
+            self.keyFile = keyFile
+            self.trustedCertificateFile = trustedCertificateFile
+        }
+    }
+
+    /// Why a run could not start.
+    public struct SetupError: Error, CustomStringConvertible {
+        public let description: String
     }
 
     /// What one or more runs found.
@@ -63,7 +93,10 @@ public enum JunkSoak {
     }
 
     /// Runs `parser` under junk for `duration` with `seed` (see the type's description).
-    public static func run(_ parser: Parser, seed: UInt64, duration: Duration = .seconds(60)) throws -> Result {
+    /// `certificate` is needed by ``Parser/tls`` only (the others ignore it).
+    public static func run(_ parser: Parser, seed: UInt64, duration: Duration = .seconds(60),
+                           certificate: Certificate? = nil) throws -> Result
+    {
         let simulation = try Simulation(seed: seed)
         simulation.isTracing = false
         var generator = SplitMix64(seed: seed ^ 0x4A55_4E4B)
@@ -76,6 +109,9 @@ public enum JunkSoak {
         case .frames: try run.frames(duration: duration)
         case .resp: try run.resp(duration: duration)
         case .http: try run.http(duration: duration)
+        case .tls:
+            guard let certificate else { throw SetupError(description: "the tls parser's run needs a certificate for localhost") }
+            try run.tls(duration: duration, certificate: certificate)
         }
         simulation.advance(by: .seconds(5))
         run.result.runs = 1
@@ -322,6 +358,114 @@ public enum JunkSoak {
             kv.close()
         }
 
+        // MARK: TLS (the record layer, under a line echo)
+
+        func tls(duration: Duration, certificate: Certificate) throws {
+            let server = try simulation.makeGroup(loopCount: 1, host: "10.0.0.3")
+            let serverContext = try TLSServerContext(configuration: .init(certificateFile: certificate.certificateFile,
+                                                                          keyFile: certificate.keyFile))
+            let clientContext = try TLSClientContext(configuration: .init(
+                trustRoots: .file(certificate.trustedCertificateFile ?? certificate.certificateFile), handshakeTimeout: .seconds(2)))
+            // Echoes each line; anything but a line (invalid UTF-8, an over-long line) would be junk
+            // that got through TLS: counted, and the oracle fails the run.
+            let serverSaw = ServerTally()
+            let listener = try Listener(.tcp(host: "0.0.0.0", port: 443), on: server.loops[0],
+                                        options: .init(maxLineLength: 256, idleTimeout: .seconds(5)), tls: serverContext) { connection in
+                connection.readLines { event in
+                    switch event {
+                    case .line(let line):
+                        serverSaw.lines += 1
+                        connection.writeLine(line)
+                    case .endOfFile, .error: connection.close()
+                    default:
+                        serverSaw.altered += 1
+                        connection.close()
+                    }
+                }
+            }
+            injectJunk(for: duration, hosts: ["127.0.0.1", "10.0.0.3"])
+            let loop = simulation.loop
+            let stopAt = simulation.now + duration
+            let simulation = self.simulation
+            let outcomes = try simulation.runSynchronously { () async -> [String: Int] in
+                await withTaskGroup(of: [String: Int].self) { group in
+                    for client in 0..<4 {
+                        group.addTask(executorPreference: loop) {
+                            var outcomes: [String: Int] = [:]
+                            var round = 0
+                            while simulation.now < stopAt {
+                                let connection: Connection
+                                do throws(EventLoopError) {
+                                    connection = try await Connection.connect(to: "10.0.0.3", port: 443, on: loop,
+                                                                              options: .init(idleTimeout: .seconds(3)),
+                                                                              tls: clientContext, serverName: "localhost")
+                                } catch {
+                                    if case .tls = error { outcomes["handshake failed", default: 0] += 1 } else {
+                                        outcomes["connect failed", default: 0] += 1
+                                    }
+                                    try? await loop.sleep(for: .milliseconds(200))  // throws only if cancelled
+                                    continue
+                                }
+                                do throws(Connection.CloseReason) {
+                                    while simulation.now < stopAt {
+                                        round += 1
+                                        let line = "client \(client) round \(round)"
+                                        // Two records 20 ms apart: junk lands between records and inside them.
+                                        let bytes = Array(line.utf8)
+                                        try await connection.send(Array(bytes[..<(bytes.count / 2)]))
+                                        try? await loop.sleep(for: .milliseconds(20))
+                                        try await connection.send(Array(bytes[(bytes.count / 2)...]) + [0x0A])
+                                        guard let event = try await connection.readLine() else { throw .closed }
+                                        switch event {
+                                        case .line(line): outcomes["echo", default: 0] += 1
+                                        case .endOfFile: throw .closed
+                                        default: outcomes["altered", default: 0] += 1
+                                        }
+                                        try? await loop.sleep(for: .milliseconds(200))
+                                    }
+                                } catch {
+                                    outcomes[JunkSoak.kind(of: error), default: 0] += 1
+                                }
+                                connection.close()
+                            }
+                            return outcomes
+                        }
+                    }
+                    var all: [String: Int] = [:]
+                    for await outcomes in group { all.merge(outcomes, uniquingKeysWith: +) }
+                    return all
+                }
+            }
+            result.outcomes.merge(outcomes, uniquingKeysWith: +)
+            if let altered = outcomes["altered"] { fail("\(altered) echoes were not the line sent: junk got through TLS") }
+            if serverSaw.altered > 0 { fail("the server read \(serverSaw.altered) lines junk had altered through TLS") }
+            for kind in outcomes.keys where kind.hasPrefix("other") { fail("an unexpected outcome: \(kind)") }
+            simulation.advance(by: .seconds(6))  // the junk has stopped; idle connections have timed out
+            let check = try simulation.runSynchronously { () async -> String in
+                do {
+                    let connection = try await Connection.connect(to: "10.0.0.3", port: 443, on: loop, tls: clientContext,
+                                                                  serverName: "localhost")
+                    defer { connection.close() }
+                    try await connection.send(line: "after the junk")
+                    guard case .line(let text)? = try await connection.readLine() else { return "no line" }
+                    return text
+                } catch {
+                    return "\(error)"
+                }
+            }
+            if check == "after the junk" { result.intact += (outcomes["echo"] ?? 0) + 1 } else {
+                fail("after the junk, a new connection got \(check)")
+            }
+            simulation.advance(by: .seconds(1))
+            listener.close()
+        }
+
+        /// What the TLS run's server read (on the simulation's driving thread).
+        private final class ServerTally: @unchecked Sendable {
+            var lines = 0
+            var altered = 0
+        }
+
         // MARK: HTTP (the client's response parser)
 
         func http(duration: Duration) throws {
@@ -383,6 +527,20 @@ public enum JunkSoak {
             if check == "200 hello" { result.intact += intact + 1 } else { fail("after the junk, a request got \(check)") }
             client.shutdown()
             listener.close()
+        }
+    }
+
+    /// A TLS connection's end, for the outcome counts: OpenSSL's reason for a TLS failure, or
+    /// the plain reason.
+    static func kind(of reason: Connection.CloseReason) -> String {
+        switch reason {
+        case .tls(let text): "tls: \(text)"
+        case .error(ECONNRESET): "reset"
+        case .error(let code): "error \(code)"
+        case .idleTimeout: "idle timeout"
+        case .closed: "end of input"
+        case .cancelled: "cancelled"
+        case .connectFailed, .invalidCount: "other: \(reason)"
         }
     }
 

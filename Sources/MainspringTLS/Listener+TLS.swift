@@ -153,18 +153,7 @@ private func connectTLS(to host: String, port: UInt16, on loop: EventLoop, optio
         }
         let peer = host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
         TLSHandshake(loop: loop, session: session, timeout: tls.configuration.handshakeTimeout) { outcome in
-            switch outcome {
-            case .established(let layer, let bufferevent):
-                do throws(EventLoopError) {
-                    completion(.success(try Connection.adopting(bufferevent: bufferevent, peer: peer, on: loop, options: options,
-                                                                transport: layer)))
-                } catch {
-                    freeBufferevent(bufferevent)
-                    completion(.failure(error))
-                }
-            case .failed(let reason):
-                completion(.failure(.tls(reason: reason)))
-            }
+            completion(establishedConnection(for: outcome, peer: peer, on: loop, options: options))
         }.start()
     }
 }
@@ -213,19 +202,7 @@ private func connectSimulatedTLS(to host: String, port: UInt16, on loop: EventLo
         let peer = host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
         SimulatedTLSHandshake(loop: loop, session: session, layerSocket: layerSocket,
                               timeout: tls.configuration.handshakeTimeout) { outcome in
-            switch outcome {
-            case .established(let layer, let bufferevent):
-                do throws(EventLoopError) {
-                    completion(.success(try Connection.adopting(bufferevent: bufferevent, peer: peer, on: loop, options: options,
-                                                                transport: layer, simulatedLayer: layerSocket)))
-                } catch {
-                    layerSocket.closing()
-                    freeBufferevent(bufferevent)
-                    completion(.failure(error))
-                }
-            case .failed(let reason):
-                completion(.failure(.tls(reason: reason)))
-            }
+            completion(establishedConnection(for: outcome, peer: peer, on: loop, options: options, simulatedLayer: layerSocket))
         }.start()
     }
 }

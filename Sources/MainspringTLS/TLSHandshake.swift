@@ -119,23 +119,7 @@ struct TLSAcceptPreparer: AcceptedSocketPreparer {
         }
         let counters = context.counters
         let handshake = TLSHandshake(loop: loop, session: session, timeout: contexts.configuration.handshakeTimeout) { outcome in
-            switch outcome {
-            case .established(let layer, let bufferevent):
-                do {
-                    let connection = try Connection.adopting(bufferevent: bufferevent, peer: peer, on: loop, options: options,
-                                                             transport: layer)
-                    counters.record(established: true)
-                    done(connection)
-                } catch {
-                    // Only a wrong thread can fail here, and this runs on `loop`.
-                    freeBufferevent(bufferevent)
-                    counters.record(failure: "\(error)")
-                    done(nil)
-                }
-            case .failed(let reason):
-                counters.record(failure: reason)
-                done(nil)
-            }
+            done(counters.record(establishedConnection(for: outcome, peer: peer, on: loop, options: options)))
         }
         handshake.start()
     }
@@ -160,24 +144,31 @@ struct TLSAcceptPreparer: AcceptedSocketPreparer {
         }
         SimulatedTLSHandshake(loop: loop, session: session, layerSocket: layerSocket,
                               timeout: contexts.configuration.handshakeTimeout) { outcome in
-            switch outcome {
-            case .established(let layer, let bufferevent):
-                do {
-                    let connection = try Connection.adopting(bufferevent: bufferevent, peer: peer, on: loop, options: options,
-                                                             transport: layer, simulatedLayer: layerSocket)
-                    counters.record(established: true)
-                    done(connection)
-                } catch {
-                    layerSocket.closing()
-                    freeBufferevent(bufferevent)
-                    counters.record(failure: "\(error)")
-                    done(nil)
-                }
-            case .failed(let reason):
-                counters.record(failure: reason)
-                done(nil)
-            }
+            done(counters.record(establishedConnection(for: outcome, peer: peer, on: loop, options: options,
+                                                       simulatedLayer: layerSocket)))
         }.start()
+    }
+}
+
+/// The connection a handshake's `outcome` makes — the established layer's bufferevent adopted
+/// on `loop` (over `simulatedLayer` on a simulated loop) — or why there is none (`.tls` with the
+/// handshake's reason). On `loop`'s thread.
+func establishedConnection(for outcome: TLSHandshake.Outcome, peer: String, on loop: EventLoop, options: Connection.Options,
+                           simulatedLayer: SimulatedLayerSocket? = nil) -> Result<Connection, EventLoopError>
+{
+    switch outcome {
+    case .established(let layer, let bufferevent):
+        do throws(EventLoopError) {
+            return .success(try Connection.adopting(bufferevent: bufferevent, peer: peer, on: loop, options: options,
+                                                    transport: layer, simulatedLayer: simulatedLayer))
+        } catch {
+            // Only a wrong thread can fail here, and this runs on `loop`.
+            simulatedLayer?.closing()
+            freeBufferevent(bufferevent)
+            return .failure(error)
+        }
+    case .failed(let reason):
+        return .failure(.tls(reason: reason))
     }
 }
 
@@ -186,6 +177,21 @@ final class HandshakeCounters: Sendable {
     private let state = Locked(TLSServerContext.Statistics(completedHandshakes: 0, failedHandshakes: 0, lastFailure: nil))
 
     func record(established: Bool) { state.withLock { $0.completedHandshakes += 1 } }
+
+    /// Counts a listener's handshake by what it made: the connection, or nil (counted with the
+    /// handshake's reason).
+    func record(_ made: Result<Connection, EventLoopError>) -> Connection? {
+        switch made {
+        case .success(let connection):
+            record(established: true)
+            return connection
+        case .failure(.tls(let reason)):
+            record(failure: reason)
+        case .failure(let error):
+            record(failure: "\(error)")
+        }
+        return nil
+    }
 
     func record(failure reason: String) {
         state.withLock {
