@@ -89,6 +89,27 @@ struct PostingTests {
         #expect(message.contains("loop's own thread"))
     }
 
+    @Test("EventLoop.current on a group's thread — in a callback, in a task preferring the loop — is that loop; none is made")
+    func currentOnAGroupThreadIsItsLoop() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        let loop = group.loops[0]
+        #expect(try await loop.submit { EventLoop.current === loop && (try? EventLoop.forCurrentThread()) === loop })
+        #expect(await Task(executorPreference: loop) { EventLoop.current === loop }.value)
+        await group.shutdown(gracePeriod: .seconds(5))
+    }
+
+    @Test("in a task that runs on no loop, EventLoop.forCurrentThread() is an error and makes no loop")
+    func currentInAPoolTaskIsAnError() async throws {
+        let outcome = await Task.detached { () -> Result<EventLoop, EventLoopError> in
+            Result { () throws(EventLoopError) in try EventLoop.forCurrentThread() }
+        }.value
+        guard case .failure(.wrongThread(let function)) = outcome else {
+            Issue.record("expected wrongThread, got \(outcome)")
+            return
+        }
+        #expect(function.contains("a task that runs on no loop"), "\(function)")
+    }
+
     @Test("EventLoop.current is one loop per thread, bound to it")
     func currentIsPerThread() async throws {
         // Return the loops themselves (not identifiers) so both stay alive while compared.

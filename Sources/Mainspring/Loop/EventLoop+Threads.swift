@@ -19,15 +19,19 @@ extension EventLoop {
 
     private static let threadLoop = ThreadLocalReference<EventLoop>()
 
-    /// The calling thread's loop, created (and bound to the thread) on first use; on the main
-    /// thread it is `EventLoop.main`. The thread keeps its loop until it exits — the
-    /// `RunLoop.current` analogue. When the thread exits, the loop is shut down: its sources are
-    /// closed, and work still queued (or posted later) is dropped and counted in
-    /// `LoopMetrics.droppedAtShutdown`.
+    /// The calling thread's loop: on the main thread `EventLoop.main`; on a thread that runs a
+    /// loop — a group's thread, a thread inside `run()`, a task or callback on a loop, a
+    /// simulation's body (`MainspringTesting`) — that loop; on a plain thread of your own, a loop
+    /// created and bound to it by the first call (a documented binding: run it there). The thread
+    /// keeps its loop until it exits — the `RunLoop.current` analogue. When the thread exits, the
+    /// loop is shut down: its sources are closed, and work still queued (or posted later) is
+    /// dropped and counted in `LoopMetrics.droppedAtShutdown`.
     ///
-    /// On a thread of Swift concurrency's cooperative pool (inside a `Task`) this is a loop that
-    /// nobody runs; use `EventLoop.main`, a loop you run on a thread of your own, or an
-    /// `EventLoopGroup`.
+    /// In a task that runs on no loop (a thread of Swift concurrency's cooperative pool) there is
+    /// no loop to give, and none is made — one made for a pool thread would never run, and every
+    /// timer and post on it would silently wait forever: this stops the program with a message
+    /// saying so (``forCurrentThread()`` throws `EventLoopError.wrongThread` instead). Use
+    /// `EventLoop.main`, a loop you hold, an `EventLoopGroup`, or `Task(executorPreference: loop)`.
     ///
     /// A loop needs five descriptors (epoll, a timerfd, libevent's signal pipe, its eventfd). A
     /// getter cannot throw: where the thread may have no loop yet while the process is out of
@@ -36,21 +40,32 @@ extension EventLoop {
     public static var current: EventLoop {
         do {
             return try forCurrentThread()
+        } catch .wrongThread(let function) {
+            fatalError("Mainspring: \(function)")
         } catch {
             fatalError("Mainspring: cannot create a loop for this thread (\(error)); EventLoop.forCurrentThread() reports this as an error")
         }
     }
 
-    /// The calling thread's loop, as ``current`` — created and bound to the thread on first
-    /// use — but a loop that cannot be created (out of file descriptors, `EMFILE`) is an error
-    /// instead of the end of the program. Any thread; once the thread has its loop, this is a
-    /// thread-local read.
+    /// The calling thread's loop, as ``current`` — the loop the thread runs, or one created and
+    /// bound to a plain thread on first use — but a loop that cannot be created (out of file
+    /// descriptors, `EMFILE`), or a task that runs on no loop, is an error instead of the end of
+    /// the program. Any thread; once the thread has its loop, this is a thread-local read.
     ///
     /// - Throws: `EventLoopError.system` or `.libevent` when the thread has no loop yet and
-    ///   none can be made; the next call tries again.
+    ///   none can be made (the next call tries again); `.wrongThread` in a task that runs on no
+    ///   loop (a thread of the cooperative pool: no loop is made for it).
     public static func forCurrentThread() throws(EventLoopError) -> EventLoop {
         if let loop = threadLoop.value { return loop }
-        let loop = isProcessMainThread() ? main : try EventLoop(configuration: .init(), isMainLoop: false)
+        // A group's thread, a loop run by hand, a simulation's driver: the loop it runs.
+        if let loop = runningLoop.value { return loop }
+        let isMain = isProcessMainThread()
+        if !isMain && withUnsafeCurrentTask(body: { $0 != nil }) {
+            throw .wrongThread(function: "EventLoop.current (called in a task that runs on no loop: a loop made for a thread "
+                + "of the cooperative pool would never run, its timers and posts would wait forever; use EventLoop.main, a "
+                + "loop you hold, or Task(executorPreference: loop))")
+        }
+        let loop = isMain ? main : try EventLoop(configuration: .init(), isMainLoop: false)
         _ = loop.claimThread()
         threadLoop.set(loop)
         return loop
