@@ -458,6 +458,13 @@ final class NetworkCore: SimulatedNetworking, SimulatedDatagramNetworking, @unch
         return moved
     }
 
+    /// What a layer's socket had written when it closed: onto the link (past the window, as a
+    /// kernel's send buffer), before the end.
+    fileprivate func sendRemaining(_ bytes: [UInt8], from end: NetworkEnd) {
+        end.lastWrite = now
+        send(bytes, from: end)
+    }
+
     /// `bytes` onto `end`'s link, in segments of at most `maxSegmentSize`, all arriving one
     /// latency from now.
     private func send(_ bytes: [UInt8], from end: NetworkEnd) {
@@ -717,6 +724,12 @@ final class NetworkEnd: SimulatedStreamEnd {
         isClosed = true
         socket = nil
         network.closed(self, unreadInput: unreadInput)
+    }
+
+    func socketClosed(unreadInput: Bool, remainingOutput: [UInt8]) {
+        guard !isClosed else { return }
+        if !remainingOutput.isEmpty, !isReset, peer != nil { network.sendRemaining(remainingOutput, from: self) }
+        socketClosed(unreadInput: unreadInput)
     }
 
     func socketSetTimeouts(read: UInt64?, write: UInt64?) {

@@ -83,6 +83,18 @@ final class EventBase {
         }
     }
 
+    /// Whether libevent has callbacks of its own waiting to run — a deferred callback, an event
+    /// activated by hand, a bufferevent's finalizer — on a simulated loop's base, which never
+    /// polls (`runActiveCallbacks`).
+    var hasActiveCallbacks: Bool { event_base_get_num_events(raw, EVENT_BASE_COUNT_ACTIVE) > 0 }
+
+    /// Runs the callbacks of `hasActiveCallbacks` (a simulated loop, at each iteration that has
+    /// any: evhttp's deferred reads and a connection's finalizer run there, as in a poll). The
+    /// base holds no descriptors but the loop's eventfd, which the pass may drain.
+    func runActiveCallbacks() {
+        _ = event_base_loop(raw, EVLOOP_NONBLOCK | EVLOOP_ONCE)
+    }
+
     /// One `event_base_loop(EVLOOP_ONCE)` pass: waits (unless `blocking` is false) until at least
     /// one event is ready, runs the trampolines of everything ready, and returns.
     ///

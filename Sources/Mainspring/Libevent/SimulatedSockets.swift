@@ -17,7 +17,8 @@ public final class SimulatedSocket {
     private var raw: OpaquePointer?
     private unowned(unsafe) let target: NativeEventTarget
     /// `target` when the socket owns it (a layer's trigger; a connection's socket is owned by
-    /// its target instead).
+    /// its target instead). Such a socket's output is the layer's — sent, as far as the layer
+    /// knows — so a close hands what the network has not taken yet to the network first.
     private let ownedTarget: NativeEventTarget?
     /// The network's side, once attached.
     private(set) var end: (any SimulatedStreamEnd)?
@@ -56,10 +57,28 @@ public final class SimulatedSocket {
         let argument = callbackArgument(for: self)
         evbuffer_remove_cb(bufferevent_get_output(raw), simulatedBufferChanged, argument)
         evbuffer_remove_cb(bufferevent_get_input(raw), simulatedBufferChanged, argument)
+        // A layer's output was written by it (TLS records, an HTTP response): the network sends
+        // it before the end, as a kernel sends a closed socket's buffer.
+        var remaining: [UInt8] = []
+        if ownedTarget != nil {
+            let output = bufferevent_get_output(raw)
+            let count = evbuffer_get_length(output)
+            if count > 0 {
+                evbuffer_unfreeze(output, 1)
+                remaining = [UInt8](unsafeUninitializedCapacity: count) { buffer, initialized in
+                    initialized = max(0, Int(evbuffer_remove(output, buffer.baseAddress, count)))
+                }
+                evbuffer_freeze(output, 1)
+            }
+        }
         self.raw = nil
         let end = self.end
         self.end = nil
-        end?.socketClosed(unreadInput: unread)
+        if ownedTarget != nil {
+            end?.socketClosed(unreadInput: unread, remainingOutput: remaining)
+        } else {
+            end?.socketClosed(unreadInput: unread)
+        }
     }
 
     /// Its buffers, reading or watermarks changed: the network may move bytes.
@@ -195,8 +214,9 @@ package final class SimulatedLayerSocket {
         bufferevent_trigger(bufferevent, Int16(EV_WRITE), Int32(BEV_TRIG_IGNORE_WATERMARKS.rawValue))
     }
 
-    /// The layer frees the bufferevent without a connection (a failed handshake): the network
-    /// hears the socket close, and nothing reaches the layer from now on.
+    /// The layer is about to free the bufferevent (a failed handshake, an HTTP connection that
+    /// ends): the network hears the socket close — after the output the layer wrote, which it
+    /// still sends — and nothing reaches the layer from now on. Idempotent.
     package func closing() { simulated.socketClosing() }
 }
 

@@ -327,6 +327,8 @@ public final class EventLoop: @unchecked Sendable {
         guard let simulation else { return 0 }
         let clock = SimulatedDispatchClock(loop: self, simulation: simulation)
         runPrePollActions()
+        // What a poll would run of libevent's own (evhttp's deferred reads, finalizers).
+        if base.hasActiveCallbacks { base.runActiveCallbacks() }
         scheduler.counters.polls += 1
         pollStamp = 0
         let now = clock.now()  // never 0: virtual readings start at `VirtualClock.epoch`
@@ -346,6 +348,7 @@ public final class EventLoop: @unchecked Sendable {
     @_spi(Simulation)
     public var hasRunnableWork: Bool {
         if scheduler.hasReadyWork || !prePollParticipants.isEmpty || !remote.withLock({ $0.isEmpty }) { return true }
+        if base.hasActiveCallbacks { return true }
         if let due = timerQueue.nextDeadline, due <= monotonicNow() { return true }
         return false
     }

@@ -4,9 +4,9 @@
 // connection's socket); the established filter becomes the connection's bufferevent, with the
 // same `TLSLayer` a real TLS connection has. What differs from a socket: the handshake runs in
 // the filter's callbacks as the network delivers its bytes (on virtual time, so its steps cost
-// none), not as `.normal` work a step at a time; and a graceful close's close_notify is not
-// sent (the peer reads the end of the stream, which a TLS connection reports as the end of its
-// input either way).
+// none), not as `.normal` work a step at a time. What the layer wrote and the network had not
+// taken when the connection closes (a close_notify) is still sent, as a kernel sends a closed
+// socket's buffer.
 internal import CMainspringTLS
 internal import CLibevent
 @_spi(MainspringHTTP) import MainspringCore
