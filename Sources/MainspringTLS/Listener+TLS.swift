@@ -185,6 +185,8 @@ private func connectSimulatedTLS(to host: String, port: UInt16, on loop: EventLo
                                  tls: TLSClientContext, serverName: String,
                                  completion: @escaping (Result<Connection, EventLoopError>) -> Void)
 {
+    // A simulated program's connect: the connection its handshake makes is the program's too.
+    let owner = loop.currentSimulatedOwner
     loop.connectSimulatedStream(to: host, port: port, options: options) { result in
         let layerSocket: SimulatedLayerSocket
         do throws(EventLoopError) {
@@ -202,7 +204,10 @@ private func connectSimulatedTLS(to host: String, port: UInt16, on loop: EventLo
         let peer = host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
         SimulatedTLSHandshake(loop: loop, session: session, layerSocket: layerSocket,
                               timeout: tls.configuration.handshakeTimeout) { outcome in
-            completion(establishedConnection(for: outcome, peer: peer, on: loop, options: options, simulatedLayer: layerSocket))
+            let made = establishedConnection(for: outcome, peer: peer, on: loop, options: options, simulatedLayer: layerSocket)
+            if case .success(let connection) = made { loop.setSimulatedOwner(owner, of: connection) }
+            // The caller hears as a dispatch of the loop, not inside the network's delivery.
+            loop.executeNextTurn(priority: .input) { completion(made) }
         }.start()
     }
 }

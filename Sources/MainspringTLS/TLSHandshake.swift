@@ -144,8 +144,11 @@ struct TLSAcceptPreparer: AcceptedSocketPreparer {
         }
         SimulatedTLSHandshake(loop: loop, session: session, layerSocket: layerSocket,
                               timeout: contexts.configuration.handshakeTimeout) { outcome in
-            done(counters.record(establishedConnection(for: outcome, peer: peer, on: loop, options: options,
-                                                       simulatedLayer: layerSocket)))
+            let made = counters.record(establishedConnection(for: outcome, peer: peer, on: loop, options: options,
+                                                             simulatedLayer: layerSocket))
+            // The listener (and its accept handler) hears as a dispatch of the loop, not inside
+            // the network's delivery.
+            loop.executeNextTurn(priority: .input) { done(made) }
         }.start()
     }
 }

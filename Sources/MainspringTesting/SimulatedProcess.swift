@@ -22,7 +22,8 @@ import Glibc
 /// closed before its exit is reported. Its peers read the end of the stream (a reset where it
 /// left input unread), its ports are free, and its callbacks never run again. What it had
 /// written and its connection had not handed to the network yet is lost, as a process's unsent
-/// buffers are. It opened what its task and the tasks that task starts open, what the callbacks
+/// buffers are (over TLS, what the layer had already encrypted is still sent, as a kernel's
+/// buffer is). It opened what its task and the tasks that task starts open, what the callbacks
 /// of its own sources open, and what its listeners accept.
 /// Loop-thread state: use it from the program's own code, or from the test between steps.
 public final class SimulatedProcess: @unchecked Sendable {

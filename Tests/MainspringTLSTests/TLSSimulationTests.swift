@@ -207,4 +207,70 @@ struct TLSSimulationTests {
         listener.close()
         for connection in served.value { connection.close() }
     }
+
+    /// A peer that closes during the handshake is reported as on a socket: "the peer closed the
+    /// connection during the handshake" (libevent's filter reports only an error; the stream's
+    /// end says which).
+    @Test func aPeerThatClosesDuringTheHandshakeIsNamed() async throws {
+        let simulation = try Simulation(seed: 36)
+        simulation.network.latency = .milliseconds(5)
+        let server = try simulation.makeGroup(loopCount: 1, host: "10.0.0.2")
+        // Plain TCP: every connection is closed at once.
+        let listener = try Listener(.tcp(host: "0.0.0.0", port: 443), on: server.loops[0]) { $0.close() }
+        let client = try Self.clientContext()
+        let loop = simulation.loop
+        let failure = try await simulation.run { () async -> EventLoopError? in
+            do throws(EventLoopError) {
+                _ = try await Connection.connect(to: "10.0.0.2", port: 443, on: loop, tls: client, serverName: "localhost")
+                return nil
+            } catch {
+                return error
+            }
+        }
+        #expect(failure == .tls(reason: "the peer closed the connection during the handshake"))
+        listener.close()
+        simulation.runUntilIdle()
+        #expect(simulation.network.openStreamEnds == 0)
+    }
+
+    /// A simulated program's TLS connection dies with it, as its plain ones do: the server
+    /// reads the end of the stream one latency after the program's exit.
+    @Test func aProgramsTLSConnectionClosesWhenItEnds() async throws {
+        let simulation = try Simulation(seed: 37)
+        simulation.network.latency = .milliseconds(5)
+        let loop = simulation.loop
+        let serverContext = try Self.serverContext()
+        let events = Box<[String]>([])
+        let listener = try Listener(.tcp(host: "127.0.0.1", port: 443), on: loop, tls: serverContext) { connection in
+            connection.readLines { event in
+                events.value.append("\(event) at \(simulation.now)")
+                if case .endOfFile = event { connection.close() }
+            }
+        }
+        let client = try Self.clientContext()
+        // The handle outlives the program (a dropped handle would close its connection itself):
+        // only the program's end can close it.
+        let kept = Box<[Connection]>([])
+        simulation.register(program: "tls-client") { process in
+            // Connected, one line sent, then it ends without closing.
+            let connection = try await Connection.connect(to: "localhost", port: 443, on: process.loop, tls: client)
+            kept.value.append(connection)
+            try await connection.send(line: "hello")
+            try await process.sleep(for: .seconds(1))
+            return 0
+        }
+        let exitedAt = try await simulation.run { () async throws -> Duration in
+            let child = try await Subprocess.spawn(.init(executable: "tls-client"), on: loop)
+            _ = await child.exit
+            try await loop.sleep(for: .milliseconds(50))
+            return simulation.now - .milliseconds(50)
+        }
+        // The handshake ends at 20 ms (two round trips of 10 ms), the line is read at 25 ms.
+        #expect(exitedAt == .milliseconds(1_020))
+        #expect(events.value == [#"line("hello") at 0.025 seconds"#, "endOfFile at 1.025 seconds"])
+        #expect(kept.value.first?.isOpen == false)
+        listener.close()
+        simulation.runUntilIdle()
+        #expect(simulation.network.openStreamEnds == 0)
+    }
 }

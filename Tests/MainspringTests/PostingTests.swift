@@ -100,9 +100,15 @@ struct PostingTests {
 
     @Test("in a task that runs on no loop, EventLoop.forCurrentThread() is an error and makes no loop")
     func currentInAPoolTaskIsAnError() async throws {
-        let outcome = await Task.detached { () -> Result<EventLoop, EventLoopError> in
-            Result { () throws(EventLoopError) in try EventLoop.forCurrentThread() }
+        // Twice on the same thread: a loop made by the first call would be returned by the second.
+        let (outcome, again) = await Task.detached { () -> (Result<EventLoop, EventLoopError>, Result<EventLoop, EventLoopError>) in
+            (Result { () throws(EventLoopError) in try EventLoop.forCurrentThread() },
+             Result { () throws(EventLoopError) in try EventLoop.forCurrentThread() })
         }.value
+        guard case .failure = again else {
+            Issue.record("the second call found a loop: \(again)")
+            return
+        }
         guard case .failure(.wrongThread(let function)) = outcome else {
             Issue.record("expected wrongThread, got \(outcome)")
             return

@@ -89,7 +89,7 @@ final class EventBase {
     var hasActiveCallbacks: Bool { event_base_get_num_events(raw, EVENT_BASE_COUNT_ACTIVE) > 0 }
 
     /// Runs the callbacks of `hasActiveCallbacks` (a simulated loop, at each iteration that has
-    /// any: evhttp's deferred reads and a connection's finalizer run there, as in a poll). The
+    /// any: a freed bufferevent's finalizer, a layer's deferred work, as a poll would). The
     /// base holds no descriptors but the loop's eventfd, which the pass may drain.
     func runActiveCallbacks() {
         _ = event_base_loop(raw, EVLOOP_NONBLOCK | EVLOOP_ONCE)

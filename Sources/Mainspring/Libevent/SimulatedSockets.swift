@@ -192,17 +192,36 @@ package final class SimulatedLayerSocket {
     /// The bufferevent the layer puts its filter over.
     package let bufferevent: OpaquePointer
     let simulated: SimulatedSocket
+    private let trigger: LayerTrigger
+    /// The stream's end until `attach()`.
+    private var pendingEnd: (any SimulatedStreamEnd)?
 
-    /// A bufferevent for `end`, on `loop`'s base. On a throw the end is closed.
+    /// A bufferevent for `end`, on `loop`'s base; the network feeds it from `attach()` on (once
+    /// the layer's callbacks are set: what arrives first — a reset, say — then reaches them).
+    /// On a throw the end is closed.
     package init(on loop: EventLoop, end: any SimulatedStreamEnd) throws(EventLoopError) {
         guard let bev = bufferevent_socket_new(loop.base.raw, -1, 0) else {
             end.socketClosed(unreadInput: false)
             throw .libevent(function: "bufferevent_socket_new", errno: errno)
         }
         bufferevent = bev
-        simulated = SimulatedSocket(bufferevent: bev, target: LayerTrigger(bufferevent: bev), owningTarget: true)
+        trigger = LayerTrigger(bufferevent: bev)
+        simulated = SimulatedSocket(bufferevent: bev, target: trigger, owningTarget: true)
+        pendingEnd = end
+    }
+
+    /// Gives the stream's end to the network: it delivers from now on.
+    package func attach() {
+        guard let end = pendingEnd else { return }
+        pendingEnd = nil
         simulated.attach(end)
     }
+
+    /// How the stream's input ended, as the network reported it to the layer: the end of the
+    /// stream (`endOfFile`), or a failure with its errno; nil while it has not. A layer whose
+    /// own account is only "an error" (libevent's OpenSSL filter turns the end of its input into
+    /// one) reads what really happened here.
+    package var reportedEnd: (endOfFile: Bool, errno: Int32)? { trigger.reportedEnd }
 
     /// The layer changed what it reads or writes (it enabled reading, say): the network looks
     /// again at what it can deliver.
@@ -217,13 +236,21 @@ package final class SimulatedLayerSocket {
     /// The layer is about to free the bufferevent (a failed handshake, an HTTP connection that
     /// ends): the network hears the socket close — after the output the layer wrote, which it
     /// still sends — and nothing reaches the layer from now on. Idempotent.
-    package func closing() { simulated.socketClosing() }
+    package func closing() {
+        if let end = pendingEnd {
+            pendingEnd = nil
+            end.socketClosed(unreadInput: false)
+        }
+        simulated.socketClosing()
+    }
 }
 
 /// A layer socket's side of the network's calls: each one runs the bufferevent's own callback
 /// (the layer's), as libevent does for a socket that became readable, drained or failed.
 private final class LayerTrigger: NativeEventTarget {
     private let bufferevent: OpaquePointer
+    /// The end of the input or the failure last reported (see `SimulatedLayerSocket.reportedEnd`).
+    private(set) var reportedEnd: (endOfFile: Bool, errno: Int32)?
 
     init(bufferevent: OpaquePointer) { self.bufferevent = bufferevent }
 
@@ -239,6 +266,9 @@ private final class LayerTrigger: NativeEventTarget {
         if event.contains(.error) { what |= BEV_EVENT_ERROR }
         if event.contains(.timeout) { what |= BEV_EVENT_TIMEOUT }
         if event.contains(.connected) { what |= BEV_EVENT_CONNECTED }
+        if event.contains(.endOfFile) || event.contains(.error) {
+            reportedEnd = (event.contains(.endOfFile), event.contains(.error) ? code : 0)
+        }
         // The layer reads the failure's errno, as after a failed read(2).
         errno = code
         bufferevent_trigger_event(bufferevent, Int16(what), 0)

@@ -37,7 +37,9 @@ extension EventLoop {
 
     /// Queues `work` for the next turn: it becomes ready only after the loop has polled again.
     /// Loop thread only. This is how fed work yields to input.
-    func executeNextTurn(priority: Priority, _ work: @escaping () -> Void) {
+    /// `package`: MainspringTLS hands a simulated handshake's connection to its user with it, as
+    /// a dispatch of the loop rather than inside the network's delivery.
+    package func executeNextTurn(priority: Priority, _ work: @escaping () -> Void) {
         scheduler.enqueueNextTurn(ReadyRecord(loopWork: work, stamp: 0, priority: priority))
     }
 

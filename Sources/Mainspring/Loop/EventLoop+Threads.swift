@@ -56,9 +56,9 @@ extension EventLoop {
     ///   none can be made (the next call tries again); `.wrongThread` in a task that runs on no
     ///   loop (a thread of the cooperative pool: no loop is made for it).
     public static func forCurrentThread() throws(EventLoopError) -> EventLoop {
-        if let loop = threadLoop.value { return loop }
         // A group's thread, a loop run by hand, a simulation's driver: the loop it runs.
         if let loop = runningLoop.value { return loop }
+        if let loop = threadLoop.value { return loop }
         let isMain = isProcessMainThread()
         if !isMain && withUnsafeCurrentTask(body: { $0 != nil }) {
             throw .wrongThread(function: "EventLoop.current (called in a task that runs on no loop: a loop made for a thread "

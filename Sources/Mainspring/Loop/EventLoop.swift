@@ -86,8 +86,11 @@ public final class EventLoop: @unchecked Sendable {
     /// Numbers the records of `simulatedOwners`, so that closing follows opening order.
     var simulatedOwnerSequence: UInt64 = 0
     /// On a simulated loop: the owner of the source being dispatched right now, if a program
-    /// opened it (what its callback opens is the program's too).
+    /// opened it (what its callback opens is the program's too); nil between dispatches.
     var dispatchingOwner: (any SimulatedOwner)?
+    /// The owners of the dispatches a nested spin interrupted, innermost last (each dispatch
+    /// restores its caller's when it ends).
+    var interruptedOwners: [(any SimulatedOwner)?] = []
     /// Open sources with `keepsLoopBusy`, plus in-flight work of `LoopAttachment`s (see
     /// `isQuiescent`).
     var busySources = 0
@@ -327,7 +330,7 @@ public final class EventLoop: @unchecked Sendable {
         guard let simulation else { return 0 }
         let clock = SimulatedDispatchClock(loop: self, simulation: simulation)
         runPrePollActions()
-        // What a poll would run of libevent's own (evhttp's deferred reads, finalizers).
+        // What a poll would run of libevent's own (a freed bufferevent's finalizer, say).
         if base.hasActiveCallbacks { base.runActiveCallbacks() }
         scheduler.counters.polls += 1
         pollStamp = 0

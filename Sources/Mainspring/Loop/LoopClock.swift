@@ -137,7 +137,7 @@ struct SimulatedDispatchClock: SchedulerClock {
     static var tracesDispatches: Bool { true }
 
     func willRun(_ job: borrowing ReadyRecord.Job) {
-        if !loop.simulatedOwners.isEmpty || loop.dispatchingOwner != nil { loop.noteDispatch(of: job) }
+        loop.noteDispatch(of: job)
         guard simulation.isTracing else { return }
         switch job {
         case .work, .loopWork: simulation.willDispatch(on: loop, kind: "work", label: "execute")
@@ -147,6 +147,8 @@ struct SimulatedDispatchClock: SchedulerClock {
         case .done: break
         }
     }
+
+    func didRun() { loop.noteDispatchEnded() }
 }
 
 extension EventLoop {

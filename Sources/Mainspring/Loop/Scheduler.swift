@@ -7,6 +7,8 @@ protocol SchedulerClock {
     static var tracesDispatches: Bool { get }
     /// Called just before a record runs, when `tracesDispatches`.
     func willRun(_ job: borrowing ReadyRecord.Job)
+    /// Called just after that record ran, when `tracesDispatches`.
+    func didRun()
 }
 
 extension SchedulerClock {
@@ -15,6 +17,9 @@ extension SchedulerClock {
 
     @inline(__always)
     func willRun(_ job: borrowing ReadyRecord.Job) {}
+
+    @inline(__always)
+    func didRun() {}
 }
 
 extension FastClock: SchedulerClock {}
@@ -281,6 +286,7 @@ final class Scheduler {
             let backgroundWaited = priority != .background && backgroundIsWaiting
             if Clock.tracesDispatches { clock.willRun(record.job) }
             record.run()
+            if Clock.tracesDispatches { clock.didRun() }
             now = clock.now()
             cachedNow = now
             let elapsed = now &- start

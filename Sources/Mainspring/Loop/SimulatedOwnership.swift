@@ -57,12 +57,34 @@ extension EventLoop {
         simulatedOwners[ObjectIdentifier(source)] = SimulatedOwnership.Record(owner: owner, sequence: simulatedOwnerSequence)
     }
 
-    /// The dispatch pass is about to run `job`: what it opens is its source's owner's.
+    /// The dispatch pass is about to run `job`: what it opens is its source's owner's (a
+    /// posted closure's, a task job's: nobody's here; a task carries its owner itself). The
+    /// owner of a dispatch this one runs inside (a nested spin) is kept for `noteDispatchEnded`.
     func noteDispatch(of job: borrowing ReadyRecord.Job) {
+        interruptedOwners.append(dispatchingOwner)
+        guard !simulatedOwners.isEmpty else {
+            dispatchingOwner = nil
+            return
+        }
         switch job {
         case .source(let source): dispatchingOwner = simulatedOwners[ObjectIdentifier(source)]?.owner
         default: dispatchingOwner = nil
         }
+    }
+
+    /// The dispatch of `noteDispatch` ended: the owner is its caller's again (nil after a
+    /// pass's own dispatch: code between dispatches — the test's, the network's — opens for
+    /// nobody).
+    func noteDispatchEnded() {
+        dispatchingOwner = interruptedOwners.popLast() ?? nil
+    }
+
+    /// Who is opening sources on this simulated loop right now: the current task's owner, else
+    /// the owner of the dispatch in progress. nil on a real loop.
+    /// `package`: MainspringTLS carries it from a connect to the connection its handshake makes.
+    package var currentSimulatedOwner: (any SimulatedOwner)? {
+        guard isSimulated else { return nil }
+        return SimulatedOwnership.current ?? dispatchingOwner
     }
 
     /// The program that opened `source` on this simulated loop, if one did.
@@ -72,10 +94,23 @@ extension EventLoop {
     }
 
     /// Makes `source` `owner`'s (a connection accepted by an owned listener, made on this
-    /// loop from a post).
+    /// loop from a post). An owner that has ended gets nothing: the source closes on the next
+    /// turn, as what it opens itself does.
     func setSimulatedOwner(_ owner: any SimulatedOwner, of source: Source) {
         guard isSimulated, !source.isClosed else { return }
+        if owner.hasEnded {
+            executeNextTurn(priority: .input) { source.close() }
+            return
+        }
         record(owner, of: source)
+    }
+
+    /// Makes `connection` `owner`'s (a connection a layer made once its handshake ended, for
+    /// the connect that `owner` started).
+    /// `package`: MainspringTLS, for its simulated handshakes.
+    package func setSimulatedOwner(_ owner: (any SimulatedOwner)?, of connection: Connection) {
+        guard let owner else { return }
+        setSimulatedOwner(owner, of: connection.source)
     }
 
     /// Closes every source that `owner` opened on this simulated loop, as the kernel closes a

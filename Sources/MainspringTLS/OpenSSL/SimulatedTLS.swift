@@ -50,9 +50,11 @@ final class SimulatedTLSHandshake {
         guard let filter = bufferevent_openssl_filter_new(loop.eventBasePointer, layerSocket.bufferevent, ssl, state,
                                                          Int32(BEV_OPT_CLOSE_ON_FREE.rawValue))
         else {
+            // Out of memory only. libevent's own error path may have freed the stream's
+            // bufferevent already: it is left alone (a leak, not a double free); the session is
+            // still ours.
             SSL_free(ssl)
             layerSocket.closing()
-            freeBufferevent(layerSocket.bufferevent)
             return end(.failed("libevent could not make the TLS filter"))
         }
         self.filter = filter
@@ -65,7 +67,9 @@ final class SimulatedTLSHandshake {
             guard let self else { return }
             self.fail("the handshake did not finish within \(self.timeout)")
         }
-        // The network looks again now that the filter reads; a client sends its first flight.
+        // The network delivers from now on (to the filter's callbacks); a client sends its
+        // first flight.
+        layerSocket.attach()
         layerSocket.changed()
         if !session.isServer { layerSocket.startWriting() }
     }
@@ -88,9 +92,14 @@ final class SimulatedTLSHandshake {
             codes.append(entry)
         }
         let errors = OpenSSLErrors(codes: codes.filter { ms_err_library($0) != 0 })
-        let condition = Int32(what) & BEV_EVENT_EOF != 0 ? SSL_ERROR_SYSCALL : SSL_ERROR_SSL
-        fail(handshakeFailureReason(ssl, isServer: session.isServer, errors: errors, code: condition,
-                                    errno: Int32(what) & BEV_EVENT_EOF != 0 ? 0 : code))
+        // libevent's filter reports the end of its input as an error: what the network told it
+        // says which (the peer closed, or the stream failed with its errno), as a socket's
+        // failed read would.
+        if errors.isEmpty, let reported = layerSocket.reportedEnd {
+            return fail(handshakeFailureReason(ssl, isServer: session.isServer, errors: errors, code: SSL_ERROR_SYSCALL,
+                                               errno: reported.endOfFile ? 0 : reported.errno))
+        }
+        fail(handshakeFailureReason(ssl, isServer: session.isServer, errors: errors, code: SSL_ERROR_SSL, errno: code))
     }
 
     /// Ends a handshake that failed: the stream closes (the network hears it first), the filter
