@@ -140,6 +140,20 @@ public enum JunkSoak {
         func fail(_ what: String) { result.failures.append("\(parser.rawValue), seed \(seed): \(what)") }
         func count(_ outcome: String) { result.outcomes[outcome, default: 0] += 1 }
 
+        /// Runs `count` client tasks on the simulation's loop, each until it returns the counts
+        /// of its outcomes, and adds them up. On the driving thread.
+        func runClients(_ count: Int, _ body: @escaping @Sendable (Int) async -> [String: Int]) throws -> [String: Int] {
+            let loop = simulation.loop
+            return try simulation.runSynchronously { () async -> [String: Int] in
+                await withTaskGroup(of: [String: Int].self) { group in
+                    for client in 0..<count { group.addTask(executorPreference: loop) { await body(client) } }
+                    var all: [String: Int] = [:]
+                    for await outcomes in group { all.merge(outcomes, uniquingKeysWith: +) }
+                    return all
+                }
+            }
+        }
+
         /// Junk between the simulation's hosts for `duration` (about one run every two seconds).
         func injectJunk(for duration: Duration, hosts: [String] = ["127.0.0.1"]) {
             simulation.network.injectFaults(junkPerMinute: 30, between: hosts, for: duration)
@@ -288,59 +302,50 @@ public enum JunkSoak {
             let loop = simulation.loop
             let stopAt = simulation.now + duration
             let simulation = self.simulation
-            let outcomes = try simulation.runSynchronously { () async -> [String: Int] in
-                await withTaskGroup(of: [String: Int].self) { group in
-                    for client in 0..<4 {
-                        group.addTask(executorPreference: loop) {
-                            var outcomes: [String: Int] = [:]
-                            var round = 0
-                            while simulation.now < stopAt {
-                                // A command junk left unfinished keeps the server waiting for its
-                                // rest: the idle timeout ends such a connection. A connect that
-                                // fails is counted (its reason is not the oracle's business), and
-                                // the client tries again. (Sleeps on the loop throw only when the
-                                // task is cancelled, which nothing here does: `try?` below.)
-                                guard let connection = try? await Connection.connect(to: "10.0.0.1", port: 6379, on: loop,
-                                                                                     options: .init(idleTimeout: .seconds(2)))
-                                else {
-                                    outcomes["connect failed", default: 0] += 1
-                                    try? await loop.sleep(for: .milliseconds(200))
-                                    continue
-                                }
-                                do throws(Connection.CloseReason) {
-                                    while simulation.now < stopAt {
-                                        round += 1
-                                        // The commands in two writes 20 ms apart: junk lands inside them too.
-                                        let commands = Array((FaultSoak.resp(["SET", "k\(client)", "v\(round)"])
-                                                + FaultSoak.resp(["GET", "k\(client)"])).utf8)
-                                        try await connection.send(Array(commands[..<(commands.count / 2)]))
-                                        try? await loop.sleep(for: .milliseconds(20))
-                                        try await connection.send(Array(commands[(commands.count / 2)...]))
-                                        for _ in 0..<3 {
-                                            guard let event = try await connection.readLine() else { throw .closed }
-                                            switch event {
-                                            case .line(let text):
-                                                let kind = text.hasPrefix("-") ? "error reply" : text.hasPrefix("+") ? "status reply"
-                                                    : text.hasPrefix("$") ? "bulk reply" : "other line"
-                                                outcomes[kind, default: 0] += 1
-                                            case .endOfFile: throw .closed
-                                            default: outcomes["unparsable reply", default: 0] += 1
-                                            }
-                                        }
-                                        try? await loop.sleep(for: .milliseconds(200))
-                                    }
-                                } catch {
-                                    outcomes["connection ended", default: 0] += 1
-                                }
-                                connection.close()
-                            }
-                            return outcomes
-                        }
+            let outcomes = try runClients(4) { client in
+                var outcomes: [String: Int] = [:]
+                var round = 0
+                while simulation.now < stopAt {
+                    // A command junk left unfinished keeps the server waiting for its
+                    // rest: the idle timeout ends such a connection. A connect that
+                    // fails is counted (its reason is not the oracle's business), and
+                    // the client tries again. (Sleeps on the loop throw only when the
+                    // task is cancelled, which nothing here does: `try?` below.)
+                    guard let connection = try? await Connection.connect(to: "10.0.0.1", port: 6379, on: loop,
+                                                                         options: .init(idleTimeout: .seconds(2)))
+                    else {
+                        outcomes["connect failed", default: 0] += 1
+                        try? await loop.sleep(for: .milliseconds(200))
+                        continue
                     }
-                    var all: [String: Int] = [:]
-                    for await outcomes in group { all.merge(outcomes, uniquingKeysWith: +) }
-                    return all
+                    do throws(Connection.CloseReason) {
+                        while simulation.now < stopAt {
+                            round += 1
+                            // The commands in two writes 20 ms apart: junk lands inside them too.
+                            let commands = Array((FaultSoak.resp(["SET", "k\(client)", "v\(round)"])
+                                    + FaultSoak.resp(["GET", "k\(client)"])).utf8)
+                            try await connection.send(Array(commands[..<(commands.count / 2)]))
+                            try? await loop.sleep(for: .milliseconds(20))
+                            try await connection.send(Array(commands[(commands.count / 2)...]))
+                            for _ in 0..<3 {
+                                guard let event = try await connection.readLine() else { throw .closed }
+                                switch event {
+                                case .line(let text):
+                                    let kind = text.hasPrefix("-") ? "error reply" : text.hasPrefix("+") ? "status reply"
+                                        : text.hasPrefix("$") ? "bulk reply" : "other line"
+                                    outcomes[kind, default: 0] += 1
+                                case .endOfFile: throw .closed
+                                default: outcomes["unparsable reply", default: 0] += 1
+                                }
+                            }
+                            try? await loop.sleep(for: .milliseconds(200))
+                        }
+                    } catch {
+                        outcomes["connection ended", default: 0] += 1
+                    }
+                    connection.close()
                 }
+                return outcomes
             }
             result.outcomes.merge(outcomes, uniquingKeysWith: +)
             simulation.advance(by: .seconds(2))  // the junk has stopped: a new client is served exactly
@@ -387,54 +392,45 @@ public enum JunkSoak {
             let loop = simulation.loop
             let stopAt = simulation.now + duration
             let simulation = self.simulation
-            let outcomes = try simulation.runSynchronously { () async -> [String: Int] in
-                await withTaskGroup(of: [String: Int].self) { group in
-                    for client in 0..<4 {
-                        group.addTask(executorPreference: loop) {
-                            var outcomes: [String: Int] = [:]
-                            var round = 0
-                            while simulation.now < stopAt {
-                                let connection: Connection
-                                do throws(EventLoopError) {
-                                    connection = try await Connection.connect(to: "10.0.0.3", port: 443, on: loop,
-                                                                              options: .init(idleTimeout: .seconds(3)),
-                                                                              tls: clientContext, serverName: "localhost")
-                                } catch {
-                                    if case .tls = error { outcomes["handshake failed", default: 0] += 1 } else {
-                                        outcomes["connect failed", default: 0] += 1
-                                    }
-                                    try? await loop.sleep(for: .milliseconds(200))  // throws only if cancelled
-                                    continue
-                                }
-                                do throws(Connection.CloseReason) {
-                                    while simulation.now < stopAt {
-                                        round += 1
-                                        let line = "client \(client) round \(round)"
-                                        // Two records 20 ms apart: junk lands between records and inside them.
-                                        let bytes = Array(line.utf8)
-                                        try await connection.send(Array(bytes[..<(bytes.count / 2)]))
-                                        try? await loop.sleep(for: .milliseconds(20))
-                                        try await connection.send(Array(bytes[(bytes.count / 2)...]) + [0x0A])
-                                        guard let event = try await connection.readLine() else { throw .closed }
-                                        switch event {
-                                        case .line(line): outcomes["echo", default: 0] += 1
-                                        case .endOfFile: throw .closed
-                                        default: outcomes["altered", default: 0] += 1
-                                        }
-                                        try? await loop.sleep(for: .milliseconds(200))
-                                    }
-                                } catch {
-                                    outcomes[JunkSoak.kind(of: error), default: 0] += 1
-                                }
-                                connection.close()
-                            }
-                            return outcomes
+            let outcomes = try runClients(4) { client in
+                var outcomes: [String: Int] = [:]
+                var round = 0
+                while simulation.now < stopAt {
+                    let connection: Connection
+                    do throws(EventLoopError) {
+                        connection = try await Connection.connect(to: "10.0.0.3", port: 443, on: loop,
+                                                                  options: .init(idleTimeout: .seconds(3)),
+                                                                  tls: clientContext, serverName: "localhost")
+                    } catch {
+                        if case .tls = error { outcomes["handshake failed", default: 0] += 1 } else {
+                            outcomes["connect failed", default: 0] += 1
                         }
+                        try? await loop.sleep(for: .milliseconds(200))  // throws only if cancelled
+                        continue
                     }
-                    var all: [String: Int] = [:]
-                    for await outcomes in group { all.merge(outcomes, uniquingKeysWith: +) }
-                    return all
+                    do throws(Connection.CloseReason) {
+                        while simulation.now < stopAt {
+                            round += 1
+                            let line = "client \(client) round \(round)"
+                            // Two records 20 ms apart: junk lands between records and inside them.
+                            let bytes = Array(line.utf8)
+                            try await connection.send(Array(bytes[..<(bytes.count / 2)]))
+                            try? await loop.sleep(for: .milliseconds(20))
+                            try await connection.send(Array(bytes[(bytes.count / 2)...]) + [0x0A])
+                            guard let event = try await connection.readLine() else { throw .closed }
+                            switch event {
+                            case .line(line): outcomes["echo", default: 0] += 1
+                            case .endOfFile: throw .closed
+                            default: outcomes["altered", default: 0] += 1
+                            }
+                            try? await loop.sleep(for: .milliseconds(200))
+                        }
+                    } catch {
+                        outcomes[JunkSoak.kind(of: error), default: 0] += 1
+                    }
+                    connection.close()
                 }
+                return outcomes
             }
             result.outcomes.merge(outcomes, uniquingKeysWith: +)
             if let altered = outcomes["altered"] { fail("\(altered) echoes were not the line sent: junk got through TLS") }
