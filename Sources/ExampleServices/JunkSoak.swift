@@ -325,7 +325,7 @@ public enum JunkSoak {
                             let commands = Array((FaultSoak.resp(["SET", "k\(client)", "v\(round)"])
                                     + FaultSoak.resp(["GET", "k\(client)"])).utf8)
                             try await connection.send(Array(commands[..<(commands.count / 2)]))
-                            try? await loop.sleep(for: .milliseconds(20))
+                            try? await loop.sleep(for: .milliseconds(20))  // throws only if cancelled: nothing cancels it
                             try await connection.send(Array(commands[(commands.count / 2)...]))
                             for _ in 0..<3 {
                                 guard let event = try await connection.readLine() else { throw .closed }
@@ -415,7 +415,7 @@ public enum JunkSoak {
                             // Two records 20 ms apart: junk lands between records and inside them.
                             let bytes = Array(line.utf8)
                             try await connection.send(Array(bytes[..<(bytes.count / 2)]))
-                            try? await loop.sleep(for: .milliseconds(20))
+                            try? await loop.sleep(for: .milliseconds(20))  // throws only if cancelled: nothing cancels it
                             try await connection.send(Array(bytes[(bytes.count / 2)...]) + [0x0A])
                             guard let event = try await connection.readLine() else { throw .closed }
                             switch event {

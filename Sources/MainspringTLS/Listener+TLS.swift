@@ -151,7 +151,7 @@ private func connectTLS(to host: String, port: UInt16, on loop: EventLoop, optio
             completion(.failure(.tls(reason: "OpenSSL could not make a session")))
             return
         }
-        let peer = host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
+        let peer = hostAndPort(host, port)
         TLSHandshake(loop: loop, session: session, timeout: tls.configuration.handshakeTimeout) { outcome in
             completion(establishedConnection(for: outcome, peer: peer, on: loop, options: options))
         }.start()
@@ -197,11 +197,10 @@ private func connectSimulatedTLS(to host: String, port: UInt16, on loop: EventLo
         guard let session = SSLSession(client: tls.handle, fd: -1, serverName: serverName,
                                        verification: tls.configuration.verification)
         else {
-            layerSocket.closing()
-            freeBufferevent(layerSocket.bufferevent)
+            layerSocket.discard()
             return completion(.failure(.tls(reason: "OpenSSL could not make a session")))
         }
-        let peer = host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
+        let peer = hostAndPort(host, port)
         SimulatedTLSHandshake(loop: loop, session: session, layerSocket: layerSocket,
                               timeout: tls.configuration.handshakeTimeout) { outcome in
             let made = establishedConnection(for: outcome, peer: peer, on: loop, options: options, simulatedLayer: layerSocket)

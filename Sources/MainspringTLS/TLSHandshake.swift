@@ -137,8 +137,7 @@ struct TLSAcceptPreparer: AcceptedSocketPreparer {
             return done(nil)
         }
         guard let session = SSLSession(server: contexts, fd: -1) else {
-            layerSocket.closing()
-            freeBufferevent(layerSocket.bufferevent)
+            layerSocket.discard()
             counters.record(failure: "OpenSSL could not make a session")
             return done(nil)
         }

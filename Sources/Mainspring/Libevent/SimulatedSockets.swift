@@ -57,27 +57,24 @@ public final class SimulatedSocket {
         let argument = callbackArgument(for: self)
         evbuffer_remove_cb(bufferevent_get_output(raw), simulatedBufferChanged, argument)
         evbuffer_remove_cb(bufferevent_get_input(raw), simulatedBufferChanged, argument)
-        // A layer's output was written by it (TLS records, an HTTP response): the network sends
-        // it before the end, as a kernel sends a closed socket's buffer.
-        var remaining: [UInt8] = []
-        if ownedTarget != nil {
-            let output = bufferevent_get_output(raw)
-            let count = evbuffer_get_length(output)
-            if count > 0 {
-                evbuffer_unfreeze(output, 1)
-                remaining = [UInt8](unsafeUninitializedCapacity: count) { buffer, initialized in
-                    initialized = max(0, Int(evbuffer_remove(output, buffer.baseAddress, count)))
-                }
-                evbuffer_freeze(output, 1)
-            }
-        }
+        // A layer's output was written by it (TLS records): the network sends it before the
+        // end, as a kernel sends a closed socket's buffer. A connection's is dropped.
+        let output = bufferevent_get_output(raw)
+        let remaining = ownedTarget == nil ? [] : Self.remove(evbuffer_get_length(output), from: output)
         self.raw = nil
         let end = self.end
         self.end = nil
-        if ownedTarget != nil {
-            end?.socketClosed(unreadInput: unread, remainingOutput: remaining)
-        } else {
-            end?.socketClosed(unreadInput: unread)
+        end?.socketClosed(unreadInput: unread, remainingOutput: remaining)
+    }
+
+    /// Takes `count` bytes from the front of `output`, which a socket bufferevent keeps frozen
+    /// but while it writes itself.
+    private static func remove(_ count: Int, from output: OpaquePointer?) -> [UInt8] {
+        guard count > 0, let output else { return [] }
+        evbuffer_unfreeze(output, 1)
+        defer { evbuffer_freeze(output, 1) }
+        return [UInt8](unsafeUninitializedCapacity: count) { buffer, initialized in
+            initialized = max(0, Int(evbuffer_remove(output, buffer.baseAddress, count)))
         }
     }
 
@@ -100,12 +97,7 @@ public final class SimulatedSocket {
         let output = bufferevent_get_output(raw)
         let count = min(limit, evbuffer_get_length(output))
         guard count > 0 else { return [] }
-        // A socket bufferevent keeps the front of its output frozen but while it writes itself.
-        evbuffer_unfreeze(output, 1)
-        let bytes = [UInt8](unsafeUninitializedCapacity: count) { buffer, initialized in
-            initialized = max(0, Int(evbuffer_remove(output, buffer.baseAddress, count)))
-        }
-        evbuffer_freeze(output, 1)
+        let bytes = Self.remove(count, from: output)
         var low = 0
         bufferevent_getwatermark(raw, Int16(EV_WRITE), &low, nil)
         if bufferevent_get_enabled(raw) & Int16(EV_WRITE) != 0, evbuffer_get_length(output) <= low {
@@ -242,6 +234,13 @@ package final class SimulatedLayerSocket {
             end.socketClosed(unreadInput: false)
         }
         simulated.socketClosing()
+    }
+
+    /// Closes the stream and frees the bufferevent, when no filter was put over it (a session
+    /// that could not be made).
+    package func discard() {
+        closing()
+        bufferevent_free(bufferevent)
     }
 }
 

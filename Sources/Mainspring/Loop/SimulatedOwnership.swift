@@ -42,14 +42,7 @@ public enum SimulatedOwnership {
 extension EventLoop {
     /// Records who opens `source` on this simulated loop, if a program does.
     func noteSimulatedOwner(of source: Source) {
-        guard let owner = SimulatedOwnership.current ?? dispatchingOwner else { return }
-        if owner.hasEnded {
-            // A killed program's task runs on until it notices its cancellation: nothing it
-            // opens meanwhile outlives the turn.
-            executeNextTurn(priority: .input) { source.close() }
-            return
-        }
-        record(owner, of: source)
+        if let owner = currentSimulatedOwner { setSimulatedOwner(owner, of: source) }
     }
 
     private func record(_ owner: any SimulatedOwner, of source: Source) {
@@ -93,9 +86,10 @@ extension EventLoop {
         return simulatedOwners[ObjectIdentifier(source)]?.owner
     }
 
-    /// Makes `source` `owner`'s (a connection accepted by an owned listener, made on this
-    /// loop from a post). An owner that has ended gets nothing: the source closes on the next
-    /// turn, as what it opens itself does.
+    /// Makes `source` `owner`'s (what it opens; a connection accepted by an owned listener,
+    /// made on this loop from a post). An owner that has ended gets nothing: the source closes
+    /// on the next turn (a killed program's task runs on until it notices its cancellation:
+    /// nothing it opens meanwhile outlives the turn).
     func setSimulatedOwner(_ owner: any SimulatedOwner, of source: Source) {
         guard isSimulated, !source.isClosed else { return }
         if owner.hasEnded {

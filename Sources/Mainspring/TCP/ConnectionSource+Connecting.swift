@@ -39,8 +39,7 @@ extension ConnectionSource {
         let loop = self.loop
         let network: any SimulatedNetworking
         do throws(EventLoopError) {
-            if numericAddress(host, port: port) == nil, !isPlausibleHostName(host) { throw EventLoopError.invalidAddress(host) }
-            network = try loop.requireSimulatedNetwork(for: "a connection to \(remoteAddress)")
+            network = try loop.simulatedNetwork(forConnectingTo: host, port: port)
             socket = try BufferedSocket(simulatedOn: loop.base, end: nil, target: self)
         } catch {
             close()
@@ -84,13 +83,21 @@ extension EventLoop {
                                         _ done: @escaping (Result<any SimulatedStreamEnd, EventLoopError>) -> Void)
     {
         do throws(EventLoopError) {
-            if numericAddress(host, port: port) == nil, !isPlausibleHostName(host) { throw EventLoopError.invalidAddress(host) }
-            let peer = host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
-            let network = try requireSimulatedNetwork(for: "a connection to \(peer)")
-            connectSimulatedStream(to: host, port: port, options: options, network: network, done)
+            connectSimulatedStream(to: host, port: port, options: options,
+                                   network: try simulatedNetwork(forConnectingTo: host, port: port), done)
         } catch {
             done(.failure(error))
         }
+    }
+
+    /// The simulation's network for a connect to `host:port`, once the host is known to be one
+    /// (an address literal or a plausible name). Throws `.invalidAddress`, or `.simulatedLoop`
+    /// without a network.
+    fileprivate func simulatedNetwork(forConnectingTo host: String, port: UInt16) throws(EventLoopError)
+        -> any SimulatedNetworking
+    {
+        if numericAddress(host, port: port) == nil, !isPlausibleHostName(host) { throw .invalidAddress(host) }
+        return try requireSimulatedNetwork(for: "a connection to \(hostAndPort(host, port))")
     }
 
     fileprivate func connectSimulatedStream(to host: String, port: UInt16, options: Connection.Options,

@@ -263,7 +263,7 @@ final class ConnectionSource: Source {
         _ = ignoreSIGPIPE
         options.check("Connection.connect")
         self.role = .socket
-        self.remoteAddress = host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
+        self.remoteAddress = hostAndPort(host, port)
         self.kept = KeptOptions(options)
         self.splitter = InPlaceLineSplitter(maxLineLength: options.maxLineLength)
         self.state = ConnectionState(connected: false)

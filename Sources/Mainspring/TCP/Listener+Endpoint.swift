@@ -33,7 +33,7 @@ extension Listener {
 
         public var description: String {
             switch self {
-            case .tcp(let host, let port, _): host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
+            case .tcp(let host, let port, _): hostAndPort(host, port)
             case .unix(let path, _, _): path
             case .adopted(let descriptor): "descriptor \(descriptor)"
             case .activated(let socket): "activated socket \(socket.descriptor)"

@@ -70,9 +70,10 @@ public protocol SimulatedStreamEnd: AnyObject {
     /// The socket is gone (its connection closed), or was never attached: what it had not
     /// sent is dropped; `unreadInput` says whether input was left unread (a reset, as TCP does).
     func socketClosed(unreadInput: Bool)
-    /// As `socketClosed(unreadInput:)`, for a socket under a layer (`SimulatedLayerSocket`):
-    /// `remainingOutput` is what the layer had written and the network not taken yet — bytes a
-    /// kernel would still send after the close, before the end of the stream.
+    /// As `socketClosed(unreadInput:)`, from a socket that goes: `remainingOutput` is what a
+    /// layer over it (`SimulatedLayerSocket`) had written and the network not taken yet — bytes
+    /// a kernel would still send after the close, before the end of the stream (empty for a
+    /// connection's own socket, whose unsent output is dropped).
     func socketClosed(unreadInput: Bool, remainingOutput: [UInt8])
     /// The read and write inactivity timeouts of the socket (virtual ns; nil: none).
     func socketSetTimeouts(read: UInt64?, write: UInt64?)

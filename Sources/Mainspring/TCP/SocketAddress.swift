@@ -57,6 +57,12 @@ func interleavedByFamily(_ addresses: [SocketAddress]) -> [SocketAddress] {
 /// Whether `host` could be a host name (RFC 1123 labels, a trailing dot allowed; underscores
 /// tolerated, as resolvers do): a cheap check before a resolver thread is asked.
 /// `package`: the tests pick an /etc/hosts name with it.
+/// `host:port` as a peer is named in messages and addresses: an IPv6 literal in brackets
+/// (`[::1]:80`). `package`: MainspringTLS names the peers of its connections with it.
+package func hostAndPort(_ host: String, _ port: UInt16) -> String {
+    host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
+}
+
 package func isPlausibleHostName(_ host: String) -> Bool {
     let bytes = Array(host.utf8)
     guard !bytes.isEmpty, bytes.count <= 253 || (bytes.count == 254 && bytes.last == UInt8(ascii: ".")) else {

@@ -42,8 +42,7 @@ final class SimulatedTLSHandshake {
     func start() {
         running = self
         guard let ssl = session.takeSSL() else {
-            layerSocket.closing()
-            freeBufferevent(layerSocket.bufferevent)
+            layerSocket.discard()
             return end(.failed("the session is gone"))
         }
         let state = session.isServer ? BUFFEREVENT_SSL_ACCEPTING : BUFFEREVENT_SSL_CONNECTING
