@@ -255,7 +255,7 @@ let package = Package(
         ),
         .testTarget(
             name: "MainspringTestingTests",
-            dependencies: ["Mainspring", "MainspringTesting", "MainspringHTTP"],
+            dependencies: ["Mainspring", "MainspringTesting", "MainspringHTTP", "MainspringTestSupport"],
             path: "Tests/MainspringTestingTests"
         ),
     ],

@@ -28,6 +28,7 @@ struct GroupStartTests {
         let results = try await rounds(200, mode: "direct")
         let trapped = results.filter {
             $0.crashedBySignal && $0.stderr.contains("must be called on the loop's own thread")
+                && $0.stderr.contains("from another thread use execute(after:_:)")
         }
         let accepted = results.filter { $0["accepted"] == "true" }
         #expect(results.count == 200)

@@ -96,6 +96,48 @@ struct ThreadRuleTests {
     /// built for this test run, a file that calls loop-only members from async code (each one
     /// refused, with the async way in the message), and a file that makes the same calls from
     /// synchronous code and the any-thread ones from async code (accepted).
+    @Test("execute(after:), execute(every:) and Feeder.enqueue from a plain thread and a task: run on the loop's thread, never early, cancellable there")
+    func timersAndFeederJobsFromAnyThread() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        let loop = group.loops[0]
+        let runs = Locked<[String]>([])
+        // A plain thread: before, schedule(after:) and feed stopped the program here.
+        let (cancelled, ticker) = await onPlainThread { () -> (ScheduledTimer, ScheduledTimer) in
+            let start = ContinuousClock.now
+            loop.execute(after: .milliseconds(20)) {
+                let early = ContinuousClock.now - start < .milliseconds(20)
+                runs.withLock { $0.append("once on loop: \(loop.isCurrent), early: \(early)") }
+            }
+            let cancelled = loop.execute(after: .milliseconds(5)) { runs.withLock { $0.append("cancelled ran") } }
+            cancelled.cancel()
+            let ticker = loop.execute(every: .milliseconds(2)) { _ in
+                runs.withLock { $0.append("tick on loop: \(loop.isCurrent)") }
+            }
+            return (cancelled, ticker)
+        }
+        #expect(await eventually(timeout: .seconds(60)) {
+            runs.value.contains { $0.hasPrefix("once") } && runs.value.filter { $0.hasPrefix("tick") }.count >= 3
+        })
+        await onPlainThread { ticker.cancel() }
+        try await loop.submit {}  // the posted cancel has run
+        let ticks = runs.value.filter { $0.hasPrefix("tick") }.count
+        try await loop.sleep(for: .milliseconds(30))
+        #expect(runs.value.filter { $0.hasPrefix("tick") }.count == ticks)
+        #expect(runs.value.filter { !$0.hasPrefix("tick") } == ["once on loop: true, early: false"])
+        #expect(runs.value.allSatisfy { !$0.hasPrefix("tick") || $0 == "tick on loop: true" })
+        #expect(cancelled.isCancelled && ticker.isCancelled)
+
+        // A task off the loop: a feeder job, its chunks in order on the loop's thread.
+        let feeder = Feeder(loop: loop)
+        let chunks = Locked<[Int]>([])
+        let job = feeder.enqueue(chunks: 200) { index in
+            if loop.isCurrent { chunks.withLock { $0.append(index) } }
+        }
+        #expect(await job.outcome == .completed)
+        #expect(chunks.value == Array(0..<200))
+        await group.shutdown(gracePeriod: .seconds(5))
+    }
+
     @Test("the compiler refuses loop-only members in async code and accepts them in synchronous code")
     func compilerRefusesLoopOnlyCallsInAsyncCode() async throws {
         let misuse = """
@@ -143,10 +185,32 @@ struct ThreadRuleTests {
             // Names a simulation's body (async, on its loop) uses as they are: not refused.
             _ = loop.schedule(after: .seconds(1)) {}
             _ = EventLoop.current
+            // The any-thread forms.
+            let timer = loop.execute(after: .seconds(1)) {}
+            timer.cancel()
+            _ = loop.execute(every: .seconds(1)) { $0.cancel() }
+            let feeder = Feeder(loop: loop)
+            _ = feeder.enqueue(chunks: 3) { _ in }
+            _ = await feeder.enqueue([1, 2, 3]) { _ in }.outcome
         }
         """
         let accepted = try await typecheck(fine)
         #expect(!accepted.contains("error:"), "\(accepted)")
+
+        // What the any-thread forms refuse: work that shares unsynchronized state with its caller.
+        let racy = """
+        import Mainspring
+        final class Tally { var count = 0 }
+        func fromATask(_ loop: EventLoop, _ feeder: Feeder) async {
+            let tally = Tally()
+            loop.execute(after: .seconds(1)) { tally.count += 1 }
+            feeder.enqueue(chunks: 3) { _ in tally.count += 1 }
+            print(tally.count)
+        }
+        """
+        let refusedRace = try await typecheck(racy)
+        let raceErrors = refusedRace.split(separator: "\n").filter { $0.contains(": error:") }
+        #expect(raceErrors.count == 2 && raceErrors.allSatisfy { $0.contains("non-Sendable") }, "\(refusedRace)")
     }
 }
 

@@ -1,7 +1,8 @@
 /// A handle on a scheduled timer: `cancel()` it, or let it be (the loop keeps a timer alive
 /// until it fires or is cancelled; dropping the handle does not cancel it). See `Cancellable`.
 ///
-/// Loop-bound: use it on the loop's thread.
+/// Loop-bound: use it on the loop's thread (``ScheduledTimer``, from `execute(after:_:)`, is
+/// the handle any thread may cancel).
 public final class TimerHandle: Cancellable {
     /// The timer, held strongly: a weak reference would give every timer a side table, which
     /// sends each of its retains and releases (several per firing) down the runtime's slow path —
@@ -97,13 +98,15 @@ extension EventLoop {
     /// were created: timers scheduled one after another with one delay run in that order, however
     /// many fall within one clock tick (deadlines keep their nanoseconds).
     ///
-    /// Loop thread only (precondition). Timers run at `.normal` priority; libevent's precise
+    /// Loop thread only (precondition; from another thread, ``execute(after:_:)`` takes a
+    /// `Sendable` closure and returns a handle any thread may cancel). Timers run at `.normal`
+    /// priority; libevent's precise
     /// (timerfd) timer keeps lateness in the tens of microseconds on an idle loop. Costs one
     /// allocation and O(log n) in the loop's pending timers (the same to cancel).
     /// - Returns: a handle to cancel the timer; the loop keeps the timer alive without it.
     @discardableResult
     public func schedule(after delay: Duration, _ work: @escaping () -> Void) -> TimerHandle {
-        preconditionOnLoop("EventLoop.schedule(after:_:)")
+        preconditionOnLoop("EventLoop.schedule(after:_:)", elsewhereUse: "execute(after:_:)")
         return makeTimer(deadline: monotonicNow() &+ delay.clampedNanoseconds, interval: nil, oneShot: work,
                          repeating: nil)
     }
@@ -124,18 +127,26 @@ extension EventLoop {
     /// Deadlines stay on the grid `start + k × interval`: a late run does not shift the next one,
     /// and ticks missed while the loop was busy are skipped rather than run in a burst. The
     /// handler is never re-entered. Ticks due at the same instant as other timers run in creation
-    /// order, like one-shot timers. Loop thread only (precondition).
+    /// order, like one-shot timers. Loop thread only (precondition; from another thread,
+    /// ``execute(every:_:)``).
     ///
     /// `interval` is a period: it must be positive (zero or negative stops the program with a
     /// message), and one shorter than ``minimumRepeatInterval`` is raised to it, so that no
     /// repeating timer can keep its loop from sleeping.
     @discardableResult
     public func schedule(every interval: Duration, _ work: @escaping (TimerHandle) -> Void) -> TimerHandle {
-        preconditionOnLoop("EventLoop.schedule(every:_:)")
+        preconditionOnLoop("EventLoop.schedule(every:_:)", elsewhereUse: "execute(every:_:)")
         let nanoseconds = max(requirePositive(interval, "EventLoop.schedule(every:_:)'s interval"),
                               Self.minimumRepeatInterval.clampedNanoseconds)
-        return makeTimer(deadline: monotonicNow() &+ nanoseconds, interval: nanoseconds, oneShot: nil,
-                         repeating: work)
+        return makeRepeatingTimer(firstDeadline: monotonicNow() &+ nanoseconds, interval: nanoseconds, work)
+    }
+
+    /// A repeating timer whose first run is at `firstDeadline` (monotonic ns) and then every
+    /// `interval` ns (already checked and raised to the minimum). Loop thread only.
+    func makeRepeatingTimer(firstDeadline: UInt64, interval: UInt64, _ work: @escaping (TimerHandle) -> Void)
+        -> TimerHandle
+    {
+        makeTimer(deadline: firstDeadline, interval: interval, oneShot: nil, repeating: work)
     }
 
     /// The shortest interval of a repeating timer (100 µs): `schedule(every:)` raises shorter

@@ -175,9 +175,9 @@ public final class FeedJob: Sendable {
     /// its last chunk (in the same loop turn). Handlers run in the order they were added. If the
     /// job has already finished, `handler` runs in a later loop turn, never inside this call.
     ///
-    /// Must be called on the feeder's loop thread (precondition).
+    /// Must be called on the feeder's loop thread (precondition); elsewhere, `await outcome`.
     public func onCompletion(_ handler: @escaping (FeedOutcome) -> Void) {
-        feeder.loop.preconditionOnLoop("FeedJob.onCompletion(_:)")
+        feeder.loop.preconditionOnLoop("FeedJob.onCompletion(_:)", elsewhereUse: "await job.outcome")
         if let outcome = finished.withLock({ $0.outcome }) {
             feeder.loop.executeNextTurn(priority: feeder.priority) { handler(outcome) }
         } else {

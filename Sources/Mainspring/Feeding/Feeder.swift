@@ -170,11 +170,12 @@ public final class Feeder: Sendable {
     /// Runs `body(0)`, `body(1)`, … `body(chunks - 1)` on the loop, a few per turn, after the work
     /// submitted before. A count of zero (or less) finishes at once as `.completed`.
     ///
-    /// Must be called on the loop's thread (precondition): `body` need not be `Sendable`.
+    /// Must be called on the loop's thread (precondition): `body` need not be `Sendable`. From
+    /// another thread, ``enqueue(chunks:_:)`` takes a `Sendable` body.
     /// - Returns: the job: progress, pause, resume, cancel, outcome.
     @discardableResult
     public func feed(chunks: Int, _ body: @escaping (Int) -> Void) -> FeedJob {
-        loop.preconditionOnLoop("Feeder.feed(chunks:_:)")
+        loop.preconditionOnLoop("Feeder.feed(chunks:_:)", elsewhereUse: "enqueue(chunks:_:)")
         let job = FeedJob(feeder: self, runner: CountedRunner(count: chunks, body: body), total: max(0, chunks))
         submit(.job(job))
         return job
@@ -184,10 +185,41 @@ public final class Feeder: Sendable {
     /// work submitted before. The sequence is iterated on the loop's thread, one element ahead
     /// of `body`; `progress.total` is known when `items` is a `Collection`.
     ///
-    /// Must be called on the loop's thread (precondition).
+    /// Must be called on the loop's thread (precondition; from another thread,
+    /// ``enqueue(_:_:)``).
     @discardableResult
     public func feed<S: Sequence>(_ items: S, _ body: @escaping (S.Element) -> Void) -> FeedJob {
-        loop.preconditionOnLoop("Feeder.feed(_:_:)")
+        loop.preconditionOnLoop("Feeder.feed(_:_:)", elsewhereUse: "enqueue(_:_:)")
+        let total = (items as? any Collection)?.count
+        let job = FeedJob(feeder: self, runner: SequenceRunner(items, body: body), total: total)
+        submit(.job(job))
+        return job
+    }
+
+    /// Runs `body(0)`, `body(1)`, … `body(chunks - 1)` on the loop, a few per turn, after the
+    /// work submitted before: ``feed(chunks:_:)`` from any thread, with a `Sendable` body. A
+    /// count of zero (or less) finishes at once as `.completed`.
+    ///
+    /// Any thread; from the loop's thread it is `feed(chunks:_:)`. Costs what `feed` costs (one
+    /// job, queued under the feeder's lock) and does not bind the loop to the caller's thread.
+    /// - Returns: the job: progress, pause, resume, cancel, and `await job.outcome`.
+    @discardableResult
+    public func enqueue(chunks: Int, _ body: @escaping @Sendable (Int) -> Void) -> FeedJob {
+        let job = FeedJob(feeder: self, runner: CountedRunner(count: chunks, body: body), total: max(0, chunks))
+        submit(.job(job))
+        return job
+    }
+
+    /// Runs `body` once per element of `items`, in order, on the loop, a few per turn, after the
+    /// work submitted before: ``feed(_:_:)`` from any thread. Its iterator is made in this call
+    /// and advanced on the loop's thread only, one element ahead of `body`; `progress.total` is
+    /// known when `items` is a `Collection`.
+    ///
+    /// Any thread, as ``enqueue(chunks:_:)``.
+    @discardableResult
+    public func enqueue<S: Sequence & Sendable>(_ items: S, _ body: @escaping @Sendable (S.Element) -> Void)
+        -> FeedJob
+    {
         let total = (items as? any Collection)?.count
         let job = FeedJob(feeder: self, runner: SequenceRunner(items, body: body), total: total)
         submit(.job(job))

@@ -154,4 +154,15 @@ extension EventLoop {
             "Mainspring: \(function) must be called on the loop's own thread; use execute(_:) to get there",
             file: file, line: line)
     }
+
+    /// `preconditionOnLoop(_:)` for a loop-only call that has a form for other threads:
+    /// the message names `alternative` ("execute(after:_:)", "await timeline.run()").
+    package func preconditionOnLoop(_ function: StaticString, elsewhereUse alternative: StaticString,
+                                    file: StaticString = #fileID, line: UInt = #line)
+    {
+        requireUsage(
+            claimThread(),
+            "Mainspring: \(function) must be called on the loop's own thread; from another thread use \(alternative)",
+            file: file, line: line)
+    }
 }

@@ -29,7 +29,8 @@ extension EventLoop {
                         curve: Curve = .easeInOut, steps: ((Double) -> Void)...,
                         completion: ((Bool) -> Void)? = nil) -> Timeline
     {
-        preconditionOnLoop("EventLoop.animate(eachStepDuration:eachStepDelay:curve:steps:completion:)")
+        preconditionOnLoop("EventLoop.animate(eachStepDuration:eachStepDelay:curve:steps:completion:)",
+                           elsewhereUse: "a Timeline built in the task and await timeline.run()")
         let timeline = Timeline(loop: self)
         for update in steps {
             timeline.step(duration: duration, delay: delay, curve: curve, update)
