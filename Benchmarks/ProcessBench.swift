@@ -51,7 +51,7 @@ private func spawnWithCallbacks(for nanoseconds: UInt64) -> Double {
         let deadline = start + nanoseconds
         func spawnNext() {
             do {
-                let child = try Subprocess.spawn(spawnConfiguration, on: loop)
+                let child = try Subprocess.launch(spawnConfiguration, on: loop)
                 child.onExit { status in
                     if status != .exited(0) { state.failed = true }
                     state.count += 1
@@ -81,7 +81,7 @@ private func spawnWithAsync(for nanoseconds: UInt64) -> Double {
             var count = 0
             var now = start
             while now < deadline {
-                guard let child = try? await Subprocess.spawn(spawnConfiguration, on: loop),
+                guard let child = try? await Subprocess.launch(spawnConfiguration, on: loop),
                       await child.exit == .exited(0)
                 else { return .nan }
                 count += 1
@@ -173,7 +173,7 @@ private func childOutputWithCallbacks() -> OutputRun {
         let volume = childOutputVolume
         let probe = try! InputSimulator(loop: loop, pattern: .steady(every: .milliseconds(1)))
         let start = nowNanoseconds()
-        guard let child = try? Subprocess.spawn(.init(executable: yesProgram, arguments: [yesLine]), on: loop),
+        guard let child = try? Subprocess.launch(.init(executable: yesProgram, arguments: [yesLine]), on: loop),
               let output = child.standardOutput
         else { return failedOutputRun }
         probe.start()
@@ -213,7 +213,7 @@ private func childOutputWithAsyncLines() -> OutputRun {
             let volume = childOutputVolume
             let probe = try! InputSimulator(loop: loop, pattern: .steady(every: .milliseconds(1)))
             let start = nowNanoseconds()
-            guard let child = try? await Subprocess.spawn(.init(executable: yesProgram, arguments: [yesLine]), on: loop),
+            guard let child = try? await Subprocess.launch(.init(executable: yesProgram, arguments: [yesLine]), on: loop),
                   let output = child.standardOutput
             else { return failedOutputRun }
             probe.start()

@@ -127,7 +127,7 @@ public final class Simulation: @unchecked Sendable {
     /// the executable `name` (matched as given, or by its last path component): it gets its
     /// ``SimulatedProcess`` (arguments, output, virtual-time sleep, signals) and returns its
     /// exit code. A spawn of a name nobody registered fails as a missing program does
-    /// (`EventLoopError.spawnFailed`, `ENOENT`). Registering a name again replaces it.
+    /// (`SubprocessError.cannotStart`, `ENOENT`). Registering a name again replaces it.
     public func register(program name: String,
                          _ body: @escaping @Sendable (SimulatedProcess) async throws -> Int32)
     {

@@ -170,8 +170,8 @@ func descriptorExhaustionScenario() throws {
     report("listener", failure { _ = try Listener(.tcp(), on: loop) { _ in } } ?? "made")
     report("connection", connectOutcome(port: listener.port, loop: loop))
     report("datagram", failure { _ = try DatagramSocket(bindingTo: "127.0.0.1", port: 0, on: loop) } ?? "made")
-    report("spawn", failure { _ = try Subprocess.spawn(.init(executable: "/bin/true"), on: loop) } ?? "spawned")
-    report("file-watch", failure { _ = try loop.watchFile(at: "/tmp") { _ in } } ?? "made")
+    report("spawn", failure { _ = try Subprocess.launch(.init(executable: "/bin/true"), on: loop) } ?? "spawned")
+    report("file-watch", failure { _ = try loop.observeFile(at: "/tmp") { _ in } } ?? "made")
 
     // What is open keeps working.
     client.writeLine("during")

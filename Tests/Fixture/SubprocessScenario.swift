@@ -25,7 +25,7 @@ func thousandChildrenScenario() throws {
                         let configuration = echoes
                             ? Subprocess.Configuration(executable: "/bin/sh", arguments: ["-c", "echo \(index)"])
                             : Subprocess.Configuration(executable: "/bin/true")
-                        let child = try await Subprocess.spawn(configuration, on: loop)
+                        let child = try await Subprocess.launch(configuration, on: loop)
                         var lines: [String] = []
                         if echoes, let output = child.standardOutput {
                             for try await event in output.lines {
@@ -101,7 +101,7 @@ func foundationProcessBesideScenario() throws {
             let ours = try await withThrowingTaskGroup(of: Subprocess.ExitStatus.self) { tasks in
                 for code in 0..<10 {
                     tasks.addTask {
-                        try await Subprocess.spawn(.init(executable: "/bin/sh", arguments: ["-c", "sleep 0.05; exit \(code)"]),
+                        try await Subprocess.launch(.init(executable: "/bin/sh", arguments: ["-c", "sleep 0.05; exit \(code)"]),
                                                    on: loop).exit
                     }
                 }

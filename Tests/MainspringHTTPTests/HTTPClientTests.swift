@@ -610,7 +610,7 @@ struct HTTPClientTests {
         var configuration = Subprocess.Configuration(
             executable: "python3", arguments: ["-u", "-m", "http.server", "0", "--bind", "127.0.0.1", "--directory", directory])
         configuration.standardError = .null
-        let python = try await Subprocess.spawn(configuration, on: loop)
+        let python = try await Subprocess.launch(configuration, on: loop)
         guard case .line(let banner)? = try await python.standardOutput?.readLine(),
               let portText = banner.split(separator: " ").dropFirst(5).first, let port = UInt16(portText)
         else {

@@ -260,7 +260,7 @@ struct TLSSimulationTests {
             return 0
         }
         let exitedAt = try await simulation.run { () async throws -> Duration in
-            let child = try await Subprocess.spawn(.init(executable: "tls-client"), on: loop)
+            let child = try await Subprocess.launch(.init(executable: "tls-client"), on: loop)
             _ = await child.exit
             try await loop.sleep(for: .milliseconds(50))
             return simulation.now - .milliseconds(50)

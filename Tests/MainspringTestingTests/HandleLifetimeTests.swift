@@ -118,7 +118,7 @@ import Glibc
         }
         let loop = simulation.loop
         try await simulation.run { () async throws in
-            _ = try await Subprocess.spawn(.init(executable: "worker"), on: loop)
+            _ = try await Subprocess.launch(.init(executable: "worker"), on: loop)
             try await loop.sleep(for: .seconds(10))
         }
         #expect(simulation.processes.first?.output == ["done"])

@@ -23,7 +23,7 @@ import Glibc
             var configuration = Subprocess.Configuration(executable: "stubborn")
             configuration.timeout = .seconds(2)
             configuration.timeoutGrace = .milliseconds(500)
-            let child = try await Subprocess.spawn(configuration, on: loop)
+            let child = try await Subprocess.launch(configuration, on: loop)
             return (await child.exit, child.didTimeOut)
         }
         #expect(status == .signaled(SIGKILL))
@@ -48,7 +48,7 @@ import Glibc
         }
         let loop = simulation.loop
         let status = try await simulation.run { () async throws -> Subprocess.ExitStatus in
-            let child = try await Subprocess.spawn(.init(executable: "/usr/bin/worker", arguments: ["-v", "x"]), on: loop)
+            let child = try await Subprocess.launch(.init(executable: "/usr/bin/worker", arguments: ["-v", "x"]), on: loop)
             try await loop.sleep(for: .seconds(1))
             return await child.terminate(grace: .seconds(5))
         }
@@ -69,7 +69,7 @@ import Glibc
         let loop = simulation.loop
         let (runningAfterCall, calledAt, status) = try await simulation.run {
             () async throws -> (Bool, Duration, Subprocess.ExitStatus) in
-            let child = try await Subprocess.spawn(.init(executable: "stubborn"), on: loop)
+            let child = try await Subprocess.launch(.init(executable: "stubborn"), on: loop)
             try await loop.sleep(for: .seconds(1))
             child.startTerminating(grace: .seconds(2))  // returns at once, from a task
             let running = child.isRunning
@@ -91,7 +91,7 @@ import Glibc
         }
         let loop = simulation.loop
         let status = try await simulation.run { () async throws -> Subprocess.ExitStatus in
-            let child = try await Subprocess.spawn(.init(executable: "sleeper"), on: loop)
+            let child = try await Subprocess.launch(.init(executable: "sleeper"), on: loop)
             try await loop.sleep(for: .milliseconds(10))
             child.signal(SIGUSR1)
             return await child.terminate(grace: .seconds(5))
@@ -104,15 +104,15 @@ import Glibc
     @Test func anUnregisteredProgramFailsAsAMissingOneDoes() async throws {
         let simulation = try Simulation()
         let loop = simulation.loop
-        let error = try await simulation.run { () async -> EventLoopError? in
-            do throws(EventLoopError) {
-                _ = try await Subprocess.spawn(.init(executable: "nosuchcmd"), on: loop)
+        let error = try await simulation.run { () async -> SubprocessError? in
+            do throws(SubprocessError) {
+                _ = try await Subprocess.launch(.init(executable: "nosuchcmd"), on: loop)
                 return nil
             } catch {
                 return error
             }
         }
-        #expect(error == .spawnFailed(executable: "nosuchcmd", path: "nosuchcmd", errno: ENOENT))
+        #expect(error == .cannotStart(executable: "nosuchcmd", path: "nosuchcmd", errno: ENOENT))
     }
 
     @Test func filesAreRefusedAndPipesAreNotConnectionsOnASimulatedLoop() async throws {
@@ -122,20 +122,20 @@ import Glibc
             return 0
         }
         let loop = simulation.loop
-        let (error, output) = try await simulation.run { () async throws -> (EventLoopError?, Bool) in
+        let (error, output) = try await simulation.run { () async throws -> (SubprocessError?, Bool) in
             var configuration = Subprocess.Configuration(executable: "echo", arguments: ["hello"])
             configuration.standardOutput = .pipe
-            let piped = try await Subprocess.spawn(configuration, on: loop)
+            let piped = try await Subprocess.launch(configuration, on: loop)
             _ = await piped.exit
             configuration.standardOutput = .file("/tmp/out")
-            do throws(EventLoopError) {
-                _ = try await Subprocess.spawn(configuration, on: loop)
+            do throws(SubprocessError) {
+                _ = try await Subprocess.launch(configuration, on: loop)
                 return (nil, piped.standardOutput == nil)
             } catch {
                 return (error, piped.standardOutput == nil)
             }
         }
-        guard case .simulatedLoop(let refused)? = error else {
+        guard case .loop(.simulatedLoop(let refused))? = error else {
             Issue.record("expected simulatedLoop, got \(String(describing: error))")
             return
         }
@@ -180,7 +180,7 @@ import Glibc
         }
         let (first, end, endedAt, exitedAt, refusal) = try await simulation.run {
             () async throws -> (LineEvent?, LineEvent?, Duration, Duration, Int32?) in
-            let child = try await Subprocess.spawn(.init(executable: "greeter"), on: loop)
+            let child = try await Subprocess.launch(.init(executable: "greeter"), on: loop)
             try await loop.sleep(for: .milliseconds(10))
             let client = try await Connection.connect(to: "127.0.0.1", port: 7100, on: loop)
             let first = try await client.readLine()
@@ -233,7 +233,7 @@ import Glibc
             }
         }
         let status = try await simulation.run { () async throws -> Subprocess.ExitStatus in
-            let child = try await Subprocess.spawn(.init(executable: "ticker"), on: loop)
+            let child = try await Subprocess.launch(.init(executable: "ticker"), on: loop)
             try await loop.sleep(for: .milliseconds(550))
             child.signal(SIGKILL)
             let status = await child.exit

@@ -62,7 +62,7 @@ struct FileWatchTests {
         let elsewhere = freshDirectory("elsewhere")
         let steps = try await onLoopThread { loop -> [[FileEvent]] in
             nonisolated(unsafe) var events: [FileEvent] = []
-            let watcher = try loop.watchFile(at: directory) { events.append($0) }
+            let watcher = try loop.observeFile(at: directory) { events.append($0) }
             let a = directory + "/a"
             var steps: [[FileEvent]] = []
             steps.append(step(loop, { events }) { createFile(a) })
@@ -95,7 +95,7 @@ struct FileWatchTests {
         createFile(file)
         let steps = try await onLoopThread { loop -> [[FileEvent]] in
             nonisolated(unsafe) var events: [FileEvent] = []
-            let watcher = try loop.watchFile(at: file) { events.append($0) }
+            let watcher = try loop.observeFile(at: file) { events.append($0) }
             var steps: [[FileEvent]] = []
             steps.append(step(loop, { events }) { appendFile(file, "{}") })
             steps.append(step(loop, { events }) { chmod(file, 0o600) })
@@ -147,7 +147,7 @@ struct FileWatchTests {
             return false
         }
         do {
-            let events = try await loop.fileEvents(at: file)
+            let events = try await loop.fileChanges(at: file)
             let consumer = Task {
                 var seen: [FileEvent] = []
                 for await event in events {
@@ -166,7 +166,7 @@ struct FileWatchTests {
         #expect(try await hubCloses(), "the dropped sequence's watch was the loop's last: its descriptor closed")
 
         // A consumer that is cancelled while waiting: the sequence ends, the watch goes.
-        let waiting = try await loop.fileEvents(at: directory)
+        let waiting = try await loop.fileChanges(at: directory)
         #expect(try await loop.submit { loop.fileWatchHub?.kernelWatchCount } == 1)
         let parked = Task {
             var count = 0
@@ -188,9 +188,9 @@ struct FileWatchTests {
         let before = inotifyDescriptorCount()
         let counts = try await onLoopThread { loop -> [Int?] in
             var counts: [Int?] = []
-            let a = try loop.watchFile(at: first) { _ in }
-            let b = try loop.watchFile(at: first + "/file") { _ in }  // shares first's kernel watch
-            let c = try loop.watchFile(at: second) { _ in }
+            let a = try loop.observeFile(at: first) { _ in }
+            let b = try loop.observeFile(at: first + "/file") { _ in }  // shares first's kernel watch
+            let c = try loop.observeFile(at: second) { _ in }
             counts.append(inotifyDescriptorCount() - before)
             counts.append(loop.fileWatchHub?.kernelWatchCount)
             a.cancel()
@@ -209,15 +209,51 @@ struct FileWatchTests {
     func missingPath() async throws {
         let missing = uniqueTestPath("missing")
         try await onLoopThread { loop in
-            #expect(throws: EventLoopError.watchFailed(path: missing, errno: ENOENT)) {
-                try loop.watchFile(at: missing) { _ in }
+            #expect(throws: FileWatchError.cannotWatch(path: missing, errno: ENOENT)) {
+                try loop.observeFile(at: missing) { _ in }
             }
-            #expect(throws: EventLoopError.watchFailed(path: missing + "/file", errno: ENOENT)) {
-                try loop.fileEvents(at: missing + "/file")
+            #expect(throws: FileWatchError.cannotWatch(path: missing + "/file", errno: ENOENT)) {
+                try loop.fileChanges(at: missing + "/file")
             }
-            let description = EventLoopError.watchFailed(path: missing, errno: ENOENT).description
+            let description = FileWatchError.cannotWatch(path: missing, errno: ENOENT).description
             #expect(description.contains(missing) && description.contains("No such file"), "\(description)")
             #expect(loop.fileWatchHub == nil, "no descriptor left behind by a failed watch")
+        }
+    }
+
+    @Test("what the loop refuses is FileWatchError.loop: off its thread, shut down")
+    func loopRefusals() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        let loop = group.loops[0]
+        let directory = FileManager.default.temporaryDirectory.path
+        #expect(throws: FileWatchError.loop(.wrongThread(function: "EventLoop.observeFile(at:_:)"))) {
+            try loop.observeFile(at: directory) { _ in }
+        }
+        #expect(throws: FileWatchError.loop(.wrongThread(function: "EventLoop.fileChanges(at:)"))) {
+            try { () throws(FileWatchError) in try loop.fileChanges(at: directory) }()
+        }
+        await group.shutdown(gracePeriod: .seconds(2))
+        await #expect(throws: FileWatchError.loop(.loopClosed)) { try await loop.fileChanges(at: directory) }
+    }
+
+    @Test("0.1's watchFile(at:) and fileEvents(at:) (deprecated) still throw EventLoopError.watchFailed and .wrongThread")
+    func deprecatedSpellingsKeepTheirErrors() async throws {
+        let missing = uniqueTestPath("missing")
+        let expected = FileWatchError.cannotWatch(path: missing, errno: ENOENT).description
+        let loop = try await onLoopThread { loop in
+            let old: any FileWatchingBefore02 = loop
+            let fromWatch = #expect(throws: EventLoopError.self) { try old.watchFile(at: missing) { _ in } }
+            let fromEvents = #expect(throws: EventLoopError.self) { try old.fileEvents(at: missing) }
+            for error in [fromWatch, fromEvents] {
+                #expect(error.map(caseName) == "watchFailed" && error?.description == expected, "\(String(describing: error))")
+            }
+            let watcher = try old.watchFile(at: FileManager.default.temporaryDirectory.path) { _ in }
+            watcher.cancel()
+            return loop
+        }
+        let old: any FileWatchingBefore02 = loop
+        #expect(throws: EventLoopError.wrongThread(function: "EventLoop.observeFile(at:_:)")) {
+            try old.watchFile(at: missing) { _ in }
         }
     }
 
@@ -229,8 +265,8 @@ struct FileWatchTests {
         let (directoryEvents, fileEvents, hubGone) = try await onLoopThread { loop -> ([FileEvent], [FileEvent], Bool) in
             nonisolated(unsafe) var events: [FileEvent] = []
             nonisolated(unsafe) var fileEvents: [FileEvent] = []
-            _ = try loop.watchFile(at: directory) { events.append($0) }
-            _ = try loop.watchFile(at: other + "/file") { fileEvents.append($0) }
+            _ = try loop.observeFile(at: directory) { events.append($0) }
+            _ = try loop.observeFile(at: other + "/file") { fileEvents.append($0) }
             _ = step(loop, { events }) { rmdir(directory) }
             _ = step(loop, { fileEvents }, expecting: 2) {
                 unlink(other + "/file")
@@ -245,7 +281,7 @@ struct FileWatchTests {
 
         let again = freshDirectory()
         let group = try EventLoopGroup(loopCount: 1)
-        let events = try await group.loops[0].fileEvents(at: again)
+        let events = try await group.loops[0].fileChanges(at: again)
         rmdir(again)
         var seen: [FileEvent] = []
         for await event in events { seen.append(event) }
@@ -261,7 +297,7 @@ struct FileWatchTests {
         let directory = freshDirectory()
         let (overflows, created) = try await onLoopThread { loop -> (Int, Bool) in
             nonisolated(unsafe) var events: [FileEvent] = []
-            let watcher = try loop.watchFile(at: directory) { events.append($0) }
+            let watcher = try loop.observeFile(at: directory) { events.append($0) }
             // The loop does not run meanwhile: the kernel queues until it is full.
             for index in 0...(limit / 2 + 16) {
                 let path = directory + "/f\(index)"
@@ -283,14 +319,14 @@ struct FileWatchTests {
         let directory = freshDirectory()
         let group = try EventLoopGroup(loopCount: 1)
         let loop = group.loops[0]
-        let events = try await loop.fileEvents(at: directory)
+        let events = try await loop.fileChanges(at: directory)
         // A callback watch of the same directory on the same loop sees each read as it is
         // handed out: once it has the marker, so has the sequence's buffer.
         let marker = directory + "/marker"
         let sawMarker = Locked(false)
         let counter = WatcherBox()
         try await loop.submit {
-            counter.watcher = try loop.watchFile(at: directory) { event in
+            counter.watcher = try loop.observeFile(at: directory) { event in
                 if event == FileEvent(.created, path: marker) { sawMarker.withLock { $0 = true } }
             }
         }
@@ -324,4 +360,18 @@ typealias FileEvents = EventLoop.FileEvents
 /// A watcher kept for its loop's thread (made and cancelled there).
 final class WatcherBox: @unchecked Sendable {
     var watcher: Watcher?
+}
+
+/// 0.1's file-watch calls, reached through a protocol so that calling the deprecated spellings
+/// in a test does not warn.
+private protocol FileWatchingBefore02 {
+    func watchFile(at path: String, _ handler: @escaping (FileEvent) -> Void) throws(EventLoopError) -> Watcher
+    func fileEvents(at path: String) throws(EventLoopError) -> EventLoop.FileEvents
+}
+
+extension EventLoop: FileWatchingBefore02 {}
+
+/// The name of an error's case, read without naming it (a deprecated case named in a test warns).
+func caseName(_ error: EventLoopError) -> String {
+    Mirror(reflecting: error).children.first?.label ?? "\(error)"
 }

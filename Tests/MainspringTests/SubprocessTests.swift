@@ -58,7 +58,7 @@ struct SubprocessTests {
             var configuration = shell("echo one; echo \"$1 $FOO\"; pwd", ["two"])
             configuration.environment = ["FOO": "three", "PATH": "/usr/bin:/bin"]
             configuration.workingDirectory = "/tmp"
-            let child = try await Subprocess.spawn(configuration, on: loop)
+            let child = try await Subprocess.launch(configuration, on: loop)
             #expect(child.standardInput == nil && child.standardError == nil)
             let lines = try await collectLines(child.standardOutput)
             #expect(lines == ["one", "two three", "/tmp"])
@@ -72,11 +72,11 @@ struct SubprocessTests {
         try await withLoop { loop in
             var configuration = shell("exit 3")
             configuration.standardOutput = .null
-            #expect(try await Subprocess.spawn(configuration, on: loop).exit == .exited(3))
+            #expect(try await Subprocess.launch(configuration, on: loop).exit == .exited(3))
             configuration = shell("kill -KILL $$")
             configuration.standardOutput = .null
-            #expect(try await Subprocess.spawn(configuration, on: loop).exit == .signaled(SIGKILL))
-            let named = try await Subprocess.spawn(.init(executable: "true", standardOutput: .null), on: loop)
+            #expect(try await Subprocess.launch(configuration, on: loop).exit == .signaled(SIGKILL))
+            let named = try await Subprocess.launch(.init(executable: "true", standardOutput: .null), on: loop)
             #expect(named.executablePath.hasSuffix("/true"))
             #expect(await named.exit == .exited(0))
             #expect(named.exitWatch == .processDescriptor || named.exitWatch == .polling)
@@ -87,7 +87,7 @@ struct SubprocessTests {
     func standardInput() async throws {
         try await withLoop { loop in
             for useShutdown in [false, true] {
-                let child = try await Subprocess.spawn(.init(executable: "/bin/cat", standardInput: .pipe), on: loop)
+                let child = try await Subprocess.launch(.init(executable: "/bin/cat", standardInput: .pipe), on: loop)
                 let input = try #require(child.standardInput)
                 for index in 0..<100 { try await input.send(line: "line \(index)") }
                 if useShutdown {
@@ -108,7 +108,7 @@ struct SubprocessTests {
             let outcome: (lines: [String], status: Subprocess.ExitStatus) = try await withCheckedThrowingContinuation { continuation in
                 loop.execute {
                     do {
-                        let child = try Subprocess.spawn(shell("echo a; echo b; exit 7"), on: loop)
+                        let child = try Subprocess.launch(shell("echo a; echo b; exit 7"), on: loop)
                         var lines: [String] = []
                         var status: Subprocess.ExitStatus?
                         var ended = false
@@ -144,14 +144,14 @@ struct SubprocessTests {
         try await withLoop { loop in
             var configuration = Subprocess.Configuration(executable: "/bin/cat", standardInput: .file(input),
                                                          standardOutput: .file(output))
-            #expect(try await Subprocess.spawn(configuration, on: loop).exit == .exited(0))
+            #expect(try await Subprocess.launch(configuration, on: loop).exit == .exited(0))
             configuration.standardOutput = .appendingToFile(output)
-            #expect(try await Subprocess.spawn(configuration, on: loop).exit == .exited(0))
+            #expect(try await Subprocess.launch(configuration, on: loop).exit == .exited(0))
             #expect(try String(contentsOfFile: output, encoding: .utf8) == "from a file\nfrom a file\n")
 
             var both = shell("echo out; echo err >&2; cat")
             both.standardError = .pipe
-            let child = try await Subprocess.spawn(both, on: loop)
+            let child = try await Subprocess.launch(both, on: loop)
             async let errors = collectLines(child.standardError)
             let out = try await collectLines(child.standardOutput)
             #expect(out == ["out"], "cat read /dev/null: nothing more")
@@ -168,13 +168,13 @@ struct SubprocessTests {
         try await withLoop { loop in
             var configuration = shell("echo a; echo b >&2; echo c")
             configuration.standardError = .mergedIntoStandardOutput
-            let child = try await Subprocess.spawn(configuration, on: loop)
+            let child = try await Subprocess.launch(configuration, on: loop)
             #expect(child.standardError == nil)
             #expect(try await collectLines(child.standardOutput) == ["a", "b", "c"])
             #expect(await child.exit == .exited(0))
 
             configuration.standardOutput = .file(output)
-            #expect(try await Subprocess.spawn(configuration, on: loop).exit == .exited(0))
+            #expect(try await Subprocess.launch(configuration, on: loop).exit == .exited(0))
             #expect(try String(contentsOfFile: output, encoding: .utf8) == "a\nb\nc\n")
         }
     }
@@ -185,9 +185,9 @@ struct SubprocessTests {
         try "#!/bin/sh\necho hi\n".write(toFile: notExecutable, atomically: true, encoding: .utf8)
         let missing = uniqueTestPath("missing")
         try await withLoop { loop in
-            func failure(_ configuration: Subprocess.Configuration) async -> EventLoopError? {
+            func failure(_ configuration: Subprocess.Configuration) async -> SubprocessError? {
                 do {
-                    let child = try await Subprocess.spawn(configuration, on: loop)
+                    let child = try await Subprocess.launch(configuration, on: loop)
                     Issue.record("spawned \(configuration.executable) as pid \(child.processIdentifier)")
                     return nil
                 } catch {
@@ -195,20 +195,57 @@ struct SubprocessTests {
                 }
             }
             #expect(await failure(.init(executable: missing))
-                == .spawnFailed(executable: missing, path: missing, errno: ENOENT))
+                == .cannotStart(executable: missing, path: missing, errno: ENOENT))
             #expect(await failure(.init(executable: notExecutable))
-                == .spawnFailed(executable: notExecutable, path: notExecutable, errno: EACCES))
+                == .cannotStart(executable: notExecutable, path: notExecutable, errno: EACCES))
             #expect(await failure(.init(executable: "/bin/true", workingDirectory: missing))
-                == .spawnFailed(executable: "/bin/true", path: missing, errno: ENOENT))
+                == .cannotStart(executable: "/bin/true", path: missing, errno: ENOENT))
             #expect(await failure(.init(executable: "/bin/true", workingDirectory: notExecutable))
-                == .spawnFailed(executable: "/bin/true", path: notExecutable, errno: ENOTDIR))
+                == .cannotStart(executable: "/bin/true", path: notExecutable, errno: ENOTDIR))
             #expect(await failure(.init(executable: "/bin/cat", standardInput: .file(missing)))
-                == .spawnFailed(executable: "/bin/cat", path: missing, errno: ENOENT))
+                == .cannotStart(executable: "/bin/cat", path: missing, errno: ENOENT))
             let notFound = await failure(.init(executable: "no-such-program-here", environment: ["PATH": "/usr/bin:/bin"]))
-            #expect(notFound == .spawnFailed(executable: "no-such-program-here", path: "no-such-program-here", errno: ENOENT))
+            #expect(notFound == .cannotStart(executable: "no-such-program-here", path: "no-such-program-here", errno: ENOENT))
             #expect(notFound?.description.contains("no-such-program-here") == true)
             let described = await failure(.init(executable: missing))?.description ?? ""
             #expect(described.contains(missing) && described.contains("No such file"), "\(described)")
+        }
+    }
+
+    @Test("what the loop refuses is SubprocessError.loop: off its thread, shut down")
+    func loopRefusals() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        let loop = group.loops[0]
+        #expect(throws: SubprocessError.loop(.wrongThread(function: "Subprocess.launch(_:on:)"))) {
+            try { () throws(SubprocessError) in try Subprocess.launch(.init(executable: "/bin/true"), on: loop) }()
+        }
+        await group.shutdown(gracePeriod: .seconds(2))
+        await #expect(throws: SubprocessError.loop(.loopClosed)) {
+            try await Subprocess.launch(.init(executable: "/bin/true"), on: loop)
+        }
+        #expect(SubprocessError.loop(.loopClosed).description == EventLoopError.loopClosed.description)
+    }
+
+    @Test("0.1's Subprocess.spawn (deprecated) still throws EventLoopError: .spawnFailed, .nulInSpawnConfiguration, .wrongThread")
+    func deprecatedSpawnKeepsItsErrors() async throws {
+        let missing = uniqueTestPath("missing")
+        let old: any SpawningBefore02.Type = Subprocess.self
+        try await withLoop { loop in
+            let notFound = await #expect(throws: EventLoopError.self) {
+                try await old.spawn(.init(executable: missing), on: loop)
+            }
+            #expect(notFound.map(caseName) == "spawnFailed")
+            #expect(notFound?.description
+                == SubprocessError.cannotStart(executable: missing, path: missing, errno: ENOENT).description)
+            let nul = await #expect(throws: EventLoopError.self) {
+                try await old.spawn(.init(executable: "/bin/echo", arguments: ["a\u{0}b"]), on: loop)
+            }
+            #expect(nul.map(caseName) == "nulInSpawnConfiguration")
+            let child = try await old.spawn(.init(executable: "/bin/true"), on: loop)
+            #expect(await child.exit == .exited(0))
+            #expect(throws: EventLoopError.wrongThread(function: "Subprocess.launch(_:on:)")) {
+                try old.spawnSynchronously(.init(executable: "/bin/true"), on: loop)
+            }
         }
     }
 
@@ -220,7 +257,7 @@ struct SubprocessTests {
         let searchPath = "/usr/bin:/bin:/nonexistent/private-tools"
         try await withLoop { loop in
             do {
-                let child = try await Subprocess.spawn(.init(executable: "no-such-program-here",
+                let child = try await Subprocess.launch(.init(executable: "no-such-program-here",
                                                              environment: ["PATH": searchPath]), on: loop)
                 Issue.record("spawned no-such-program-here as pid \(child.processIdentifier)")
             } catch {
@@ -256,7 +293,7 @@ struct SubprocessTests {
         try await withLoop { loop in
             for (configuration, field) in cases {
                 do {
-                    let child = try await Subprocess.spawn(configuration, on: loop)
+                    let child = try await Subprocess.launch(configuration, on: loop)
                     let output = try await collectLines(child.standardOutput)
                     _ = await child.exit
                     Issue.record("spawned despite a NUL in \(field); its output: \(output)")
@@ -272,12 +309,12 @@ struct SubprocessTests {
     @Test("terminate(grace:): SIGTERM first; a child that ignores it gets SIGKILL after the grace")
     func terminate() async throws {
         try await withLoop { loop in
-            let polite = try await Subprocess.spawn(.init(executable: "/bin/sleep", arguments: ["100"]), on: loop)
+            let polite = try await Subprocess.launch(.init(executable: "/bin/sleep", arguments: ["100"]), on: loop)
             #expect(await polite.terminate(grace: .seconds(30)) == .signaled(SIGTERM))
 
             var stubborn = shell("trap '' TERM; echo ready; while :; do sleep 0.05; done")
             stubborn.newProcessGroup = true
-            let child = try await Subprocess.spawn(stubborn, on: loop)
+            let child = try await Subprocess.launch(stubborn, on: loop)
             #expect(try await child.standardOutput?.readLine() == .line("ready"), "the trap is set")
             let started = ContinuousClock.now
             let status = await child.terminate(grace: .milliseconds(300))
@@ -294,7 +331,7 @@ struct SubprocessTests {
             var configuration = Subprocess.Configuration(executable: "/bin/sleep", arguments: ["100"], standardOutput: .null)
             configuration.timeout = .milliseconds(200)
             configuration.timeoutGrace = .seconds(10)
-            let child = try await Subprocess.spawn(configuration, on: loop)
+            let child = try await Subprocess.launch(configuration, on: loop)
             #expect(await child.exit == .signaled(SIGTERM))
             #expect(child.didTimeOut)
         }
@@ -331,7 +368,7 @@ struct SubprocessBehaviourTests {
             // (no race with a sleep on a loaded machine).
             var configuration = shell("echo before; exec 1>&-; read x; exit 4")
             configuration.standardInput = .pipe
-            let child = try await Subprocess.spawn(configuration, on: loop)
+            let child = try await Subprocess.launch(configuration, on: loop)
             let lines = try await collectLines(child.standardOutput)
             #expect(lines == ["before"])
             #expect(child.isRunning, "the output ended while the child still runs")
@@ -346,7 +383,7 @@ struct SubprocessBehaviourTests {
         try await withLoop { loop in
             var configuration = shell("sleep 1000 </dev/null >/dev/null 2>&1 & echo $!; exit 0")
             configuration.newProcessGroup = true
-            let child = try await Subprocess.spawn(configuration, on: loop)
+            let child = try await Subprocess.launch(configuration, on: loop)
             #expect(child.processGroup == child.processIdentifier)
             guard case .line(let text)? = try await child.standardOutput?.readLine(), let grandchild = Int32(text) else {
                 Issue.record("no grandchild pid")
@@ -364,7 +401,7 @@ struct SubprocessBehaviourTests {
         try await withLoop { loop in
             var configuration = shell("sleep 1000 & sleep 1000 & echo started; wait")
             configuration.newProcessGroup = true
-            let child = try await Subprocess.spawn(configuration, on: loop)
+            let child = try await Subprocess.launch(configuration, on: loop)
             #expect(try await child.standardOutput?.readLine() == .line("started"))
             child.signalGroup(SIGKILL)
             #expect(await child.exit == .signaled(SIGKILL))
@@ -377,14 +414,14 @@ struct SubprocessBehaviourTests {
         try await withLoop { loop in
             var pids: [Int32] = []
             for _ in 0..<20 {
-                let child = try await Subprocess.spawn(.init(executable: "/bin/true", standardOutput: .null), on: loop)
+                let child = try await Subprocess.launch(.init(executable: "/bin/true", standardOutput: .null), on: loop)
                 pids.append(child.processIdentifier)
             }
             // Dropped while still running, and dropped with an unread stdout pipe.
             for _ in 0..<5 {
-                let child = try await Subprocess.spawn(.init(executable: "/bin/sleep", arguments: ["0.2"]), on: loop)
+                let child = try await Subprocess.launch(.init(executable: "/bin/sleep", arguments: ["0.2"]), on: loop)
                 pids.append(child.processIdentifier)
-                let talker = try await Subprocess.spawn(shell("echo unread"), on: loop)
+                let talker = try await Subprocess.launch(shell("echo unread"), on: loop)
                 pids.append(talker.processIdentifier)
             }
             // No /proc entry left: reaped, not zombies (a zombie keeps its entry).
@@ -426,7 +463,7 @@ struct SubprocessBehaviourTests {
         let group = try EventLoopGroup(loopCount: 1)
         // A child that outlives any shutdown on a loaded machine (a 0.3 s sleep did not), ended
         // by hand once its loop is gone: the reaper thread sees it go.
-        let child = try await Subprocess.spawn(.init(executable: "/bin/sleep", arguments: ["60"], standardOutput: .null),
+        let child = try await Subprocess.launch(.init(executable: "/bin/sleep", arguments: ["60"], standardOutput: .null),
                                                on: group.loops[0])
         await group.shutdown(gracePeriod: .zero)
         #expect(child.isRunning)
@@ -439,13 +476,13 @@ struct SubprocessBehaviourTests {
     func pollingFallback() async throws {
         try await withLoop { loop in
             let child = try await loop.submit {
-                try Subprocess.launch(shell("echo polled; exit 9"), on: loop, forcePolling: true)
+                try Subprocess.start(shell("echo polled; exit 9"), on: loop, forcePolling: true)
             }
             #expect(child.exitWatch == .polling)
             #expect(try await collectLines(child.standardOutput) == ["polled"])
             #expect(await child.exit == .exited(9))
             let sleeper = try await loop.submit {
-                try Subprocess.launch(.init(executable: "/bin/sleep", arguments: ["100"]), on: loop, forcePolling: true)
+                try Subprocess.start(.init(executable: "/bin/sleep", arguments: ["100"]), on: loop, forcePolling: true)
             }
             #expect(await sleeper.terminate(grace: .seconds(10)) == .signaled(SIGTERM))
         }
@@ -455,7 +492,7 @@ struct SubprocessBehaviourTests {
     func backpressure() async throws {
         try await withLoop { loop in
             let total = 64 << 20
-            let child = try await Subprocess.spawn(
+            let child = try await Subprocess.launch(
                 .init(executable: "/bin/dd", arguments: ["if=/dev/zero", "bs=65536", "count=\(total / 65_536)", "status=none"]),
                 on: loop)
             try await Task.sleep(for: .milliseconds(300))
@@ -485,7 +522,7 @@ struct SubprocessBehaviourTests {
                     loop.execute {
                         do {
                             let probe = try InputSimulator(loop: loop, pattern: .steady(every: .milliseconds(5)))
-                            let child = try Subprocess.spawn(.init(executable: "/usr/bin/yes", arguments: [line]), on: loop)
+                            let child = try Subprocess.launch(.init(executable: "/usr/bin/yes", arguments: [line]), on: loop)
                             var bytes = 0
                             var lines = 0
                             // A timer due every 10 ms meanwhile: how late each run is.
@@ -539,3 +576,21 @@ struct SubprocessBehaviourTests {
         }
     }
 }
+
+/// 0.1's `Subprocess.spawn`, reached through a protocol so that calling the deprecated spelling
+/// in a test does not warn.
+private protocol SpawningBefore02 {
+    static func spawn(_ configuration: Subprocess.Configuration, on loop: EventLoop) async throws(EventLoopError) -> Subprocess
+    static func spawn(_ configuration: Subprocess.Configuration, on loop: EventLoop) throws(EventLoopError) -> Subprocess
+}
+
+extension SpawningBefore02 {
+    /// The synchronous form (an `async` caller would get the `async` one).
+    static func spawnSynchronously(_ configuration: Subprocess.Configuration, on loop: EventLoop) throws(EventLoopError)
+        -> Subprocess
+    {
+        try spawn(configuration, on: loop)
+    }
+}
+
+extension Subprocess: SpawningBefore02 {}

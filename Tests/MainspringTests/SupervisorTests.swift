@@ -35,7 +35,7 @@ struct SupervisorTests {
         try write([steady, stubborn, crasher].joined(separator: ","))
 
         let binary = try executableURL("mainspring-supervise").path
-        let supervisor = try await Subprocess.spawn(.init(executable: binary, arguments: ["--http-port", "0", config]), on: loop)
+        let supervisor = try await Subprocess.launch(.init(executable: binary, arguments: ["--http-port", "0", config]), on: loop)
         let lines = Locked<[String]>([])
         let reader = Task {
             for try await event in supervisor.standardOutput!.lines {

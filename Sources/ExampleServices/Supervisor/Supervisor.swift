@@ -111,7 +111,7 @@ public final class Supervisor {
     public func start() throws {
         for program in config.programs { add(program) }
         if let configPath {
-            watcher = try loop.watchFile(at: configPath) { [weak self] event in
+            watcher = try loop.observeFile(at: configPath) { [weak self] event in
                 switch event.kind {
                 case .replaced, .modified, .created: self?.reload(from: configPath)
                 default: break
@@ -137,7 +137,7 @@ public final class Supervisor {
         child.startedAt = loop.clock.now
         let process: Subprocess
         do {
-            process = try Subprocess.spawn(configuration, on: loop)
+            process = try Subprocess.launch(configuration, on: loop)
         } catch {
             say("supervisor: cannot start \(program.name): \(error)")
             scheduleRestart(child, status: nil)

@@ -139,16 +139,24 @@ extension EventLoop {
     nonisolated(nonsending) func onLoop<T>(_ body: @escaping @Sendable () throws(EventLoopError) -> T) async
         throws(EventLoopError) -> T
     {
+        try await onLoop(closed: .loopClosed, body)
+    }
+
+    /// `onLoop(_:)` for a domain's own error type: `closed` is thrown when the loop has shut
+    /// down before `body` could run.
+    nonisolated(nonsending) func onLoop<T, Failure: Error>(
+        closed: Failure, _ body: @escaping @Sendable () throws(Failure) -> T
+    ) async throws(Failure) -> T {
         if isCurrent { return try body() }
-        let result: Result<UncheckedResult<T>, EventLoopError> = await withUnsafeContinuation { continuation in
+        let result: Result<UncheckedResult<T>, Failure> = await withUnsafeContinuation { continuation in
             execute {
-                do throws(EventLoopError) {
+                do throws(Failure) {
                     continuation.resume(returning: .success(UncheckedResult(try body())))
                 } catch {
                     continuation.resume(returning: .failure(error))
                 }
             } orElse: {
-                continuation.resume(returning: .failure(.loopClosed))
+                continuation.resume(returning: .failure(closed))
             }
         }
         return try result.get().value

@@ -1,5 +1,5 @@
-/// Something that happened to a watched file or directory (``EventLoop/watchFile(at:_:)``,
-/// `EventLoop.fileEvents(at:)`).
+/// Something that happened to a watched file or directory (``EventLoop/observeFile(at:_:)``,
+/// `EventLoop.fileChanges(at:)`).
 public struct FileEvent: Sendable, Hashable, CustomStringConvertible {
     /// What happened.
     public enum Kind: Sendable, Hashable, CustomStringConvertible {
@@ -94,20 +94,20 @@ extension EventLoop {
     /// Costs one inotify watch per directory watched (shared by this loop's watches of that
     /// directory, and of files in it) and one loop source per watch; the loop's inotify
     /// descriptor is made with its first watch and closed with its last.
-    /// - Throws: `EventLoopError.watchFailed` naming the path: `ENOENT` when it does not exist,
-    ///   `EACCES`, `ENOSPC` (the kernel's limit of watches, `max_user_watches`), `EMFILE` (of
-    ///   inotify instances); `.wrongThread`.
-    public func watchFile(at path: String, _ handler: @escaping (FileEvent) -> Void) throws(EventLoopError) -> Watcher {
-        guard claimThread() else { throw .wrongThread(function: "EventLoop.watchFile(at:_:)") }
+    /// - Throws: ``FileWatchError/cannotWatch(path:errno:)`` naming the path: `ENOENT` when it
+    ///   does not exist, `EACCES`, `ENOSPC` (the kernel's limit of watches, `max_user_watches`),
+    ///   `EMFILE` (of inotify instances); `.loop(.wrongThread)` off the loop's thread.
+    public func observeFile(at path: String, _ handler: @escaping (FileEvent) -> Void) throws(FileWatchError) -> Watcher {
+        guard claimThread() else { throw .loop(.wrongThread(function: "EventLoop.observeFile(at:_:)")) }
         let source = try FileWatchSource.start(path: path, on: self, handler: handler)
         return Watcher(source: source)
     }
 
     /// The changes to the file or directory at `path` as an async sequence, following the rules
-    /// of `watchFile(at:_:)`; it ends after ``FileEvent/Kind/watchedPathRemoved``.
+    /// of `observeFile(at:_:)`; it ends after ``FileEvent/Kind/watchedPathRemoved``.
     ///
     /// ```swift
-    /// for await event in try loop.fileEvents(at: "/etc/myapp/config.json") where event.kind != .attributesChanged {
+    /// for await event in try loop.fileChanges(at: "/etc/myapp/config.json") where event.kind != .attributesChanged {
     ///     reload()
     /// }
     /// ```
@@ -117,9 +117,9 @@ extension EventLoop {
     /// place. One consumer. Cancelling the iterating task ends the sequence (`nil`) and removes
     /// the watch; so does dropping the sequence. Loop thread only (the `async` overload works
     /// from any task).
-    /// - Throws: as `watchFile(at:_:)`.
-    public func fileEvents(at path: String) throws(EventLoopError) -> FileEvents {
-        guard claimThread() else { throw .wrongThread(function: "EventLoop.fileEvents(at:)") }
+    /// - Throws: as `observeFile(at:_:)`.
+    public func fileChanges(at path: String) throws(FileWatchError) -> FileEvents {
+        guard claimThread() else { throw .loop(.wrongThread(function: "EventLoop.fileChanges(at:)")) }
         let feed = LoopFeed<FileEvent>(loop: self, bound: Int.max)
         var overflowed = false
         let source = try FileWatchSource.start(path: path, on: self) { [weak feed] event in
@@ -137,13 +137,32 @@ extension EventLoop {
         return FileEvents(feed: feed)
     }
 
-    /// `fileEvents(at:)` from any task: starts the watch on this loop (no hop from a task already
-    /// on it).
-    public nonisolated(nonsending) func fileEvents(at path: String) async throws(EventLoopError) -> FileEvents {
-        try await onLoop { () throws(EventLoopError) in try self.fileEvents(at: path) }
+    /// `fileChanges(at:)` from any task: starts the watch on this loop (no hop from a task
+    /// already on it).
+    /// - Throws: as `fileChanges(at:)`, and `.loop(.loopClosed)` when the loop has shut down.
+    public nonisolated(nonsending) func fileChanges(at path: String) async throws(FileWatchError) -> FileEvents {
+        try await onLoop(closed: .loop(.loopClosed)) { () throws(FileWatchError) in try self.fileChanges(at: path) }
     }
 
-    /// `EventLoop.fileEvents(at:)`: an `AsyncSequence` of ``FileEvent``s.
+    /// ``observeFile(at:_:)``, its failures as `EventLoopError` (`.watchFailed`, `.wrongThread`).
+    @available(*, deprecated, renamed: "observeFile(at:_:)", message: "observeFile(at:_:) throws FileWatchError, the errors of watching a path")
+    public func watchFile(at path: String, _ handler: @escaping (FileEvent) -> Void) throws(EventLoopError) -> Watcher {
+        do { return try observeFile(at: path, handler) } catch { throw error.watchError }
+    }
+
+    /// ``fileChanges(at:)``, its failures as `EventLoopError` (`.watchFailed`, `.wrongThread`).
+    @available(*, deprecated, renamed: "fileChanges(at:)", message: "fileChanges(at:) throws FileWatchError, the errors of watching a path")
+    public func fileEvents(at path: String) throws(EventLoopError) -> FileEvents {
+        do { return try fileChanges(at: path) } catch { throw error.watchError }
+    }
+
+    /// `fileChanges(at:)` from any task, its failures as `EventLoopError`.
+    @available(*, deprecated, renamed: "fileChanges(at:)", message: "fileChanges(at:) throws FileWatchError, the errors of watching a path")
+    public nonisolated(nonsending) func fileEvents(at path: String) async throws(EventLoopError) -> FileEvents {
+        do { return try await fileChanges(at: path) } catch { throw error.watchError }
+    }
+
+    /// `EventLoop.fileChanges(at:)`: an `AsyncSequence` of ``FileEvent``s.
     public struct FileEvents: AsyncSequence, Sendable {
         public typealias Element = FileEvent
         public typealias Failure = Never

@@ -17,16 +17,21 @@ final class InotifyHub: Source {
                                     .moveSelf, .onlyDirectory, .excludeUnlinked]
     static let readsPerTurn = 4
 
-    /// The loop's hub, made if it has none. - Throws: `.watchFailed(path, errno)` when no
+    /// The loop's hub, made if it has none. - Throws: `.cannotWatch(path, errno)` when no
     /// inotify descriptor can be made (`EMFILE`: the user's limit of instances).
-    static func hub(of loop: EventLoop, for path: String) throws(EventLoopError) -> InotifyHub {
+    static func hub(of loop: EventLoop, for path: String) throws(FileWatchError) -> InotifyHub {
         if let hub = loop.fileWatchHub, !hub.isClosed { return hub }
         let fd: Int32
         switch makeInotifyDescriptor() {
         case .success(let made): fd = made
-        case .failure(let error): throw .watchFailed(path: path, errno: error.code)
+        case .failure(let error): throw .cannotWatch(path: path, errno: error.code)
         }
-        let hub = try InotifyHub(loop: loop, fd: fd)
+        let hub: InotifyHub
+        do {
+            hub = try InotifyHub(loop: loop, fd: fd)
+        } catch {
+            throw .loop(error)
+        }
         loop.fileWatchHub = hub
         return hub
     }
@@ -45,13 +50,13 @@ final class InotifyHub: Source {
     override var keepsFiring: Bool { true }
 
     /// Adds the kernel watch of `directory` for `watch`; returns its descriptor.
-    func add(_ watch: FileWatchSource, directory: String, path: String) throws(EventLoopError) -> Int32 {
+    func add(_ watch: FileWatchSource, directory: String, path: String) throws(FileWatchError) -> Int32 {
         switch addInotifyWatch(fd, path: directory, mask: Self.mask) {
         case .success(let descriptor):
             watches[descriptor, default: []].append(watch)
             return descriptor
         case .failure(let error):
-            throw .watchFailed(path: error.code == ENOTDIR ? path : directory, errno: error.code)
+            throw .cannotWatch(path: error.code == ENOTDIR ? path : directory, errno: error.code)
         }
     }
 
@@ -130,7 +135,7 @@ final class InotifyHub: Source {
     }
 }
 
-/// One watch (`watchFile(at:)`, `fileEvents(at:)`): the path, what it knows of it, the events
+/// One watch (`observeFile(at:)`, `fileChanges(at:)`): the path, what it knows of it, the events
 /// waiting for its handler (each watch's handler runs as its own callback). Loop thread only.
 final class FileWatchSource: Source {
     /// The path as given (without trailing slashes).
@@ -154,14 +159,14 @@ final class FileWatchSource: Source {
 
     /// Starts a watch of `path` on `loop`.
     static func start(path given: String, on loop: EventLoop, handler: @escaping (FileEvent) -> Void)
-        throws(EventLoopError) -> FileWatchSource
+        throws(FileWatchError) -> FileWatchSource
     {
         var path = given
         while path.count > 1 && path.hasSuffix("/") { path.removeLast() }
         let isDirectory: Bool
         switch fileKind(path) {
         case .success(let directory): isDirectory = directory
-        case .failure(let error): throw .watchFailed(path: given, errno: error.code)
+        case .failure(let error): throw .cannotWatch(path: given, errno: error.code)
         }
         let hub = try InotifyHub.hub(of: loop, for: given)
         let source: FileWatchSource

@@ -41,22 +41,18 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
     /// A TLS handshake failed (`MainspringTLS`): `reason` is OpenSSL's account, naming the
     /// certificate check that failed when one did.
     case tls(reason: String)
-    /// A child process could not be started (`Subprocess.spawn(_:on:)`): `path` is what failed
-    /// — the executable itself, the working directory, or a file given for a standard stream —
-    /// and `errno` why (`ENOENT`, `EACCES`, `ENOEXEC`, `ENOTDIR`, …). `executable` is the program
-    /// that was asked for, as given. A name (no slash) that is not in `PATH` is `path` equal to
-    /// the name and `ENOENT`, described as "'name' not found in PATH" (the search path itself is
-    /// not repeated).
+    /// A child process could not be started (the deprecated `Subprocess.spawn(_:on:)`; its
+    /// successor ``Subprocess/launch(_:on:)`` throws ``SubprocessError/cannotStart(executable:path:errno:)``).
+    @available(*, deprecated, message: "Subprocess.launch(_:on:) throws SubprocessError.cannotStart")
     case spawnFailed(executable: String, path: String, errno: Int32)
-    /// A child process was not started (`Subprocess.spawn(_:on:)`): `field` of its configuration
-    /// holds a NUL byte, which the C strings that the kernel takes cannot carry (the text would
-    /// end there, silently cut short). `field` is `executable`, `arguments[i]`, `environment`
-    /// (a variable's name), `environment["NAME"]` (its value), `workingDirectory`, or a
-    /// redirection's file (`standardOutput`, …). `executable` is the program, as given.
+    /// A child process was not started: a text of its configuration holds a NUL byte (the
+    /// deprecated `Subprocess.spawn(_:on:)`; its successor throws
+    /// ``SubprocessError/nulInConfiguration(executable:field:)``).
+    @available(*, deprecated, message: "Subprocess.launch(_:on:) throws SubprocessError.nulInConfiguration")
     case nulInSpawnConfiguration(executable: String, field: String)
-    /// A path could not be watched (``EventLoop/watchFile(at:_:)``): it does not exist
-    /// (`ENOENT`), cannot be searched (`EACCES`), or the kernel's limit on inotify watches or
-    /// instances is reached (`ENOSPC`, `EMFILE`).
+    /// A path could not be watched (the deprecated `watchFile(at:_:)` and `fileEvents(at:)`;
+    /// their successors throw ``FileWatchError/cannotWatch(path:errno:)``).
+    @available(*, deprecated, message: "EventLoop.observeFile(at:_:) and fileChanges(at:) throw FileWatchError.cannotWatch")
     case watchFailed(path: String, errno: Int32)
     /// The socket is closed (a ``DatagramSocket`` after `close()` or its loop's shutdown).
     case socketClosed
@@ -109,17 +105,6 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
             return "descriptor \(descriptor) is not a connected stream socket: it is \(reason)"
         case .tls(let reason):
             return "TLS: \(reason)"
-        case .spawnFailed(let executable, let path, let code):
-            if code == ENOENT && path == executable && !executable.isEmpty && !executable.contains("/") {
-                return "'\(executable)' not found in PATH"
-            }
-            let what = path == executable ? "" : ": \(path)"
-            return "cannot start '\(executable)'\(what): \(String(cString: strerror(code))) (errno \(code))"
-        case .nulInSpawnConfiguration(let executable, let field):
-            let name = executable.replacingNULs()
-            return "cannot start '\(name)': \(field) holds a NUL byte, which a C string cannot carry; nothing was started"
-        case .watchFailed(let path, let code):
-            return "cannot watch '\(path)': \(String(cString: strerror(code))) (errno \(code))"
         case .socketClosed:
             return "the socket is closed"
         case .datagramTooLarge(let size, let limit):
@@ -131,9 +116,35 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
                 + "or bind an IPv4 or IPv6 address or \"localhost\""
         case .simulatedLoop(let refused):
             return "a simulated loop refuses \(refused); simulated loops run on virtual time with nothing real in them"
+        default:
+            // Through a protocol: the deprecated cases are described without a deprecation
+            // warning in this (not deprecated) property.
+            return (self as any DescribesDeprecatedCases).deprecatedCaseDescription
+        }
+    }
+
+    /// The deprecated cases' texts: those of the errors that replace them.
+    @available(*, deprecated, message: "the deprecated cases of EventLoopError")
+    fileprivate var deprecatedCaseDescription: String {
+        switch self {
+        case .spawnFailed(let executable, let path, let code):
+            return SubprocessError.cannotStart(executable: executable, path: path, errno: code).description
+        case .nulInSpawnConfiguration(let executable, let field):
+            return SubprocessError.nulInConfiguration(executable: executable, field: field).description
+        case .watchFailed(let path, let code):
+            return FileWatchError.cannotWatch(path: path, errno: code).description
+        default:
+            return "\(self)"
         }
     }
 }
+
+/// What `EventLoopError.description` calls for the deprecated cases.
+private protocol DescribesDeprecatedCases {
+    var deprecatedCaseDescription: String { get }
+}
+
+extension EventLoopError: DescribesDeprecatedCases {}
 
 extension String {
     /// The text with each NUL written as `\0`, for messages.

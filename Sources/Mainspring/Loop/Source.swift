@@ -170,7 +170,6 @@ extension EventLoopError {
         case .system(_, let code): return code
         case .libevent(_, let code): return code == 0 ? ENOMEM : code
         case .badDescriptor: return EBADF
-        case .spawnFailed(_, _, let code), .watchFailed(_, let code): return code
         default: return EINVAL
         }
     }

@@ -207,24 +207,51 @@ public final class Subprocess: @unchecked Sendable {
 
     /// Starts `configuration`'s program, its exit watched by `loop`. Returns once the child
     /// runs (its `exec` done); every failure is thrown before that, naming what failed. Loop
-    /// thread only.
-    /// - Throws: `EventLoopError.spawnFailed` with the path that failed — the executable
-    ///   (`ENOENT`: no such file, or not found in `PATH`; `EACCES`: not executable; `ENOEXEC`),
-    ///   the working directory (`ENOENT`, `ENOTDIR`, `EACCES`), or a redirection's file;
-    ///   `.nulInSpawnConfiguration` naming a text of the configuration that holds a NUL byte
-    ///   (nothing is started); `.system` when a pipe cannot be made (`EMFILE`); `.wrongThread`.
-    public static func spawn(_ configuration: Configuration, on loop: EventLoop) throws(EventLoopError) -> Subprocess {
-        guard loop.claimThread() else { throw .wrongThread(function: "Subprocess.spawn(_:on:)") }
-        return try launch(configuration, on: loop)
+    /// thread only (from elsewhere, the `async` form).
+    /// - Throws: ``SubprocessError/cannotStart(executable:path:errno:)`` with the path that
+    ///   failed — the executable (`ENOENT`: no such file, or not found in `PATH`; `EACCES`: not
+    ///   executable; `ENOEXEC`), the working directory (`ENOENT`, `ENOTDIR`, `EACCES`), or a
+    ///   redirection's file; `.nulInConfiguration` naming a text of the configuration that holds
+    ///   a NUL byte (nothing is started); `.system` when a pipe cannot be made (`EMFILE`);
+    ///   `.loop(.wrongThread)` off the loop's thread.
+    public static func launch(_ configuration: Configuration, on loop: EventLoop) throws(SubprocessError) -> Subprocess {
+        guard loop.claimThread() else { throw .loop(.wrongThread(function: "Subprocess.launch(_:on:)")) }
+        return try start(configuration, on: loop)
     }
 
-    /// `spawn(_:on:)` from any task: spawns on `loop`'s thread (no hop from a task already on
-    /// it) and returns once the child runs.
-    /// - Throws: as `spawn(_:on:)`, and `.loopClosed` when the loop has shut down.
+    /// `launch(_:on:)` from any task: starts the child on `loop`'s thread (no hop from a task
+    /// already on it) and returns once the child runs.
+    /// - Throws: as `launch(_:on:)`, and `.loop(.loopClosed)` when the loop has shut down.
+    public static func launch(_ configuration: Configuration, on loop: EventLoop) async throws(SubprocessError)
+        -> Subprocess
+    {
+        try await loop.onLoop(closed: .loop(.loopClosed)) { () throws(SubprocessError) in
+            try start(configuration, on: loop)
+        }
+    }
+
+    /// Starts `configuration`'s program: ``launch(_:on:)``, its failures as `EventLoopError`
+    /// (`.spawnFailed`, `.nulInSpawnConfiguration`, `.system`, `.wrongThread`).
+    @available(*, deprecated, renamed: "launch(_:on:)", message: "launch(_:on:) throws SubprocessError, the errors of starting a process")
+    public static func spawn(_ configuration: Configuration, on loop: EventLoop) throws(EventLoopError) -> Subprocess {
+        do {
+            return try launch(configuration, on: loop)
+        } catch {
+            throw error.spawnError
+        }
+    }
+
+    /// `spawn(_:on:)` from any task: ``launch(_:on:)``'s `async` form, its failures as
+    /// `EventLoopError`.
+    @available(*, deprecated, renamed: "launch(_:on:)", message: "launch(_:on:) throws SubprocessError, the errors of starting a process")
     public static func spawn(_ configuration: Configuration, on loop: EventLoop) async throws(EventLoopError)
         -> Subprocess
     {
-        try await loop.onLoop { () throws(EventLoopError) in try launch(configuration, on: loop) }
+        do {
+            return try await launch(configuration, on: loop)
+        } catch {
+            throw error.spawnError
+        }
     }
 
     // MARK: Exit

@@ -10,16 +10,16 @@ extension Subprocess {
 
     /// The spawn itself, on the loop's thread; `forcePolling` (tests) watches the exit as if
     /// pidfds were missing.
-    static func launch(_ configuration: Configuration, on loop: EventLoop, forcePolling: Bool = false)
-        throws(EventLoopError) -> Subprocess
+    static func start(_ configuration: Configuration, on loop: EventLoop, forcePolling: Bool = false)
+        throws(SubprocessError) -> Subprocess
     {
-        configuration.pipeOptions.check("Subprocess.spawn")
+        configuration.pipeOptions.check("Subprocess.launch")
         try refuseNULs(configuration)
         if loop.isSimulated { return try launchSimulated(configuration, on: loop) }
         let name = configuration.executable
         let path = try resolveExecutable(configuration)
         if let directory = configuration.workingDirectory, !spawnCanChangeDirectory {
-            throw .spawnFailed(executable: name, path: directory, errno: ENOSYS)
+            throw .cannotStart(executable: name, path: directory, errno: ENOSYS)
         }
         var descriptors = LaunchDescriptors()
         defer { descriptors.closeChildEnds() }
@@ -52,7 +52,7 @@ extension Subprocess {
                     stdio.append(.descriptor(fd))
                 case .failure(let error):
                     descriptors.closeParentEnds()
-                    throw .spawnFailed(executable: name, path: file, errno: error.code)
+                    throw .cannotStart(executable: name, path: file, errno: error.code)
                 }
             }
         }
@@ -71,9 +71,9 @@ extension Subprocess {
             // The chdir and the exec both fail in the child with one errno: a directory that
             // cannot be entered is named as the cause, the program otherwise.
             if let directory = configuration.workingDirectory, let problem = workingDirectoryProblem(directory) {
-                throw .spawnFailed(executable: name, path: directory, errno: problem)
+                throw .cannotStart(executable: name, path: directory, errno: problem)
             }
-            throw .spawnFailed(executable: name, path: path, errno: error.code)
+            throw .cannotStart(executable: name, path: path, errno: error.code)
         }
         descriptors.closeChildEnds()
 
@@ -108,7 +108,7 @@ extension Subprocess {
                 // killed (and reaped by its source), its other pipes closed.
                 descriptors.closeParentEnds()
                 shared.kill(SIGKILL)
-                throw error
+                throw .loop(error)
             }
         }
         return Subprocess(loop: loop, shared: shared, source: source, executablePath: path, exitWatch: source.watch,
@@ -121,7 +121,7 @@ extension Subprocess {
     /// executable's name runs instead (an unregistered one fails as a missing program does).
     /// Its standard streams are not connections (yet): a `.pipe` gives a nil connection and the
     /// program's lines are kept in the simulation's record of it; a file is refused.
-    private static func launchSimulated(_ configuration: Configuration, on loop: EventLoop) throws(EventLoopError)
+    private static func launchSimulated(_ configuration: Configuration, on loop: EventLoop) throws(SubprocessError)
         -> Subprocess
     {
         let name = configuration.executable
@@ -129,7 +129,7 @@ extension Subprocess {
         for (index, redirection) in redirections.enumerated() {
             switch redirection {
             case .file(let path), .appendingToFile(let path):
-                throw .simulatedLoop(refused: "the file \(path) for the \(streamNames[index]) of '\(name)'")
+                throw .loop(.simulatedLoop(refused: "the file \(path) for the \(streamNames[index]) of '\(name)'"))
             default:
                 continue
             }
@@ -138,7 +138,7 @@ extension Subprocess {
             let child = simulation.makeProgram(executable: name, arguments: configuration.arguments,
                                                environment: configuration.environment, on: loop)
         else {
-            throw .spawnFailed(executable: name, path: name, errno: ENOENT)
+            throw .cannotStart(executable: name, path: name, errno: ENOENT)
         }
         let pid = child.processIdentifier
         let shared = ProcessShared(pid: pid, group: configuration.newProcessGroup ? pid : nil, descriptor: -1,
@@ -154,13 +154,13 @@ extension Subprocess {
                           pipes: [nil, nil, nil])
     }
 
-    /// Throws `.nulInSpawnConfiguration` naming the first text of `configuration` that holds a
+    /// Throws `.nulInConfiguration` naming the first text of `configuration` that holds a
     /// NUL: it would reach the kernel as a C string, cut short at the NUL (and a name searched
     /// in `PATH` would find the program named by its first part).
-    static func refuseNULs(_ configuration: Configuration) throws(EventLoopError) {
+    static func refuseNULs(_ configuration: Configuration) throws(SubprocessError) {
         let name = configuration.executable
-        func check(_ text: String, _ field: @autoclosure () -> String) throws(EventLoopError) {
-            if text.utf8.contains(0) { throw .nulInSpawnConfiguration(executable: name, field: field()) }
+        func check(_ text: String, _ field: @autoclosure () -> String) throws(SubprocessError) {
+            if text.utf8.contains(0) { throw .nulInConfiguration(executable: name, field: field()) }
         }
         try check(name, "executable")
         for (index, argument) in configuration.arguments.enumerated() { try check(argument, "arguments[\(index)]") }
@@ -179,9 +179,9 @@ extension Subprocess {
 
     /// The program's path: `executable` itself when it has a slash, otherwise the first
     /// executable file of that name in `PATH`.
-    static func resolveExecutable(_ configuration: Configuration) throws(EventLoopError) -> String {
+    static func resolveExecutable(_ configuration: Configuration) throws(SubprocessError) -> String {
         let name = configuration.executable
-        guard !name.isEmpty else { throw .spawnFailed(executable: name, path: name, errno: ENOENT) }
+        guard !name.isEmpty else { throw .cannotStart(executable: name, path: name, errno: ENOENT) }
         if name.contains("/") { return name }
         let searchPath = configuration.environment?["PATH"] ?? defaultSearchPath()
         var notExecutable: String?
@@ -190,9 +190,9 @@ extension Subprocess {
             if isExecutableFile(candidate) { return candidate }
             if notExecutable == nil, isExistingFile(candidate) { notExecutable = candidate }
         }
-        if let notExecutable { throw .spawnFailed(executable: name, path: notExecutable, errno: EACCES) }
+        if let notExecutable { throw .cannotStart(executable: name, path: notExecutable, errno: EACCES) }
         // The name itself as the path, not the search path: "'name' not found in PATH".
-        throw .spawnFailed(executable: name, path: name, errno: ENOENT)
+        throw .cannotStart(executable: name, path: name, errno: ENOENT)
     }
 }
 
