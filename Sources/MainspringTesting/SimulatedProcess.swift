@@ -5,7 +5,7 @@ import Synchronization
 import Glibc
 #endif
 
-/// A program run by `Subprocess.spawn` on a simulated loop: the async closure registered with
+/// A program run by `Subprocess.launch` on a simulated loop: the async closure registered with
 /// ``Simulation/register(program:_:)`` under the executable's name, given this handle.
 ///
 /// It runs as a task on the loop it was spawned on, on virtual time. Signals reach it as they

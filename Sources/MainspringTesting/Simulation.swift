@@ -123,7 +123,7 @@ public final class Simulation: @unchecked Sendable {
         set { core.isTracing = newValue }
     }
 
-    /// Registers `body` as the program `Subprocess.spawn` runs, on this simulation's loops, for
+    /// Registers `body` as the program `Subprocess.launch` runs, on this simulation's loops, for
     /// the executable `name` (matched as given, or by its last path component): it gets its
     /// ``SimulatedProcess`` (arguments, output, virtual-time sleep, signals) and returns its
     /// exit code. A spawn of a name nobody registered fails as a missing program does

@@ -32,7 +32,7 @@ final class SimulationCore: LoopSimulating, @unchecked Sendable {
         weak var loop: EventLoop?
     }
 
-    /// The programs `Subprocess.spawn` runs on the simulation's loops, by executable name.
+    /// The programs `Subprocess.launch` runs on the simulation's loops, by executable name.
     var programs: [String: @Sendable (SimulatedProcess) async throws -> Int32] = [:]
     /// Every program spawned so far, in order.
     private(set) var processes: [SimulatedProcess] = []

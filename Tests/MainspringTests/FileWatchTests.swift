@@ -236,7 +236,7 @@ struct FileWatchTests {
         await #expect(throws: FileWatchError.loop(.loopClosed)) { try await loop.fileChanges(at: directory) }
     }
 
-    @Test("0.1's watchFile(at:) and fileEvents(at:) (deprecated) still throw EventLoopError.watchFailed and .wrongThread")
+    @Test("watchFile(at:) and fileEvents(at:) (deprecated) still throw EventLoopError.watchFailed and .wrongThread")
     func deprecatedSpellingsKeepTheirErrors() async throws {
         let missing = uniqueTestPath("missing")
         let expected = FileWatchError.cannotWatch(path: missing, errno: ENOENT).description
@@ -252,8 +252,11 @@ struct FileWatchTests {
             return loop
         }
         let old: any FileWatchingBefore02 = loop
-        #expect(throws: EventLoopError.wrongThread(function: "EventLoop.observeFile(at:_:)")) {
+        #expect(throws: EventLoopError.wrongThread(function: "EventLoop.watchFile(at:_:)")) {
             try old.watchFile(at: missing) { _ in }
+        }
+        #expect(throws: EventLoopError.wrongThread(function: "EventLoop.fileEvents(at:)")) {
+            try old.fileEvents(at: missing)
         }
     }
 
@@ -362,7 +365,7 @@ final class WatcherBox: @unchecked Sendable {
     var watcher: Watcher?
 }
 
-/// 0.1's file-watch calls, reached through a protocol so that calling the deprecated spellings
+/// The deprecated file-watch calls, reached through a protocol so that calling the deprecated spellings
 /// in a test does not warn.
 private protocol FileWatchingBefore02 {
     func watchFile(at path: String, _ handler: @escaping (FileEvent) -> Void) throws(EventLoopError) -> Watcher

@@ -226,7 +226,7 @@ struct SubprocessTests {
         #expect(SubprocessError.loop(.loopClosed).description == EventLoopError.loopClosed.description)
     }
 
-    @Test("0.1's Subprocess.spawn (deprecated) still throws EventLoopError: .spawnFailed, .nulInSpawnConfiguration, .wrongThread")
+    @Test("Subprocess.spawn (deprecated) still throws EventLoopError: .spawnFailed, .nulInSpawnConfiguration, .wrongThread")
     func deprecatedSpawnKeepsItsErrors() async throws {
         let missing = uniqueTestPath("missing")
         let old: any SpawningBefore02.Type = Subprocess.self
@@ -243,7 +243,7 @@ struct SubprocessTests {
             #expect(nul.map(caseName) == "nulInSpawnConfiguration")
             let child = try await old.spawn(.init(executable: "/bin/true"), on: loop)
             #expect(await child.exit == .exited(0))
-            #expect(throws: EventLoopError.wrongThread(function: "Subprocess.launch(_:on:)")) {
+            #expect(throws: EventLoopError.wrongThread(function: "Subprocess.spawn(_:on:)")) {
                 try old.spawnSynchronously(.init(executable: "/bin/true"), on: loop)
             }
         }
@@ -577,7 +577,7 @@ struct SubprocessBehaviourTests {
     }
 }
 
-/// 0.1's `Subprocess.spawn`, reached through a protocol so that calling the deprecated spelling
+/// The deprecated `Subprocess.spawn`, reached through a protocol so that calling the deprecated spelling
 /// in a test does not warn.
 private protocol SpawningBefore02 {
     static func spawn(_ configuration: Subprocess.Configuration, on loop: EventLoop) async throws(EventLoopError) -> Subprocess

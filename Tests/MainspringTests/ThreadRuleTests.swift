@@ -92,10 +92,6 @@ struct ThreadRuleTests {
         await group.shutdown(gracePeriod: .seconds(5))
     }
 
-    /// The compiler's half of the rule, checked with the compiler: the library's module as
-    /// built for this test run, a file that calls loop-only members from async code (each one
-    /// refused, with the async way in the message), and a file that makes the same calls from
-    /// synchronous code and the any-thread ones from async code (accepted).
     @Test("execute(after:), execute(every:) and Feeder.enqueue from a plain thread and a task: run on the loop's thread, never early, cancellable there")
     func timersAndFeederJobsFromAnyThread() async throws {
         let group = try EventLoopGroup(loopCount: 1)
@@ -138,6 +134,29 @@ struct ThreadRuleTests {
         await group.shutdown(gracePeriod: .seconds(5))
     }
 
+    @Test("a timer scheduled with execute(every:) or execute(after:) does not keep its loop alive once the loop is dropped")
+    func anyThreadTimersDoNotKeepTheirLoopAlive() async throws {
+        let freed = try await onPlainThread { () throws -> Bool in
+            weak var dropped: EventLoop?
+            var handles: [ScheduledTimer] = []
+            do {
+                let loop = try EventLoop()
+                dropped = loop
+                handles.append(loop.execute(every: .seconds(3600)) { _ in })
+                handles.append(loop.execute(after: .seconds(3600)) {})
+                loop.runOnce(blocking: false)  // the posts run: both timers are armed
+            }
+            handles.removeAll()
+            return dropped == nil
+        }
+        #expect(freed, "a pending any-thread timer kept its loop (and its descriptors) alive")
+    }
+
+    /// The compiler's half of the rule, checked with the compiler: the library's module as
+    /// built for this test run, a file that calls loop-only members from async code (each one
+    /// refused, with the async way in the message), and a file that makes the same calls from
+    /// synchronous code and the any-thread ones from async code (accepted), and
+    /// a file whose any-thread calls share a non-`Sendable` value with their caller (refused).
     @Test("the compiler refuses loop-only members in async code and accepts them in synchronous code")
     func compilerRefusesLoopOnlyCallsInAsyncCode() async throws {
         let misuse = """

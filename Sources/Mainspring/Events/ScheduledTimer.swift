@@ -10,40 +10,54 @@ import Synchronization
 public final class ScheduledTimer: Cancellable, Sendable {
     /// The loop the work runs on.
     public let loop: EventLoop
+    /// What the timer's closures hold: not the handle, which holds the loop (a pending timer
+    /// that held its loop through its own closure would keep a loop nobody runs alive).
+    fileprivate let state: ScheduledTimerState
+
+    init(loop: EventLoop, state: ScheduledTimerState = ScheduledTimerState()) {
+        self.loop = loop
+        self.state = state
+    }
+
+    /// Cancels the timer: once this returns (on any thread) the work is never started again,
+    /// even if it was already due; a run already in progress on the loop's thread finishes.
+    /// Idempotent; a no-op after a one-shot timer's work has started. Any thread: on the loop's
+    /// thread it frees the timer at once, elsewhere it posts that to the loop. The handle a
+    /// repeating timer's work gets is another handle on the same timer: either cancels it.
+    public func cancel() {
+        guard state.markOver() else { return }
+        let state = state
+        loop.executeNowOrPost({ state.freeTimer() }, orElse: {})
+    }
+
+    /// Whether the work will not start again: cancelled, a one-shot whose work has started, or
+    /// a timer whose loop had shut down before it could be armed. Any thread. (A timer the
+    /// loop's shutdown closes after it was armed never runs again either, but is not marked
+    /// here.)
+    public var isCancelled: Bool { state.isOver }
+}
+
+/// A `ScheduledTimer`'s flag and the loop's timer, shared with the timer's closures.
+final class ScheduledTimerState: Sendable {
     private let over = Atomic<Bool>(false)
     /// The loop's timer once the loop has made it. Only the loop's thread reads or writes it
     /// (the post that makes the timer, the timer's own runs, the post that cancels it), and
     /// those run one after another on that thread.
     nonisolated(unsafe) private var timer: TimerHandle?
 
-    init(loop: EventLoop) { self.loop = loop }
+    var isOver: Bool { over.load(ordering: .acquiring) }
 
-    /// Cancels the timer: once this returns (on any thread) the work is never started again,
-    /// even if it was already due; a run already in progress on the loop's thread finishes.
-    /// Idempotent; a no-op after a one-shot timer's work has started. Any thread: on the loop's
-    /// thread it frees the timer at once, elsewhere it posts that to the loop.
-    public func cancel() {
-        guard !over.exchange(true, ordering: .acquiringAndReleasing) else { return }
-        loop.executeNowOrPost({ self.freeTimer() }, orElse: {})
-    }
+    /// Marks the work over; false when it already was (cancelled, or a one-shot's run claimed).
+    func markOver() -> Bool { !over.exchange(true, ordering: .acquiringAndReleasing) }
 
-    /// Whether the work will not start again: cancelled, or a one-shot whose work has started.
-    /// Any thread.
-    public var isCancelled: Bool { over.load(ordering: .acquiring) }
-
-    /// Arms the loop's timer (on the loop's thread) unless the handle was cancelled first.
-    fileprivate func arm(_ make: () -> TimerHandle) {
-        guard !isCancelled else { return }
+    /// Arms the loop's timer (on the loop's thread) unless the work is over already.
+    func arm(_ make: () -> TimerHandle) {
+        guard !isOver else { return }
         timer = make()
     }
 
-    /// Claims a one-shot's single run: false when `cancel()` came first.
-    fileprivate func claimOneShotRun() -> Bool {
-        !over.exchange(true, ordering: .acquiringAndReleasing)
-    }
-
     /// The loop's thread: frees the timer (a repeating one's next runs, and its closure).
-    fileprivate func freeTimer() {
+    func freeTimer() {
         timer?.cancel()
         timer = nil
     }
@@ -67,13 +81,14 @@ extension EventLoop {
     public func execute(after delay: Duration, _ work: @escaping @Sendable () -> Void) -> ScheduledTimer {
         let deadline = monotonicNow() &+ delay.clampedNanoseconds
         let scheduled = ScheduledTimer(loop: self)
+        let state = scheduled.state
         executeNowOrPost({
-            scheduled.arm {
+            state.arm {
                 self.schedule(atMonotonicNanoseconds: deadline) {
-                    if scheduled.claimOneShotRun() { work() }
+                    if state.markOver() { work() }
                 }
             }
-        }, orElse: {})
+        }, orElse: { _ = state.markOver() })
         return scheduled
     }
 
@@ -94,14 +109,18 @@ extension EventLoop {
                               Self.minimumRepeatInterval.clampedNanoseconds)
         let first = monotonicNow() &+ nanoseconds
         let scheduled = ScheduledTimer(loop: self)
+        let state = scheduled.state
+        // The timer's closure holds neither the loop nor the returned handle (which holds the
+        // loop): the loop holds its timers, and a loop nobody runs must still be freed. Each run
+        // gets a handle of its own over the same state (one small allocation a tick).
         executeNowOrPost({
-            scheduled.arm {
-                self.makeRepeatingTimer(firstDeadline: first, interval: nanoseconds) { _ in
-                    guard !scheduled.isCancelled else { return scheduled.freeTimer() }
-                    work(scheduled)
+            state.arm {
+                self.makeRepeatingTimer(firstDeadline: first, interval: nanoseconds) { [unowned self] _ in
+                    guard !state.isOver else { return state.freeTimer() }
+                    work(ScheduledTimer(loop: self, state: state))
                 }
             }
-        }, orElse: {})
+        }, orElse: { _ = state.markOver() })
         return scheduled
     }
 }

@@ -100,9 +100,9 @@ extension EventLoop {
     ///
     /// Loop thread only (precondition; from another thread, ``execute(after:_:)`` takes a
     /// `Sendable` closure and returns a handle any thread may cancel). Timers run at `.normal`
-    /// priority; libevent's precise
-    /// (timerfd) timer keeps lateness in the tens of microseconds on an idle loop. Costs one
-    /// allocation and O(log n) in the loop's pending timers (the same to cancel).
+    /// priority; libevent's precise (timerfd) timer keeps lateness in the tens of microseconds on
+    /// an idle loop. Costs one allocation and O(log n) in the loop's pending timers (the same to
+    /// cancel).
     /// - Returns: a handle to cancel the timer; the loop keeps the timer alive without it.
     @discardableResult
     public func schedule(after delay: Duration, _ work: @escaping () -> Void) -> TimerHandle {

@@ -17,7 +17,8 @@ public enum FeedOutcome: Sendable, Hashable, CustomStringConvertible {
     }
 }
 
-/// A job made by `Feeder.feed(chunks:_:)` or `Feeder.feed(_:_:)`: a body run once per chunk on
+/// A job made by `Feeder.feed(chunks:_:)` or `Feeder.feed(_:_:)` (or their any-thread forms,
+/// `Feeder.enqueue(chunks:_:)` and `enqueue(_:_:)`): a body run once per chunk on
 /// the feeder's loop, a few chunks per loop turn, so input keeps flowing between them.
 ///
 /// ## Lifecycle
@@ -257,7 +258,8 @@ public final class FeedJob: Sendable {
 
 /// A value that is only ever touched on one loop's thread, carried inside a `Sendable` object.
 /// Every access site must be on that thread (the owner checks with `preconditionOnLoop` or runs
-/// there by construction).
+/// there by construction). It may be made on another thread and handed over through a lock
+/// (a job made by `Feeder.enqueue` reaches the loop through the feeder's inbox).
 final class LoopBound<Value>: @unchecked Sendable {
     var value: Value
     init(_ value: Value) { self.value = value }

@@ -202,6 +202,8 @@ public final class Feeder: Sendable {
     ///
     /// Any thread; from the loop's thread it is `feed(chunks:_:)`. Costs what `feed` costs (one
     /// job, queued under the feeder's lock) and does not bind the loop to the caller's thread.
+    /// As with `feed`, a job given to a loop that has shut down never runs and never finishes
+    /// (`await job.outcome` would wait for ever): enqueue while the loop runs.
     /// - Returns: the job: progress, pause, resume, cancel, and `await job.outcome`.
     @discardableResult
     public func enqueue(chunks: Int, _ body: @escaping @Sendable (Int) -> Void) -> FeedJob {

@@ -147,12 +147,14 @@ extension EventLoop {
     /// ``observeFile(at:_:)``, its failures as `EventLoopError` (`.watchFailed`, `.wrongThread`).
     @available(*, deprecated, renamed: "observeFile(at:_:)", message: "observeFile(at:_:) throws FileWatchError, the errors of watching a path")
     public func watchFile(at path: String, _ handler: @escaping (FileEvent) -> Void) throws(EventLoopError) -> Watcher {
+        guard claimThread() else { throw .wrongThread(function: "EventLoop.watchFile(at:_:)") }
         do { return try observeFile(at: path, handler) } catch { throw error.watchError }
     }
 
     /// ``fileChanges(at:)``, its failures as `EventLoopError` (`.watchFailed`, `.wrongThread`).
     @available(*, deprecated, renamed: "fileChanges(at:)", message: "fileChanges(at:) throws FileWatchError, the errors of watching a path")
     public func fileEvents(at path: String) throws(EventLoopError) -> FileEvents {
+        guard claimThread() else { throw .wrongThread(function: "EventLoop.fileEvents(at:)") }
         do { return try fileChanges(at: path) } catch { throw error.watchError }
     }
 
@@ -171,7 +173,7 @@ extension EventLoop {
         let feed: LoopFeed<FileEvent>
 
         public func makeAsyncIterator() -> Iterator {
-            feed.claim("EventLoop.fileEvents(at:)")
+            feed.claim("EventLoop.fileChanges(at:)")
             return Iterator(feed: feed)
         }
 

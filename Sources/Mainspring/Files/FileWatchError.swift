@@ -25,7 +25,7 @@ public enum FileWatchError: Error, Equatable, Sendable, CustomStringConvertible 
 }
 
 extension FileWatchError {
-    /// The error as 0.1's `watchFile(at:_:)` and `fileEvents(at:)` threw it.
+    /// The error as the deprecated `watchFile(at:_:)` and `fileEvents(at:)` throw it.
     @available(*, deprecated, message: "for the deprecated EventLoop.watchFile(at:_:) and fileEvents(at:)")
     var watchError: EventLoopError {
         switch self {

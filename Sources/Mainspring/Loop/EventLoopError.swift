@@ -72,6 +72,15 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
     case bindNeedsAddress(host: String)
 
     public var description: String {
+        // Through a protocol: the text of every case, the deprecated ones included, without a
+        // deprecation warning in this (not deprecated) property.
+        (self as any DescribesEveryCase).text
+    }
+
+    /// The text of every case (`description`); deprecated so that it may name the deprecated
+    /// cases, and exhaustive (no `default`) so that a new case cannot be forgotten.
+    @available(*, deprecated, message: "use description")
+    fileprivate var text: String {
         switch self {
         case .wrongThread(let function):
             return "\(function) must be called on the loop's own thread; use execute(_:) to get there"
@@ -116,35 +125,22 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
                 + "or bind an IPv4 or IPv6 address or \"localhost\""
         case .simulatedLoop(let refused):
             return "a simulated loop refuses \(refused); simulated loops run on virtual time with nothing real in them"
-        default:
-            // Through a protocol: the deprecated cases are described without a deprecation
-            // warning in this (not deprecated) property.
-            return (self as any DescribesDeprecatedCases).deprecatedCaseDescription
-        }
-    }
-
-    /// The deprecated cases' texts: those of the errors that replace them.
-    @available(*, deprecated, message: "the deprecated cases of EventLoopError")
-    fileprivate var deprecatedCaseDescription: String {
-        switch self {
         case .spawnFailed(let executable, let path, let code):
             return SubprocessError.cannotStart(executable: executable, path: path, errno: code).description
         case .nulInSpawnConfiguration(let executable, let field):
             return SubprocessError.nulInConfiguration(executable: executable, field: field).description
         case .watchFailed(let path, let code):
             return FileWatchError.cannotWatch(path: path, errno: code).description
-        default:
-            return "\(self)"
         }
     }
 }
 
-/// What `EventLoopError.description` calls for the deprecated cases.
-private protocol DescribesDeprecatedCases {
-    var deprecatedCaseDescription: String { get }
+/// What `EventLoopError.description` calls (see there).
+private protocol DescribesEveryCase {
+    var text: String { get }
 }
 
-extension EventLoopError: DescribesDeprecatedCases {}
+extension EventLoopError: DescribesEveryCase {}
 
 extension String {
     /// The text with each NUL written as `\0`, for messages.

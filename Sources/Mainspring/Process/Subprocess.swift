@@ -9,7 +9,7 @@ import Synchronization
 /// ```swift
 /// var configuration = Subprocess.Configuration(executable: "ls", arguments: ["-l", "/etc"])
 /// configuration.standardOutput = .pipe
-/// let child = try await Subprocess.spawn(configuration, on: loop)
+/// let child = try await Subprocess.launch(configuration, on: loop)
 /// for try await event in child.standardOutput!.lines { … }
 /// let status = await child.exit           // .exited(0)
 /// ```
@@ -52,7 +52,7 @@ import Synchronization
 /// reported before the output pipes end (a grandchild may hold them open) or after.
 ///
 /// ## Threads and cost
-/// The handle is `Sendable`. `spawn` (the synchronous form) and ``onExit(_:)`` are loop-thread
+/// The handle is `Sendable`. `launch` (the synchronous form) and ``onExit(_:)`` are loop-thread
 /// calls; everything else works from any thread. A spawn costs one `posix_spawn` (glibc's
 /// `clone(CLONE_VFORK)`: the calling thread waits until the child has run `exec`, usually well
 /// under a millisecond), a pidfd, a pipe and a connection per piped stream, and one loop source.
@@ -234,6 +234,7 @@ public final class Subprocess: @unchecked Sendable {
     /// (`.spawnFailed`, `.nulInSpawnConfiguration`, `.system`, `.wrongThread`).
     @available(*, deprecated, renamed: "launch(_:on:)", message: "launch(_:on:) throws SubprocessError, the errors of starting a process")
     public static func spawn(_ configuration: Configuration, on loop: EventLoop) throws(EventLoopError) -> Subprocess {
+        guard loop.claimThread() else { throw .wrongThread(function: "Subprocess.spawn(_:on:)") }
         do {
             return try launch(configuration, on: loop)
         } catch {

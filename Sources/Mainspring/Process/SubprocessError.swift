@@ -22,8 +22,9 @@ public enum SubprocessError: Error, Equatable, Sendable, CustomStringConvertible
     /// process is out of descriptors), …; `function` says which and for what.
     case system(function: String, errno: Int32)
     /// The loop could not start it: called off its thread (``EventLoopError/wrongThread(function:)``),
-    /// shut down (`.loopClosed`), or a simulated loop that refuses what was asked (a file for a
-    /// standard stream: `.simulatedLoop`).
+    /// shut down (`.loopClosed`), a simulated loop that refuses what was asked (a file for a
+    /// standard stream: `.simulatedLoop`), or a pipe's connection that the loop could not
+    /// register (`.libevent`, `.system`; the child is then killed and reaped).
     case loop(EventLoopError)
 
     public var description: String {
@@ -46,7 +47,7 @@ public enum SubprocessError: Error, Equatable, Sendable, CustomStringConvertible
 }
 
 extension SubprocessError {
-    /// The error as 0.1's `Subprocess.spawn` threw it.
+    /// The error as the deprecated `Subprocess.spawn` throws it.
     @available(*, deprecated, message: "for the deprecated Subprocess.spawn(_:on:)")
     var spawnError: EventLoopError {
         switch self {

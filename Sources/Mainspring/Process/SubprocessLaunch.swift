@@ -32,7 +32,7 @@ extension Subprocess {
             case .null:
                 stdio.append(.null)
             case .mergedIntoStandardOutput:
-                requireUsage(index == 2, "Mainspring: Subprocess.spawn: only standardError can be .mergedIntoStandardOutput, not \(streamNames[index])")
+                requireUsage(index == 2, "Mainspring: Subprocess.launch: only standardError can be .mergedIntoStandardOutput, not \(streamNames[index])")
                 stdio.append(.standardOutput)
             case .pipe:
                 switch makeChildPipe(parentReads: index > 0) {
