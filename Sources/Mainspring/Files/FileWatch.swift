@@ -145,21 +145,21 @@ extension EventLoop {
     }
 
     /// ``observeFile(at:_:)``, its failures as `EventLoopError` (`.watchFailed`, `.wrongThread`).
-    @available(*, deprecated, renamed: "observeFile(at:_:)", message: "observeFile(at:_:) throws FileWatchError, the errors of watching a path")
+    @available(*, deprecated, message: "observeFile(at:_:) throws FileWatchError, the errors of watching a path")
     public func watchFile(at path: String, _ handler: @escaping (FileEvent) -> Void) throws(EventLoopError) -> Watcher {
         guard claimThread() else { throw .wrongThread(function: "EventLoop.watchFile(at:_:)") }
         do { return try observeFile(at: path, handler) } catch { throw error.watchError }
     }
 
-    /// ``fileChanges(at:)``, its failures as `EventLoopError` (`.watchFailed`, `.wrongThread`).
-    @available(*, deprecated, renamed: "fileChanges(at:)", message: "fileChanges(at:) throws FileWatchError, the errors of watching a path")
+    /// `fileChanges(at:)`, its failures as `EventLoopError` (`.watchFailed`, `.wrongThread`).
+    @available(*, deprecated, message: "fileChanges(at:) throws FileWatchError, the errors of watching a path")
     public func fileEvents(at path: String) throws(EventLoopError) -> FileEvents {
         guard claimThread() else { throw .wrongThread(function: "EventLoop.fileEvents(at:)") }
         do { return try fileChanges(at: path) } catch { throw error.watchError }
     }
 
     /// `fileChanges(at:)` from any task, its failures as `EventLoopError`.
-    @available(*, deprecated, renamed: "fileChanges(at:)", message: "fileChanges(at:) throws FileWatchError, the errors of watching a path")
+    @available(*, deprecated, message: "fileChanges(at:) throws FileWatchError, the errors of watching a path")
     public nonisolated(nonsending) func fileEvents(at path: String) async throws(EventLoopError) -> FileEvents {
         do { return try await fileChanges(at: path) } catch { throw error.watchError }
     }

@@ -3,7 +3,7 @@ import Glibc
 #endif
 
 /// Why a path could not be watched (``EventLoop/observeFile(at:_:)``,
-/// ``EventLoop/fileChanges(at:)``).
+/// `EventLoop.fileChanges(at:)`).
 public enum FileWatchError: Error, Equatable, Sendable, CustomStringConvertible {
     /// `path` could not be watched: it does not exist (`ENOENT`), cannot be searched
     /// (`EACCES`), or the kernel's limit on inotify watches or instances is reached (`ENOSPC`,

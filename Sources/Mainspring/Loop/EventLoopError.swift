@@ -42,7 +42,7 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
     /// certificate check that failed when one did.
     case tls(reason: String)
     /// A child process could not be started (the deprecated `Subprocess.spawn(_:on:)`; its
-    /// successor ``Subprocess/launch(_:on:)`` throws ``SubprocessError/cannotStart(executable:path:errno:)``).
+    /// successor `Subprocess.launch(_:on:)` throws ``SubprocessError/cannotStart(executable:path:errno:)``).
     @available(*, deprecated, message: "Subprocess.launch(_:on:) throws SubprocessError.cannotStart")
     case spawnFailed(executable: String, path: String, errno: Int32)
     /// A child process was not started: a text of its configuration holds a NUL byte (the

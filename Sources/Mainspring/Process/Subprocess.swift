@@ -230,9 +230,9 @@ public final class Subprocess: @unchecked Sendable {
         }
     }
 
-    /// Starts `configuration`'s program: ``launch(_:on:)``, its failures as `EventLoopError`
+    /// Starts `configuration`'s program: `launch(_:on:)`, its failures as `EventLoopError`
     /// (`.spawnFailed`, `.nulInSpawnConfiguration`, `.system`, `.wrongThread`).
-    @available(*, deprecated, renamed: "launch(_:on:)", message: "launch(_:on:) throws SubprocessError, the errors of starting a process")
+    @available(*, deprecated, message: "launch(_:on:) throws SubprocessError, the errors of starting a process")
     public static func spawn(_ configuration: Configuration, on loop: EventLoop) throws(EventLoopError) -> Subprocess {
         guard loop.claimThread() else { throw .wrongThread(function: "Subprocess.spawn(_:on:)") }
         do {
@@ -242,9 +242,9 @@ public final class Subprocess: @unchecked Sendable {
         }
     }
 
-    /// `spawn(_:on:)` from any task: ``launch(_:on:)``'s `async` form, its failures as
+    /// `spawn(_:on:)` from any task: `launch(_:on:)`'s `async` form, its failures as
     /// `EventLoopError`.
-    @available(*, deprecated, renamed: "launch(_:on:)", message: "launch(_:on:) throws SubprocessError, the errors of starting a process")
+    @available(*, deprecated, message: "launch(_:on:) throws SubprocessError, the errors of starting a process")
     public static func spawn(_ configuration: Configuration, on loop: EventLoop) async throws(EventLoopError)
         -> Subprocess
     {

@@ -2,7 +2,7 @@
 import Glibc
 #endif
 
-/// Why a child process was not started (``Subprocess/launch(_:on:)``). Every case names what
+/// Why a child process was not started (`Subprocess.launch(_:on:)`). Every case names what
 /// failed; nothing was started when one is thrown.
 public enum SubprocessError: Error, Equatable, Sendable, CustomStringConvertible {
     /// The program could not be started: `path` is what failed — the executable itself, the
