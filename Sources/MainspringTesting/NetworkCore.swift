@@ -494,19 +494,21 @@ final class NetworkCore: SimulatedNetworking, SimulatedDatagramNetworking, @unch
     private func deliverHead(of sender: NetworkEnd) {
         let direction = sender.outgoing
         guard let receiver = sender.peer, let packet = direction.packets.first else { return }
+        // Never early: a head that changed since it was scheduled waits for its own arrival.
+        if packet.arrival > now { return scheduleHead(of: sender) }
         if isPartitioned(sender.host, receiver.host) {
             direction.isStalledByPartition = true
             return
         }
         if receiver.isClosed || receiver.isReset {
-            // Nobody reads any more: data gets a reset back; an end or a reset is dropped.
+            // Nobody reads any more: data gets a reset back; an end or a reset is dropped. The
+            // reset follows what the closed end sent before (its end, on the wire already):
+            // the peer reads that first, as over TCP.
             let wasData = if case .data = packet.kind { true } else { false }
             direction.packets.removeAll()
             direction.bytes = 0
             if wasData, !receiver.isReset, !receiver.rstSent {
                 receiver.rstSent = true
-                receiver.outgoing.packets.removeAll()
-                receiver.outgoing.bytes = 0
                 receiver.outgoing.packets.append(Packet(kind: .reset, arrival: now &+ latency))
                 scheduleHead(of: receiver)
             }

@@ -44,6 +44,34 @@ import Testing
 
     /// With segments of one byte, the reader sees the line one byte per delivery, and the
     /// splitter still gives the whole line.
+    /// A peer that closed (its end on the wire) and then receives data answers with a reset,
+    /// which arrives after the end, as over TCP: the reader sees the end of the stream at the
+    /// end's instant. (The reset used to replace the end in flight and arrive in its place.)
+    @Test func whatAClosedPeerSentArrivesBeforeTheResetItsLateInputEarns() async throws {
+        let simulation = try Simulation(seed: 40)
+        simulation.network.latency = .milliseconds(5)
+        let server = try simulation.makeGroup(loopCount: 1, host: "10.0.0.2")
+        let serverLoop = server.loops[0]
+        // Accepted at 5 ms, closed at 12 ms (nothing unread: an end, arriving at 17 ms).
+        let listener = try Listener(.tcp(host: "0.0.0.0", port: 7000), on: serverLoop) { connection in
+            serverLoop.schedule(after: .milliseconds(7)) { connection.close() }
+        }
+        let loop = simulation.loop
+        let (event, at) = try await simulation.run { () async throws -> (String, Duration) in
+            let client = try await Connection.connect(to: "10.0.0.2", port: 7000, on: loop)  // at 10 ms
+            // Reaches the closed end at 15 ms: a reset comes back, arriving at 20 ms.
+            client.writeLine("late")
+            let event = try await client.readLine()
+            client.close()
+            return (event.map { "\($0)" } ?? "nil", simulation.now)
+        }
+        #expect(event == "endOfFile")
+        #expect(at == .milliseconds(17))
+        listener.close()
+        simulation.runUntilIdle()
+        #expect(simulation.network.openStreamEnds == 0)
+    }
+
     @Test func oneByteSegmentsReachTheReaderOneAtATime() throws {
         let simulation = try Simulation(seed: 2)
         simulation.network.maxSegmentSize = 1
