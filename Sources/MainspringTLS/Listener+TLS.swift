@@ -201,12 +201,14 @@ private func connectSimulatedTLS(to host: String, port: UInt16, on loop: EventLo
             return completion(.failure(.tls(reason: "OpenSSL could not make a session")))
         }
         let peer = hostAndPort(host, port)
-        SimulatedTLSHandshake(loop: loop, session: session, layerSocket: layerSocket,
-                              timeout: tls.configuration.handshakeTimeout) { outcome in
+        let handshake = SimulatedTLSHandshake(loop: loop, session: session, layerSocket: layerSocket,
+                                              timeout: tls.configuration.handshakeTimeout) { outcome in
             let made = establishedConnection(for: outcome, peer: peer, on: loop, options: options, simulatedLayer: layerSocket)
             if case .success(let connection) = made { loop.setSimulatedOwner(owner, of: connection) }
             // The caller hears as a dispatch of the loop, not inside the network's delivery.
             loop.executeNextTurn(priority: .input) { completion(made) }
-        }.start()
+        }
+        // The handshake is the connecting program's: it ends with the program.
+        SimulatedOwnership.$current.withValue(owner) { handshake.start() }
     }
 }

@@ -233,6 +233,44 @@ struct TLSSimulationTests {
         #expect(simulation.network.openStreamEnds == 0)
     }
 
+    /// A program that ends while a handshake it accepted is in progress takes the handshake
+    /// with it, as a process's sockets close when it exits: the client's connect fails one
+    /// latency after the exit, named as a peer's close — not established later by a server
+    /// that no longer runs, nor left to its handshake timeout.
+    @Test func aServerProgramThatEndsMidHandshakeTakesTheHandshakeWithIt() async throws {
+        let simulation = try Simulation(seed: 38)
+        simulation.network.latency = .milliseconds(5)
+        let server = try simulation.makeGroup(loopCount: 1, host: "10.0.0.2")
+        let serverContext = try Self.serverContext()
+        let accepted = Box(0)
+        simulation.register(program: "tls-server") { process in
+            // Listens, and ends at 12 ms: after the TCP accept (5 ms), before the client's
+            // first flight arrives (15 ms).
+            let listener = try Listener(.tcp(host: "0.0.0.0", port: 443), on: process.loop, tls: serverContext) { _ in
+                accepted.value += 1
+            }
+            try await process.sleep(for: .milliseconds(12))
+            _ = listener
+            return 0
+        }
+        let client = try Self.clientContext(handshakeTimeout: .seconds(3))
+        let loop = simulation.loop
+        let (failure, failedAt) = try await simulation.run { () async throws -> (EventLoopError?, Duration) in
+            _ = try await Subprocess.launch(.init(executable: "tls-server"), on: server.loops[0])
+            do throws(EventLoopError) {
+                _ = try await Connection.connect(to: "10.0.0.2", port: 443, on: loop, tls: client, serverName: "localhost")
+                return (nil, simulation.now)
+            } catch {
+                return (error, simulation.now)
+            }
+        }
+        #expect(failure == .tls(reason: "the peer closed the connection during the handshake"))
+        #expect(failedAt == .milliseconds(17))
+        #expect(accepted.value == 0)
+        simulation.runUntilIdle()
+        #expect(simulation.network.openStreamEnds == 0)
+    }
+
     /// A simulated program's TLS connection dies with it, as its plain ones do: the server
     /// reads the end of the stream one latency after the program's exit.
     @Test func aProgramsTLSConnectionClosesWhenItEnds() async throws {

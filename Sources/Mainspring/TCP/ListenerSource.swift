@@ -158,9 +158,13 @@ final class ListenerSource: Source {
         let make: @Sendable (@escaping (Connection?) -> Void) -> Void = { done in
             if let end = socket.takeSimulated() {
                 if let preparer {
-                    preparer.prepare(simulated: end, peer: socket.peer, on: destination, options: options) { connection in
-                        if let connection, let owner { destination.setSimulatedOwner(owner, of: connection.source) }
-                        done(connection)
+                    // What the preparer opens for it (a handshake's timer) is the program's too,
+                    // wherever this runs: it ends with the program.
+                    SimulatedOwnership.$current.withValue(owner) {
+                        preparer.prepare(simulated: end, peer: socket.peer, on: destination, options: options) { connection in
+                            if let connection, let owner { destination.setSimulatedOwner(owner, of: connection.source) }
+                            done(connection)
+                        }
                     }
                     return
                 }

@@ -25,6 +25,9 @@ final class SimulatedTLSHandshake {
     private var filter: OpaquePointer?
     private var ssl: OpaquePointer?
     private var timer: TimerHandle?
+    /// Closed with the simulated program that the handshake is for (a source it owns, as the
+    /// timer is): the handshake then fails at once, as a process's sockets close when it ends.
+    private var programWatch: LoopAttachment?
     private var completion: ((TLSHandshake.Outcome) -> Void)?
     /// The handshake keeps itself alive while it runs (libevent holds only an unretained pointer).
     private var running: SimulatedTLSHandshake?
@@ -65,6 +68,11 @@ final class SimulatedTLSHandshake {
         timer = loop.schedule(after: timeout) { [weak self] in
             guard let self else { return }
             self.fail("the handshake did not finish within \(self.timeout)")
+        }
+        // A program's handshake (the caller binds `SimulatedOwnership.current`) is one of its
+        // sources: when the program ends, this closes and the stream with it.
+        programWatch = LoopAttachment(loop: loop) { [weak self] in
+            self?.fail("the program ended during the handshake")
         }
         // The network delivers from now on (to the filter's callbacks); a client sends its
         // first flight.
@@ -120,6 +128,8 @@ final class SimulatedTLSHandshake {
         self.completion = nil
         timer?.cancel()
         timer = nil
+        programWatch?.close()
+        programWatch = nil
         completion(outcome)
         running = nil
     }
