@@ -177,6 +177,47 @@ struct TLSSimulationTests {
         #expect(simulation.network.openStreamEnds == 0)
     }
 
+    /// A TLS connection whose reader does not read pushes back on its writer, as over a socket:
+    /// the layer's stream takes a receive buffer's worth, the link its window, and the rest
+    /// stays in the writer's output — then, once the reader reads, every byte arrives, in order.
+    /// (The stream under the layer used to take everything the writer sent.)
+    @Test func aTLSReaderThatDoesNotReadPushesBackOnItsWriter() throws {
+        let simulation = try Simulation(seed: 39)
+        simulation.network.latency = .milliseconds(5)
+        let server = try simulation.makeGroup(loopCount: 1, host: "10.0.0.2")
+        let serverContext = try Self.serverContext()
+        let accepted = Box<Connection?>(nil)
+        // The connection is kept, and not read.
+        let listener = try Listener(.tcp(host: "0.0.0.0", port: 443), on: server.loops[0], tls: serverContext) {
+            accepted.value = $0
+        }
+        let client = try Self.clientContext()
+        let connected = Box<Connection?>(nil)
+        Connection.connect(to: "10.0.0.2", port: 443, on: simulation.loop, tls: client, serverName: "localhost") {
+            connected.value = try? $0.get()
+        }
+        simulation.advance(by: .milliseconds(100))
+        let writer = try #require(connected.value)
+        let reader = try #require(accepted.value)
+        let sent = (0..<(2 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 31) }
+        writer.write(sent)
+        simulation.advance(by: .seconds(5))
+        // 2 MiB sent; the link holds 256 KiB, the layer's stream 64 KiB, the layer's records add
+        // a little: at least 1.5 MiB waits in the writer.
+        #expect(bufferedOutput(of: writer) > 1_500_000, "\(bufferedOutput(of: writer)) bytes wait in the writer")
+        let received = Box<[UInt8]>([])
+        startReading(reader) { received.value += $0 }
+        simulation.advance(by: .seconds(5))
+        #expect(received.value.count == sent.count)
+        #expect(received.value == sent)
+        #expect(bufferedOutput(of: writer) == 0)
+        writer.close()
+        reader.close()
+        listener.close()
+        simulation.runUntilIdle()
+        #expect(simulation.network.openStreamEnds == 0)
+    }
+
     /// `HTTPClient` over `https://` in virtual time: the library's client, its TLS connector and
     /// a TLS listener answering HTTP, all over simulated bytes; the response body arrives one
     /// request round trip after the handshake.
@@ -284,6 +325,7 @@ struct TLSSimulationTests {
                 events.value.append("\(event) at \(simulation.now)")
                 if case .endOfFile = event { connection.close() }
             }
+            connection.onClose { events.value.append("closed: \($0) at \(simulation.now)") }
         }
         let client = try Self.clientContext()
         // The handle outlives the program (a dropped handle would close its connection itself):
@@ -305,10 +347,22 @@ struct TLSSimulationTests {
         }
         // The handshake ends at 20 ms (two round trips of 10 ms), the line is read at 25 ms.
         #expect(exitedAt == .milliseconds(1_020))
-        #expect(events.value == [#"line("hello") at 0.025 seconds"#, "endOfFile at 1.025 seconds"])
+        // The program never read: the server's TLS 1.3 session tickets wait unread in its
+        // socket when it ends, so its close is a reset, as a kernel's is — the server learns
+        // one latency after the exit.
+        #expect(events.value == [#"line("hello") at 0.025 seconds"#, "closed: error 104 (Connection reset by peer) at 1.025 seconds"])
         #expect(kept.value.first?.isOpen == false)
         listener.close()
         simulation.runUntilIdle()
         #expect(simulation.network.openStreamEnds == 0)
     }
+}
+
+/// A connection's queued output, read from synchronous code (the loop's thread: the test's,
+/// which drives the simulation).
+private func bufferedOutput(of connection: Connection) -> Int { connection.bufferedOutputBytes }
+
+/// Reads `connection`'s bytes into `sink` (from synchronous code, as above).
+private func startReading(_ connection: Connection, _ sink: @escaping ([UInt8]) -> Void) {
+    connection.readBytes { input in if case .bytes(let bytes) = input { sink(bytes) } }
 }

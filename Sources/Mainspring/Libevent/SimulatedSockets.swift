@@ -117,14 +117,26 @@ public final class SimulatedSocket {
     public var isReading: Bool { inputRoom > 0 }
 
     /// How many more bytes the connection reads now: 0 while its reading is off, else what
-    /// its high watermark leaves (`Int.max` without one).
+    /// its high watermark leaves (`Int.max` without one). A layer's socket (under TLS) has no
+    /// watermark of its own — the layer takes its input as its reader wants it — so it takes
+    /// at most ``layerReceiveBuffer`` bytes that the layer has not taken, as a kernel's receive
+    /// buffer holds what a process does not read: a layer whose reader stopped pushes back on
+    /// its writer.
     public var inputRoom: Int {
         guard let raw, bufferevent_get_enabled(raw) & Int16(EV_READ) != 0 else { return 0 }
         var high = 0
         bufferevent_getwatermark(raw, Int16(EV_READ), nil, &high)
+        if high == 0, ownedTarget != nil { high = Self.layerReceiveBuffer }
         guard high > 0 else { return .max }
         return max(0, high - evbuffer_get_length(bufferevent_get_input(raw)))
     }
+
+    /// What a layer's socket holds that its layer has not taken (64 KiB): its receive buffer.
+    public static let layerReceiveBuffer = 65_536
+
+    /// What a layer's socket holds of the layer's output that the network has not taken
+    /// (64 KiB): its send buffer.
+    public static let layerSendBuffer = 65_536
 
     /// Appends `bytes` to the input and tells the connection (its read callback), as after a
     /// `read(2)`.
@@ -196,6 +208,9 @@ package final class SimulatedLayerSocket {
             end.socketClosed(unreadInput: false)
             throw .libevent(function: "bufferevent_socket_new", errno: errno)
         }
+        // A kernel's send buffer: the layer stops moving its records here past it (they stay
+        // in the layer's own output, the connection's) and goes on once the network took them.
+        bufferevent_setwatermark(bev, Int16(EV_WRITE), 0, SimulatedSocket.layerSendBuffer)
         bufferevent = bev
         trigger = LayerTrigger(bufferevent: bev)
         simulated = SimulatedSocket(bufferevent: bev, target: trigger, owningTarget: true)

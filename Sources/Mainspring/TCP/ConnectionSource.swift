@@ -232,6 +232,11 @@ final class ConnectionSource: Source {
         super.init(loop: loop, priority: .input, keepsLoopBusy: true)
         let adopted = BufferedSocket(adopting: bufferevent, base: loop.base, target: self)
         if let simulatedLayer { adopted.adopt(simulatedLayer: simulatedLayer) }
+        // Reading starts with the first reader, as on every connection: the layer may have
+        // left it on (a handshake reads). Left on with no reader, a full input made libevent
+        // call the read callback again at once, for ever (its high-watermark re-check), and
+        // the loop never got out of its poll.
+        adopted.disable(.read)
         socket = adopted
         configureSocket()
     }
