@@ -507,6 +507,7 @@ final class NetworkCore: SimulatedNetworking, SimulatedDatagramNetworking, @unch
             let wasData = if case .data = packet.kind { true } else { false }
             direction.packets.removeAll()
             direction.bytes = 0
+            markDirty(sender)  // room on the link again: the sender goes on, into the void
             if wasData, !receiver.isReset, !receiver.rstSent {
                 receiver.rstSent = true
                 receiver.outgoing.packets.append(Packet(kind: .reset, arrival: now &+ latency))
@@ -522,6 +523,21 @@ final class NetworkCore: SimulatedNetworking, SimulatedDatagramNetworking, @unch
         case .data(let bytes):
             let room = socket.inputRoom
             guard room > 0 else {
+                // A reset behind what waits for this reader is not held back by it (TCP takes
+                // an RST whatever its window): at its arrival, what waits is dropped and the
+                // reset delivered.
+                if let index = direction.packets.firstIndex(where: { if case .reset = $0.kind { true } else { false } }) {
+                    let resetArrival = direction.packets[index].arrival
+                    if resetArrival <= now {
+                        for dropped in direction.packets[..<index] {
+                            if case .data(let waiting) = dropped.kind { direction.bytes -= waiting.count }
+                        }
+                        direction.packets.removeFirst(index)
+                        return deliverHead(of: sender)
+                    }
+                    direction.isStalledOnReader = true
+                    return scheduleHead(of: sender, notBefore: resetArrival)
+                }
                 direction.isStalledOnReader = true
                 return
             }

@@ -72,6 +72,33 @@ import Testing
         #expect(simulation.network.openStreamEnds == 0)
     }
 
+    /// The reset a closed peer sends is not held back behind what waits for a reader that does
+    /// not read: a client that uploads without reading, to a server that answered and closed,
+    /// learns of the reset at its arrival. (It waited behind the answer for ever.)
+    @Test func aResetReachesAWriterThatDoesNotRead() async throws {
+        let simulation = try Simulation(seed: 41)
+        simulation.network.latency = .milliseconds(5)
+        let server = try simulation.makeGroup(loopCount: 1, host: "10.0.0.2")
+        // Accepted at 5 ms: an answer and the end, arriving at 10 ms, which the client never reads.
+        let listener = try Listener(.tcp(host: "0.0.0.0", port: 7001), on: server.loops[0]) { connection in
+            connection.writeLine("bye")
+            connection.close()
+        }
+        let loop = simulation.loop
+        let (reason, at) = try await simulation.run { () async throws -> (String, Duration) in
+            let client = try await Connection.connect(to: "10.0.0.2", port: 7001, on: loop)  // at 10 ms
+            // Reaches the closed end at 15 ms: a reset comes back, arriving at 20 ms.
+            client.write([UInt8](repeating: 0x61, count: 1 << 20))
+            let reason = await client.closed
+            return ("\(reason)", simulation.now)
+        }
+        #expect(reason == "error 104 (Connection reset by peer)")
+        #expect(at == .milliseconds(20))
+        listener.close()
+        simulation.runUntilIdle()
+        #expect(simulation.network.openStreamEnds == 0)
+    }
+
     @Test func oneByteSegmentsReachTheReaderOneAtATime() throws {
         let simulation = try Simulation(seed: 2)
         simulation.network.maxSegmentSize = 1
