@@ -56,7 +56,8 @@ struct HTTPSLayer: ServerConnectionLayer {
     {
         guard let ssl = bufferevent_openssl_get_ssl(underlying) else { throw .tls(reason: "the upgraded connection has no session") }
         bufferevent_openssl_set_allow_dirty_shutdown(underlying, 0)
-        // Reading and writing were stopped for the takeover; enabled as a new bufferevent's are.
+        // Reading and writing were stopped for the takeover: writing goes on; reading starts
+        // again with the WebSocket's reader (the adopted connection turns it off until then).
         bufferevent_enable(underlying, Int16(EV_READ | EV_WRITE))
         let layer = TLSLayer(bufferevent: underlying, ssl: ssl, session: sessionSummary(ssl))
         return try Connection.adopting(bufferevent: underlying, peer: peer, on: loop, options: options, transport: layer)
