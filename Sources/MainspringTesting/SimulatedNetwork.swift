@@ -27,9 +27,11 @@
 /// - **Bytes** a connection writes leave in segments of at most ``maxSegmentSize`` and arrive
 ///   one ``latency`` later, in order; the loops run between two segments. What one direction
 ///   holds (in flight, or waiting for a reader that stopped reading) is bounded by ``window``:
-///   beyond it the writer's output stays buffered, and its backpressure is real.
+///   beyond it the writer's output stays buffered, and its backpressure is real. Under TLS the
+///   stream below the layer also holds a kernel's socket buffers, 64 KiB each way.
 /// - **Closing** sends the end of the stream after the data; closing with input left unread
-///   resets the stream instead, and data that reaches a closed end gets a reset back — as TCP.
+///   resets the stream instead, and data that reaches a closed end gets a reset back, which
+///   follows what that end had sent and is taken whatever the reader's room — as TCP.
 /// - **Unix stream sockets** (`Listener(.unix(path:), on:)`, `Connection.connect(unixPath:)`): each
 ///   host has its own namespace of paths (no file is made); a connect finishes at once, as a
 ///   Unix connect does (`ENOENT` when nobody listens at the path, `EAGAIN` when its backlog is
