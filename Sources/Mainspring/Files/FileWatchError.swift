@@ -1,7 +1,3 @@
-#if canImport(Glibc)
-import Glibc
-#endif
-
 /// Why a path could not be watched (``EventLoop/observeFile(at:_:)``,
 /// `EventLoop.fileChanges(at:)`).
 public enum FileWatchError: Error, Equatable, Sendable, CustomStringConvertible {
@@ -17,7 +13,7 @@ public enum FileWatchError: Error, Equatable, Sendable, CustomStringConvertible 
     public var description: String {
         switch self {
         case .cannotWatch(let path, let code):
-            return "cannot watch '\(path)': \(String(cString: strerror(code))) (errno \(code))"
+            return "cannot watch '\(path)': \(errnoDescription(code))"
         case .loop(let error):
             return error.description
         }

@@ -88,9 +88,9 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
             return "file descriptor \(fd) is not open"
         case .libevent(let function, let code):
             return code == 0 ? "libevent call \(function) failed"
-                : "libevent call \(function) failed: \(String(cString: strerror(code))) (errno \(code))"
+                : "libevent call \(function) failed: \(errnoDescription(code))"
         case .system(let function, let code):
-            return "\(function) failed: \(String(cString: strerror(code))) (errno \(code))"
+            return "\(function) failed: \(errnoDescription(code))"
         case .signalInUse(let signal):
             return "signal \(signal) is already watched on another loop; a signal belongs to one loop at a time"
         case .loopClosed:
@@ -163,7 +163,7 @@ extension EventLoopError {
             self.errno = errno
         }
 
-        public var description: String { "\(address): \(errnoName(errno)) (errno \(errno))" }
+        public var description: String { "\(address): \(errnoDescription(errno))" }
     }
 }
 

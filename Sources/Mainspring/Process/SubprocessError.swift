@@ -34,7 +34,7 @@ public enum SubprocessError: Error, Equatable, Sendable, CustomStringConvertible
                 return "'\(executable)' not found in PATH"
             }
             let what = path == executable ? "" : ": \(path)"
-            return "cannot start '\(executable)'\(what): \(String(cString: strerror(code))) (errno \(code))"
+            return "cannot start '\(executable)'\(what): \(errnoDescription(code))"
         case .nulInConfiguration(let executable, let field):
             let name = executable.replacingNULs()
             return "cannot start '\(name)': \(field) holds a NUL byte, which a C string cannot carry; nothing was started"

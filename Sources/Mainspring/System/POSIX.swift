@@ -57,6 +57,10 @@ func closeDescriptor(_ fd: Int32) { _ = close(fd) }
 /// The text of an errno value ("Connection reset by peer"), for messages.
 func errnoName(_ code: Int32) -> String { String(cString: strerror(code)) }
 
+/// An errno value as error messages give it: "Connection reset by peer (errno 104)".
+/// `package`: MainspringHTTP's errors say it the same way.
+package func errnoDescription(_ code: Int32) -> String { "\(errnoName(code)) (errno \(code))" }
+
 /// Points the descriptor number `target` at what `source` names, close-on-exec, in one step
 /// (`dup3` with `O_CLOEXEC`; a child spawned meanwhile by another thread cannot inherit it
 /// without the flag, as it could between `dup2` and `fcntl`), retried on `EINTR` and `EBUSY`.

@@ -129,7 +129,7 @@ public enum HTTPClientError: Error, Sendable, Equatable, CustomStringConvertible
     private static func reason(_ error: EventLoopError) -> String {
         switch error {
         case .system(let function, let code) where function.hasPrefix("connect "):
-            return "\(String(cString: strerror(code))) (errno \(code))"
+            return errnoDescription(code)
         case .connectFailed(_, _, let attempts) where !attempts.isEmpty:
             return attempts.map(\.description).joined(separator: "; ")
         default:

@@ -1,3 +1,4 @@
+import MainspringCore
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -132,10 +133,10 @@ public enum HTTPServerError: Error, Sendable, Equatable, CustomStringConvertible
     public var description: String {
         switch self {
         case .invalidAddress(let text): return "invalid address \(text)"
-        case .system(let function, let code): return "\(function) failed: \(String(cString: strerror(code))) (errno \(code))"
+        case .system(let function, let code): return "\(function) failed: \(errnoDescription(code))"
         case .libevent(let function, let code):
             return code == 0 ? "libevent: \(function) failed"
-                : "libevent: \(function) failed: \(String(cString: strerror(code))) (errno \(code))"
+                : "libevent: \(function) failed: \(errnoDescription(code))"
         case .closed: return "the server is closed"
         case .loopNotRunning(let index, let waited):
             return "loop \(index) of the server did not set up its share within \(waited) (not running, or stuck in a callback)"
