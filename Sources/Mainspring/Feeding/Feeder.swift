@@ -176,9 +176,7 @@ public final class Feeder: Sendable {
     @discardableResult
     public func feed(chunks: Int, _ body: @escaping (Int) -> Void) -> FeedJob {
         loop.preconditionOnLoop("Feeder.feed(chunks:_:)", elsewhereUse: "enqueue(chunks:_:)")
-        let job = FeedJob(feeder: self, runner: CountedRunner(count: chunks, body: body), total: max(0, chunks))
-        submit(.job(job))
-        return job
+        return submitJob(chunks: chunks, body)
     }
 
     /// Runs `body` once per element of `items`, in order, on the loop, a few per turn, after the
@@ -190,10 +188,7 @@ public final class Feeder: Sendable {
     @discardableResult
     public func feed<S: Sequence>(_ items: S, _ body: @escaping (S.Element) -> Void) -> FeedJob {
         loop.preconditionOnLoop("Feeder.feed(_:_:)", elsewhereUse: "enqueue(_:_:)")
-        let total = (items as? any Collection)?.count
-        let job = FeedJob(feeder: self, runner: SequenceRunner(items, body: body), total: total)
-        submit(.job(job))
-        return job
+        return submitJob(items, body)
     }
 
     /// Runs `body(0)`, `body(1)`, … `body(chunks - 1)` on the loop, a few per turn, after the
@@ -207,9 +202,7 @@ public final class Feeder: Sendable {
     /// - Returns: the job: progress, pause, resume, cancel, and `await job.outcome`.
     @discardableResult
     public func enqueue(chunks: Int, _ body: @escaping @Sendable (Int) -> Void) -> FeedJob {
-        let job = FeedJob(feeder: self, runner: CountedRunner(count: chunks, body: body), total: max(0, chunks))
-        submit(.job(job))
-        return job
+        submitJob(chunks: chunks, body)
     }
 
     /// Runs `body` once per element of `items`, in order, on the loop, a few per turn, after the
@@ -222,8 +215,20 @@ public final class Feeder: Sendable {
     public func enqueue<S: Sequence & Sendable>(_ items: S, _ body: @escaping @Sendable (S.Element) -> Void)
         -> FeedJob
     {
-        let total = (items as? any Collection)?.count
-        let job = FeedJob(feeder: self, runner: SequenceRunner(items, body: body), total: total)
+        submitJob(items, body)
+    }
+
+    /// The job of `feed(chunks:_:)` and `enqueue(chunks:_:)`, queued (any thread).
+    private func submitJob(chunks: Int, _ body: @escaping (Int) -> Void) -> FeedJob {
+        let job = FeedJob(feeder: self, runner: CountedRunner(count: chunks, body: body), total: max(0, chunks))
+        submit(.job(job))
+        return job
+    }
+
+    /// The job of `feed(_:_:)` and `enqueue(_:_:)`, queued (any thread; the iterator is made
+    /// here and advanced on the loop's thread).
+    private func submitJob<S: Sequence>(_ items: S, _ body: @escaping (S.Element) -> Void) -> FeedJob {
+        let job = FeedJob(feeder: self, runner: SequenceRunner(items, body: body), total: (items as? any Collection)?.count)
         submit(.job(job))
         return job
     }
