@@ -49,6 +49,14 @@ public final class SimulatedSocket {
         end?.socketSetTimeouts(read: read, write: write)
     }
 
+    /// The connection over this layer's socket closes gracefully: what its layer writes now (a
+    /// TLS close_notify) goes whole, past ``layerSendBuffer`` — a record cut in two by the
+    /// buffer would reach the peer as a truncated alert. A no-op for a connection's own socket.
+    func layerWillClose() {
+        guard let raw, ownedTarget != nil else { return }
+        bufferevent_setwatermark(raw, Int16(EV_WRITE), 0, 0)
+    }
+
     /// Its `BufferedSocket` is being freed: the network hears of it, and nothing is called on
     /// the bufferevent from now on.
     func socketClosing() {

@@ -228,11 +228,7 @@ final class TLSLayer: ConnectionTransport {
 
     func willClose() {
         // close_notify: one non-blocking write to the socket; a peer already gone is no matter.
-        // Over a simulated stream (a filter over the network's bufferevent) the stream's send
-        // buffer must not cut the alert in two: it goes whole, after what is queued.
-        if let underlying = bufferevent_get_underlying(bufferevent) {
-            bufferevent_setwatermark(underlying, Int16(EV_WRITE), 0, 0)
-        }
+        // (Over a simulated stream the connection lifted the stream's send buffer first.)
         ERR_clear_error()
         _ = SSL_shutdown(ssl)
         ERR_clear_error()
