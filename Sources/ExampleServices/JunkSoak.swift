@@ -309,13 +309,12 @@ public enum JunkSoak {
                     // A command junk left unfinished keeps the server waiting for its
                     // rest: the idle timeout ends such a connection. A connect that
                     // fails is counted (its reason is not the oracle's business), and
-                    // the client tries again. (Sleeps on the loop throw only when the
-                    // task is cancelled, which nothing here does: `try?` below.)
+                    // the client tries again.
                     guard let connection = try? await Connection.connect(to: "10.0.0.1", port: 6379, on: loop,
                                                                          options: .init(idleTimeout: .seconds(2)))
                     else {
                         outcomes["connect failed", default: 0] += 1
-                        try? await loop.sleep(for: .milliseconds(200))
+                        try? await loop.sleep(for: .milliseconds(200))  // throws only if cancelled: nothing cancels it
                         continue
                     }
                     do throws(Connection.CloseReason) {
@@ -338,7 +337,7 @@ public enum JunkSoak {
                                 default: outcomes["unparsable reply", default: 0] += 1
                                 }
                             }
-                            try? await loop.sleep(for: .milliseconds(200))
+                            try? await loop.sleep(for: .milliseconds(200))  // throws only if cancelled: nothing cancels it
                         }
                     } catch {
                         outcomes["connection ended", default: 0] += 1
@@ -405,7 +404,7 @@ public enum JunkSoak {
                         if case .tls = error { outcomes["handshake failed", default: 0] += 1 } else {
                             outcomes["connect failed", default: 0] += 1
                         }
-                        try? await loop.sleep(for: .milliseconds(200))  // throws only if cancelled
+                        try? await loop.sleep(for: .milliseconds(200))  // throws only if cancelled: nothing cancels it
                         continue
                     }
                     do throws(Connection.CloseReason) {
@@ -423,7 +422,7 @@ public enum JunkSoak {
                             case .endOfFile: throw .closed
                             default: outcomes["altered", default: 0] += 1
                             }
-                            try? await loop.sleep(for: .milliseconds(200))
+                            try? await loop.sleep(for: .milliseconds(200))  // throws only if cancelled: nothing cancels it
                         }
                     } catch {
                         outcomes[JunkSoak.kind(of: error), default: 0] += 1
