@@ -1,5 +1,6 @@
 import Mainspring
 import MainspringTesting
+import Synchronization
 import Testing
 
 /// The loop's fairness rules, tested exactly on modelled CPU: what used to take real seconds and
@@ -36,6 +37,28 @@ import Testing
         let metrics = loop.metrics
         #expect(metrics.longestCallback == .milliseconds(3))
         #expect(metrics.stalls == 0)
+    }
+
+    /// A simulated loop's `activity`, as health checks and watchdogs read it: `.waiting` from
+    /// the start and between steps, `.dispatching` for exactly the virtual time its callback
+    /// has consumed, `.notRunning` once its group is shut down.
+    @Test func aSimulatedLoopsActivityIsWaitingOrItsCallbacksVirtualTime() throws {
+        let simulation = try Simulation(seed: 1)
+        let group = try simulation.makeGroup(loopCount: 2)
+        let loop = group.loops[1]
+        #expect(loop.activity == .waiting, "never dispatched: waiting for work")
+        let seen = Mutex<[LoopActivity]>([])
+        loop.execute {
+            simulation.consume(.milliseconds(300))
+            seen.withLock { $0.append(loop.activity) }
+            simulation.consume(.milliseconds(200))
+            seen.withLock { $0.append(loop.activity) }
+        }
+        simulation.runUntilIdle()
+        #expect(seen.withLock { $0 } == [.dispatching(for: .milliseconds(300)), .dispatching(for: .milliseconds(500))])
+        #expect(loop.activity == .waiting, "between steps")
+        _ = group.shutdownBlocking(gracePeriod: .seconds(1))
+        #expect(loop.activity == .notRunning, "shut down")
     }
 
     /// A feeder's backlog as a time (`oldestPendingJobWait`): how long the oldest job that has

@@ -151,6 +151,8 @@ public final class EventLoop: @unchecked Sendable {
         actorExecutor.loop = self
         // Only the loop's own eventfd is real on a simulated loop.
         base.refusesDescriptors = isSimulated
+        // The simulation drives a simulated loop from the start: it waits for work.
+        if isSimulated { activityStamp.set(0) }
     }
 
     deinit {
@@ -339,11 +341,16 @@ public final class EventLoop: @unchecked Sendable {
         timerQueue.fireDue(now: now)
         _ = takeRemoteWork(orSleep: false)
         scheduler.promoteNextTurn(clock: clock)
-        return whileRunning(nested: false) {
+        let ran = whileRunning(nested: false) {
             scheduler.runPass(clock: clock, afterInput: { runPrePollActions() }) {
                 stopRequested.load(ordering: .relaxed) || condition()
             }
         }
+        // Between its iterations a simulated loop waits for the simulation to drive it, as a
+        // real one waits in its poll: `.waiting` (unless an outer dispatch of it goes on, or it
+        // is shut down).
+        if Self.runningLoop.value !== self && !lifecycle.isShutDown { activityStamp.set(0) }
+        return ran
     }
 
     /// Whether a simulated loop has something to do at the current virtual instant: ready work,
@@ -446,6 +453,9 @@ public final class EventLoop: @unchecked Sendable {
         let dropped = scheduler.removeAll() + waiting
         scheduler.counters.droppedAtShutdown += dropped
         lifecycle.shutDown()
+        // A real loop's `run()` marks it not running as it returns; the simulation has no such
+        // moment, so a simulated loop is marked here.
+        if isSimulated && Self.runningLoop.value !== self { activityStamp.set(ActivityStamp.notRunning) }
         stop()
         _ = consume waitingQueue  // the dropped closures are released here, after the lock
         return (dropped, open.count)

@@ -7,6 +7,10 @@ import Synchronization
 /// than its poll interval plus the callback in progress: it polls again at least that often.
 /// A loop that has been dispatching for seconds is stuck in one callback (a handler that
 /// blocks, a computation that should have been fed in slices): nothing else on it runs.
+///
+/// A simulated loop (`MainspringTesting`) is `.waiting` between the simulation's steps and
+/// `.dispatching` for the virtual time its callbacks have consumed since its iteration began,
+/// until it is shut down.
 public enum LoopActivity: Sendable, Equatable, CustomStringConvertible {
     /// Asleep in epoll, ready for the next event.
     case waiting
