@@ -125,7 +125,9 @@ final class SimulationCore: LoopSimulating, @unchecked Sendable {
     @discardableResult
     func runUntilIdle(notPast limit: UInt64? = nil) -> Int {
         var ran = 0
+        var networkTurn = clock.nanoseconds
         while clock.nanoseconds <= (limit ?? .max) {
+            if deliverOverdue(since: &networkTurn) { continue }
             if let (index, loop) = pickRunnable() {
                 ran += iterate(index, loop)
             } else if !networkCore.runOneDue() {
@@ -133,6 +135,19 @@ final class SimulationCore: LoopSimulating, @unchecked Sendable {
             }
         }
         return ran
+    }
+
+    /// At one instant the loops run until idle before the network moves (each segment of a
+    /// split write reaches its reader on its own). Once modelled CPU has moved the clock since
+    /// the network's last turn (`networkTurn`), though, what fell due meanwhile is taken and
+    /// delivered before the next iteration, as a kernel would while the loops compute: a loop
+    /// that always has work (a fed job) does not hold the network up. Returns whether it did.
+    private func deliverOverdue(since networkTurn: inout UInt64) -> Bool {
+        guard clock.nanoseconds != networkTurn else { return false }
+        networkTurn = clock.nanoseconds
+        var moved = false
+        while networkCore.runOneDue() { moved = true }
+        return moved
     }
 
     /// One iteration of `loop`, marked as dispatching.
@@ -184,9 +199,11 @@ final class SimulationCore: LoopSimulating, @unchecked Sendable {
 
     func waitForWork(on loop: EventLoop, until deadline: UInt64?) -> Bool {
         let spinning = index(of: loop)
+        var networkTurn = clock.nanoseconds
         while true {
             if loop.hasRunnableWork { return true }
             if let deadline, clock.nanoseconds >= deadline { return true }
+            if deliverOverdue(since: &networkTurn) { continue }
             if let (index, other) = pickRunnable(allowing: spinning), index != spinning {
                 _ = iterate(index, other)
                 continue
