@@ -100,7 +100,7 @@ extension EventLoop {
     /// an unbound loop to the calling thread: a call from a task or a stray thread is posted,
     /// and the loop stays free for the thread that runs it. As cheap as `isCurrent`.
     @inline(__always)
-    var acceptsDirectCalls: Bool {
+    package var acceptsDirectCalls: Bool {
         let owner = ownerThread.load(ordering: .relaxed)
         if owner == currentThreadID() { return true }
         return (isSimulated || (owner == 0 && isMainLoop)) && claimThread()

@@ -451,6 +451,15 @@ public final class Connection: @unchecked Sendable {
         return true
     }
 
+    /// Runs `handler` once everything written so far has left the connection's buffers — handed
+    /// to the kernel, or on a simulated loop to the simulation's network: on the next turn if it
+    /// has now. Dropped if the connection closes first. Loop thread only. (The HTTP server's
+    /// streamed responses use it for a chunk's "drained".)
+    package func whenOutputSent(_ handler: @escaping () -> Void) {
+        loop.preconditionOnLoop("Connection.whenOutputSent(_:)")
+        source.whenOutputSent(handler)
+    }
+
     /// Runs `handler` once the connection is writable: on the next turn if it is now,
     /// otherwise when its output has drained to half of `outputLimit`. Dropped if the
     /// connection closes first. Loop thread only.

@@ -27,7 +27,13 @@ public protocol ServerConnectionSecurity: Sendable {
 /// the library.
 public struct ServerSecurityLayer: Sendable {
     package let layer: any ServerConnectionLayer
-    package init(_ layer: any ServerConnectionLayer) { self.layer = layer }
+    /// The same security as a listener's handshake step, for a server on simulated loops
+    /// (`MainspringTesting`), whose connections are the simulation's network's, not evhttp's.
+    package let acceptPreparer: (any AcceptedSocketPreparer)?
+    package init(_ layer: any ServerConnectionLayer, acceptPreparer: (any AcceptedSocketPreparer)? = nil) {
+        self.layer = layer
+        self.acceptPreparer = acceptPreparer
+    }
 }
 
 /// A layer under each connection a server accepts — TLS, from `MainspringTLS` — that makes the

@@ -9,6 +9,8 @@ extension ConnectionSource {
     final class RareState {
         /// Handlers waiting for the output to drain below half its limit (`onWritable`), once each.
         @exclusivity(unchecked) var writableHandlers: [() -> Void] = []
+        /// Handlers waiting for the output to be sent in full (`whenOutputSent`), once each.
+        @exclusivity(unchecked) var outputSentHandlers: [() -> Void] = []
         /// Input bytes known to hold no delimiter for the pending `read(until:)`.
         @exclusivity(unchecked) var delimiterScanned = 0
         /// What a `read(exactly:)` longer than the input limit has gathered so far.
@@ -53,6 +55,12 @@ extension ConnectionSource {
         get { rare?.writableHandlers ?? [] }
         set { if rare != nil || !newValue.isEmpty { rareState.writableHandlers = newValue } }
         _modify { yield &rareState.writableHandlers }
+    }
+
+    var outputSentHandlers: [() -> Void] {
+        get { rare?.outputSentHandlers ?? [] }
+        set { if rare != nil || !newValue.isEmpty { rareState.outputSentHandlers = newValue } }
+        _modify { yield &rareState.outputSentHandlers }
     }
 
     var delimiterScanned: Int {

@@ -127,6 +127,8 @@ extension ConnectionSource {
             applyReadChange()
             socket.setWriteLowWatermark(kept.outputLimit / 2)
         }
+        // All of it went straight to the kernel: no write callback will say so.
+        if let rare, !rare.outputSentHandlers.isEmpty, socket.outputLength == 0 { runOutputSentHandlers() }
     }
 
     /// Takes an emptied buffer of another connection of this loop, if one is spare, for
@@ -165,6 +167,7 @@ extension ConnectionSource {
     /// The output drained to the low watermark (libevent's write callback).
     func drained() {
         guard let socket else { return }
+        defer { if let rare, !rare.outputSentHandlers.isEmpty { runOutputSentHandlers() } }
         let actions = state.outputDrained(to: socket.outputLength, limit: kept.outputLimit)
         if actions.contains(.finishClosing) {
             finish(closingReason)
@@ -190,6 +193,24 @@ extension ConnectionSource {
         guard state.isOpen else { return }
         writableHandlers.append(handler)
         if !state.isOutputPaused { withLoop { $0.execute(priority: .input, UncheckedWork(resumeWritableWork(self)).run) } }
+    }
+
+    /// Runs `handler` once the output has all been handed to the kernel (or, on a simulated
+    /// loop, to the network): next turn if it has now. Dropped if the connection closes first.
+    func whenOutputSent(_ handler: @escaping () -> Void) {
+        guard state.isOpen else { return }
+        outputSentHandlers.append(handler)
+        if bufferedOutputBytes == 0 {
+            withLoop { $0.execute(priority: .input, UncheckedWork { [self] in runOutputSentHandlers() }.run) }
+        }
+    }
+
+    /// Runs the `whenOutputSent` handlers if the output is all sent.
+    func runOutputSentHandlers() {
+        guard state.isOpen, bufferedOutputBytes == 0, !outputSentHandlers.isEmpty else { return }
+        let handlers = outputSentHandlers
+        outputSentHandlers = []
+        for handler in handlers { handler() }
     }
 
     /// Parks a task until the output is writable (true), or `timeout` passes (false).
@@ -305,6 +326,7 @@ extension ConnectionSource {
         failSenders(.closed)
         failWritableWaiters(.closed)
         writableHandlers = []
+        outputSentHandlers = []
     }
 
     func failSenders(_ reason: Connection.CloseReason) {
@@ -374,7 +396,8 @@ extension ConnectionSource {
     /// The last `Connection` handle is gone: nobody can read, write or close it any more, so it
     /// closes (gracefully) — unless a callback handler still holds on to it.
     func handleReleased() {
-        guard !isClosed, callbackReader == nil, closeHandler == nil, writableHandlers.isEmpty else { return }
+        guard !isClosed, callbackReader == nil, closeHandler == nil, writableHandlers.isEmpty, outputSentHandlers.isEmpty
+        else { return }
         closeGracefully()
     }
 }

@@ -390,6 +390,7 @@ final class ConnectionSource: Source {
         closeHandler = nil
         callbackReader = nil
         writableHandlers = []
+        outputSentHandlers = []
         close()
         handler?(reason)
     }
