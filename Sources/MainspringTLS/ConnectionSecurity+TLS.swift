@@ -4,7 +4,9 @@ import MainspringCore
 /// (`HTTPServer(group:routes:tls:)` in `MainspringHTTP`): each one speaks TLS with the
 /// context's certificates of the moment.
 extension TLSServerContext: ServerConnectionSecurity {
-    public var _serverLayer: ServerSecurityLayer { ServerSecurityLayer(HTTPSLayer(context: self)) }
+    public var _serverLayer: ServerSecurityLayer {
+        ServerSecurityLayer(HTTPSLayer(context: self), acceptPreparer: TLSAcceptPreparer(context: self))
+    }
 }
 
 /// A `TLSClientContext` secures the connections the library's clients make:

@@ -312,6 +312,41 @@ struct TLSSimulationTests {
         #expect(simulation.network.openStreamEnds == 0)
     }
 
+    /// HTTPS on simulated loops: `HTTPServer(group:routes:tls:)` on a simulated group and
+    /// `HTTPClient` with `.tls(_:)` — real OpenSSL over the simulated network — answer with
+    /// the handshake's and the requests' round trips exactly, one connection for both requests.
+    @Test func anHTTPSServerOnSimulatedLoopsAnswersItsRoundTripsExactly() async throws {
+        let simulation = try Simulation(seed: 34)
+        simulation.network.latency = .milliseconds(5)
+        simulation.network.maxSegmentSize = 100
+        let group = try simulation.makeGroup(loopCount: 2)  // 127.0.0.1, as the certificate says
+        let serverContext = try Self.serverContext()
+        var routes = HTTPRoutes()
+        routes.post("/echo") { request in HTTPResponse(body: request.body) }
+        let server = try await HTTPServer(group: group, configuration: .init(port: 8443), routes: routes, tls: serverContext)
+        let client = HTTPClient(loop: simulation.loop, configuration: .init(secureConnector: .tls(try Self.clientContext())))
+        let (bodies, times) = try await simulation.run { () async throws -> ([String], [Duration]) in
+            var bodies: [String] = []
+            var times: [Duration] = []
+            for text in ["first", String(repeating: "é", count: 3_000)] {
+                let sent = simulation.now
+                let response = try await client.post("https://127.0.0.1:8443/echo", body: Array(text.utf8))
+                times.append(simulation.now - sent)
+                bodies.append(response.text)
+            }
+            return (bodies, times)
+        }
+        #expect(bodies == ["first", String(repeating: "é", count: 3_000)])
+        // TCP's round trip, TLS 1.3's, then the request's; the second reuses the connection.
+        #expect(times == [.milliseconds(30), .milliseconds(10)])
+        #expect(serverContext.statistics.completedHandshakes == 1)
+        #expect(server.statistics.snapshot.connectionsAccepted == 1)
+        client.shutdown()
+        try await simulation.run { await server.closeAndWait() }
+        simulation.advance(by: .seconds(5))
+        #expect(server.isClosed)
+    }
+
     /// A simulated program's TLS connection dies with it, as its plain ones do: the server
     /// reads the end of the stream one latency after the program's exit.
     @Test func aProgramsTLSConnectionClosesWhenItEnds() async throws {

@@ -355,7 +355,7 @@ final class EvhttpConnection {
     /// well-formed), whether the server sheds it now.
     private func shedBeforeBody() -> Refusal? {
         guard server.limits.shedsBeforeBody, head.isComplete, head.declaresBody,
-              let retryAfter = server.delegate?.evhttpShedsBeforeBody(path: head.targetPath)
+              let retryAfter = server.delegate?.shedsBeforeBody(path: head.targetPath)
         else { return nil }
         return .overloaded(retryAfter: retryAfter)
     }

@@ -13,7 +13,7 @@ import Glibc
 /// its final send (`sendReply`, `endChunked`). If the connection was lost meanwhile, evhttp
 /// detached the request and frees it on that final send; if evhttp was freed, the handle is dead
 /// and sending does nothing.
-final class EvhttpRequest {
+final class EvhttpRequest: ServerExchange {
     private var raw: OpaquePointer?
     let connection: EvhttpConnection
     private(set) var isChunked = false
@@ -30,6 +30,8 @@ final class EvhttpRequest {
 
     /// Whether a reply can still reach the client.
     var isConnectionOpen: Bool { raw != nil && !connection.isClosed }
+
+    var bufferedOutputBytes: Int { connection.bufferedOutputBytes }
 
     func markDead() { raw = nil }
     func markWritten() { wasWritten = true }

@@ -22,51 +22,14 @@ internal import CLibevent
 import Glibc
 #endif
 
-/// Limits one loop's evhttp enforces (see `HTTPServer.Configuration`).
-struct EvhttpLimits {
-    var maxHeaderBytes: Int
-    var maxBodyBytes: Int
-    var idleTimeout: Duration
-    var headerTimeout: Duration
-    var bodyTimeout: Duration
-    /// Connections accepted per loop turn before the listener yields to the loop.
-    var acceptBurst: Int
-    /// The security layer under every connection (HTTPS), if any.
-    var layer: (any ServerConnectionLayer)? = nil
-    /// Whether the head guard asks the delegate, when a head that announces a body is complete,
-    /// whether to shed it before its body is read (load shedding is on).
-    var shedsBeforeBody = false
-}
-
-/// What a loop's evhttp server tells its owner. Called inside libevent callbacks (except where
-/// noted): record and hand off, never run user code.
-protocol EvhttpServerDelegate: AnyObject {
-    /// A request was read in full (and routed nowhere yet).
-    func evhttpReceived(_ request: EvhttpRequest)
-    /// A request handed over by `evhttpReceived` is over: its response was written, or its
-    /// connection was lost, or the server was freed. Exactly once per request.
-    func evhttpFinished(_ request: EvhttpRequest, written: Bool)
-    /// Mainspring's head guard answered a request itself (431, 400, 501), or libevent's parser
-    /// did (400, 413).
-    func evhttpAnsweredByGuard(status: Int)
-    /// A request head announcing a body is complete and its body not read yet: whether to
-    /// answer it `503` now (load shedding), and the `Retry-After` seconds to send. Counts what
-    /// it sheds. Asked only when `EvhttpLimits.shedsBeforeBody`.
-    func evhttpShedsBeforeBody(path: [UInt8]) -> Int?
-    /// A connection was accepted. Returns whether the listener may keep accepting.
-    func evhttpConnectionOpened() -> Bool
-    /// A connection closed (for any reason).
-    func evhttpConnectionClosed(timedOut: Bool)
-}
-
 /// One loop's evhttp: its `struct evhttp`, the connections it has open, and the deadlines of
 /// requests that are arriving. Loop thread only (`@unchecked Sendable` only so that the loop's own
 /// posts can carry it).
-final class EvhttpServer: @unchecked Sendable {
+final class EvhttpServer: ServerEngine, @unchecked Sendable {
     private var raw: OpaquePointer?
     private let base: OpaquePointer
-    let limits: EvhttpLimits
-    weak var delegate: EvhttpServerDelegate?
+    let limits: ServerLimits
+    weak var delegate: ServerEngineDelegate?
     private var bound: OpaquePointer?
     /// Open connections, by their filter bufferevent. Loop thread only; every access is a
     /// lookup or an update over before the next begins (no dynamic exclusivity check).
@@ -76,7 +39,7 @@ final class EvhttpServer: @unchecked Sendable {
     private var isPausedForLimit = false
     let loop: EventLoop
 
-    init(loop: EventLoop, limits: EvhttpLimits) throws(HTTPServerError) {
+    init(loop: EventLoop, limits: ServerLimits) throws(HTTPServerError) {
         self.loop = loop
         self.base = loop.eventBasePointer
         self.limits = limits
@@ -125,6 +88,9 @@ final class EvhttpServer: @unchecked Sendable {
     /// Connections open on this loop.
     var connectionCount: Int { connections.count }
 
+    /// evhttp's slow-request deadlines are the endpoint's periodic sweep (EvhttpDeadlines.swift).
+    var needsSweep: Bool { true }
+
     /// Requests handed over and not finished on this loop.
     var requestsInFlight: Int { connections.values.reduce(0) { $0 + ($1.current == nil ? 0 : 1) } }
 
@@ -138,10 +104,10 @@ final class EvhttpServer: @unchecked Sendable {
             if let request = connection.current {
                 connection.current = nil
                 request.markDead()
-                delegate?.evhttpFinished(request, written: false)
+                delegate?.finished(request, written: false)
             }
             connection.detach()
-            delegate?.evhttpConnectionClosed(timedOut: false)
+            delegate?.closedConnection(timedOut: false)
         }
         connections.removeAll()
         evhttp_free(http)
@@ -153,7 +119,7 @@ final class EvhttpServer: @unchecked Sendable {
         guard let (connection, filter) = EvhttpConnection.make(server: self, base: base) else { return nil }
         connections[filter] = connection
         acceptedThisTurn += 1
-        let mayContinue = delegate?.evhttpConnectionOpened() ?? true
+        let mayContinue = delegate?.acceptedConnection() ?? true
         if !mayContinue {
             pauseListener(forLimit: true)
         } else if acceptedThisTurn >= limits.acceptBurst {
@@ -168,9 +134,9 @@ final class EvhttpServer: @unchecked Sendable {
         if let request = connection.current {
             connection.current = nil
             request.connectionLost()
-            delegate?.evhttpFinished(request, written: false)
+            delegate?.finished(request, written: false)
         }
-        delegate?.evhttpConnectionClosed(timedOut: connection.timedOut)
+        delegate?.closedConnection(timedOut: connection.timedOut)
     }
 
     /// The accept burst of this turn is over: lets the listener accept again after the loop's
@@ -218,7 +184,7 @@ final class EvhttpServer: @unchecked Sendable {
         let request = EvhttpRequest(raw: raw, connection: connection)
         connection.requestReceived(request)
         evhttp_request_set_on_complete_cb(raw, requestCompleteTrampoline, Unmanaged.passUnretained(request).toOpaque())
-        delegate?.evhttpReceived(request)
+        delegate?.received(request)
     }
 
     fileprivate func completed(_ request: EvhttpRequest) {
@@ -227,11 +193,11 @@ final class EvhttpServer: @unchecked Sendable {
         connection.current = nil
         request.markWritten()
         connection.requestCompleted()
-        delegate?.evhttpFinished(request, written: true)
+        delegate?.finished(request, written: true)
     }
 
     func guardAnswered(status: Int) {
-        delegate?.evhttpAnsweredByGuard(status: status)
+        delegate?.answeredByGuard(status: status)
     }
 }
 

@@ -12,7 +12,7 @@ extension HTTPServer {
     public convenience init(group: EventLoopGroup, configuration: Configuration = .init(), routes: HTTPRoutes,
                             tls: some ServerConnectionSecurity) async throws(HTTPServerError)
     {
-        try await self.init(loops: group.loops, configuration: configuration, routes: routes, layer: tls._serverLayer.layer)
+        try await self.init(loops: group.loops, group: group, configuration: configuration, routes: routes, security: tls._serverLayer)
     }
 
     /// The blocking form of ``init(group:configuration:routes:tls:)-(_,_,_,_)``, for a plain
@@ -20,6 +20,6 @@ extension HTTPServer {
     public convenience init(group: EventLoopGroup, configuration: Configuration = .init(), routes: HTTPRoutes,
                             tls: some ServerConnectionSecurity) throws(HTTPServerError)
     {
-        try self.init(loops: group.loops, configuration: configuration, routes: routes, layer: tls._serverLayer.layer)
+        try self.init(loops: group.loops, group: group, configuration: configuration, routes: routes, security: tls._serverLayer)
     }
 }

@@ -1,9 +1,15 @@
 import Dispatch
 import Foundation
-import MainspringCore
+@_spi(MainspringHTTP) @_spi(Simulation) import MainspringCore
 
 /// An HTTP/1.1 server on Mainspring loops, built on libevent's evhttp (its parser, keep-alive,
 /// chunked encoding, timeouts and limits).
+///
+/// On simulated loops (`MainspringTesting`) the same server runs over the simulation's network:
+/// the routes, handlers, limits, statistics, load shedding and closing are the same code, and
+/// the connections are read and answered by a connection engine of its own (HTTP/1.1 in Swift
+/// over `Connection`) that gives the answers and the deadlines described here — exactly, on
+/// virtual time. HTTPS there is real OpenSSL over the simulated bytes.
 ///
 /// ```swift
 /// let group = try EventLoopGroup()
@@ -115,7 +121,7 @@ public final class HTTPServer: Sendable {
     public convenience init(group: EventLoopGroup, configuration: Configuration = .init(), routes: HTTPRoutes) async
         throws(HTTPServerError)
     {
-        try await self.init(loops: group.loops, configuration: configuration, routes: routes)
+        try await self.init(loops: group.loops, group: group, configuration: configuration, routes: routes)
     }
 
     /// Serves `routes` on one loop, and returns once it does. Any task.
@@ -134,7 +140,7 @@ public final class HTTPServer: Sendable {
     public convenience init(group: EventLoopGroup, configuration: Configuration = .init(), routes: HTTPRoutes)
         throws(HTTPServerError)
     {
-        try self.init(loops: group.loops, configuration: configuration, routes: routes)
+        try self.init(loops: group.loops, group: group, configuration: configuration, routes: routes)
     }
 
     /// Serves `routes` on one loop — the blocking form: call it on `loop`'s thread (no wait), or
@@ -147,14 +153,18 @@ public final class HTTPServer: Sendable {
 
     /// What both forms of creation check and make before the loops set up their shares.
     private struct Plan: Sendable {
-        let limits: EvhttpLimits
-        let socket: ListeningSocket
+        let limits: ServerLimits
+        let socket: ServerSocket
         let statistics: HTTPServerStatistics
         let shared: ServerShared
         let shedding: HTTPServer.LoadShedding?
     }
 
-    private static func plan(_ configuration: Configuration, layer: (any ServerConnectionLayer)? = nil) throws(HTTPServerError) -> Plan {
+    /// Checks `configuration` and makes the listening socket — on a simulated loop, the
+    /// simulation's listener (over `group` when given) for the connection engine.
+    private static func plan(_ configuration: Configuration, loops: [EventLoop], group: EventLoopGroup?,
+                             security: ServerSecurityLayer?) throws(HTTPServerError) -> Plan
+    {
         let floor = Duration.milliseconds(1)
         _ = requirePositive(configuration.idleTimeout, "HTTPServer.Configuration.idleTimeout")
         _ = requirePositive(configuration.headerTimeout, "HTTPServer.Configuration.headerTimeout")
@@ -166,28 +176,49 @@ public final class HTTPServer: Sendable {
                 _ = requirePositive(deadline, "HTTPServer.LoadShedding.requestDeadline")
             }
         }
-        let limits = EvhttpLimits(
+        let limits = ServerLimits(
             maxHeaderBytes: max(256, configuration.maxHeaderBytes), maxBodyBytes: max(0, configuration.maxBodyBytes),
             idleTimeout: max(floor, configuration.idleTimeout), headerTimeout: max(floor, configuration.headerTimeout),
-            bodyTimeout: max(floor, configuration.bodyTimeout), acceptBurst: 16, layer: layer,
+            bodyTimeout: max(floor, configuration.bodyTimeout), acceptBurst: 16, layer: security?.layer,
             shedsBeforeBody: configuration.loadShedding != nil)
-        let socket: ListeningSocket
-        if let path = configuration.unixPath {
-            socket = try ListeningSocket(unixPath: path, mode: configuration.unixMode, backlog: configuration.backlog)
+        let socket: ServerSocket
+        var socketFile: UnixSocketFile?
+        if !loops.isEmpty, loops.allSatisfy(\.isSimulated) {
+            let endpoint: Listener.Endpoint = if let path = configuration.unixPath {
+                .unix(path: path, mode: configuration.unixMode, backlog: configuration.backlog)
+            } else {
+                .tcp(host: configuration.host, port: configuration.port, backlog: configuration.backlog)
+            }
+            socket = .simulated(try ConnectionAcceptor(listeningOn: endpoint, loops: loops, group: group,
+                                                       preparer: security?.acceptPreparer))
+        } else if let path = configuration.unixPath {
+            let listening = try ListeningSocket(unixPath: path, mode: configuration.unixMode, backlog: configuration.backlog)
+            socket = .listening(listening)
+            socketFile = listening.unixFile
         } else {
-            socket = try ListeningSocket(host: configuration.host, port: configuration.port, backlog: configuration.backlog)
+            socket = .listening(try ListeningSocket(host: configuration.host, port: configuration.port,
+                                                    backlog: configuration.backlog))
         }
         return Plan(limits: limits, socket: socket, statistics: HTTPServerStatistics(),
                     shared: ServerShared(maxConnections: max(1, configuration.maxConnections),
-                                         socketFile: socket.unixFile),
+                                         socketFile: socketFile),
                     shedding: configuration.loadShedding)
     }
 
-    /// The server on `loops`, with `layer` under every connection (HTTPS: `HTTPServer+TLS.swift`).
-    convenience init(loops: [EventLoop], configuration: Configuration, routes: HTTPRoutes,
-                     layer: (any ServerConnectionLayer)? = nil) async throws(HTTPServerError)
+    /// The server on `loops` (those of `group`, when given), with `security` under every
+    /// connection (HTTPS: `HTTPServer+TLS.swift`).
+    convenience init(loops: [EventLoop], group: EventLoopGroup? = nil, configuration: Configuration, routes: HTTPRoutes,
+                     security: ServerSecurityLayer? = nil) async throws(HTTPServerError)
     {
-        let plan = try Self.plan(configuration, layer: layer)
+        if loops.allSatisfy(\.acceptsDirectCalls) {
+            // The caller may act on every loop (simulated loops, from a task outside
+            // `Simulation.run` too): made in place, where posting would wait for a step that only
+            // this caller could take.
+            try self.init(loops: loops, group: group, configuration: configuration, routes: routes, security: security,
+                          inPlace: ())
+            return
+        }
+        let plan = try Self.plan(configuration, loops: loops, group: group, security: security)
         let made: [Result<LoopEndpoint, HTTPServerError>] = await withTaskGroup(of: (Int, Result<LoopEndpoint, HTTPServerError>).self) { tasks in
             for (index, loop) in loops.enumerated() {
                 tasks.addTask {
@@ -218,17 +249,27 @@ public final class HTTPServer: Sendable {
         }
         if let failure {
             for endpoint in endpoints { endpoint.loop.execute(priority: .input) { endpoint.close() } }
+            plan.socket.abandon()
             plan.shared.removeSocketFile()
             throw failure
         }
         self.init(loops: loops, plan: plan, endpoints: endpoints)
     }
 
-    /// The blocking form of `init(loops:configuration:routes:layer:)`.
-    convenience init(loops: [EventLoop], configuration: Configuration, routes: HTTPRoutes,
-                     layer: (any ServerConnectionLayer)? = nil) throws(HTTPServerError)
+    /// The blocking form of `init(loops:group:configuration:routes:security:)`.
+    convenience init(loops: [EventLoop], group: EventLoopGroup? = nil, configuration: Configuration, routes: HTTPRoutes,
+                     security: ServerSecurityLayer? = nil) throws(HTTPServerError)
     {
-        let plan = try Self.plan(configuration, layer: layer)
+        try self.init(loops: loops, group: group, configuration: configuration, routes: routes, security: security,
+                      inPlace: ())
+    }
+
+    /// Makes each loop's share in place on a loop the caller may act on, else posted and
+    /// waited for (`onLoop`).
+    private convenience init(loops: [EventLoop], group: EventLoopGroup?, configuration: Configuration, routes: HTTPRoutes,
+                             security: ServerSecurityLayer?, inPlace: Void) throws(HTTPServerError)
+    {
+        let plan = try Self.plan(configuration, loops: loops, group: group, security: security)
         var endpoints: [LoopEndpoint] = []
         for loop in loops {
             let make = { () throws(HTTPServerError) -> LoopEndpoint in
@@ -239,6 +280,7 @@ public final class HTTPServer: Sendable {
                 endpoints.append(try onLoop(loop, index: endpoints.count, make))
             } catch {
                 for endpoint in endpoints { endpoint.loop.execute(priority: .input) { endpoint.close() } }
+                plan.socket.abandon()
                 plan.shared.removeSocketFile()
                 throw error
             }
@@ -248,7 +290,10 @@ public final class HTTPServer: Sendable {
 
     private init(loops: [EventLoop], plan: Plan, endpoints: [LoopEndpoint]) {
         plan.shared.start(with: endpoints)
-        self.port = plan.socket.port
+        switch plan.socket {
+        case .listening(let socket): self.port = socket.port
+        case .simulated(let acceptor): self.port = acceptor.port
+        }
         self.loops = loops
         self.statistics = plan.statistics
         self.shared = plan.shared
@@ -312,10 +357,11 @@ public final class HTTPServer: Sendable {
     public var isClosed: Bool { shared.openEndpoints == 0 }
 }
 
-/// Runs `body` on `loop`'s thread and returns its result: in place on that thread, else posted
-/// and waited for (up to 10 s: a loop that does not run cannot host a server).
+/// Runs `body` on `loop`'s thread and returns its result: in place on that thread (or on the
+/// thread driving a simulated loop's simulation), else posted and waited for (up to 10 s: a loop
+/// that does not run cannot host a server).
 private func onLoop<T>(_ loop: EventLoop, index: Int, _ body: @escaping () throws(HTTPServerError) -> T) throws(HTTPServerError) -> T {
-    if loop.isCurrent { return try body() }
+    if loop.acceptsDirectCalls { return try body() }
     let box = OnLoopBox(body)
     let done = DispatchSemaphore(value: 0)
     loop.execute(priority: .input) {

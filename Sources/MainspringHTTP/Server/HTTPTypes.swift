@@ -102,7 +102,7 @@ func trimmingOptionalWhitespace<Bytes: BidirectionalCollection>(_ bytes: Bytes) 
     return trimmed
 }
 
-extension String {
+extension StringProtocol {
     func caseInsensitiveEquals(_ other: String) -> Bool {
         guard utf8.count == other.utf8.count else { return false }
         return zip(utf8, other.utf8).allSatisfy { a, b in
@@ -181,6 +181,7 @@ func reasonPhrase(_ status: Int) -> String {
     case 502: return "Bad Gateway"
     case 503: return "Service Unavailable"
     case 504: return "Gateway Timeout"
+    case 505: return "HTTP Version Not Supported"
     default:
         switch status / 100 {
         case 1: return "Informational"

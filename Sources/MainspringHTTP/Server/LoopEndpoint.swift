@@ -1,15 +1,16 @@
 import Foundation
 @_spi(MainspringHTTP) import MainspringCore
 
-/// One loop's share of an `HTTPServer`: its evhttp, its in-flight requests (counted as the loop's
+/// One loop's share of an `HTTPServer`: its engine (evhttp, or on a simulated loop the
+/// connection engine; see ServerEngine.swift), its in-flight requests (counted as the loop's
 /// busy work, so a graceful group shutdown waits for them), its deadline sweep. Loop thread
 /// only, except `post`.
-final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
+final class LoopEndpoint: ServerEngineDelegate, @unchecked Sendable {
     let loop: EventLoop
     let routes: HTTPRoutes
     let statistics: HTTPServerStatistics
     private let shared: ServerShared
-    private var evhttp: EvhttpServer?
+    private var engine: (any ServerEngine)?
     private var attachment: LoopAttachment?
     private var sweepTimer: TimerHandle?
     private(set) var isDraining = false
@@ -20,7 +21,7 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
     /// Requests read and not dispatched yet, oldest first (from `receivedHead` on). Each has one
     /// turn posted that dispatches the oldest: the posted closure captures only `self`, which
     /// the compiler passes as the closure's context instead of allocating one.
-    @exclusivity(unchecked) private var received: [(request: EvhttpRequest, late: Bool, at: UInt64)?] = []
+    @exclusivity(unchecked) private var received: [(request: any ServerExchange, late: Bool, at: UInt64)?] = []
     @exclusivity(unchecked) private var receivedHead = 0
     /// Load shedding, when configured: its settings and this loop's queue-wait gauge.
     private let shedding: HTTPServer.LoadShedding?
@@ -31,7 +32,7 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
     var openWebSockets: [ObjectIdentifier: WebSocketCore] = [:]
 
     init(loop: EventLoop, routes: HTTPRoutes, statistics: HTTPServerStatistics, shared: ServerShared,
-         limits: EvhttpLimits, socket: ListeningSocket, shedding: HTTPServer.LoadShedding? = nil) throws(HTTPServerError)
+         limits: ServerLimits, socket: ServerSocket, shedding: HTTPServer.LoadShedding? = nil) throws(HTTPServerError)
     {
         self.shedding = shedding
         gauge = QueueWaitGauge(target: shedding?.queueWaitTarget ?? .zero, window: shedding?.window ?? .seconds(1))
@@ -40,16 +41,21 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
         self.routes = routes
         self.statistics = statistics
         self.shared = shared
-        let server = try EvhttpServer(loop: loop, limits: limits)
-        server.delegate = self
-        try server.accept(on: socket)
-        evhttp = server
+        switch socket {
+        case .listening(let socket):
+            let server = try EvhttpServer(loop: loop, limits: limits)
+            server.delegate = self
+            try server.accept(on: socket)
+            engine = server
+        case .simulated(let acceptor):
+            engine = ConnectionEngine(loop: loop, limits: limits, acceptor: acceptor, delegate: self)
+        }
         attachment = LoopAttachment(loop: loop) { [weak self] in self?.loopClosed() }
     }
 
-    // MARK: evhttp's reports (inside libevent: record, hand off)
+    // MARK: The engine's reports (evhttp's inside libevent: record, hand off)
 
-    func evhttpReceived(_ raw: EvhttpRequest) {
+    func received(_ raw: any ServerExchange) {
         inFlight += 1
         // The loop is busy while any request is in flight: one piece of its work, not one each.
         if inFlight == 1 { attachment?.beginWork() }
@@ -60,7 +66,7 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
         loop.execute(priority: .input) { [self] in dispatchOldest() }
     }
 
-    func evhttpFinished(_ raw: EvhttpRequest, written: Bool) {
+    func finished(_ raw: any ServerExchange, written: Bool) {
         if let limit = raw.heldLimit {
             raw.heldLimit = nil
             limit.leave()
@@ -73,11 +79,11 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
         }
     }
 
-    func evhttpAnsweredByGuard(status: Int) {
+    func answeredByGuard(status: Int) {
         statistics.recordResponse(status: status)
     }
 
-    func evhttpShedsBeforeBody(path: [UInt8]) -> Int? {
+    func shedsBeforeBody(path: [UInt8]) -> Int? {
         // A target that is not a plain path (absolute form, percent-encoded) is left to the
         // decision at dispatch, which sees the decoded path: an exempt path is never shed early.
         guard let shedding, path.first == UInt8(ascii: "/"), !path.contains(UInt8(ascii: "%")),
@@ -88,13 +94,13 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
         return max(0, shedding.retryAfterSeconds)
     }
 
-    func evhttpConnectionOpened() -> Bool {
+    func acceptedConnection() -> Bool {
         let open = statistics.connectionOpened()
-        if sweepTimer == nil { startSweep() }
+        if sweepTimer == nil, engine?.needsSweep == true { startSweep() }
         return shared.connectionOpened(open: open)
     }
 
-    func evhttpConnectionClosed(timedOut: Bool) {
+    func closedConnection(timedOut: Bool) {
         let open = statistics.connectionClosed(timedOut: timedOut)
         shared.connectionClosed(open: open)
     }
@@ -102,15 +108,15 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
     // MARK: Deadlines
 
     private func startSweep() {
-        guard let evhttp else { return }
-        let limits = evhttp.limits
+        guard let engine else { return }
+        let limits = engine.limits
         let shortest = min(limits.headerTimeout, limits.bodyTimeout)
         let interval = max(.milliseconds(20), min(.milliseconds(250), shortest / 10))
         // Scheduled from a libevent callback: create the timer from the loop, not inside it.
         loop.execute(priority: .input) { [weak self] in
-            guard let self, self.sweepTimer == nil, self.evhttp != nil else { return }
+            guard let self, self.sweepTimer == nil, self.engine != nil else { return }
             self.sweepTimer = self.loop.schedule(every: interval) { [weak self] timer in
-                guard let self, let evhttp = self.evhttp, evhttp.sweep(now: self.loop.monotonicNow()) else {
+                guard let self, let engine = self.engine, engine.sweep(now: self.loop.monotonicNow()) else {
                     timer.cancel()
                     self?.sweepTimer = nil
                     return
@@ -140,7 +146,7 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
     /// Load shedding's verdict on a request about to be routed: records its queue wait, and
     /// answers it `503` (and returns true) when it waited past its deadline or the loop's p99
     /// wait is over the target — unless its path is never shed.
-    private func shed(_ raw: EvhttpRequest, receivedAt: UInt64, by shedding: HTTPServer.LoadShedding) -> Bool {
+    private func shed(_ raw: any ServerExchange, receivedAt: UInt64, by shedding: HTTPServer.LoadShedding) -> Bool {
         let now = loop.monotonicNow()
         let wait = now &- receivedAt
         gauge.record(wait: wait, now: now)
@@ -161,7 +167,7 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
         return false
     }
 
-    private func dispatch(_ raw: EvhttpRequest) {
+    private func dispatch(_ raw: any ServerExchange) {
         guard raw.isConnectionOpen else {
             // Lost before it could run: hand it back unanswered.
             raw.sendReply(status: 500, reason: reasonPhrase(500), body: [])
@@ -190,7 +196,7 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
         }
     }
 
-    private func run(_ handler: RouteHandler, _ request: HTTPRequest, _ raw: EvhttpRequest) {
+    private func run(_ handler: RouteHandler, _ request: HTTPRequest, _ raw: any ServerExchange) {
         switch handler {
         case .sync(let body):
             let response: HTTPResponse
@@ -218,7 +224,7 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
     }
 
     /// Sends `response` for `raw`. Loop thread.
-    func reply(_ response: HTTPResponse, to raw: EvhttpRequest, method: HTTPMethod) {
+    func reply(_ response: HTTPResponse, to raw: any ServerExchange, method: HTTPMethod) {
         if raw.isConnectionOpen {
             statistics.recordResponse(status: response.status)
             var hasDate = false
@@ -237,7 +243,7 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
     }
 
     /// Starts a streamed response. Loop thread.
-    func startStream(_ raw: EvhttpRequest, status: Int, headers: HTTPHeaders) {
+    func startStream(_ raw: any ServerExchange, status: Int, headers: HTTPHeaders) {
         if raw.isConnectionOpen {
             statistics.recordResponse(status: status)
             var hasDate = false
@@ -254,11 +260,11 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
     // MARK: Closing
 
     /// Stops accepting; requests in flight finish (their responses close their connections),
-    /// then evhttp is freed, closing idle connections. Loop thread.
+    /// then the engine is freed, closing idle connections. Loop thread.
     func close() {
         guard !isDraining else { return }
         isDraining = true
-        evhttp?.stopAccepting()
+        engine?.stopAccepting()
         let sockets = openWebSockets.values
         openWebSockets = [:]
         for socket in sockets { socket.startClose(code: .goingAway, reason: "server closing") }
@@ -270,25 +276,25 @@ final class LoopEndpoint: EvhttpServerDelegate, @unchecked Sendable {
         attachment?.close()
     }
 
-    /// The attachment closed (the server closed, or the loop shut down): free evhttp.
+    /// The attachment closed (the server closed, or the loop shut down): free the engine.
     private func loopClosed() {
         isDraining = true
         received.removeAll()
         receivedHead = 0
         sweepTimer?.cancel()
         sweepTimer = nil
-        let server = evhttp
-        evhttp = nil
+        let server = engine
+        engine = nil
         server?.free()
         attachment = nil
         shared.endpointClosed()
     }
 
     /// Resumes accepting after the connection limit. Loop thread.
-    func resumeAccepting() { evhttp?.resumeAfterLimit() }
+    func resumeAccepting() { engine?.resumeAfterLimit() }
 
     /// Connections open on this loop.
-    var connectionCount: Int { evhttp?.connectionCount ?? 0 }
+    var connectionCount: Int { engine?.connectionCount ?? 0 }
 }
 
 /// What the loops of one server share: the connection limit, and a Unix socket's file.

@@ -8,7 +8,7 @@ import MainspringCore
 public final class HTTPResponder: Sendable {
     private let state: RequestBox
 
-    init(endpoint: LoopEndpoint, request: EvhttpRequest, method: HTTPMethod) {
+    init(endpoint: LoopEndpoint, request: any ServerExchange, method: HTTPMethod) {
         state = RequestBox(endpoint: endpoint, request: request, method: method)
     }
 
@@ -28,10 +28,10 @@ public final class HTTPResponder: Sendable {
 private final class RequestBox: @unchecked Sendable {
     let endpoint: LoopEndpoint
     private let lock = NSLock()
-    private var request: EvhttpRequest?
+    private var request: (any ServerExchange)?
     private let method: HTTPMethod
 
-    init(endpoint: LoopEndpoint, request: EvhttpRequest, method: HTTPMethod) {
+    init(endpoint: LoopEndpoint, request: any ServerExchange, method: HTTPMethod) {
         self.endpoint = endpoint
         self.request = request
         self.method = method
@@ -61,8 +61,8 @@ struct UncheckedCall: @unchecked Sendable {
 
 /// A loop-bound request handle carried across a thread hop (used only back on its loop).
 struct UncheckedRequest: @unchecked Sendable {
-    let request: EvhttpRequest
-    init(_ request: EvhttpRequest) { self.request = request }
+    let request: any ServerExchange
+    init(_ request: any ServerExchange) { self.request = request }
 }
 
 /// Streams a response in chunks (`Transfer-Encoding: chunked`; an HTTP/1.0 client gets the bytes
@@ -86,7 +86,7 @@ struct UncheckedRequest: @unchecked Sendable {
 /// A handler that throws before writing anything answers like a synchronous handler would.
 public final class HTTPResponseWriter {
     private let endpoint: LoopEndpoint
-    private let request: EvhttpRequest
+    private let request: any ServerExchange
     private let method: HTTPMethod
     private var hasStarted = false
     private(set) public var isFinished = false
@@ -96,7 +96,7 @@ public final class HTTPResponseWriter {
     /// Bytes waiting to be sent above which `isWritable` is false. Default 256 KiB.
     public var highWatermark = 256 * 1024
 
-    init(endpoint: LoopEndpoint, request: EvhttpRequest, method: HTTPMethod) {
+    init(endpoint: LoopEndpoint, request: any ServerExchange, method: HTTPMethod) {
         self.endpoint = endpoint
         self.request = request
         self.method = method
@@ -134,7 +134,7 @@ public final class HTTPResponseWriter {
 
     /// Whether fewer than `highWatermark` bytes wait to be sent (and the client is still there).
     public var isWritable: Bool {
-        request.isConnectionOpen && request.connection.bufferedOutputBytes < highWatermark
+        request.isConnectionOpen && request.bufferedOutputBytes < highWatermark
     }
 
     /// Whether the client went away before the response was finished.

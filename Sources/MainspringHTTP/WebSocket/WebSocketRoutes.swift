@@ -55,7 +55,7 @@ extension HTTPRoutes {
 extension LoopEndpoint {
     /// Answers an upgrade request on a WebSocket route: an error response, or `101` and the
     /// WebSocket. Loop thread.
-    func upgradeToWebSocket(_ route: WebSocketRoute, _ request: HTTPRequest, _ raw: EvhttpRequest) {
+    func upgradeToWebSocket(_ route: WebSocketRoute, _ request: HTTPRequest, _ raw: any ServerExchange) {
         if let problem = WebSocketHandshake.problem(with: request) {
             reply(problem, to: raw, method: request.method)
             return

@@ -1,0 +1,305 @@
+@_spi(MainspringHTTP) import MainspringCore
+
+/// One connection of the connection engine: reads its requests one at a time (head, then body),
+/// hands each to the engine, writes its response, and keeps its deadlines. Loop thread only.
+final class EngineConnection {
+    unowned let engine: ConnectionEngine
+    let connection: Connection
+    /// What has arrived and not been taken by a request yet: the bytes from `start` on.
+    private var input: [UInt8] = []
+    private var start = 0
+    private var scan: RequestHeadScan
+    private var phase = Phase.idle
+    /// The request handed to the engine and not answered yet.
+    private(set) var current: ConnectionExchange?
+    private var timer: TimerHandle?
+    /// The peer has ended its side (its end of file was read).
+    private var peerEnded = false
+    /// The connection is no longer the engine's (closed, freed, or taken over).
+    private var isDetached = false
+    /// A deadline closed the connection.
+    private var timedOut = false
+    /// Bytes written to the connection so far (with `bufferedOutputBytes`: how many have left).
+    private var written = 0
+    /// How many had left when the stall timer was armed.
+    private var sentAtArming = 0
+
+    private enum Phase {
+        /// Between requests: nothing of the next one has arrived.
+        case idle
+        /// A head is arriving (the scan has seen its first bytes).
+        case head
+        /// A body is arriving.
+        case body(RequestBodyReader, RequestHead)
+        /// A request is with the server.
+        case inFlight
+        /// The guard answered and the write side is shut: the rest of the input is dropped until
+        /// the peer leaves (at most two seconds).
+        case lingering
+        /// Closing after the last response.
+        case closing
+    }
+
+    init(engine: ConnectionEngine, connection: Connection) {
+        self.engine = engine
+        self.connection = connection
+        scan = RequestHeadScan(maxHeaderBytes: engine.limits.maxHeaderBytes, keepsTargetPath: engine.limits.shedsBeforeBody)
+    }
+
+    /// Starts reading (the connection is the engine's from now on).
+    func begin() {
+        connection.onClose { [self] reason in
+            closed(timedOut: timedOut || reason == .idleTimeout)
+        }
+        armTimer(engine.limits.idleTimeout)
+        readOn()
+    }
+
+    private func readOn() {
+        connection.readBytes { [self] event in
+            switch event {
+            case .bytes(let bytes):
+                if case .lingering = phase { return }  // dropped: the answer is out
+                if input.isEmpty { input = bytes } else { input.append(contentsOf: bytes) }
+            case .endOfFile:
+                peerEnded = true
+            }
+            advance()
+        }
+    }
+
+    // MARK: Reading requests
+
+    /// Reads as far as the input goes: a head, a body, a request handed over.
+    private func advance() {
+        while !isDetached {
+            switch phase {
+            case .idle:
+                guard start < input.count else {
+                    if peerEnded { connection.close() }
+                    return
+                }
+                phase = .head
+                scan.reset()
+                armTimer(engine.limits.headerTimeout)
+            case .head:
+                guard readHead() else { return }
+            case .body(var reader, let head):
+                let outcome = reader.read(from: input, at: &start)
+                switch outcome {
+                case .needMore:
+                    phase = .body(reader, head)
+                    if peerEnded { connection.close() }
+                    return
+                case .tooLarge:
+                    refuse(413, "Payload Too Large", "request body larger than \(engine.limits.maxBodyBytes) bytes\n")
+                    return
+                case .malformed(let reason):
+                    refuse(400, "Bad Request", reason + "\n")
+                    return
+                case .done(let body):
+                    dispatch(head, body: body)
+                    return
+                }
+            case .inFlight, .lingering, .closing:
+                if case .lingering = phase, peerEnded { connection.close() }
+                return
+            }
+        }
+    }
+
+    /// Scans what arrived of the head; true when it is complete and the connection has moved on
+    /// (to its body, or the request went to the server), false to wait for more or once answered.
+    private func readHead() -> Bool {
+        let scannedBefore = scan.bytes
+        let within = input.withUnsafeBytes { all in
+            scan.scan(UnsafeRawBufferPointer(rebasing: all[(start + scannedBefore)...]))
+        }
+        guard within else {
+            refuse(431, "Request Header Fields Too Large", "request head larger than \(scan.maxHeaderBytes) bytes\n")
+            return false
+        }
+        guard scan.isComplete else {
+            if peerEnded { connection.close() }
+            return false
+        }
+        if let problem = scan.problem {
+            switch problem {
+            case .badRequest(let why): refuse(400, "Bad Request", why + "\n")
+            case .notImplemented(let why): refuse(501, "Not Implemented", why + "\n")
+            case .oversized, .overloaded: refuse(400, "Bad Request", "malformed request head\n")
+            }
+            return false
+        }
+        let headBytes = input[start..<(start + scan.bytes)]
+        start += scan.bytes
+        let head: RequestHead
+        switch RequestHead.parse(headBytes) {
+        case .failure(let failure):
+            refuse(failure.status, reasonPhrase(failure.status), failure.reason + "\n")
+            return false
+        case .success(let parsed):
+            head = parsed
+        }
+        let limits = engine.limits
+        let reader: RequestBodyReader
+        switch head.framing {
+        case .none:
+            dispatch(head, body: [])
+            return true
+        case .length(let length):
+            guard length <= limits.maxBodyBytes else {
+                refuse(413, "Payload Too Large", "request body larger than \(limits.maxBodyBytes) bytes\n")
+                return false
+            }
+            if length == 0 {
+                dispatch(head, body: [])
+                return true
+            }
+            reader = .length(length)
+        case .chunked:
+            reader = .chunked(ChunkedBodyDecoder(maxBytes: limits.maxBodyBytes))
+        }
+        if limits.shedsBeforeBody, let retryAfter = engine.shedsBeforeBody(path: scan.targetPath) {
+            refuse(503, "Service Unavailable", "overloaded: try again later\n", extra: "Retry-After: \(retryAfter)\r\n")
+            return false
+        }
+        if head.expectsContinue, start >= input.count {
+            write(Array("HTTP/1.1 100 Continue\r\n\r\n".utf8))
+        }
+        phase = .body(reader, head)
+        armTimer(limits.bodyTimeout)
+        return true
+    }
+
+    /// The request is read: it goes to the server, and reading waits for its response.
+    private func dispatch(_ head: RequestHead, body: [UInt8]) {
+        cancelTimer()
+        phase = .inFlight
+        connection.stopReading()
+        if start == input.count {
+            input.removeAll(keepingCapacity: true)
+            start = 0
+        }
+        let request = ConnectionExchange(owner: self, head: head, body: body)
+        current = request
+        armStallTimer()
+        engine.received(request)
+    }
+
+    /// The guard's answer: the write side shuts after it, and what the client still sends is
+    /// read and dropped until it leaves — for at most two seconds.
+    private func refuse(_ status: Int, _ reason: String, _ body: String, extra: String = "") {
+        let text = "HTTP/1.1 \(status) \(reason)\r\nContent-Type: text/plain; charset=utf-8\r\n" + extra
+            + "Content-Length: \(body.utf8.count)\r\nConnection: close\r\n\r\n" + body
+        write(Array(text.utf8))
+        engine.answeredByGuard(status: status)
+        phase = .lingering
+        input = []
+        start = 0
+        connection.shutdownOutput()
+        cancelTimer()
+        timer = engine.loop.schedule(after: .seconds(2)) { [weak self] in self?.connection.close() }
+        if peerEnded { connection.close() }
+    }
+
+    // MARK: Answering
+
+    func write(_ bytes: [UInt8]) {
+        written += bytes.count
+        connection.write(bytes)
+    }
+
+    var bufferedOutputBytes: Int { isDetached ? 0 : connection.bufferedOutputBytes }
+
+    var isOpen: Bool { !isDetached && connection.isOpen }
+
+    /// The response to `request` is written in full: the next request is read, or the
+    /// connection closes after it (once its output is sent).
+    func responded(_ request: ConnectionExchange, closing: Bool) {
+        guard current === request else { return }
+        current = nil
+        engine.completed(request)
+        guard !isDetached else { return }
+        if closing || peerEnded {
+            phase = .closing
+            cancelTimer()
+            connection.close()
+            return
+        }
+        phase = .idle
+        if start > 0 {
+            input.removeFirst(start)
+            start = 0
+        }
+        armTimer(engine.limits.idleTimeout)
+        readOn()
+        advance()
+    }
+
+    /// Hands the connection over (a WebSocket upgrade): returns it with the bytes that came
+    /// after the request, or nil when it is closed.
+    func takeOver(_ request: ConnectionExchange) -> (Connection, [UInt8])? {
+        guard current === request, isOpen else { return nil }
+        let leftover = Array(input[start...])
+        current = nil
+        _ = detach()
+        engine.removed(self, lost: request, timedOut: false)
+        return (connection, leftover)
+    }
+
+    /// No longer the engine's: deadlines and reading stop. Returns the request in flight.
+    func detach() -> ConnectionExchange? {
+        isDetached = true
+        cancelTimer()
+        connection.stopReading()
+        input = []
+        start = 0
+        defer { current = nil }
+        return current
+    }
+
+    private func closed(timedOut: Bool) {
+        guard !isDetached else { return }
+        let request = detach()
+        request?.connectionLost()
+        engine.removed(self, lost: request, timedOut: timedOut)
+    }
+
+    // MARK: Deadlines
+
+    private func armTimer(_ delay: Duration) {
+        cancelTimer()
+        timer = engine.loop.schedule(after: delay) { [weak self] in self?.expired() }
+    }
+
+    private func cancelTimer() {
+        timer?.cancel()
+        timer = nil
+    }
+
+    /// A request with the server: its connection closes if its response stops moving for
+    /// `idleTimeout` while some of it waits (the client does not read).
+    private func armStallTimer() {
+        sentAtArming = written - connection.bufferedOutputBytes
+        cancelTimer()
+        timer = engine.loop.schedule(after: engine.limits.idleTimeout) { [weak self] in self?.stallCheck() }
+    }
+
+    private func stallCheck() {
+        guard !isDetached, case .inFlight = phase else { return }
+        let buffered = connection.bufferedOutputBytes
+        if buffered > 0, written - buffered == sentAtArming {
+            expired()
+        } else {
+            armStallTimer()
+        }
+    }
+
+    private func expired() {
+        timer = nil
+        guard !isDetached else { return }
+        timedOut = true
+        connection.abort()
+    }
+}

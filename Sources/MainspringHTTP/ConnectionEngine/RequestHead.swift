@@ -1,0 +1,252 @@
+import MainspringCore
+
+/// A request head the connection engine read, parsed: request line and header fields. The head
+/// guard's scan has already refused what it refuses (control characters, bare CRs, folded lines,
+/// ambiguous framing, `Host`); this reads what is left.
+struct RequestHead {
+    var method: HTTPMethod
+    /// The request target as sent.
+    var target: String
+    /// 0 for HTTP/1.0, 1 for HTTP/1.1.
+    var minorVersion: Int
+    var fields: [(name: String, value: String)]
+    var framing: Framing
+    /// Whether the connection stays open after the response (HTTP/1.1 unless `Connection:
+    /// close`; HTTP/1.0 only with `Connection: keep-alive`).
+    var keepsAlive: Bool
+    var expectsContinue: Bool
+
+    enum Framing: Equatable {
+        case none
+        case length(Int)
+        case chunked
+    }
+
+    struct Failure: Error {
+        let status: Int
+        let reason: String
+    }
+
+    private static let methods: [String: HTTPMethod] = [
+        "GET": .get, "HEAD": .head, "POST": .post, "PUT": .put, "DELETE": .delete, "PATCH": .patch,
+        "OPTIONS": .options, "TRACE": .trace, "CONNECT": .connect,
+    ]
+
+    static func parse(_ bytes: ArraySlice<UInt8>) -> Result<RequestHead, Failure> {
+        // Lines end in LF, with or without CR before it; the blank line ends the head.
+        // (Split as bytes: in a Swift string CR LF is one character.)
+        var lines: [Substring] = []
+        for line in bytes.split(separator: 0x0A, omittingEmptySubsequences: false) {
+            let trimmed = line.last == 0x0D ? line.dropLast() : line
+            if trimmed.isEmpty {
+                if lines.isEmpty { continue }  // blank lines before the request line are allowed
+                break
+            }
+            lines.append(Substring(String(decoding: trimmed, as: UTF8.self)))
+        }
+        guard let requestLine = lines.first else { return .failure(Failure(status: 400, reason: "no request line")) }
+        let parts = requestLine.split(separator: " ", omittingEmptySubsequences: false)
+        guard parts.count == 3, !parts[1].isEmpty else {
+            return .failure(Failure(status: 400, reason: "the request line is not METHOD TARGET VERSION"))
+        }
+        guard let method = methods[String(parts[0])] else {
+            return .failure(Failure(status: 400, reason: "unknown method \(parts[0].prefix(32))"))
+        }
+        let version = parts[2]
+        guard version.hasPrefix("HTTP/"), version.count == 8,
+              let major = version.dropFirst(5).first?.wholeNumberValue, version.dropFirst(6).first == ".",
+              let minor = version.last?.wholeNumberValue
+        else {
+            return .failure(Failure(status: 400, reason: "the request line's version is not HTTP/x.y"))
+        }
+        guard major == 1 else { return .failure(Failure(status: 505, reason: "only HTTP/1.x is served")) }
+        var fields: [(name: String, value: String)] = []
+        for line in lines.dropFirst() {
+            guard let colon = line.firstIndex(of: ":"), colon != line.startIndex else {
+                return .failure(Failure(status: 400, reason: "a header line has no field name and colon"))
+            }
+            let value = Substring(trimmingOptionalWhitespace(line[line.index(after: colon)...].utf8))
+            fields.append((String(line[..<colon]), String(value)))
+        }
+        var framing = Framing.none
+        var connectionTokens: [Substring] = []
+        var expectsContinue = false
+        for field in fields {
+            if field.name.caseInsensitiveEquals("Transfer-Encoding") {
+                framing = .chunked  // the scan let only exactly `chunked` through
+            } else if field.name.caseInsensitiveEquals("Content-Length"), framing == .none {
+                framing = .length(Int(field.value) ?? 0)  // all digits, checked by the scan
+            } else if field.name.caseInsensitiveEquals("Connection") {
+                connectionTokens += field.value.split(separator: ",").map { Substring(trimmingOptionalWhitespace($0.utf8)) }
+            } else if field.name.caseInsensitiveEquals("Expect") {
+                expectsContinue = field.value.caseInsensitiveEquals("100-continue")
+            }
+        }
+        if case .length(let length) = framing, length == 0 { framing = .none }
+        let keepsAlive = minor >= 1
+            ? !connectionTokens.contains { $0.caseInsensitiveEquals("close") }
+            : connectionTokens.contains { $0.caseInsensitiveEquals("keep-alive") }
+        return .success(RequestHead(method: method, target: String(parts[1]), minorVersion: min(minor, 1),
+                                    fields: fields, framing: framing, keepsAlive: keepsAlive,
+                                    expectsContinue: expectsContinue && minor >= 1))
+    }
+
+    /// The path (percent-decoded, "+" kept), the path as sent, and the query's items (values
+    /// decoded, "+" as a space; none at all if one item has no `=` or no name) — as evhttp reads
+    /// a target. An absolute target (`http://host/path`) is read from its path.
+    var pathAndQuery: (path: String, rawPath: String, query: [(name: String, value: String)]) {
+        var rest = Substring(target)
+        if let hash = rest.firstIndex(of: "#") { rest = rest[..<hash] }
+        if !rest.hasPrefix("/"), let scheme = rest.range(of: "://") {
+            let afterAuthority = rest[scheme.upperBound...]
+            rest = afterAuthority.firstIndex(of: "/").map { afterAuthority[$0...] } ?? "/"
+        }
+        var rawPath = rest
+        var query: Substring?
+        if let mark = rest.firstIndex(of: "?") {
+            rawPath = rest[..<mark]
+            query = rest[rest.index(after: mark)...]
+        }
+        var items: [(name: String, value: String)] = []
+        if let query, !query.isEmpty {
+            for item in query.split(separator: "&", omittingEmptySubsequences: false) {
+                guard let equals = item.firstIndex(of: "="), equals != item.startIndex else {
+                    items = []
+                    break
+                }
+                items.append((String(item[..<equals]), Self.percentDecoded(item[item.index(after: equals)...], plusAsSpace: true)))
+            }
+        }
+        let path = Self.percentDecoded(rawPath, plusAsSpace: false)
+        return (path.isEmpty ? "/" : path, String(rawPath), items)
+    }
+
+    /// `%XX` sequences as the bytes they name (others as they are), read as UTF-8.
+    static func percentDecoded(_ text: Substring, plusAsSpace: Bool) -> String {
+        guard text.utf8.contains(where: { $0 == UInt8(ascii: "%") || (plusAsSpace && $0 == UInt8(ascii: "+")) }) else {
+            return String(text)
+        }
+        let utf8 = Array(text.utf8)
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(utf8.count)
+        var index = 0
+        while index < utf8.count {
+            let byte = utf8[index]
+            if byte == UInt8(ascii: "%"), index + 2 < utf8.count,
+               let high = hexValue(utf8[index + 1]), let low = hexValue(utf8[index + 2])
+            {
+                bytes.append(high << 4 | low)
+                index += 3
+                continue
+            }
+            bytes.append(plusAsSpace && byte == UInt8(ascii: "+") ? 0x20 : byte)
+            index += 1
+        }
+        return String(decoding: bytes, as: UTF8.self)
+    }
+
+    static func hexValue(_ byte: UInt8) -> UInt8? {
+        switch byte {
+        case UInt8(ascii: "0")...UInt8(ascii: "9"): byte - UInt8(ascii: "0")
+        case UInt8(ascii: "a")...UInt8(ascii: "f"): byte - UInt8(ascii: "a") + 10
+        case UInt8(ascii: "A")...UInt8(ascii: "F"): byte - UInt8(ascii: "A") + 10
+        default: nil
+        }
+    }
+}
+
+/// Reads a request body off the connection's input: a declared length, or chunks.
+enum RequestBodyReader {
+    case length(Int)
+    case chunked(ChunkedBodyDecoder)
+
+    enum Outcome {
+        case needMore
+        case done([UInt8])
+        case tooLarge
+        case malformed(String)
+    }
+
+    /// Takes what it can from `input` at `start` (advancing it).
+    mutating func read(from input: [UInt8], at start: inout Int) -> Outcome {
+        switch self {
+        case .length(let length):
+            guard input.count - start >= length else { return .needMore }
+            defer { start += length }
+            return .done(Array(input[start..<(start + length)]))
+        case .chunked(var decoder):
+            let outcome = decoder.read(from: input, at: &start)
+            self = .chunked(decoder)
+            return outcome
+        }
+    }
+}
+
+/// The chunked transfer coding, decoded as it arrives (RFC 9112 §7.1): a size line in hex (with
+/// extensions, ignored), the data, a CRLF; a zero size ends it, then trailer lines (ignored) up
+/// to a blank line.
+struct ChunkedBodyDecoder {
+    let maxBytes: Int
+    private(set) var body: [UInt8] = []
+    private var state = State.size
+    /// Bytes of the chunk being read that are still to come.
+    private var remaining = 0
+
+    private enum State { case size, data, dataEnd, trailer }
+
+    /// The longest size or trailer line read.
+    private static let maxLine = 4096
+
+    init(maxBytes: Int) { self.maxBytes = maxBytes }
+
+    mutating func read(from input: [UInt8], at start: inout Int) -> RequestBodyReader.Outcome {
+        while true {
+            switch state {
+            case .size:
+                guard let line = Self.line(in: input, from: &start) else {
+                    return input.count - start > Self.maxLine ? .malformed("a chunk size line is too long") : .needMore
+                }
+                let digits = line.prefix { $0 != UInt8(ascii: ";") }.drop { $0 == 0x20 || $0 == 0x09 }
+                    .reversed().drop { $0 == 0x20 || $0 == 0x09 || $0 == 0x0D }.reversed()
+                guard !digits.isEmpty, digits.count <= 15 else { return .malformed("a chunk size is not a hex number") }
+                var size = 0
+                for digit in digits {
+                    guard let value = RequestHead.hexValue(digit) else { return .malformed("a chunk size is not a hex number") }
+                    size = size << 4 | Int(value)
+                }
+                if size == 0 {
+                    state = .trailer
+                } else {
+                    guard body.count + size <= maxBytes else { return .tooLarge }
+                    remaining = size
+                    state = .data
+                }
+            case .data:
+                let available = min(remaining, input.count - start)
+                guard available > 0 else { return .needMore }
+                body.append(contentsOf: input[start..<(start + available)])
+                start += available
+                remaining -= available
+                if remaining == 0 { state = .dataEnd }
+            case .dataEnd:
+                guard let line = Self.line(in: input, from: &start) else {
+                    return input.count - start > 2 ? .malformed("a chunk's data is not followed by CRLF") : .needMore
+                }
+                guard line.isEmpty || line == [0x0D] else { return .malformed("a chunk's data is not followed by CRLF") }
+                state = .size
+            case .trailer:
+                guard let line = Self.line(in: input, from: &start) else {
+                    return input.count - start > Self.maxLine ? .malformed("a trailer line is too long") : .needMore
+                }
+                if line.isEmpty || line == [0x0D] { return .done(body) }
+            }
+        }
+    }
+
+    /// The next line (without its LF), taken from `input` at `start`; nil until its LF arrives.
+    private static func line(in input: [UInt8], from start: inout Int) -> ArraySlice<UInt8>? {
+        guard let end = input[start...].firstIndex(of: 0x0A) else { return nil }
+        defer { start = end + 1 }
+        return input[start..<end]
+    }
+}

@@ -1,0 +1,105 @@
+// The seam between an `HTTPServer`'s loop share (`LoopEndpoint`: routing, handlers, load
+// shedding, statistics, closing) and the engine that reads requests off connections and writes
+// responses back. Two engines serve it:
+// - evhttp (Evhttp/), libevent's HTTP server, on real loops: every connection a socket;
+// - the connection engine (ConnectionEngine/), HTTP/1.1 in Swift over Mainspring's own
+//   `Connection`s, on simulated loops (`MainspringTesting`), where connections are the
+//   simulation's network's and time is virtual.
+// The routes, handlers, limits and answers are the same on both; what differs is listed in the
+// connection engine's file.
+import MainspringCore
+
+/// Limits one loop's engine enforces (see `HTTPServer.Configuration`).
+struct ServerLimits {
+    var maxHeaderBytes: Int
+    var maxBodyBytes: Int
+    var idleTimeout: Duration
+    var headerTimeout: Duration
+    var bodyTimeout: Duration
+    /// Connections accepted per loop turn before the listener yields to the loop (evhttp).
+    var acceptBurst: Int
+    /// The security layer under every connection (HTTPS), if any (evhttp).
+    var layer: (any ServerConnectionLayer)? = nil
+    /// Whether the engine asks the delegate, when a head that announces a body is complete,
+    /// whether to shed it before its body is read (load shedding is on).
+    var shedsBeforeBody = false
+}
+
+/// What a loop's engine tells its owner (`LoopEndpoint`). evhttp calls it inside libevent's
+/// callbacks: record and hand off, never run user code.
+protocol ServerEngineDelegate: AnyObject {
+    /// A request was read in full (and routed nowhere yet).
+    func received(_ request: any ServerExchange)
+    /// A request handed over by `received` is over: its response was written, or its
+    /// connection was lost, or the engine was freed. Exactly once per request.
+    func finished(_ request: any ServerExchange, written: Bool)
+    /// The engine answered a request itself, before routing (431, 400, 501, 413, 503).
+    func answeredByGuard(status: Int)
+    /// A request head announcing a body is complete and its body not read yet: whether to
+    /// answer it `503` now (load shedding), and the `Retry-After` seconds to send. Counts what
+    /// it sheds. Asked only when `ServerLimits.shedsBeforeBody`.
+    func shedsBeforeBody(path: [UInt8]) -> Int?
+    /// A connection was accepted. Returns whether the engine may keep accepting.
+    func acceptedConnection() -> Bool
+    /// A connection closed (for any reason).
+    func closedConnection(timedOut: Bool)
+}
+
+/// One loop's engine, as its `LoopEndpoint` drives it. Loop thread only.
+protocol ServerEngine: AnyObject {
+    var limits: ServerLimits { get }
+    /// Whether the endpoint runs the periodic deadline sweep (`sweep(now:)`) while connections
+    /// are open; an engine with timers of its own says no.
+    var needsSweep: Bool { get }
+    /// Closes the connections whose request is arriving too slowly; false once the engine is
+    /// freed (the sweep stops).
+    func sweep(now: UInt64) -> Bool
+    /// Stops accepting new connections (those open are not affected). Idempotent.
+    func stopAccepting()
+    /// The connection limit allows accepting again.
+    func resumeAfterLimit()
+    /// Connections open on this loop.
+    var connectionCount: Int { get }
+    /// Closes every connection and lets go of the listening socket; requests in flight finish
+    /// as not written (replying to them does nothing).
+    func free()
+}
+
+/// One request an engine read in full, until its response is handed back: what the endpoint
+/// reads of it, and how it answers — whole, or chunked with a callback per drained chunk (the
+/// streaming writer's backpressure). Loop thread only.
+protocol ServerExchange: AnyObject {
+    /// The route's concurrency limit whose place this request holds until it finishes.
+    var heldLimit: ConcurrencyLimit? { get set }
+    /// Whether a reply can still reach the client.
+    var isConnectionOpen: Bool { get }
+    var method: HTTPMethod { get }
+    /// The request target as sent.
+    var uri: String { get }
+    /// The path, percent-decoded ("+" stays "+"), the path as sent, and the decoded query items.
+    var pathAndQuery: (path: String, rawPath: String, query: [(name: String, value: String)]) { get }
+    /// The request's header fields, in order.
+    var headers: [(name: String, value: String)] { get }
+    var body: [UInt8] { get }
+    /// `host:port` of the client (`[v6]:port` for IPv6).
+    var remoteAddress: String { get }
+    /// Output of the connection not sent yet.
+    var bufferedOutputBytes: Int { get }
+    /// Adds a header field to the response (before `sendReply` or `startChunked`); a field whose
+    /// name or value holds CR or LF is dropped (header injection).
+    func addResponseHeader(_ name: String, _ value: String)
+    /// Sends a whole response and hands the request back. `body` is not sent for HEAD.
+    func sendReply(status: Int, reason: String, body: [UInt8])
+    /// Starts a chunked response (or, for HTTP/1.0 clients, one ended by closing).
+    func startChunked(status: Int, reason: String)
+    /// Sends one chunk; `whenDrained` runs (on the loop) once it has been sent, or at once if
+    /// the connection is gone.
+    func sendChunk(_ bytes: [UInt8], whenDrained: (() -> Void)?)
+    /// Ends a chunked response and hands the request back.
+    func endChunked()
+    /// Takes the request's connection away from the engine (a WebSocket upgrade): the request
+    /// finishes unwritten; `adopted` gets the connection, with `options` where the engine can
+    /// set them, and the bytes that came after the request. False, with nothing changed, when
+    /// it cannot be taken.
+    func takeOverConnection(options: Connection.Options, adopted: @escaping (Connection, [UInt8]) -> Void) -> Bool
+}
