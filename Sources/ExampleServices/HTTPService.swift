@@ -23,9 +23,12 @@ public enum HTTPService {
 
     /// The routes, with one `Feeder` per loop of `group` for `/work` (`feeders`, or new ones)
     /// and `exporter` tracking the work jobs. Pass the feeders to shed load on their backlog
-    /// (`HTTPServer.LoadShedding.watchedFeeders`).
+    /// (`HTTPServer.LoadShedding.watchedFeeders`). `workUnit` is one chunk of `/work`
+    /// (`WorkUnit.run` by default): a simulation passes one that also charges its modelled CPU.
     public static func routes(group: EventLoopGroup, exporter: LoopMetricsExporter,
-                              healthThreshold: Duration = .seconds(1), feeders: [Feeder]? = nil) -> HTTPRoutes
+                              healthThreshold: Duration = .seconds(1), feeders: [Feeder]? = nil,
+                              workUnit: @escaping @Sendable (_ seed: UInt64, _ checksum: UInt64) -> UInt64 = WorkUnit.run)
+        -> HTTPRoutes
     {
         let feeders = FeederSet(loops: group.loops, feeders: feeders)
         let sequence = Counter()
@@ -50,7 +53,7 @@ public enum HTTPService {
             var reported = 0
             var job: FeedJob?
             let made = feeder.feed(chunks: chunks) { index in
-                checksum = WorkUnit.run(seed: UInt64(index), into: checksum)
+                checksum = workUnit(UInt64(index), checksum)
                 let tenth = (index + 1) * 10 / chunks
                 if tenth > reported && tenth < 10 {
                     reported = tenth
