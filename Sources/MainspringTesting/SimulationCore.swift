@@ -215,6 +215,7 @@ final class SimulationCore: LoopSimulating, @unchecked Sendable {
                 return true
             }
             clock.advance(to: deadline.map { min($0, next) } ?? next)
+            networkTurn = clock.nanoseconds  // a jump to a deadline is not modelled CPU
         }
     }
 
