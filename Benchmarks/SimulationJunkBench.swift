@@ -1,23 +1,24 @@
 import ExampleServices
 import Foundation
+import Synchronization
 
 /// simulation-junk: bad input, measured. Every parser that runs on the simulated network —
 /// lines, length-prefixed frames (`read(until:)` and `read(exactly:)`), RESP (the KV server),
-/// HTTP responses (`HTTPClient`) and TLS records (`MainspringTLS`, with a certificate the openssl
+/// HTTP responses (`HTTPClient`), HTTP requests (`HTTPServer`) and TLS records (`MainspringTLS`, with a certificate the openssl
 /// command makes; left out, saying so, without it) — fed runs of random bytes slipped between segments the seed
 /// sizes, for a simulated minute per seed (`ExampleServices.JunkSoak`), each checked by its
 /// oracle: clear events and errors only, every byte accounted for, the intact units whole and in
 /// order, a clean exchange once the junk stops, nothing leaked.
 ///
 /// `--seeds N` (default 100; shared with simulation-faults) seeds, 0 to N-1, each against every
-/// parser; `--runs` is ignored. A failure prints the parser and the seed that replays it
+/// parser (or those `--parsers lines,http_server` names); `--runs` is ignored. A failure prints the parser and the seed that replays it
 /// (`JunkSoak.run(_:seed:)`). Not a timing benchmark.
 let simulationJunkScenario = Scenario(
     name: "simulation-junk",
-    summary: "lines, frames, RESP, HTTP and TLS under random junk bytes for a simulated minute per seed (--seeds N): failures"
+    summary: "lines, frames, RESP, HTTP (client and server) and TLS under random junk bytes for a simulated minute per seed (--seeds N): failures"
 ) { _ in
     let seeds = simulationFaultSeeds.withLock { $0 }
-    var parsers = JunkSoak.Parser.allCases
+    var parsers = simulationJunkParsers.withLock { $0 }
     // TLS's server certificate (self-signed, for localhost) comes from the openssl command.
     var certificate: BenchCertificate?
     if let openssl = findExecutable("openssl") {
@@ -64,4 +65,20 @@ let simulationJunkScenario = Scenario(
         ("virtual_per_real", total.virtualSeconds / max(real, 1e-9)),
     ] + perParser)
     return samples.records(scenario: "simulation-junk")
+}
+
+/// The parsers `simulation-junk` runs (`--parsers`): all by default.
+let simulationJunkParsers = Mutex(JunkSoak.Parser.allCases)
+
+/// Sets `simulationJunkParsers` from `--parsers`' comma-separated names.
+func chooseJunkParsers(_ list: String) throws {
+    var chosen: [JunkSoak.Parser] = []
+    for name in list.split(separator: ",") {
+        guard let parser = JunkSoak.Parser(rawValue: String(name)) else {
+            let known = JunkSoak.Parser.allCases.map(\.rawValue).joined(separator: ", ")
+            throw BenchError.usage("--parsers: no parser '\(name)' (known: \(known))")
+        }
+        chosen.append(parser)
+    }
+    simulationJunkParsers.withLock { $0 = chosen }
 }

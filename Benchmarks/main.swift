@@ -84,6 +84,10 @@ func main() throws {
             }
             arguments.removeFirst()
             simulationFaultSeeds.withLock { $0 = value }
+        case "--parsers":
+            guard let value = arguments.first else { throw BenchError.usage("--parsers needs a list, such as lines,http_server") }
+            arguments.removeFirst()
+            try chooseJunkParsers(value)
         case "--json":
             json = true
         case "--counts":
@@ -99,7 +103,7 @@ func main() throws {
             arguments.removeFirst()
             plotDirectory.withLock { $0 = directory }
         case "--help", "-h":
-            print("usage: mainspring-bench [scenario …] [--runs N] [--json] [--svg DIR] [--seeds N]\n\nscenarios:")
+            print("usage: mainspring-bench [scenario …] [--runs N] [--json] [--svg DIR] [--seeds N] [--parsers a,b]\n\nscenarios:")
             for scenario in scenarios + namedOnlyScenarios { print("  \(scenario.name.padding(toLength: 12, withPad: " ", startingAt: 0))  \(scenario.summary)") }
             print("""
 

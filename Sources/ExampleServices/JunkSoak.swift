@@ -34,6 +34,12 @@ import MainspringTesting
 ///   account — a bad record MAC, a wrong version number —, a handshake that fails, or the idle
 ///   timeout); once the junk stops, a new connection echoes exactly. Needs a certificate for
 ///   `localhost` (`run(_:seed:duration:certificate:)`).
+/// - ``Parser/httpServer``: `HTTPServer` (its connection engine on the simulated network) with
+///   three `HTTPClient`s posting bodies to an echo route, junk landing inside heads and bodies
+///   (and inside the answers: the client's parser meets it too). Every request ends — an answer (the echo, or the guard's `400`,
+///   `413`, `431`, `501`, `505`, a `404`/`405` for a path or method junk made) or a clear
+///   `HTTPClientError` —, the server has nothing in flight at the end, and once the junk stops a
+///   new request is echoed exactly.
 ///
 /// In each, every stream is closed at the end (no leak). A failure names the parser and the seed
 /// that replays it.
@@ -41,6 +47,7 @@ public enum JunkSoak {
     /// A parser under junk.
     public enum Parser: String, Sendable, CaseIterable {
         case lines, frames, resp, http, tls
+        case httpServer = "http_server"
     }
 
     /// A certificate and its key, in PEM files, for the ``Parser/tls`` run: the server's, for
@@ -109,6 +116,7 @@ public enum JunkSoak {
         case .frames: try run.frames(duration: duration)
         case .resp: try run.resp(duration: duration)
         case .http: try run.http(duration: duration)
+        case .httpServer: try run.httpServer(duration: duration)
         case .tls:
             guard let certificate else { throw SetupError(description: "the tls parser's run needs a certificate for localhost") }
             try run.tls(duration: duration, certificate: certificate)
@@ -522,6 +530,71 @@ public enum JunkSoak {
             if check == "200 hello" { result.intact += intact + 1 } else { fail("after the junk, a request got \(check)") }
             client.shutdown()
             listener.close()
+        }
+
+        // MARK: HTTP requests (the server's connection engine)
+
+        func httpServer(duration: Duration) throws {
+            let group = try simulation.makeGroup(loopCount: 2, host: "10.0.0.3")
+            var routes = HTTPRoutes()
+            routes.post("/echo") { request in HTTPResponse(body: request.body) }
+            let server = try HTTPServer(group: group, configuration: .init(host: "0.0.0.0", port: 80, maxHeaderBytes: 1_024,
+                                                                         maxBodyBytes: 256, idleTimeout: .seconds(5),
+                                                                         headerTimeout: .seconds(2), bodyTimeout: .seconds(2)),
+                                        routes: routes)
+            let loop = simulation.loop
+            injectJunk(for: duration, hosts: ["127.0.0.1", "10.0.0.3"])
+            let stopAt = simulation.now + duration
+            let simulation = self.simulation
+            let outcomes = try runClients(3) { client in
+                let http = HTTPClient(loop: loop, configuration: .init(connectTimeout: .seconds(2), responseTimeout: .seconds(3)))
+                defer { http.shutdown() }
+                var outcomes: [String: Int] = [:]
+                var round = 0
+                while simulation.now < stopAt {
+                    round += 1
+                    let body = Array("client \(client) round \(round)".utf8)
+                    do throws(HTTPClientError) {
+                        let response = try await http.post("http://10.0.0.3/echo", body: body)
+                        let kind = response.status == 200 ? (response.body == body ? "200 exact" : "200 altered body")
+                            : "\(response.status)"
+                        outcomes[kind, default: 0] += 1
+                    } catch {
+                        outcomes[JunkSoak.kind(of: error), default: 0] += 1
+                    }
+                    try? await loop.sleep(for: .milliseconds(100))  // throws only if cancelled: nothing cancels it
+                }
+                outcomes["requests", default: 0] += round
+                return outcomes
+            }
+            let requests = outcomes["requests"] ?? 0
+            var ended = outcomes
+            ended["requests"] = nil
+            result.outcomes.merge(ended, uniquingKeysWith: +)
+            if ended.values.reduce(0, +) != requests { fail("\(requests) requests, \(ended.values.reduce(0, +)) ended") }
+            let expected: Set<String> = ["200", "400", "404", "405", "413", "431", "501", "505"]
+            for kind in ended.keys where kind.hasPrefix("other") || (Int(kind) != nil && !expected.contains(kind)) {
+                fail("an unexpected outcome: \(kind)")
+            }
+            simulation.advance(by: .seconds(6))  // the junk has stopped, every deadline has passed
+            let inFlight = server.statistics.snapshot.requestsInFlight
+            if inFlight != 0 { fail("\(inFlight) requests still in flight after the junk") }
+            let check = try simulation.runSynchronously { () async -> String in
+                let http = HTTPClient(loop: loop)
+                defer { http.shutdown() }
+                do throws(HTTPClientError) {
+                    let response = try await http.post("http://10.0.0.3/echo", body: Array("after the junk".utf8))
+                    return "\(response.status) \(String(decoding: response.body, as: UTF8.self))"
+                } catch {
+                    return "\(error)"
+                }
+            }
+            if check == "200 after the junk" {
+                result.intact += (outcomes["200 exact"] ?? 0) + 1
+            } else {
+                fail("after the junk, a request got \(check)")
+            }
+            try simulation.runSynchronously { await server.closeAndWait() }
         }
     }
 
