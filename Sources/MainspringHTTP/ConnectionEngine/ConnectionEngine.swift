@@ -2,7 +2,8 @@
 // `HTTPServer` runs on simulated loops (`MainspringTesting`), where there are no descriptors for
 // evhttp and every connection is the simulation's network's. The routes, handlers, limits,
 // statistics, load shedding and closing above it are the server's own (LoopEndpoint.swift);
-// what it reads and answers follows evhttp's behaviour as the server documents it:
+// what it reads and answers is what evhttp answers — HTTPEngineParityTests sends the same raw
+// requests to both and compares:
 //
 // - a request head is checked as it arrives by the same scan as evhttp's head guard
 //   (RequestHeadScan.swift): over `maxHeaderBytes` 431, a missing or repeated `Host` in HTTP/1.1
@@ -10,20 +11,29 @@
 //   each with the same text, then the connection closes (its write side first, the rest of the
 //   client's input read and dropped for up to two seconds, so that the client reads the answer
 //   rather than a reset);
-// - a body over `maxBodyBytes` gets 413 as soon as its length is known (chunked: once the chunks
-//   pass it); `Expect: 100-continue` gets its `100 Continue`;
+// - the request line is split as evhttp splits it (method to the first space, version from the
+//   last): an unknown method 501, a version other than HTTP/1.x 400;
+// - a declared body over `maxBodyBytes` is read and dropped, then answered 413 (a client that
+//   stops sending it meets the body timeout, unanswered); a chunked one gets 413 once its chunks
+//   pass the limit, and so does one evhttp cannot read (a size that is not hex, `4;ext`);
+//   chunks are read as evhttp reads them (blank lines between them skipped, `4 ;ext` taken);
+// - `Expect: 100-continue` gets its `100 Continue` while none of the body has come, any other
+//   expectation 417 (both only for a request with a body, in HTTP/1.1);
 // - HTTP/1.1 keeps the connection unless the request says `Connection: close`, HTTP/1.0 only
-//   when it says `keep-alive`; pipelined requests are read one at a time, each after the
-//   previous response (reading stops meanwhile, as evhttp's does);
+//   when it says `keep-alive`; pipelined requests are read one at a time, each once the
+//   previous response has left (reading stops meanwhile, as evhttp's does) — which is also
+//   when the request counts as finished;
+// - a streamed response is chunked only where a body may be and no `Content-Length` frames it;
 // - a head that has not arrived `headerTimeout` after its first byte, a body `bodyTimeout` after
-//   its head, a connection idle for `idleTimeout` — or whose response has not moved for that
-//   long while some waits — is closed: each on the loop's timers, so exactly on virtual time.
+//   its head, a connection idle for `idleTimeout` are closed exactly then, on the loop's timers.
 //
-// Differences from evhttp, on purpose or not yet: the connections are not accepted in bursts
-// (the simulated listener hands them over one at a time); a response gets no `Content-Type`
-// unless its headers have one; a WebSocket upgrade keeps the connection's options (the route's
-// `outputLimit` and `closeTimeout` are evhttp's only); HTTPS over it is the simulated TLS of
-// `MainspringTLS`, through the listener's handshake.
+// Differences from evhttp, on purpose or not yet: a response that stops moving while some of
+// it waits is closed between one and two `idleTimeout`s after it stopped (checked at each
+// `idleTimeout`; evhttp's write timeout restarts at every write); the connections are not
+// accepted in bursts (the simulated listener hands them over one at a time); a response gets no
+// `Content-Type` unless its headers have one; a WebSocket upgrade keeps the connection's
+// options (the route's `outputLimit` and `closeTimeout` are evhttp's only). HTTPS over it is
+// real OpenSSL over the simulated bytes (`MainspringTLS`, through the listener's handshake).
 @_spi(MainspringHTTP) import MainspringCore
 import Synchronization
 

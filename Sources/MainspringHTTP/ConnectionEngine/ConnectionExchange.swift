@@ -44,7 +44,9 @@ final class ConnectionExchange: ServerExchange {
     }
 
     /// The status line and header fields; whether the connection closes after the response.
-    private func responseHead(status: Int, reason: String, chunked: Bool) -> (bytes: [UInt8], closing: Bool) {
+    private func responseHead(status: Int, reason: String, chunked: Bool, endedByClose: Bool = false)
+        -> (bytes: [UInt8], closing: Bool)
+    {
         var closing = !head.keepsAlive
         var hasConnection = false
         var text = "HTTP/1.\(head.minorVersion) \(status) \(reason)\r\n"
@@ -55,13 +57,8 @@ final class ConnectionExchange: ServerExchange {
             }
             text += "\(field.name): \(field.value)\r\n"
         }
-        if chunked {
-            if head.minorVersion >= 1 {
-                text += "Transfer-Encoding: chunked\r\n"
-            } else {
-                closing = true  // HTTP/1.0: the end of the connection ends the body
-            }
-        }
+        if chunked { text += "Transfer-Encoding: chunked\r\n" }
+        if endedByClose { closing = true }  // the end of the connection ends the body
         if !hasConnection {
             if closing {
                 text += "Connection: close\r\n"
@@ -85,21 +82,37 @@ final class ConnectionExchange: ServerExchange {
 
     /// Whether the response closes its connection (set by `startChunked`).
     private var closesAfterChunks = false
+    /// How a streamed response's body goes out (set by `startChunked`).
+    private var streamFraming = StreamFraming.chunked
+
+    private enum StreamFraming {
+        /// In chunks, with the terminator at the end (HTTP/1.1).
+        case chunked
+        /// As it is: the handler's `Content-Length` frames it, or (HTTP/1.0) the connection's end.
+        case raw
+        /// None at all: a `HEAD` request, or a status without a body (1xx, 204, 304).
+        case none
+    }
 
     func startChunked(status: Int, reason: String) {
         guard !isDone, !isChunked else { return }
         isChunked = true
-        let (bytes, closing) = responseHead(status: status, reason: reason, chunked: head.method != .head)
+        // As evhttp's reply_start: chunked only where a body may be and no length frames it.
+        let hasLength = responseFields.contains { $0.name.caseInsensitiveEquals("Content-Length") }
+        let mayHaveBody = head.method != .head && status >= 200 && status != 204 && status != 304
+        streamFraming = !mayHaveBody ? .none : hasLength || head.minorVersion == 0 ? .raw : .chunked
+        let (bytes, closing) = responseHead(status: status, reason: reason, chunked: streamFraming == .chunked,
+                                            endedByClose: streamFraming == .raw && !hasLength)
         closesAfterChunks = closing
         if owner.isOpen { owner.write(bytes) }
     }
 
     func sendChunk(_ bytes: [UInt8], whenDrained: (() -> Void)?) {
-        guard !isDone, isChunked, !bytes.isEmpty, owner.isOpen, head.method != .head else {
+        guard !isDone, isChunked, !bytes.isEmpty, owner.isOpen, streamFraming != .none else {
             whenDrained?()
             return
         }
-        if head.minorVersion >= 1 {
+        if streamFraming == .chunked {
             owner.write(Array("\(String(bytes.count, radix: 16))\r\n".utf8) + bytes + [0x0D, 0x0A])
         } else {
             owner.write(bytes)
@@ -118,7 +131,7 @@ final class ConnectionExchange: ServerExchange {
         guard !isDone, isChunked else { return }
         isDone = true
         guard owner.isOpen else { return }
-        if head.minorVersion >= 1, head.method != .head { owner.write(Array("0\r\n\r\n".utf8)) }
+        if streamFraming == .chunked { owner.write(Array("0\r\n\r\n".utf8)) }
         owner.responded(self, closing: closesAfterChunks)
     }
 

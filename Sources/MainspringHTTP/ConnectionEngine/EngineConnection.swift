@@ -33,6 +33,9 @@ final class EngineConnection {
         case body(RequestBodyReader, RequestHead)
         /// A request is with the server.
         case inFlight
+        /// Its response is written and leaving: the request completes, and the next is read (or
+        /// the connection closes, when `closing`), once the output is sent — as evhttp does.
+        case sending(closing: Bool)
         /// The guard answered and the write side is shut: the rest of the input is dropped until
         /// the peer leaves (at most two seconds).
         case lingering
@@ -76,7 +79,10 @@ final class EngineConnection {
             switch phase {
             case .idle:
                 guard start < input.count else {
-                    if peerEnded { connection.close() }
+                    if peerEnded {
+                        cancelTimer()
+                        connection.close()
+                    }
                     return
                 }
                 phase = .head
@@ -85,23 +91,33 @@ final class EngineConnection {
             case .head:
                 guard readHead() else { return }
             case .body(var reader, let head):
+                phase = .head  // so that `reader` holds the body alone: appending to it copies nothing
                 let outcome = reader.read(from: input, at: &start)
                 switch outcome {
                 case .needMore:
                     phase = .body(reader, head)
+                    // What the reader took is not kept: a body that trickles in costs its size.
+                    if start == input.count {
+                        input.removeAll(keepingCapacity: true)
+                        start = 0
+                    } else if start >= 65_536 {
+                        input.removeFirst(start)
+                        start = 0
+                    }
                     if peerEnded { connection.close() }
                     return
                 case .tooLarge:
                     refuse(413, "Payload Too Large", "request body larger than \(engine.limits.maxBodyBytes) bytes\n")
                     return
                 case .malformed(let reason):
-                    refuse(400, "Bad Request", reason + "\n")
+                    // evhttp's answer to a chunked body it cannot read.
+                    refuse(413, "Payload Too Large", reason + "\n")
                     return
                 case .done(let body):
                     dispatch(head, body: body)
                     return
                 }
-            case .inFlight, .lingering, .closing:
+            case .inFlight, .sending, .lingering, .closing:
                 if case .lingering = phase, peerEnded { connection.close() }
                 return
             }
@@ -147,24 +163,29 @@ final class EngineConnection {
         case .none:
             dispatch(head, body: [])
             return true
+        case .length(let length) where length > limits.maxBodyBytes:
+            // As evhttp: the body is read and dropped, then refused (a client that stops
+            // sending it meets the body timeout, unanswered).
+            reader = .discarding(length)
         case .length(let length):
-            guard length <= limits.maxBodyBytes else {
-                refuse(413, "Payload Too Large", "request body larger than \(limits.maxBodyBytes) bytes\n")
-                return false
-            }
             if length == 0 {
                 dispatch(head, body: [])
                 return true
             }
             reader = .length(length)
         case .chunked:
-            reader = .chunked(ChunkedBodyDecoder(maxBytes: limits.maxBodyBytes))
+            reader = .chunked(ChunkedBodyDecoder(maxBytes: limits.maxBodyBytes, maxTrailerBytes: limits.maxHeaderBytes))
+        }
+        if let expectation = head.expectation, !head.expectsContinue {
+            refuse(417, "Expectation Failed", "cannot meet the expectation \(expectation.prefix(64))\n")
+            return false
         }
         if limits.shedsBeforeBody, let retryAfter = engine.shedsBeforeBody(path: scan.targetPath) {
             refuse(503, "Service Unavailable", "overloaded: try again later\n", extra: "Retry-After: \(retryAfter)\r\n")
             return false
         }
-        if head.expectsContinue, start >= input.count {
+        // `100 Continue` while none of the body has come — unless it is to be refused anyway.
+        if head.expectsContinue, start >= input.count, !reader.isDiscarding {
             write(Array("HTTP/1.1 100 Continue\r\n\r\n".utf8))
         }
         phase = .body(reader, head)
@@ -214,13 +235,20 @@ final class EngineConnection {
 
     var isOpen: Bool { !isDetached && connection.isOpen }
 
-    /// The response to `request` is written in full: the next request is read, or the
-    /// connection closes after it (once its output is sent).
+    /// The response to `request` is written in full: once it has left, the request completes
+    /// and the next one is read, or the connection closes. Until then the response must keep
+    /// moving (`idleTimeout`, as while it was in flight); a connection that ends first loses it
+    /// (the request finishes unwritten).
     func responded(_ request: ConnectionExchange, closing: Bool) {
-        guard current === request else { return }
+        guard current === request, !isDetached else { return }
+        phase = .sending(closing: closing)
+        connection.whenOutputSent { [weak self] in self?.sent(request) }
+    }
+
+    private func sent(_ request: ConnectionExchange) {
+        guard current === request, !isDetached, case .sending(let closing) = phase else { return }
         current = nil
         engine.completed(request)
-        guard !isDetached else { return }
         if closing || peerEnded {
             phase = .closing
             cancelTimer()
@@ -287,7 +315,11 @@ final class EngineConnection {
     }
 
     private func stallCheck() {
-        guard !isDetached, case .inFlight = phase else { return }
+        guard !isDetached else { return }
+        switch phase {
+        case .inFlight, .sending: break
+        default: return
+        }
         let buffered = connection.bufferedOutputBytes
         if buffered > 0, written - buffered == sentAtArming {
             expired()

@@ -14,7 +14,9 @@ struct RequestHead {
     /// Whether the connection stays open after the response (HTTP/1.1 unless `Connection:
     /// close`; HTTP/1.0 only with `Connection: keep-alive`).
     var keepsAlive: Bool
-    var expectsContinue: Bool
+    /// The `Expect` field's value, in HTTP/1.1 (nil without one, or in HTTP/1.0).
+    var expectation: String?
+    var expectsContinue: Bool { expectation?.caseInsensitiveEquals("100-continue") == true }
 
     enum Framing: Equatable {
         case none
@@ -45,21 +47,25 @@ struct RequestHead {
             lines.append(Substring(String(decoding: trimmed, as: UTF8.self)))
         }
         guard let requestLine = lines.first else { return .failure(Failure(status: 400, reason: "no request line")) }
-        let parts = requestLine.split(separator: " ", omittingEmptySubsequences: false)
-        guard parts.count == 3, !parts[1].isEmpty else {
+        // As evhttp splits it: the method up to the first space, the version after the last,
+        // the target between them (spaces and all: "GET  /x" asks for " /x", which no route has).
+        guard let firstSpace = requestLine.firstIndex(of: " "), let lastSpace = requestLine.lastIndex(of: " "),
+              firstSpace < lastSpace
+        else {
             return .failure(Failure(status: 400, reason: "the request line is not METHOD TARGET VERSION"))
         }
-        guard let method = methods[String(parts[0])] else {
-            return .failure(Failure(status: 400, reason: "unknown method \(parts[0].prefix(32))"))
-        }
-        let version = parts[2]
+        let target = requestLine[requestLine.index(after: firstSpace)..<lastSpace]
+        let version = requestLine[requestLine.index(after: lastSpace)...]
+        guard !target.isEmpty else { return .failure(Failure(status: 400, reason: "the request line has no target")) }
         guard version.hasPrefix("HTTP/"), version.count == 8,
               let major = version.dropFirst(5).first?.wholeNumberValue, version.dropFirst(6).first == ".",
-              let minor = version.last?.wholeNumberValue
+              let minor = version.last?.wholeNumberValue, major == 1
         else {
-            return .failure(Failure(status: 400, reason: "the request line's version is not HTTP/x.y"))
+            return .failure(Failure(status: 400, reason: "the request line's version is not HTTP/1.x"))
         }
-        guard major == 1 else { return .failure(Failure(status: 505, reason: "only HTTP/1.x is served")) }
+        guard let method = methods[String(requestLine[..<firstSpace])] else {
+            return .failure(Failure(status: 501, reason: "unknown method \(requestLine[..<firstSpace].prefix(32))"))
+        }
         var fields: [(name: String, value: String)] = []
         for line in lines.dropFirst() {
             guard let colon = line.firstIndex(of: ":"), colon != line.startIndex else {
@@ -70,7 +76,7 @@ struct RequestHead {
         }
         var framing = Framing.none
         var connectionTokens: [Substring] = []
-        var expectsContinue = false
+        var expectation: String?
         for field in fields {
             if field.name.caseInsensitiveEquals("Transfer-Encoding") {
                 framing = .chunked  // the scan let only exactly `chunked` through
@@ -79,16 +85,16 @@ struct RequestHead {
             } else if field.name.caseInsensitiveEquals("Connection") {
                 connectionTokens += field.value.split(separator: ",").map { Substring(trimmingOptionalWhitespace($0.utf8)) }
             } else if field.name.caseInsensitiveEquals("Expect") {
-                expectsContinue = field.value.caseInsensitiveEquals("100-continue")
+                expectation = field.value
             }
         }
         if case .length(let length) = framing, length == 0 { framing = .none }
         let keepsAlive = minor >= 1
             ? !connectionTokens.contains { $0.caseInsensitiveEquals("close") }
             : connectionTokens.contains { $0.caseInsensitiveEquals("keep-alive") }
-        return .success(RequestHead(method: method, target: String(parts[1]), minorVersion: min(minor, 1),
+        return .success(RequestHead(method: method, target: String(target), minorVersion: min(minor, 1),
                                     fields: fields, framing: framing, keepsAlive: keepsAlive,
-                                    expectsContinue: expectsContinue && minor >= 1))
+                                    expectation: minor >= 1 ? expectation : nil))
     }
 
     /// The path (percent-decoded, "+" kept), the path as sent, and the query's items (values
@@ -109,7 +115,10 @@ struct RequestHead {
         }
         var items: [(name: String, value: String)] = []
         if let query, !query.isEmpty {
-            for item in query.split(separator: "&", omittingEmptySubsequences: false) {
+            // A single empty item at the end ("?a=1&") is no item, as evhttp reads it; an empty
+            // one elsewhere makes the query unreadable (no items at all).
+            let all = query.split(separator: "&", omittingEmptySubsequences: false)
+            for item in all.last?.isEmpty == true ? all.dropLast() : all[...] {
                 guard let equals = item.firstIndex(of: "="), equals != item.startIndex else {
                     items = []
                     break
@@ -159,12 +168,19 @@ struct RequestHead {
 enum RequestBodyReader {
     case length(Int)
     case chunked(ChunkedBodyDecoder)
+    /// A declared body over the limit: read and dropped (this many bytes still to come), then
+    /// `.tooLarge` — evhttp's lingering refusal.
+    case discarding(Int)
 
     enum Outcome {
         case needMore
         case done([UInt8])
         case tooLarge
         case malformed(String)
+    }
+
+    var isDiscarding: Bool {
+        if case .discarding = self { true } else { false }
     }
 
     /// Takes what it can from `input` at `start` (advancing it).
@@ -178,26 +194,39 @@ enum RequestBodyReader {
             let outcome = decoder.read(from: input, at: &start)
             self = .chunked(decoder)
             return outcome
+        case .discarding(let remaining):
+            let taken = min(remaining, input.count - start)
+            start += taken
+            self = .discarding(remaining - taken)
+            return remaining == taken ? .tooLarge : .needMore
         }
     }
 }
 
-/// The chunked transfer coding, decoded as it arrives (RFC 9112 §7.1): a size line in hex (with
-/// extensions, ignored), the data, a CRLF; a zero size ends it, then trailer lines (ignored) up
-/// to a blank line.
+/// The chunked transfer coding, decoded as it arrives, read as evhttp reads it: a size line in
+/// hex (leading white space, a sign and `0x` allowed; after the digits the line ends or a space
+/// follows, so `4;ext` is refused and `4 ;ext` is not), the data, then the next size line — the
+/// empty lines between are skipped, so the CRLF after the data is not required —; a zero size
+/// ends it, then trailer lines (`name: value`, at most `maxTrailerBytes` in all) up to a blank
+/// line. Any error is `.malformed` (evhttp answers `413`).
 struct ChunkedBodyDecoder {
     let maxBytes: Int
+    let maxTrailerBytes: Int
     private(set) var body: [UInt8] = []
     private var state = State.size
     /// Bytes of the chunk being read that are still to come.
     private var remaining = 0
+    private var trailerBytes = 0
 
-    private enum State { case size, data, dataEnd, trailer }
+    private enum State { case size, data, trailer }
 
-    /// The longest size or trailer line read.
+    /// The longest size line read.
     private static let maxLine = 4096
 
-    init(maxBytes: Int) { self.maxBytes = maxBytes }
+    init(maxBytes: Int, maxTrailerBytes: Int) {
+        self.maxBytes = maxBytes
+        self.maxTrailerBytes = maxTrailerBytes
+    }
 
     mutating func read(from input: [UInt8], at start: inout Int) -> RequestBodyReader.Outcome {
         while true {
@@ -206,18 +235,12 @@ struct ChunkedBodyDecoder {
                 guard let line = Self.line(in: input, from: &start) else {
                     return input.count - start > Self.maxLine ? .malformed("a chunk size line is too long") : .needMore
                 }
-                let digits = line.prefix { $0 != UInt8(ascii: ";") }.drop { $0 == 0x20 || $0 == 0x09 }
-                    .reversed().drop { $0 == 0x20 || $0 == 0x09 || $0 == 0x0D }.reversed()
-                guard !digits.isEmpty, digits.count <= 15 else { return .malformed("a chunk size is not a hex number") }
-                var size = 0
-                for digit in digits {
-                    guard let value = RequestHead.hexValue(digit) else { return .malformed("a chunk size is not a hex number") }
-                    size = size << 4 | Int(value)
-                }
+                if line.isEmpty { continue }  // the end of the chunk before, or a stray blank line
+                guard let size = Self.size(line) else { return .malformed("a chunk size is not a hex number") }
                 if size == 0 {
                     state = .trailer
                 } else {
-                    guard body.count + size <= maxBytes else { return .tooLarge }
+                    guard size <= maxBytes - body.count else { return .tooLarge }
                     remaining = size
                     state = .data
                 }
@@ -227,26 +250,58 @@ struct ChunkedBodyDecoder {
                 body.append(contentsOf: input[start..<(start + available)])
                 start += available
                 remaining -= available
-                if remaining == 0 { state = .dataEnd }
-            case .dataEnd:
-                guard let line = Self.line(in: input, from: &start) else {
-                    return input.count - start > 2 ? .malformed("a chunk's data is not followed by CRLF") : .needMore
-                }
-                guard line.isEmpty || line == [0x0D] else { return .malformed("a chunk's data is not followed by CRLF") }
-                state = .size
+                if remaining == 0 { state = .size }
             case .trailer:
+                let before = start
                 guard let line = Self.line(in: input, from: &start) else {
-                    return input.count - start > Self.maxLine ? .malformed("a trailer line is too long") : .needMore
+                    return trailerBytes + input.count - start > maxTrailerBytes
+                        ? .malformed("the trailer is larger than \(maxTrailerBytes) bytes") : .needMore
                 }
-                if line.isEmpty || line == [0x0D] { return .done(body) }
+                trailerBytes += start - before
+                guard trailerBytes <= maxTrailerBytes else { return .malformed("the trailer is larger than \(maxTrailerBytes) bytes") }
+                if line.isEmpty { return .done(body) }
+                guard let colon = line.firstIndex(of: UInt8(ascii: ":")), colon != line.startIndex,
+                      !line.contains(where: { $0 < 0x20 && $0 != 0x09 || $0 == 0x7F })
+                else {
+                    return .malformed("a trailer line is not a header field")
+                }
             }
         }
     }
 
-    /// The next line (without its LF), taken from `input` at `start`; nil until its LF arrives.
+    /// The size a size line gives, as `strtoll(line, &end, 16)` reads it with evhttp's checks:
+    /// nil for no digits, a negative size, or anything but the end or a space after the digits.
+    private static func size(_ line: ArraySlice<UInt8>) -> Int? {
+        var index = line.startIndex
+        while index < line.endIndex, [0x20, 0x09, 0x0B, 0x0C, 0x0D].contains(line[index]) { index += 1 }
+        var negative = false
+        if index < line.endIndex, line[index] == UInt8(ascii: "+") || line[index] == UInt8(ascii: "-") {
+            negative = line[index] == UInt8(ascii: "-")
+            index += 1
+        }
+        if line.endIndex - index > 2, line[index] == UInt8(ascii: "0"), line[index + 1] | 0x20 == UInt8(ascii: "x"),
+           RequestHead.hexValue(line[index + 2]) != nil
+        {
+            index += 2
+        }
+        var size = 0
+        var digits = 0
+        while index < line.endIndex, let value = RequestHead.hexValue(line[index]) {
+            size = size > (Int.max >> 4) ? Int.max : size << 4 | Int(value)  // strtoll saturates
+            digits += 1
+            index += 1
+        }
+        guard digits > 0, index == line.endIndex || line[index] == 0x20 else { return nil }
+        if negative { return size == 0 ? 0 : nil }
+        return size
+    }
+
+    /// The next line (without its LF and a CR before it), taken from `input` at `start`; nil
+    /// until its LF arrives.
     private static func line(in input: [UInt8], from start: inout Int) -> ArraySlice<UInt8>? {
         guard let end = input[start...].firstIndex(of: 0x0A) else { return nil }
         defer { start = end + 1 }
-        return input[start..<end]
+        let line = input[start..<end]
+        return line.last == 0x0D ? line.dropLast() : line
     }
 }

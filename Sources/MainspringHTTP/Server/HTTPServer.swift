@@ -33,8 +33,9 @@ import Foundation
 /// all digits, `Transfer-Encoding` beside `Content-Length`, a control character in a field, a
 /// bare CR, a folded line — and a `Transfer-Encoding` other than `chunked` `501`, each checked
 /// before anything is routed and followed by closing the connection. A request head over
-/// `maxHeaderBytes` gets `431`, a body over `maxBodyBytes` `413` (sent as soon as the declared
-/// length is known), an unknown path `404`, a known path with another method `405` with
+/// `maxHeaderBytes` gets `431`, a body over `maxBodyBytes` `413` (a declared one once it has been
+/// read and dropped, so that the client reads the answer rather than a reset; a chunked one as
+/// soon as its chunks pass the limit), an unknown method `501`, an unknown path `404`, a known path with another method `405` with
 /// `Allow`, a handler that throws `500` (no detail). A
 /// request whose head does not arrive within `headerTimeout`, or whose body does not within
 /// `bodyTimeout`, has its connection closed; so has a connection idle (or not reading its

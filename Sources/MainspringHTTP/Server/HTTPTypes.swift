@@ -173,6 +173,7 @@ func reasonPhrase(_ status: Int) -> String {
     case 413: return "Content Too Large"
     case 414: return "URI Too Long"
     case 415: return "Unsupported Media Type"
+    case 417: return "Expectation Failed"
     case 422: return "Unprocessable Content"
     case 429: return "Too Many Requests"
     case 431: return "Request Header Fields Too Large"
