@@ -246,4 +246,39 @@ import Testing
         simulation.advance(by: .seconds(3))
         #expect(simulation.network.openStreamEnds == 0)
     }
+
+    /// The DocC article's "Your HTTP service, end to end" (TestingWithVirtualTime.md), as written there.
+    @Test func aSlowHandlerMeetsTheClientsResponseTimeoutToTheInstant() async throws {
+        let simulation = try Simulation(seed: 3)
+        simulation.network.latency = .milliseconds(1)
+        let group = try simulation.makeGroup(loopCount: 2, host: "10.0.0.5")
+        simulation.network.register(name: "api.test", address: "10.0.0.5")
+        var routes = HTTPRoutes()
+        routes.get("/fast") { _ in .text("fast\n") }
+        routes.on([.get], "/slow", responding: { request, responder in
+            _ = request.loop.schedule(after: .seconds(5)) { responder.send(.text("late\n")) }
+        })
+        let server = try await HTTPServer(group: group, configuration: .init(host: "0.0.0.0", port: 80), routes: routes)
+        let client = HTTPClient(loop: simulation.loop, configuration: .init(responseTimeout: .seconds(2)))
+
+        let (fast, slow) = try await simulation.run { () async throws -> (String, HTTPClientError?) in
+            let fast = try await client.get("http://api.test/fast").text
+            do throws(HTTPClientError) {
+                _ = try await client.get("http://api.test/slow")
+                return (fast, nil)
+            } catch {
+                return (fast, error)
+            }
+        }
+        #expect(fast == "fast\n")
+        #expect(slow == .responseTimeout(.seconds(2)))
+        // Connected after one round trip (2 ms), /fast answered after another (2 ms), then
+        // /slow: no answer for 2 s.
+        #expect(simulation.now == .milliseconds(4) + .seconds(2))
+        #expect(server.statistics.snapshot.requestsInFlight == 1, "its handler is still at work")
+        client.shutdown()
+        try await simulation.run { await server.closeAndWait() }
+        simulation.advance(by: .seconds(5))
+        #expect(server.isClosed)
+    }
 }
