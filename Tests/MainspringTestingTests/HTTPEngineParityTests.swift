@@ -23,6 +23,10 @@ import Testing
         "GET /hello HTTP/1.1\r\nHost: a\r\n\r\nGET /hello HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
         "GET /hello HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /hello HTTP/1.0\r\n\r\n",
         "GET /hello HTTP/1.0\r\n\r\nGET /hello HTTP/1.0\r\n\r\n",
+        "GET /hello HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\nGET /hello HTTP/1.1\r\nHost: a\r\nConnection: keep-alive, close\r\n\r\n",
+        "GET http://a/hello HTTP/1.1\r\nHost: a\r\nProxy-Connection: close\r\n\r\n",
+        "GET /hello HTTP/1.1\r\nHost: a\r\nConnection: Close\r\n\r\n",
+        "POST /raw HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nConnection: close\r\n\r\nraw",
         "POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
         "POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello\r\nGET /hello HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
         "POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n4\r\nabcd\r\n0\r\n\r\n",
@@ -68,6 +72,7 @@ import Testing
         routes.get("/q") { request in .text(request.queryItems.map { "\($0.name)=\($0.value)" }.joined(separator: ";") + "\n") }
         routes.get("/path/é") { request in .text("path \(request.path)\n") }
         routes.post("/echo") { request in .text("echo [\(request.text)]\n") }
+        routes.post("/raw") { request in HTTPResponse(body: request.body) }
         routes.on([.get], "/stream", streaming: { _, writer in
             writer.start(headers: ["Content-Length": "6"])
             writer.write("hel")
@@ -111,8 +116,10 @@ import Testing
             }
             var length: Int?
             var chunked = false
+            var names: [String] = []
             while let field = line(), !field.isEmpty {
                 let lower = field.lowercased()
+                names.append(String(lower.prefix { $0 != ":" }) + (lower.hasPrefix("content-type") || lower.hasPrefix("connection") ? lower.drop { $0 != ":" } : ""))
                 if lower.hasPrefix("content-length:") { length = Int(lower.dropFirst(15).trimmingPrefix(" ")) }
                 if lower.hasPrefix("transfer-encoding:") && lower.contains("chunked") { chunked = true }
             }
@@ -130,12 +137,14 @@ import Testing
                 body = Array(reply[index..<end])
                 index = end
             }
-            answers.append(parts[1].hasPrefix("2") ? "\(parts[1]) \(String(decoding: body, as: UTF8.self))" : String(parts[1]))
+            answers.append((parts[1].hasPrefix("2") ? "\(parts[1]) \(String(decoding: body, as: UTF8.self))" : String(parts[1]))
+                + " {" + names.sorted().joined(separator: ",") + "}")
         }
         return answers
     }
 
-    /// The answers of evhttp on a real loop.
+    /// The answers of evhttp on a real loop (statuses, routed bodies, the header fields' names
+    /// with `Connection` and `Content-Type` in full).
     static func realAnswers() async throws -> [[String]] {
         let group = try EventLoopGroup(loopCount: 1)
         let server = try await HTTPServer(group: group, configuration: configuration, routes: routes)

@@ -30,10 +30,11 @@
 // Differences from evhttp, on purpose or not yet: a response that stops moving while some of
 // it waits is closed between one and two `idleTimeout`s after it stopped (checked at each
 // `idleTimeout`; evhttp's write timeout restarts at every write); the connections are not
-// accepted in bursts (the simulated listener hands them over one at a time); a response gets no
-// `Content-Type` unless its headers have one; a WebSocket upgrade keeps the connection's
-// options (the route's `outputLimit` and `closeTimeout` are evhttp's only). HTTPS over it is
-// real OpenSSL over the simulated bytes (`MainspringTLS`, through the listener's handshake).
+// accepted in bursts (the simulated listener hands them over one at a time); a WebSocket
+// upgrade keeps the connection's options (the route's `outputLimit` and `closeTimeout` are
+// evhttp's only). HTTPS over it is real OpenSSL over the simulated bytes (`MainspringTLS`,
+// through the listener's handshake). The header fields are evhttp's too: `Date`, the default
+// `Content-Type` (`text/html; charset=ISO-8859-1`), `Connection: close` echoed.
 @_spi(MainspringHTTP) import MainspringCore
 import Synchronization
 

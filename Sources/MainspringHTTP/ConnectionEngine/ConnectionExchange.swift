@@ -57,12 +57,22 @@ final class ConnectionExchange: ServerExchange {
             }
             text += "\(field.name): \(field.value)\r\n"
         }
+        // evhttp's default type, on a response that may have a body and names none.
+        if head.method != .head, status >= 200, status != 204, status != 304,
+           !responseFields.contains(where: { $0.name.caseInsensitiveEquals("Content-Type") })
+        {
+            text += "Content-Type: text/html; charset=ISO-8859-1\r\n"
+        }
         if chunked { text += "Transfer-Encoding: chunked\r\n" }
         if endedByClose { closing = true }  // the end of the connection ends the body
+        // As evhttp: a request whose `Connection` is `close` gets it back (not a proxy request:
+        // its `Proxy-Connection` closes silently), an HTTP/1.0 one that asked for `keep-alive`
+        // gets that; one that closes otherwise just closes (a draining server adds its own
+        // `Connection: close`).
         if !hasConnection {
-            if closing {
-                text += "Connection: close\r\n"
-            } else if head.minorVersion == 0 {
+            if head.asksToClose {
+                if !head.isProxyRequest { text += "Connection: close\r\n" }
+            } else if head.asksKeepAlive, head.minorVersion == 0 {
                 text += "Connection: keep-alive\r\n"
             }
         }

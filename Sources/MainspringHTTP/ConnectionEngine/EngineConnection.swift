@@ -1,4 +1,7 @@
 @_spi(MainspringHTTP) import MainspringCore
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// One connection of the connection engine: reads its requests one at a time (head, then body),
 /// hands each to the engine, writes its response, and keeps its deadlines. Loop thread only.
@@ -132,7 +135,7 @@ final class EngineConnection {
             scan.scan(UnsafeRawBufferPointer(rebasing: all[(start + scannedBefore)...]))
         }
         guard within else {
-            refuse(431, "Request Header Fields Too Large", "request head larger than \(scan.maxHeaderBytes) bytes\n")
+            refuse(431, "Request Header Fields Too Large", "request head larger than \(scan.maxHeaderBytes) bytes\n", dated: false)
             return false
         }
         guard scan.isComplete else {
@@ -141,9 +144,9 @@ final class EngineConnection {
         }
         if let problem = scan.problem {
             switch problem {
-            case .badRequest(let why): refuse(400, "Bad Request", why + "\n")
-            case .notImplemented(let why): refuse(501, "Not Implemented", why + "\n")
-            case .oversized, .overloaded: refuse(400, "Bad Request", "malformed request head\n")
+            case .badRequest(let why): refuse(400, "Bad Request", why + "\n", dated: false)
+            case .notImplemented(let why): refuse(501, "Not Implemented", why + "\n", dated: false)
+            case .oversized, .overloaded: refuse(400, "Bad Request", "malformed request head\n", dated: false)
             }
             return false
         }
@@ -181,7 +184,8 @@ final class EngineConnection {
             return false
         }
         if limits.shedsBeforeBody, let retryAfter = engine.shedsBeforeBody(path: scan.targetPath) {
-            refuse(503, "Service Unavailable", "overloaded: try again later\n", extra: "Retry-After: \(retryAfter)\r\n")
+            refuse(503, "Service Unavailable", "overloaded: try again later\n", extra: "Retry-After: \(retryAfter)\r\n",
+                   dated: false)
             return false
         }
         // `100 Continue` while none of the body has come — unless it is to be refused anyway.
@@ -210,9 +214,12 @@ final class EngineConnection {
 
     /// The guard's answer: the write side shuts after it, and what the client still sends is
     /// read and dropped until it leaves — for at most two seconds.
-    private func refuse(_ status: Int, _ reason: String, _ body: String, extra: String = "") {
+    /// `dated`: with a `Date` field, as evhttp's own refusals have; the head guard's (`dated`
+    /// false) come without one, as on a real loop.
+    private func refuse(_ status: Int, _ reason: String, _ body: String, extra: String = "", dated: Bool = true) {
         let text = "HTTP/1.1 \(status) \(reason)\r\nContent-Type: text/plain; charset=utf-8\r\n" + extra
-            + "Content-Length: \(body.utf8.count)\r\nConnection: close\r\n\r\n" + body
+            + "Content-Length: \(body.utf8.count)\r\nConnection: close\r\n"
+            + (dated ? "Date: \(HTTPDateCache.format(time(nil)))\r\n" : "") + "\r\n" + body
         write(Array(text.utf8))
         engine.answeredByGuard(status: status)
         phase = .lingering

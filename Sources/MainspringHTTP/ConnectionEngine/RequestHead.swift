@@ -14,6 +14,15 @@ struct RequestHead {
     /// Whether the connection stays open after the response (HTTP/1.1 unless `Connection:
     /// close`; HTTP/1.0 only with `Connection: keep-alive`).
     var keepsAlive: Bool
+    /// Whether the (first) `Connection` field is exactly `close`: evhttp then says
+    /// `Connection: close` in its response too.
+    var asksToClose: Bool
+    /// An absolute target (`http://host/path`), which evhttp takes for a proxy request: its close
+    /// is `Proxy-Connection`'s, and the response does not echo it.
+    var isProxyRequest: Bool
+    /// Whether the first `Connection` field starts with `keep-alive` (an HTTP/1.0 response
+    /// then says `Connection: keep-alive`).
+    var asksKeepAlive: Bool
     /// The `Expect` field's value, in HTTP/1.1 (nil without one, or in HTTP/1.0).
     var expectation: String?
     var expectsContinue: Bool { expectation?.caseInsensitiveEquals("100-continue") == true }
@@ -75,25 +84,33 @@ struct RequestHead {
             fields.append((String(line[..<colon]), String(value)))
         }
         var framing = Framing.none
-        var connectionTokens: [Substring] = []
         var expectation: String?
+        var firstConnection: String?
+        var firstProxyConnection: String?
         for field in fields {
             if field.name.caseInsensitiveEquals("Transfer-Encoding") {
                 framing = .chunked  // the scan let only exactly `chunked` through
             } else if field.name.caseInsensitiveEquals("Content-Length"), framing == .none {
                 framing = .length(Int(field.value) ?? 0)  // all digits, checked by the scan
             } else if field.name.caseInsensitiveEquals("Connection") {
-                connectionTokens += field.value.split(separator: ",").map { Substring(trimmingOptionalWhitespace($0.utf8)) }
+                if firstConnection == nil { firstConnection = field.value }
+            } else if field.name.caseInsensitiveEquals("Proxy-Connection") {
+                if firstProxyConnection == nil { firstProxyConnection = field.value }
             } else if field.name.caseInsensitiveEquals("Expect") {
                 expectation = field.value
             }
         }
         if case .length(let length) = framing, length == 0 { framing = .none }
-        let keepsAlive = minor >= 1
-            ? !connectionTokens.contains { $0.caseInsensitiveEquals("close") }
-            : connectionTokens.contains { $0.caseInsensitiveEquals("keep-alive") }
+        // As evhttp decides (evhttp_send_done): the first `Connection` field exactly `close` ends
+        // the connection — `Proxy-Connection` instead for an absolute target, which evhttp takes
+        // for a proxy request —, and HTTP/1.0 closes unless that field starts with `keep-alive`.
+        let isProxyRequest = !target.hasPrefix("/") && target.contains("://")
+        let asksToClose = (isProxyRequest ? firstProxyConnection : firstConnection)?.caseInsensitiveEquals("close") == true
+        let asksKeepAlive = firstConnection.map { $0.utf8.count >= 10 && $0.prefix(10).caseInsensitiveEquals("keep-alive") } ?? false
+        let keepsAlive = !asksToClose && (minor >= 1 || asksKeepAlive)
         return .success(RequestHead(method: method, target: String(target), minorVersion: min(minor, 1),
                                     fields: fields, framing: framing, keepsAlive: keepsAlive,
+                                    asksToClose: asksToClose, isProxyRequest: isProxyRequest, asksKeepAlive: asksKeepAlive,
                                     expectation: minor >= 1 ? expectation : nil))
     }
 
