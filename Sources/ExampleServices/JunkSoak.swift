@@ -36,8 +36,9 @@ import MainspringTesting
 ///   `localhost` (`run(_:seed:duration:certificate:)`).
 /// - ``Parser/httpServer``: `HTTPServer` (its connection engine on the simulated network) with
 ///   three `HTTPClient`s posting bodies to an echo route, junk landing inside heads and bodies
-///   (and inside the answers: the client's parser meets it too). Every request ends — an answer (the echo, or the guard's `400`,
-///   `413`, `431`, `501`, `505`, a `404`/`405` for a path or method junk made) or a clear
+///   (and inside the answers: the client's parser meets it too). Every request ends — an
+///   answer (the echo, or a refusal: `400`, `413`, `417`, `431`, `501`, a `404`/`405` for a path
+///   or method junk made) or a clear
 ///   `HTTPClientError` —, the server has nothing in flight at the end, and once the junk stops a
 ///   new request is echoed exactly.
 ///
@@ -572,7 +573,7 @@ public enum JunkSoak {
             ended["requests"] = nil
             result.outcomes.merge(ended, uniquingKeysWith: +)
             if ended.values.reduce(0, +) != requests { fail("\(requests) requests, \(ended.values.reduce(0, +)) ended") }
-            let expected: Set<String> = ["200", "400", "404", "405", "413", "431", "501", "505"]
+            let expected: Set<String> = ["200", "400", "404", "405", "413", "417", "431", "501"]
             for kind in ended.keys where kind.hasPrefix("other") || (Int(kind) != nil && !expected.contains(kind)) {
                 fail("an unexpected outcome: \(kind)")
             }
