@@ -281,4 +281,39 @@ import Testing
         simulation.advance(by: .seconds(5))
         #expect(server.isClosed)
     }
+
+    /// A client that reads part of a long response and then stops: its connection is closed
+    /// exactly `idleTimeout` after the response last moved — not at the next check after it.
+    @Test func aStalledResponseIsCutExactlyIdleTimeoutAfterItLastMoved() async throws {
+        let simulation = try Simulation(seed: 26)
+        simulation.network.latency = .milliseconds(1)
+        simulation.network.window = 65_536
+        let group = try simulation.makeGroup(loopCount: 1, host: "10.0.0.1")
+        var routes = HTTPRoutes()
+        routes.get("/big") { _ in .text(String(repeating: "x", count: 1_000_000)) }
+        let server = try await HTTPServer(group: group, configuration: .init(host: "0.0.0.0", port: 80, idleTimeout: .seconds(2)),
+                                          routes: routes)
+        let (lastRead, end) = try await simulation.run { () async throws -> (Duration, Duration) in
+            let connection = try await Connection.connect(to: "10.0.0.1", port: 80, on: simulation.loop)
+            try await connection.send("GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
+            try await simulation.loop.sleep(for: .milliseconds(500))
+            _ = try await connection.read(exactly: 65_536)  // one window's worth, then no more
+            let lastRead = simulation.now
+            // The server's side: polled every millisecond (this client reads nothing more, so
+            // its own connection cannot see the end).
+            while server.statistics.snapshot.connectionsTimedOut == 0, simulation.now < .seconds(10) {
+                try await simulation.loop.sleep(for: .milliseconds(1))
+            }
+            let end = simulation.now
+            connection.close()
+            return (lastRead, end)
+        }
+        // The response last moved just after the read (the client's socket takes input up to its
+        // read limit for a few more round trips of 2 ms), and the server cut it 2 s later — to the
+        // millisecond of polling. Checked only every `idleTimeout` from the request, it would
+        // have been cut at 4.003 s.
+        #expect(end > lastRead + .seconds(2) && end <= lastRead + .seconds(2) + .milliseconds(10), "\(lastRead) \(end)")
+        #expect(server.statistics.snapshot.connectionsTimedOut == 1)
+        try await simulation.run { await server.closeAndWait() }
+    }
 }

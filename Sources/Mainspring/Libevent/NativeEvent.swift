@@ -43,6 +43,8 @@ class NativeEventTarget {
     func socketReadable() {}
     /// A bufferevent's output buffer drained to the low watermark.
     func socketDrained() {}
+    /// A simulated socket's network took some of its output (it left, as after a `write(2)`).
+    func socketOutputTaken() {}
     /// A bufferevent's EOF, error (with `errno`), timeout, or finished connect.
     func socketEvent(_ event: SocketEvent, errno: Int32) {}
 }

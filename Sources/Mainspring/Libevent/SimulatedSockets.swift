@@ -106,6 +106,7 @@ public final class SimulatedSocket {
         let count = min(limit, evbuffer_get_length(output))
         guard count > 0 else { return [] }
         let bytes = Self.remove(count, from: output)
+        target.socketOutputTaken()
         var low = 0
         bufferevent_getwatermark(raw, Int16(EV_WRITE), &low, nil)
         if bufferevent_get_enabled(raw) & Int16(EV_WRITE) != 0, evbuffer_get_length(output) <= low {

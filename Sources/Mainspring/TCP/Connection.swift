@@ -455,6 +455,13 @@ public final class Connection: @unchecked Sendable {
     /// to the kernel, or on a simulated loop to the simulation's network: on the next turn if it
     /// has now. Dropped if the connection closes first. Loop thread only. (The HTTP server's
     /// streamed responses use it for a chunk's "drained".)
+    /// When output last left the connection (the loop's clock, ns), on a simulated loop; nil
+    /// on a real one, or before any has. For a response's stall deadline. Loop thread only.
+    package var outputMovedAt: UInt64? {
+        let moved = source.rare?.outputMovedAt ?? 0
+        return moved == 0 ? nil : moved
+    }
+
     package func whenOutputSent(_ handler: @escaping () -> Void) {
         loop.preconditionOnLoop("Connection.whenOutputSent(_:)")
         source.whenOutputSent(handler)

@@ -30,6 +30,8 @@ extension ConnectionSource {
         @exclusivity(unchecked) var shutdownWhenConnected = false
         /// The graceful close under way was started by a task's cancellation (`cancel()`).
         @exclusivity(unchecked) var closesForCancellation = false
+        /// When output last left (loop clock ns; 0: never) — kept on simulated loops only.
+        @exclusivity(unchecked) var outputMovedAt: UInt64 = 0
     }
 
     /// `rare`, made now if it was not yet (for a write to one of its members).

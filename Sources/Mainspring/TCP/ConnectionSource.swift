@@ -439,6 +439,11 @@ final class ConnectionSource: Source {
 
     override func socketDrained() { fire(.write) }
 
+    /// Simulated sockets only (the network took output): when it happened.
+    override func socketOutputTaken() {
+        withLoop { loop in rareState.outputMovedAt = loop.monotonicNow() }
+    }
+
     override func socketEvent(_ event: SocketEvent, errno: Int32) {
         pendingEvent.formUnion(event)
         if event.contains(.error) { pendingErrno = errno }

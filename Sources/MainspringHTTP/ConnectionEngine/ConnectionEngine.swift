@@ -25,11 +25,11 @@
 //   when the request counts as finished;
 // - a streamed response is chunked only where a body may be and no `Content-Length` frames it;
 // - a head that has not arrived `headerTimeout` after its first byte, a body `bodyTimeout` after
-//   its head, a connection idle for `idleTimeout` are closed exactly then, on the loop's timers.
+//   its head, a connection idle for `idleTimeout`, a response that has not moved for
+//   `idleTimeout` while some of it waits (evhttp's write timeout) are closed exactly then, on
+//   the loop's timers.
 //
-// Differences from evhttp, on purpose or not yet: a response that stops moving while some of
-// it waits is closed between one and two `idleTimeout`s after it stopped (checked at each
-// `idleTimeout`; evhttp's write timeout restarts at every write); the connections are not
+// Differences from evhttp, on purpose or not yet: the connections are not
 // accepted in bursts (the simulated listener hands them over one at a time); a WebSocket
 // upgrade keeps the connection's options (the route's `outputLimit` and `closeTimeout` are
 // evhttp's only). HTTPS over it is real OpenSSL over the simulated bytes (`MainspringTLS`,

@@ -24,8 +24,9 @@ final class EngineConnection {
     private var timedOut = false
     /// Bytes written to the connection so far (with `bufferedOutputBytes`: how many have left).
     private var written = 0
-    /// How many had left when the stall timer was armed.
-    private var sentAtArming = 0
+    /// When the engine last wrote (the loop's clock, ns): a response's stall counts from the
+    /// later of this and when output last left.
+    private var lastWriteAt: UInt64 = 0
 
     private enum Phase {
         /// Between requests: nothing of the next one has arrived.
@@ -235,6 +236,7 @@ final class EngineConnection {
 
     func write(_ bytes: [UInt8]) {
         written += bytes.count
+        lastWriteAt = engine.loop.monotonicNow()
         connection.write(bytes)
     }
 
@@ -313,25 +315,29 @@ final class EngineConnection {
         timer = nil
     }
 
-    /// A request with the server: its connection closes if its response stops moving for
-    /// `idleTimeout` while some of it waits (the client does not read).
-    private func armStallTimer() {
-        sentAtArming = written - connection.bufferedOutputBytes
+    /// A request with the server: its connection closes once its response has not moved for
+    /// `idleTimeout` while some of it waits (the client does not read) — exactly then: counted
+    /// from the later of the engine's last write and the last time output left.
+    private func armStallTimer(after delay: Duration? = nil) {
         cancelTimer()
-        timer = engine.loop.schedule(after: engine.limits.idleTimeout) { [weak self] in self?.stallCheck() }
+        timer = engine.loop.schedule(after: delay ?? engine.limits.idleTimeout) { [weak self] in self?.stallCheck() }
     }
 
     private func stallCheck() {
+        timer = nil
         guard !isDetached else { return }
         switch phase {
         case .inFlight, .sending: break
         default: return
         }
-        let buffered = connection.bufferedOutputBytes
-        if buffered > 0, written - buffered == sentAtArming {
+        guard connection.bufferedOutputBytes > 0 else { return armStallTimer() }  // nothing waits
+        let now = engine.loop.monotonicNow()
+        let lastMove = max(lastWriteAt, connection.outputMovedAt ?? 0)
+        let limit = engine.limits.idleTimeout.clampedNanoseconds
+        if now &- lastMove >= limit {
             expired()
         } else {
-            armStallTimer()
+            armStallTimer(after: .nanoseconds(Int64(lastMove &+ limit &- now)))
         }
     }
 
