@@ -1,5 +1,6 @@
 import Mainspring
 import MainspringHTTP
+import MainspringTestSupport
 import MainspringTesting
 import Synchronization
 import Testing
@@ -8,11 +9,6 @@ import Testing
 /// connections the simulation's network's (the connection engine), every deadline exact on
 /// virtual time.
 @Suite struct HTTPServerSimulationTests {
-    struct Failure: Error, CustomStringConvertible {
-        let description: String
-        init(_ description: String) { self.description = description }
-    }
-
     /// A server on a simulated group of two loops, with the routes of a small service.
     struct Service {
         let simulation: Simulation
@@ -155,7 +151,7 @@ import Testing
             for request in requests {
                 let connection = try await Connection.connect(to: "api.test", port: 80, on: simulation.loop)
                 try await connection.send(request)
-                guard let response = try await Self.readResponse(connection) else { throw Failure("no answer to \(request)") }
+                guard let response = try await Self.readResponse(connection) else { throw TestFailure("no answer to \(request)") }
                 answers.append((response.statusLine, response.body))
                 // The server shut its side after the answer: the end of the input follows it.
                 let after = try await connection.readLine()

@@ -9,11 +9,6 @@ import Testing
 /// a reset mid-reply, an idle client, a member that stops reading — each exactly, on virtual
 /// time, with the services' real code.
 @Suite struct ExampleSimulationTests {
-    struct Failure: Error, CustomStringConvertible {
-        let description: String
-        init(_ description: String) { self.description = description }
-    }
-
     /// The line service on a simulated host, its requests split into one-byte segments: every
     /// reply is right, `SLEEP` answers exactly its time later, and an idle connection is closed
     /// exactly at its idle timeout.
@@ -46,7 +41,7 @@ import Testing
         }
         #expect(replies[0] == .line("héllo wörld"), "split inside its two-byte characters, whole again")
         #expect(replies[1] == .line("SLEPT 250"))
-        guard case .line(let error)? = replies[2] else { throw Failure("no reply to NOSUCH") }
+        guard case .line(let error)? = replies[2] else { throw TestFailure("no reply to NOSUCH") }
         #expect(error.hasPrefix("ERR unknown command 'NOSUCH'"))
         #expect(replies[3] == .line("again"))
         // Every byte its own segment, each delivered on its own (the loops run between two),

@@ -1,6 +1,7 @@
 import ExampleServices
 import Mainspring
 import MainspringHTTP
+import MainspringTestSupport
 import MainspringTesting
 import Testing
 
@@ -8,11 +9,6 @@ import Testing
 /// its real routes, feeders and metrics, an `HTTPClient` and raw connections as its clients,
 /// every `/work` chunk charged 50 µs of modelled CPU — so its answers and their timing are exact.
 @Suite struct HTTPServiceSimulationTests {
-    struct Failure: Error, CustomStringConvertible {
-        let description: String
-        init(_ description: String) { self.description = description }
-    }
-
     /// The service on a simulated group of two loops at `10.0.0.2` ("http.test", port 8080),
     /// its `/work` chunks costing `chunkCost` of modelled CPU each and counted in `chunksRun`.
     struct Service {
@@ -86,7 +82,7 @@ import Testing
             // The head, then the first chunk: its size line and "progress 10% (10000/100000)".
             while case .line(let line)? = try await connection.readLine(), !line.isEmpty, line != "\r" {}
             _ = try await connection.readLine()
-            guard case .line(let first)? = try await connection.readLine() else { throw Failure("no progress line") }
+            guard case .line(let first)? = try await connection.readLine() else { throw TestFailure("no progress line") }
             let resetAt = simulation.now
             network.reset("127.0.0.1", "10.0.0.2")
             var outcome = "no error"
@@ -124,7 +120,7 @@ import Testing
             var echoed: [WebSocket.Message] = []
             for message in [WebSocket.Message.text("héllo"), .binary(Array(0..<200)), .text(String(repeating: "z", count: 70_000))] {
                 try await socket.send(message)
-                guard let answer = await socket.receive() else { throw Failure("the socket ended") }
+                guard let answer = await socket.receive() else { throw TestFailure("the socket ended") }
                 echoed.append(answer)
             }
             await socket.closeAndWait()

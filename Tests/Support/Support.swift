@@ -232,3 +232,9 @@ package func freshDirectory(_ name: String = "watched") -> String {
     mkdir(path, 0o755)
     return path
 }
+
+/// A test's own failure, with what went wrong in words (`throw TestFailure("no answer")`).
+package struct TestFailure: Error, CustomStringConvertible {
+    package let description: String
+    package init(_ description: String) { self.description = description }
+}

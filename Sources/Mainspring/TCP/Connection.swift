@@ -451,10 +451,6 @@ public final class Connection: @unchecked Sendable {
         return true
     }
 
-    /// Runs `handler` once everything written so far has left the connection's buffers — handed
-    /// to the kernel, or on a simulated loop to the simulation's network: on the next turn if it
-    /// has now. Dropped if the connection closes first. Loop thread only. (The HTTP server's
-    /// streamed responses use it for a chunk's "drained".)
     /// When output last left the connection (the loop's clock, ns), on a simulated loop; nil
     /// on a real one, or before any has. For a response's stall deadline. Loop thread only.
     package var outputMovedAt: UInt64? {
@@ -462,6 +458,10 @@ public final class Connection: @unchecked Sendable {
         return moved == 0 ? nil : moved
     }
 
+    /// Runs `handler` once everything written so far has left the connection's buffers — handed
+    /// to the kernel, or on a simulated loop to the simulation's network: on the next turn if it
+    /// has now. Dropped if the connection closes first. Loop thread only. (The HTTP server's
+    /// streamed responses use it for a chunk's "drained".)
     package func whenOutputSent(_ handler: @escaping () -> Void) {
         loop.preconditionOnLoop("Connection.whenOutputSent(_:)")
         source.whenOutputSent(handler)

@@ -32,10 +32,18 @@ final class ConnectionExchange: ServerExchange {
     func markDead() { isDone = true }
 
     /// The connection closed under the request: a chunk's waiters learn it.
-    func connectionLost() {
+    func connectionLost() { runDrainWaiters() }
+
+    private func runDrainWaiters() {
         let waiters = drainWaiters
         drainWaiters = []
         for waiter in waiters { waiter() }
+    }
+
+    /// Whether a response of `status` carries a body (as evhttp_response_needs_body): not for
+    /// `HEAD`, 1xx, 204 or 304.
+    private func mayHaveBody(status: Int) -> Bool {
+        head.method != .head && status >= 200 && status != 204 && status != 304
     }
 
     func addResponseHeader(_ name: String, _ value: String) {
@@ -58,9 +66,7 @@ final class ConnectionExchange: ServerExchange {
             text += "\(field.name): \(field.value)\r\n"
         }
         // evhttp's default type, on a response that may have a body and names none.
-        if head.method != .head, status >= 200, status != 204, status != 304,
-           !responseFields.contains(where: { $0.name.caseInsensitiveEquals("Content-Type") })
-        {
+        if mayHaveBody(status: status), !responseFields.contains(where: { $0.name.caseInsensitiveEquals("Content-Type") }) {
             text += "Content-Type: text/html; charset=ISO-8859-1\r\n"
         }
         if chunked { text += "Transfer-Encoding: chunked\r\n" }
@@ -109,8 +115,7 @@ final class ConnectionExchange: ServerExchange {
         isChunked = true
         // As evhttp's reply_start: chunked only where a body may be and no length frames it.
         let hasLength = responseFields.contains { $0.name.caseInsensitiveEquals("Content-Length") }
-        let mayHaveBody = head.method != .head && status >= 200 && status != 204 && status != 304
-        streamFraming = !mayHaveBody ? .none : hasLength || head.minorVersion == 0 ? .raw : .chunked
+        streamFraming = !mayHaveBody(status: status) ? .none : hasLength || head.minorVersion == 0 ? .raw : .chunked
         let (bytes, closing) = responseHead(status: status, reason: reason, chunked: streamFraming == .chunked,
                                             endedByClose: streamFraming == .raw && !hasLength)
         closesAfterChunks = closing
@@ -129,12 +134,8 @@ final class ConnectionExchange: ServerExchange {
         }
         guard let whenDrained else { return }
         drainWaiters.append(whenDrained)
-        owner.connection.whenOutputSent { [weak self] in
-            guard let self else { return }
-            let waiters = drainWaiters
-            drainWaiters = []
-            for waiter in waiters { waiter() }
-        }
+        // One hook serves every waiter until the output has all left.
+        if drainWaiters.count == 1 { owner.connection.whenOutputSent { [weak self] in self?.runDrainWaiters() } }
     }
 
     func endChunked() {

@@ -22,8 +22,6 @@ final class EngineConnection {
     private var isDetached = false
     /// A deadline closed the connection.
     private var timedOut = false
-    /// Bytes written to the connection so far (with `bufferedOutputBytes`: how many have left).
-    private var written = 0
     /// When the engine last wrote (the loop's clock, ns): a response's stall counts from the
     /// later of this and when output last left.
     private var lastWriteAt: UInt64 = 0
@@ -235,7 +233,6 @@ final class EngineConnection {
     // MARK: Answering
 
     func write(_ bytes: [UInt8]) {
-        written += bytes.count
         lastWriteAt = engine.loop.monotonicNow()
         connection.write(bytes)
     }
