@@ -247,19 +247,19 @@ import Glibc
         #expect {
             _ = try DatagramSocket(bindingTo: "127.0.0.1", port: 7000, on: loop)
         } throws: { error in
-            guard case EventLoopError.system(_, let code) = error else { return false }
+            guard case DatagramError.system(_, let code) = error else { return false }
             return code == EADDRINUSE
         }
         #expect {
             _ = try DatagramSocket(bindingTo: "10.9.9.9", port: 7001, on: loop)
         } throws: { error in
-            guard case EventLoopError.system(_, let code) = error else { return false }
+            guard case DatagramError.system(_, let code) = error else { return false }
             return code == EADDRNOTAVAIL
         }
         #expect {
             try first.joinMulticastGroup("239.1.2.3")
         } throws: { error in
-            guard case EventLoopError.simulatedLoop(let refused) = error else { return false }
+            guard case DatagramError.loop(.simulatedLoop(let refused)) = error else { return false }
             return refused.contains("239.1.2.3")
         }
         first.close()

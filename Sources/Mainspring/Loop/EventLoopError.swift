@@ -54,11 +54,13 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
     /// their successors throw ``FileWatchError/cannotWatch(path:errno:)``).
     @available(*, deprecated, message: "EventLoop.observeFile(at:_:) and fileChanges(at:) throw FileWatchError.cannotWatch")
     case watchFailed(path: String, errno: Int32)
-    /// The socket is closed (a ``DatagramSocket`` after `close()` or its loop's shutdown).
+    /// A closed datagram socket: no longer thrown — ``DatagramSocket`` throws
+    /// ``DatagramError/closed``.
+    @available(*, deprecated, message: "DatagramSocket throws DatagramError.closed")
     case socketClosed
-    /// A datagram of `size` bytes is larger than UDP allows: `limit` is the family's payload
-    /// limit (65,507 bytes for IPv4, 65,527 for IPv6), or nil when the kernel refused it with
-    /// EMSGSIZE (a smaller socket buffer or path MTU with fragmentation forbidden).
+    /// A datagram too large for UDP: no longer thrown — ``DatagramSocket`` throws
+    /// ``DatagramError/tooLarge(size:limit:)``.
+    @available(*, deprecated, message: "DatagramSocket throws DatagramError.tooLarge")
     case datagramTooLarge(size: Int, limit: Int?)
     /// A simulated loop (`MainspringTesting`) was asked for something real — a descriptor, a
     /// socket, a listener, a signal, a child process — or can never make progress (a deadlock).
@@ -117,8 +119,7 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
         case .socketClosed:
             return "the socket is closed"
         case .datagramTooLarge(let size, let limit):
-            return limit.map { "a datagram of \(size) bytes is larger than UDP's \($0)-byte limit" }
-                ?? "a datagram of \(size) bytes is too large for the socket (EMSGSIZE)"
+            return DatagramError.tooLarge(size: size, limit: limit).description
         case .bindNeedsAddress(let host):
             return "cannot bind the host name '\(host)' on the loop's thread (resolving it would block the loop): "
                 + "resolve it first with EventLoop.resolve(_:port:timeout:) and bind one of its addresses, "

@@ -158,11 +158,20 @@ public final class DatagramSocket: Sendable {
     /// resolve it first with ``EventLoop/resolve(_:port:timeout:)``); port 0 lets
     /// the kernel choose (read ``localAddress``). Datagrams wait in the kernel until
     /// ``onReceive(_:)`` or `datagrams()` starts reading. Loop thread only.
-    /// - Throws: `.wrongThread`, `.invalidAddress`, `.bindNeedsAddress`, `.system` (the `bind`'s
-    ///   errno: EADDRINUSE, EACCES…), `.libevent`.
-    public init(bindingTo host: String, port: UInt16, on loop: EventLoop, options: Options = Options())
-        throws(EventLoopError)
+    /// - Throws: ``DatagramError/invalidAddress(_:)``, `.system` (the `bind`'s errno:
+    ///   EADDRINUSE, EACCES…), `.loop` (`.wrongThread`, `.bindNeedsAddress`, `.libevent`).
+    public convenience init(bindingTo host: String, port: UInt16, on loop: EventLoop, options: Options = Options())
+        throws(DatagramError)
     {
+        do throws(EventLoopError) {
+            try self.init(binding: host, port: port, on: loop, options: options)
+        } catch {
+            throw DatagramError(error)
+        }
+    }
+
+    /// `init(bindingTo:port:on:options:)` in the loop's terms.
+    private init(binding host: String, port: UInt16, on loop: EventLoop, options: Options) throws(EventLoopError) {
         guard loop.claimThread() else { throw .wrongThread(function: "DatagramSocket.init(bindingTo:port:on:options:)") }
         let address = try listeningAddress(for: host, port: port)
         if loop.isSimulated {
@@ -198,9 +207,9 @@ public final class DatagramSocket: Sendable {
     /// `init(bindingTo:port:on:options:)` from any task: makes the socket on `loop` (no hop from
     /// a task already on it).
     public static func bind(to host: String, port: UInt16, on loop: EventLoop, options: Options = Options())
-        async throws(EventLoopError) -> DatagramSocket
+        async throws(DatagramError) -> DatagramSocket
     {
-        try await loop.onLoop { () throws(EventLoopError) in
+        try await loop.onLoop(closed: .loop(.loopClosed)) { () throws(DatagramError) in
             try DatagramSocket(bindingTo: host, port: port, on: loop, options: options)
         }
     }
@@ -208,8 +217,8 @@ public final class DatagramSocket: Sendable {
     /// Connects the socket to `address` (`connect(2)`, which sends nothing): datagrams without
     /// an address go there, only its datagrams are received, and an ICMP port-unreachable from
     /// it is reported (``DatagramEvent/error(errno:)`` with ECONNREFUSED). Loop thread only.
-    /// - Throws: `.wrongThread`, `.socketClosed`, `.system` with the connect's errno.
-    public func connect(to address: SocketAddress) throws(EventLoopError) {
+    /// - Throws: `.closed`, `.system` with the connect's errno, `.loop(.wrongThread)`.
+    public func connect(to address: SocketAddress) throws(DatagramError) {
         try checkUsable("DatagramSocket.connect(to:)")
         if source.simulatedPort != nil {
             source.peer = address  // the simulated network sends nothing for a connect either
@@ -230,11 +239,11 @@ public final class DatagramSocket: Sendable {
     /// Calls `handler` on the loop, at ``Options/priority``, for each datagram and each error
     /// met, until `close()`. One consumer per socket: either this or `datagrams()`. Loop
     /// thread only.
-    /// - Throws: `.wrongThread`, `.socketClosed`, `.libevent`; a precondition failure when the
-    ///   socket already has a consumer.
-    public func onReceive(_ handler: @escaping (DatagramEvent) -> Void) throws(EventLoopError) {
+    /// - Throws: `.closed`, `.loop` (`.wrongThread`, `.libevent`); a precondition failure when
+    ///   the socket already has a consumer.
+    public func onReceive(_ handler: @escaping (DatagramEvent) -> Void) throws(DatagramError) {
         try checkUsable("DatagramSocket.onReceive(_:)")
-        try source.startReading(handler)
+        do throws(EventLoopError) { try source.startReading(handler) } catch { throw .loop(error) }
     }
 
     /// The datagrams (and errors) as an async sequence, ending (`nil`) when the socket
@@ -243,12 +252,16 @@ public final class DatagramSocket: Sendable {
     /// socket; cancelling the iterating task (or dropping the sequence) ends it and closes the
     /// socket, as for every sequence that is a source's one consumer (`Listener.connections`,
     /// `signals`, `lines(from:)`). Loop thread only (the async overload works from any task).
-    /// - Throws: `.wrongThread`, `.socketClosed`, `.libevent`.
-    public func datagrams() throws(EventLoopError) -> Datagrams {
+    /// - Throws: `.closed`, `.loop` (`.wrongThread`, `.libevent`).
+    public func datagrams() throws(DatagramError) -> Datagrams {
         try checkUsable("DatagramSocket.datagrams()")
         let feed = LoopFeed<DatagramEvent>(loop: loop, bound: max(1, source.options.maximumDatagramsPerWakeup))
         let source = self.source
-        try source.startReading { [weak feed] event in feed?.yield(event) }
+        do throws(EventLoopError) {
+            try source.startReading { [weak feed] event in feed?.yield(event) }
+        } catch {
+            throw .loop(error)
+        }
         feed.attach(source: source, pause: { [weak source] in source?.pauseReading() },
                     resume: { [weak source] in source?.resumeReading() })
         source.onClosed = { [weak feed] in feed?.finish() }
@@ -256,21 +269,21 @@ public final class DatagramSocket: Sendable {
     }
 
     /// `datagrams()` from any task.
-    public nonisolated(nonsending) func datagrams() async throws(EventLoopError) -> Datagrams {
-        try await loop.onLoop { () throws(EventLoopError) in try self.datagrams() }
+    public nonisolated(nonsending) func datagrams() async throws(DatagramError) -> Datagrams {
+        try await loop.onLoop(closed: .loop(.loopClosed)) { () throws(DatagramError) in try self.datagrams() }
     }
 
     /// Sends `datagram` without blocking: to the kernel at once when nothing waits before it
     /// (one `sendmmsg(2)`), otherwise into the bounded send queue. Loop thread only.
     /// - Returns: ``SendOutcome/sent``, ``SendOutcome/queued``, or ``SendOutcome/queueFull``
     ///   (not taken).
-    /// - Throws: `.datagramTooLarge` for a payload over the family's UDP limit (65,507 bytes for
-    ///   IPv4) or one the kernel refuses with EMSGSIZE; `.invalidAddress` for a datagram without
-    ///   an address on an unconnected socket or one of the other family on an IPv4 socket;
-    ///   `.socketClosed`; `.wrongThread`; `.system` with the send's errno (EACCES for a
-    ///   broadcast address without ``Options/allowsBroadcast``, ECONNREFUSED for a connected
-    ///   peer that answered port-unreachable).
-    public func trySend(_ datagram: Datagram) throws(EventLoopError) -> SendOutcome {
+    /// - Throws: ``DatagramError/tooLarge(size:limit:)`` for a payload over the family's UDP
+    ///   limit (65,507 bytes for IPv4) or one the kernel refuses with EMSGSIZE;
+    ///   `.invalidAddress` for a datagram without an address on an unconnected socket or one of
+    ///   the other family on an IPv4 socket; `.closed`; `.system` with the send's errno (EACCES
+    ///   for a broadcast address without ``Options/allowsBroadcast``, ECONNREFUSED for a
+    ///   connected peer that answered port-unreachable); `.loop(.wrongThread)`.
+    public func trySend(_ datagram: Datagram) throws(DatagramError) -> SendOutcome {
         try checkUsable("DatagramSocket.trySend(_:)")
         return try source.trySend(datagram)
     }
@@ -279,7 +292,7 @@ public final class DatagramSocket: Sendable {
     /// how many were taken (sent or queued) — fewer than given once the queue is full; the rest
     /// were not taken. Loop thread only. Throws like ``trySend(_:)`` for the first datagram
     /// that fails (those before it were taken).
-    public func trySend(contentsOf datagrams: [Datagram]) throws(EventLoopError) -> Int {
+    public func trySend(contentsOf datagrams: [Datagram]) throws(DatagramError) -> Int {
         try checkUsable("DatagramSocket.trySend(contentsOf:)")
         return try source.trySend(contentsOf: datagrams[...])
     }
@@ -289,19 +302,22 @@ public final class DatagramSocket: Sendable {
     /// A datagram queued is sent as the kernel takes it, while the socket is open: closing it
     /// (`close()`, the loop's end, or its last handle dropped with no consumer) drops what is
     /// still queued.
-    /// - Throws: like ``trySend(_:)``; `.socketClosed` when the socket closes while it waits;
+    /// - Throws: like ``trySend(_:)``; `.closed` when the socket closes while it waits;
     ///   `.cancelled` when the task is cancelled while it waits (the datagram is not sent; the
-    ///   socket stays open for other senders).
-    public nonisolated(nonsending) func send(_ datagram: Datagram) async throws(EventLoopError) {
+    ///   socket stays open for other senders); `.loop(.loopClosed)` when the loop is shut down.
+    public nonisolated(nonsending) func send(_ datagram: Datagram) async throws(DatagramError) {
         let state = self.state
-        let result: Result<Void, EventLoopError> = await loop.waitCancellably { once in
+        let result: Result<Result<Void, DatagramError>, EventLoopError> = await loop.waitCancellably { once in
             state.value.send(datagram, resuming: once)
         }
-        try result.get()
+        switch result {
+        case .success(let sent): try sent.get()
+        case .failure(let error): throw DatagramError(error)
+        }
     }
 
     /// Sends each of `datagrams` in order, suspending while the send queue is full.
-    public nonisolated(nonsending) func send(contentsOf datagrams: [Datagram]) async throws(EventLoopError) {
+    public nonisolated(nonsending) func send(contentsOf datagrams: [Datagram]) async throws(DatagramError) {
         for datagram in datagrams { try await send(datagram) }
     }
 
@@ -309,15 +325,16 @@ public final class DatagramSocket: Sendable {
     /// "ff02::1:3") on the interface named `interface` ("eth0"; nil lets the kernel pick), so
     /// that its datagrams to this socket's port arrive. Loop thread only.
     /// - Throws: `.invalidAddress` for an address that is not multicast or an unknown
-    ///   interface; `.system` (EADDRINUSE: already joined); `.wrongThread`; `.socketClosed`.
-    public func joinMulticastGroup(_ group: String, interface: String? = nil) throws(EventLoopError) {
+    ///   interface; `.system` (EADDRINUSE: already joined); `.closed`; `.loop` (`.wrongThread`;
+    ///   `.simulatedLoop`: the simulated network has no multicast).
+    public func joinMulticastGroup(_ group: String, interface: String? = nil) throws(DatagramError) {
         try checkUsable("DatagramSocket.joinMulticastGroup(_:interface:)")
         try changeMembership(group, interface: interface, join: true)
     }
 
     /// Leaves a group joined with ``joinMulticastGroup(_:interface:)``. Loop thread only.
     /// - Throws: like ``joinMulticastGroup(_:interface:)`` (EADDRNOTAVAIL: not joined).
-    public func leaveMulticastGroup(_ group: String, interface: String? = nil) throws(EventLoopError) {
+    public func leaveMulticastGroup(_ group: String, interface: String? = nil) throws(DatagramError) {
         try checkUsable("DatagramSocket.leaveMulticastGroup(_:interface:)")
         try changeMembership(group, interface: interface, join: false)
     }
@@ -344,7 +361,7 @@ public final class DatagramSocket: Sendable {
     }
 
     /// Closes the socket: the sequence ends, queued datagrams are dropped and waiting
-    /// ``send(_:)`` calls throw `.socketClosed`. Idempotent. Any thread: on the loop's thread no
+    /// ``send(_:)`` calls throw ``DatagramError/closed``. Idempotent. Any thread: on the loop's thread no
     /// handler runs after this returns; from another thread the close is posted to the loop
     /// (one post), and a handler already due may run before it.
     public func close() {
@@ -363,19 +380,21 @@ public final class DatagramSocket: Sendable {
         _ = try? await loop.onLoop { state.value.close() }
     }
 
-    private func checkUsable(_ function: String) throws(EventLoopError) {
-        guard loop.claimThread() else { throw .wrongThread(function: function) }
-        guard !source.isClosed else { throw .socketClosed }
+    private func checkUsable(_ function: String) throws(DatagramError) {
+        guard loop.claimThread() else { throw .loop(.wrongThread(function: function)) }
+        guard !source.isClosed else { throw .closed }
     }
 
-    private func changeMembership(_ group: String, interface: String?, join: Bool) throws(EventLoopError) {
+    private func changeMembership(_ group: String, interface: String?, join: Bool) throws(DatagramError) {
         guard let address = numericAddress(group, port: 0), isMulticast(address) else {
-            throw .invalidAddress("\(group) (not a multicast address)")
+            throw .invalidAddress("'\(group)' is not a multicast address")
         }
-        if source.simulatedPort != nil { throw .simulatedLoop(refused: "multicast group \(group)") }
+        if source.simulatedPort != nil { throw .loop(.simulatedLoop(refused: "multicast group \(group)")) }
         var index: UInt32 = 0
         if let interface {
-            guard let found = interfaceIndex(named: interface) else { throw .invalidAddress("\(interface) (no such interface)") }
+            guard let found = interfaceIndex(named: interface) else {
+                throw .invalidAddress("there is no network interface named '\(interface)'")
+            }
             index = found
         }
         let code = changeMulticastMembership(source.fd, group: address, interfaceIndex: index, join: join)

@@ -9,6 +9,10 @@ import Glibc
 /// (`simulatedPort`) takes what is sent, and what arrives waits in `inbox` — the kernel's
 /// receive buffer — until the consumer takes it.
 final class DatagramSource: Source {
+    /// A waiting `send(_:)`: the loop's wait (`.cancelled`, `.loopClosed`) around the send's own
+    /// outcome.
+    typealias SendWait = ResumeOnce<Result<Result<Void, DatagramError>, EventLoopError>, Never>
+
     let fd: Int32
     let family: SocketAddress.Family
     let options: DatagramSocket.Options
@@ -24,7 +28,7 @@ final class DatagramSource: Source {
     private var isWriteArmed = false
     /// `send(_:)` calls waiting for room in the queue, in order. One whose task was cancelled has been
     /// resumed already: its datagram is skipped, never sent.
-    private var waitingSenders: [(Datagram, ResumeOnce<Result<Void, EventLoopError>, Never>)] = []
+    private var waitingSenders: [(Datagram, SendWait)] = []
     /// The simulated network's port (a simulated loop only).
     var simulatedPort: (any SimulatedDatagramPort)?
     /// What the simulated network delivered and the consumer has not taken, from `inboxStart`.
@@ -191,7 +195,7 @@ final class DatagramSource: Source {
         }
     }
 
-    func trySend(_ datagram: Datagram) throws(EventLoopError) -> DatagramSocket.SendOutcome {
+    func trySend(_ datagram: Datagram) throws(DatagramError) -> DatagramSocket.SendOutcome {
         try check(datagram)
         if pendingCount > 0 {
             guard pendingCount < max(1, options.sendQueueLimit) else { return .queueFull }
@@ -211,13 +215,13 @@ final class DatagramSource: Source {
         }
     }
 
-    func trySend(contentsOf datagrams: ArraySlice<Datagram>) throws(EventLoopError) -> Int {
+    func trySend(contentsOf datagrams: ArraySlice<Datagram>) throws(DatagramError) -> Int {
         var rest = datagrams
         while let first = rest.first, pendingCount == 0 {
             // Straight to the kernel, a batch at a time, while it takes them.
             var batch = rest.prefix(64)
             for (offset, datagram) in batch.enumerated() {
-                do throws(EventLoopError) {
+                do throws(DatagramError) {
                     try check(datagram)
                 } catch {
                     if offset == 0 { throw error }
@@ -241,7 +245,7 @@ final class DatagramSource: Source {
         var taken = rest.startIndex - datagrams.startIndex
         for datagram in rest {
             let outcome: DatagramSocket.SendOutcome
-            do throws(EventLoopError) {
+            do throws(DatagramError) {
                 outcome = try trySend(datagram)
             } catch {
                 if taken == 0 { throw error }
@@ -272,8 +276,8 @@ final class DatagramSource: Source {
         return sendDatagramBatch(fd, datagrams)
     }
 
-    func send(_ datagram: Datagram, resuming once: ResumeOnce<Result<Void, EventLoopError>, Never>) {
-        guard !isClosed else { return once.resume(with: .success(.failure(.socketClosed))) }
+    func send(_ datagram: Datagram, resuming once: SendWait) {
+        guard !isClosed else { return once.resume(with: .success(.success(.failure(.closed)))) }
         if waitingSenders.isEmpty && hasRoom {
             send(datagram, taking: once)
         } else {
@@ -287,31 +291,31 @@ final class DatagramSource: Source {
     /// Sends for a waiting `send(_:)`, if it still waits: its continuation is taken first, so
     /// a sender cancelled from another thread meanwhile is either told `.cancelled` (and its
     /// datagram is not sent) or sent (and told so) — never both.
-    private func send(_ datagram: Datagram, taking once: ResumeOnce<Result<Void, EventLoopError>, Never>) {
+    private func send(_ datagram: Datagram, taking once: SendWait) {
         guard let continuation = once.take() else { return }  // cancelled: not sent
-        do throws(EventLoopError) {
+        do throws(DatagramError) {
             _ = try trySend(datagram)  // there is room: sent or queued
-            withLoop { $0.resumingInput { continuation.resume(returning: .success(())) } }
+            withLoop { $0.resumingInput { continuation.resume(returning: .success(.success(()))) } }
         } catch {
-            continuation.resume(returning: .failure(error))
+            continuation.resume(returning: .success(.failure(error)))
         }
     }
 
-    private func check(_ datagram: Datagram) throws(EventLoopError) {
+    private func check(_ datagram: Datagram) throws(DatagramError) {
         if datagram.bytes.count > maximumUDPPayload(family) {
-            throw .datagramTooLarge(size: datagram.bytes.count, limit: maximumUDPPayload(family))
+            throw .tooLarge(size: datagram.bytes.count, limit: maximumUDPPayload(family))
         }
         if let address = datagram.address {
             if family == .ipv4 && address.family == .ipv6 {
-                throw .invalidAddress("\(address) (an IPv6 destination for an IPv4 socket)")
+                throw .invalidAddress("\(address) is an IPv6 destination, and the socket is IPv4")
             }
         } else if peer == nil {
-            throw .invalidAddress("a datagram without a destination on a socket that is not connected")
+            throw .invalidAddress("the datagram has no destination, and the socket is not connected")
         }
     }
 
-    private func sendError(_ code: Int32, _ datagram: Datagram) -> EventLoopError {
-        if isMessageTooLarge(code) { return .datagramTooLarge(size: datagram.bytes.count, limit: nil) }
+    private func sendError(_ code: Int32, _ datagram: Datagram) -> DatagramError {
+        if isMessageTooLarge(code) { return .tooLarge(size: datagram.bytes.count, limit: nil) }
         return .system(function: "sendmmsg to \(datagram.address.map(\.description) ?? peer.map(\.description) ?? "peer")",
                        errno: code)
     }
@@ -377,7 +381,7 @@ final class DatagramSource: Source {
         queueStart = 0
         let senders = waitingSenders
         waitingSenders = []
-        for (_, once) in senders { once.resume(with: .success(.failure(.socketClosed))) }
+        for (_, once) in senders { once.resume(with: .success(.success(.failure(.closed)))) }
         inbox = []
         inboxStart = 0
         inboxBytes = 0
