@@ -405,12 +405,12 @@ public enum JunkSoak {
                 var round = 0
                 while simulation.now < stopAt {
                     let connection: Connection
-                    do throws(EventLoopError) {
+                    do throws(TLSError) {
                         connection = try await Connection.connect(to: "10.0.0.3", port: 443, on: loop,
                                                                   options: .init(idleTimeout: .seconds(3)),
                                                                   tls: clientContext, serverName: "localhost")
                     } catch {
-                        if case .tls = error { outcomes["handshake failed", default: 0] += 1 } else {
+                        if case .handshakeFailed = error { outcomes["handshake failed", default: 0] += 1 } else {
                             outcomes["connect failed", default: 0] += 1
                         }
                         try? await loop.sleep(for: .milliseconds(200))  // throws only if cancelled: nothing cancels it

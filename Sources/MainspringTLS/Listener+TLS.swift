@@ -86,17 +86,18 @@ extension Connection {
     /// agreed). The server's certificate is checked as `tls.configuration.verification` says —
     /// against `serverName` (default: `host`), which is also sent as SNI when it is a name. Any
     /// task; the handshake runs on `loop` as `.normal` work.
-    /// - Throws: `EventLoopError.tls` with OpenSSL's reason (naming the certificate check that
-    ///   failed), `.system` with the connect's errno, `.hostNotFound`, `.resolveTimedOut`,
-    ///   `.connectFailed` (naming every address tried), `.invalidAddress`, `.loopClosed`;
-    ///   `.cancelled` when the task was cancelled before the handshake ended (unlike the plain
-    ///   `connect`, which ends at once, this one sees the cancellation once the handshake is
-    ///   over or has failed; the connection is then closed).
+    /// - Throws: ``TLSError/handshakeFailed(reason:)`` with OpenSSL's reason (naming the
+    ///   certificate check that failed) or the handshake timeout; ``TLSError/connect(_:)`` with
+    ///   the connect's `EventLoopError` — `.system` with a literal's errno, `.hostNotFound`,
+    ///   `.resolveTimedOut`, `.connectFailed` (naming every address tried), `.invalidAddress`,
+    ///   `.loopClosed`; ``TLSError/cancelled`` when the task was cancelled before the handshake
+    ///   ended (unlike the plain `connect`, which ends at once, this one sees the cancellation
+    ///   once the handshake is over or has failed; the connection is then closed).
     public static func connect(to host: String, port: UInt16, on loop: EventLoop, options: Options = .init(),
-                               tls: TLSClientContext, serverName: String? = nil) async throws(EventLoopError) -> Connection
+                               tls: TLSClientContext, serverName: String? = nil) async throws(TLSError) -> Connection
     {
         let name = serverName ?? host
-        let made: Result<Connection, EventLoopError> = await withUnsafeContinuation { continuation in
+        let made: Result<Connection, TLSError> = await withUnsafeContinuation { continuation in
             let start: @Sendable () -> Void = {
                 connectTLS(to: host, port: port, on: loop, options: options, tls: tls, serverName: name) {
                     continuation.resume(returning: $0)
@@ -104,7 +105,7 @@ extension Connection {
             }
             if loop.isCurrent { start() } else {
                 // A loop that shut down drops the post: the caller gets `.loopClosed`, not a hang.
-                loop.execute(start, orElse: { continuation.resume(returning: .failure(.loopClosed)) })
+                loop.execute(start, orElse: { continuation.resume(returning: .failure(.connect(.loopClosed))) })
             }
         }
         if Task.isCancelled {
@@ -120,7 +121,7 @@ extension Connection {
     /// `loop`'s thread with the established connection or the error. Loop thread only.
     public static func connect(to host: String, port: UInt16, on loop: EventLoop, options: Options = .init(),
                                tls: TLSClientContext, serverName: String? = nil,
-                               completion: @escaping (Result<Connection, EventLoopError>) -> Void)
+                               completion: @escaping (Result<Connection, TLSError>) -> Void)
     {
         connectTLS(to: host, port: port, on: loop, options: options, tls: tls, serverName: serverName ?? host,
                    completion: completion)
@@ -129,7 +130,7 @@ extension Connection {
 
 /// The client side: TCP connect, then the handshake, then the connection. Loop thread.
 private func connectTLS(to host: String, port: UInt16, on loop: EventLoop, options: Connection.Options, tls: TLSClientContext,
-                        serverName: String, completion: @escaping (Result<Connection, EventLoopError>) -> Void)
+                        serverName: String, completion: @escaping (Result<Connection, TLSError>) -> Void)
 {
     if loop.isSimulated {
         return connectSimulatedTLS(to: host, port: port, on: loop, options: options, tls: tls, serverName: serverName,
@@ -139,7 +140,7 @@ private func connectTLS(to host: String, port: UInt16, on loop: EventLoop, optio
         let fd: Int32
         switch result {
         case .failure(let error):
-            completion(.failure(error))
+            completion(.failure(.connect(error)))
             return
         case .success(let connected):
             fd = connected
@@ -148,7 +149,7 @@ private func connectTLS(to host: String, port: UInt16, on loop: EventLoop, optio
                                        verification: tls.configuration.verification)
         else {
             closeSocket(fd)
-            completion(.failure(.tls(reason: "OpenSSL could not make a session")))
+            completion(.failure(.handshakeFailed(reason: "OpenSSL could not make a session")))
             return
         }
         let peer = hostAndPort(host, port)
@@ -183,7 +184,7 @@ extension Listener {
 /// network, then the handshake over it (see SimulatedTLS.swift), then the connection. Loop thread.
 private func connectSimulatedTLS(to host: String, port: UInt16, on loop: EventLoop, options: Connection.Options,
                                  tls: TLSClientContext, serverName: String,
-                                 completion: @escaping (Result<Connection, EventLoopError>) -> Void)
+                                 completion: @escaping (Result<Connection, TLSError>) -> Void)
 {
     // A simulated program's connect: the connection its handshake makes is the program's too.
     let owner = loop.currentSimulatedOwner
@@ -192,13 +193,13 @@ private func connectSimulatedTLS(to host: String, port: UInt16, on loop: EventLo
         do throws(EventLoopError) {
             layerSocket = try SimulatedLayerSocket(on: loop, end: result.get())
         } catch {
-            return completion(.failure(error))
+            return completion(.failure(.connect(error)))
         }
         guard let session = SSLSession(client: tls.handle, fd: -1, serverName: serverName,
                                        verification: tls.configuration.verification)
         else {
             layerSocket.discard()
-            return completion(.failure(.tls(reason: "OpenSSL could not make a session")))
+            return completion(.failure(.handshakeFailed(reason: "OpenSSL could not make a session")))
         }
         let peer = hostAndPort(host, port)
         let handshake = SimulatedTLSHandshake(loop: loop, session: session, layerSocket: layerSocket,

@@ -153,10 +153,10 @@ struct TLSAcceptPreparer: AcceptedSocketPreparer {
 }
 
 /// The connection a handshake's `outcome` makes — the established layer's bufferevent adopted
-/// on `loop` (over `simulatedLayer` on a simulated loop) — or why there is none (`.tls` with the
-/// handshake's reason). On `loop`'s thread.
+/// on `loop` (over `simulatedLayer` on a simulated loop) — or why there is none
+/// (`.handshakeFailed` with the handshake's reason). On `loop`'s thread.
 func establishedConnection(for outcome: TLSHandshake.Outcome, peer: String, on loop: EventLoop, options: Connection.Options,
-                           simulatedLayer: SimulatedLayerSocket? = nil) -> Result<Connection, EventLoopError>
+                           simulatedLayer: SimulatedLayerSocket? = nil) -> Result<Connection, TLSError>
 {
     switch outcome {
     case .established(let layer, let bufferevent):
@@ -167,10 +167,10 @@ func establishedConnection(for outcome: TLSHandshake.Outcome, peer: String, on l
             // Only a wrong thread can fail here, and this runs on `loop`.
             simulatedLayer?.closing()
             freeBufferevent(bufferevent)
-            return .failure(error)
+            return .failure(.connect(error))
         }
     case .failed(let reason):
-        return .failure(.tls(reason: reason))
+        return .failure(.handshakeFailed(reason: reason))
     }
 }
 
@@ -182,12 +182,12 @@ final class HandshakeCounters: Sendable {
 
     /// Counts a listener's handshake by what it made: the connection, or nil (counted with the
     /// handshake's reason).
-    func record(_ made: Result<Connection, EventLoopError>) -> Connection? {
+    func record(_ made: Result<Connection, TLSError>) -> Connection? {
         switch made {
         case .success(let connection):
             record(established: true)
             return connection
-        case .failure(.tls(let reason)):
+        case .failure(.handshakeFailed(let reason)):
             record(failure: reason)
         case .failure(let error):
             record(failure: "\(error)")

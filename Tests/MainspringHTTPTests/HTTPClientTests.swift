@@ -655,11 +655,19 @@ struct HTTPClientTLSTests {
         #expect(first.text == third.text, "one TLS connection for localhost's requests")
         let untrusting = HTTPClient(loop: group.loops[1], configuration: .init(secureConnector: .tls(try TLSClientContext())))
         let refused = await clientError { _ = try await untrusting.get("https://localhost:\(server.port)/peer") }
-        guard case .connectFailed(_, _, .tls(let reason))? = refused else {
+        guard case .securityFailed(let host, let port, let reason)? = refused else {
             Issue.record("\(String(describing: refused))")
             return
         }
-        #expect(reason.contains("certificate"), "\(reason)")
+        #expect(host == "localhost" && port == server.port)
+        #expect(reason == "TLS handshake failed: the server's certificate did not verify: unable to get local issuer certificate")
+        #expect(refused?.description == "connect to localhost:\(server.port) failed: \(reason)")
+        // A TCP connect that fails under TLS is the same error as over http, not a TLS one.
+        let nowhere = await clientError { _ = try await untrusting.get("https://127.0.0.1:1/peer") }
+        guard case .connectFailed(_, 1, .system(_, ECONNREFUSED))? = nowhere else {
+            Issue.record("\(String(describing: nowhere))")
+            return
+        }
         client.shutdown()
         untrusting.shutdown()
         await server.closeAndWait()

@@ -87,15 +87,15 @@ struct TLSSimulationTests {
         let listener = try Listener(.tcp(host: "0.0.0.0", port: 443), on: server.loops[0], tls: serverContext) { _ in }
         let client = try Self.clientContext(trusting: certs.untrustedCACertificate)
         let loop = simulation.loop
-        let (failure, at) = try await simulation.run { () async -> (EventLoopError?, Duration) in
-            do throws(EventLoopError) {
+        let (failure, at) = try await simulation.run { () async -> (TLSError?, Duration) in
+            do throws(TLSError) {
                 _ = try await Connection.connect(to: "10.0.0.2", port: 443, on: loop, tls: client, serverName: "localhost")
                 return (nil, simulation.now)
             } catch {
                 return (error, simulation.now)
             }
         }
-        guard case .tls(let reason)? = failure else {
+        guard case .handshakeFailed(let reason)? = failure else {
             Issue.record("expected a TLS failure, got \(String(describing: failure))")
             return
         }
@@ -120,18 +120,51 @@ struct TLSSimulationTests {
         let listener = try Listener(.tcp(host: "0.0.0.0", port: 443), on: server.loops[0]) { held.value.append($0) }
         let client = try Self.clientContext(handshakeTimeout: .seconds(3))
         let loop = simulation.loop
-        let (failure, at) = try await simulation.run { () async -> (EventLoopError?, Duration) in
-            do throws(EventLoopError) {
+        let (failure, at) = try await simulation.run { () async -> (TLSError?, Duration) in
+            do throws(TLSError) {
                 _ = try await Connection.connect(to: "10.0.0.2", port: 443, on: loop, tls: client, serverName: "localhost")
                 return (nil, simulation.now)
             } catch {
                 return (error, simulation.now)
             }
         }
-        #expect(failure == .tls(reason: "the handshake did not finish within 3.0 seconds"))
+        #expect(failure == .handshakeFailed(reason: "the handshake did not finish within 3.0 seconds"))
         #expect(at == .milliseconds(3_010))
         for connection in held.value { connection.abort() }
         listener.close()
+    }
+
+    /// The TLS connect's cancellation, as documented: the task cancelled at 1 s, mid-handshake,
+    /// sees it when the handshake ends (here its 3 s timeout, at 3.010 s) with
+    /// `TLSError.cancelled` — not the timeout's error — and nothing is left open.
+    @Test func aCancelledTLSConnectThrowsCancelledWhenTheHandshakeEnds() async throws {
+        let simulation = try Simulation(seed: 34)
+        simulation.network.latency = .milliseconds(5)
+        let server = try simulation.makeGroup(loopCount: 1, host: "10.0.0.2")
+        let held = Box<[Connection]>([])
+        let listener = try Listener(.tcp(host: "0.0.0.0", port: 443), on: server.loops[0]) { held.value.append($0) }
+        let client = try Self.clientContext(handshakeTimeout: .seconds(3))
+        let loop = simulation.loop
+        let (failure, at) = try await simulation.run { () async throws -> (TLSError?, Duration) in
+            let attempt = Task(executorPreference: loop) { () async -> TLSError? in
+                do throws(TLSError) {
+                    _ = try await Connection.connect(to: "10.0.0.2", port: 443, on: loop, tls: client, serverName: "localhost")
+                    return nil
+                } catch {
+                    return error
+                }
+            }
+            try await loop.sleep(for: .seconds(1))
+            attempt.cancel()
+            let failure = await attempt.value
+            return (failure, simulation.now)
+        }
+        #expect(failure == .cancelled)
+        #expect(at == .milliseconds(3_010))
+        for connection in held.value { connection.abort() }
+        listener.close()
+        simulation.runUntilIdle()
+        #expect(simulation.network.openStreamEnds == 0)
     }
 
     /// Plain TCP's rules for a peer that goes away hold over TLS: a reset is `.error(ECONNRESET)`
@@ -260,15 +293,15 @@ struct TLSSimulationTests {
         let listener = try Listener(.tcp(host: "0.0.0.0", port: 443), on: server.loops[0]) { $0.close() }
         let client = try Self.clientContext()
         let loop = simulation.loop
-        let failure = try await simulation.run { () async -> EventLoopError? in
-            do throws(EventLoopError) {
+        let failure = try await simulation.run { () async -> TLSError? in
+            do throws(TLSError) {
                 _ = try await Connection.connect(to: "10.0.0.2", port: 443, on: loop, tls: client, serverName: "localhost")
                 return nil
             } catch {
                 return error
             }
         }
-        #expect(failure == .tls(reason: "the peer closed the connection during the handshake"))
+        #expect(failure == .handshakeFailed(reason: "the peer closed the connection during the handshake"))
         listener.close()
         simulation.runUntilIdle()
         #expect(simulation.network.openStreamEnds == 0)
@@ -296,16 +329,16 @@ struct TLSSimulationTests {
         }
         let client = try Self.clientContext(handshakeTimeout: .seconds(3))
         let loop = simulation.loop
-        let (failure, failedAt) = try await simulation.run { () async throws -> (EventLoopError?, Duration) in
+        let (failure, failedAt) = try await simulation.run { () async throws -> (TLSError?, Duration) in
             _ = try await Subprocess.launch(.init(executable: "tls-server"), on: server.loops[0])
-            do throws(EventLoopError) {
+            do throws(TLSError) {
                 _ = try await Connection.connect(to: "10.0.0.2", port: 443, on: loop, tls: client, serverName: "localhost")
                 return (nil, simulation.now)
             } catch {
                 return (error, simulation.now)
             }
         }
-        #expect(failure == .tls(reason: "the peer closed the connection during the handshake"))
+        #expect(failure == .handshakeFailed(reason: "the peer closed the connection during the handshake"))
         #expect(failedAt == .milliseconds(17))
         #expect(accepted.value == 0)
         simulation.runUntilIdle()

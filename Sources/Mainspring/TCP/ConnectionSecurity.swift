@@ -10,9 +10,14 @@ public protocol ClientConnectionSecurity: Sendable {
     /// Connects to `address` port `port` from `loop` and secures the connection for
     /// `serverName` (the name the peer's certificate must carry; sent as SNI when it is a
     /// name). Suspends until the connection is ready for the client's first bytes. Any task.
-    /// - Throws: the connect's `EventLoopError`, or the security layer's (`.tls`).
+    /// - Throws: an ``EventLoopError`` when the connection under the security was not made (the
+    ///   connect's error as `Connection.connect(to:port:on:options:)` throws it, `.cancelled`
+    ///   for a cancelled task); the security layer's own error when the connection was made but
+    ///   not secured (`MainspringTLS`'s `TLSError.handshakeFailed`). The library's clients
+    ///   report the first as a connect failure, the second with its text
+    ///   (`HTTPClientError.securityFailed`).
     func connect(to address: String, port: UInt16, serverName: String, on loop: EventLoop,
-                 options: Connection.Options) async throws(EventLoopError) -> Connection
+                 options: Connection.Options) async throws -> Connection
 }
 
 /// Security for the connections a server accepts — TLS from `MainspringTLS`

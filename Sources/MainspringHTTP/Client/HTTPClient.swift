@@ -142,14 +142,19 @@ public final class HTTPClient: Sendable {
     /// (MainspringTLS's `.tls(_:)`).
     public struct Connector: Sendable {
         /// Connects to `address:port` on `loop`, returning once the connection is established
-        /// (and, for TLS, its handshake done, checked against `hostName`).
+        /// (and, for TLS, its handshake done, checked against `hostName`). It throws an
+        /// `EventLoopError` when no connection was made — the client reports it as
+        /// ``HTTPClientError/connectFailed(host:port:_:)`` (or `unresolvedHost`) — and any other
+        /// error when the connection was made but not secured (TLS's `TLSError`), reported as
+        /// ``HTTPClientError/securityFailed(host:port:reason:)``.
         public let connect: @Sendable (_ address: String, _ port: UInt16, _ hostName: String, _ loop: EventLoop,
-                                       _ options: Connection.Options) async throws(EventLoopError) -> Connection
+                                       _ options: Connection.Options) async throws -> Connection
 
-        /// A connector from a function.
+        /// A connector from a function (one that throws `EventLoopError` only, as connectors
+        /// written for the earlier typed form do, still fits).
         public init(_ connect: @escaping @Sendable (_ address: String, _ port: UInt16, _ hostName: String,
                                                     _ loop: EventLoop, _ options: Connection.Options)
-                        async throws(EventLoopError) -> Connection)
+                        async throws -> Connection)
         {
             self.connect = connect
         }
@@ -494,11 +499,13 @@ public final class HTTPClient: Sendable {
                 // On the client's loop: the connect is the loop's work (and on a simulated loop
                 // stays inside the simulation, where virtual time sees it).
                 race.attach(Task(executorPreference: loop) {
-                    do throws(EventLoopError) {
+                    do {
                         let connection = try await connector.connect(address, target.port, target.host, loop, options)
                         if !race.finish(.success(connection)) { connection.close() }  // too late
-                    } catch {
+                    } catch let error as EventLoopError {
                         _ = race.finish(.failure(Self.connectError(error, target: target)))
+                    } catch {
+                        _ = race.finish(.failure(.securityFailed(host: target.host, port: target.port, reason: "\(error)")))
                     }
                 })
             }

@@ -60,8 +60,13 @@ public enum HTTPClientError: Error, Sendable, Equatable, CustomStringConvertible
     /// `Connection.Options.resolveTimeout`, or the configured resolver refused it
     /// (``HTTPClient/Resolver/literalsAndLocalhost`` refuses every name but `localhost`).
     case unresolvedHost(String)
-    /// The connect to `host:port` failed: refused (`ECONNREFUSED`), unreachable, TLS.
+    /// The connect to `host:port` failed: refused (`ECONNREFUSED`), unreachable.
     case connectFailed(host: String, port: UInt16, EventLoopError)
+    /// The connection to `host:port` was made but not secured: the connector's own failure —
+    /// with `.tls(_:)` (`MainspringTLS`), the TLS handshake's (a certificate that did not
+    /// verify, the handshake timeout, a server that does not speak TLS). `reason` is the error's
+    /// text: for TLS, OpenSSL's account, naming the check that failed.
+    case securityFailed(host: String, port: UInt16, reason: String)
     /// The connect to `host:port` did not complete within the connect timeout.
     case connectTimeout(host: String, port: UInt16, Duration)
     /// The response (its head, or the next part of its body) did not arrive within the
@@ -105,6 +110,7 @@ public enum HTTPClientError: Error, Sendable, Equatable, CustomStringConvertible
         case .unsupportedScheme(let scheme): return "unsupported scheme \(scheme.debugDescription) (https needs a TLS connector)"
         case .unresolvedHost(let host): return "cannot resolve host \(host.debugDescription)"
         case .connectFailed(let host, let port, let error): return "connect to \(host):\(port) failed: \(Self.reason(error))"
+        case .securityFailed(let host, let port, let reason): return "connect to \(host):\(port) failed: \(reason)"
         case .connectTimeout(let host, let port, let limit): return "connect to \(host):\(port) timed out after \(limit)"
         case .responseTimeout(let limit): return "no response within \(limit)"
         case .malformedStatusLine(let line): return "malformed status line \(line.debugDescription)"

@@ -54,7 +54,7 @@ struct HTTPSLayer: ServerConnectionLayer {
     func adoptUpgraded(underlying: OpaquePointer, peer: String, on loop: EventLoop,
                        options: Connection.Options) throws(EventLoopError) -> Connection
     {
-        guard let ssl = bufferevent_openssl_get_ssl(underlying) else { throw .tls(reason: "the upgraded connection has no session") }
+        guard let ssl = bufferevent_openssl_get_ssl(underlying) else { throw .libevent(function: "bufferevent_openssl_get_ssl") }
         bufferevent_openssl_set_allow_dirty_shutdown(underlying, 0)
         // Reading and writing were stopped for the takeover: writing goes on; reading starts
         // again with the WebSocket's reader (the adopted connection turns it off until then).
