@@ -11,6 +11,27 @@ import Glibc
 
 /// Values the tests' handlers write on the simulation's driving thread and the test reads
 /// between steps.
+/// A host (10.0.0.2) whose port 443 accepts and never answers a handshake: a plain listener
+/// that holds its connections and reads nothing. 5 ms latency.
+private struct SilentServer {
+    let simulation: Simulation
+    private let listener: Listener
+    private let held = Box<[Connection]>([])
+
+    init(seed: UInt64) throws {
+        simulation = try Simulation(seed: seed)
+        simulation.network.latency = .milliseconds(5)
+        let server = try simulation.makeGroup(loopCount: 1, host: "10.0.0.2")
+        let held = self.held
+        listener = try Listener(.tcp(host: "0.0.0.0", port: 443), on: server.loops[0]) { held.value.append($0) }
+    }
+
+    func close() {
+        for connection in held.value { connection.abort() }
+        listener.close()
+    }
+}
+
 private final class Box<Value>: @unchecked Sendable {
     var value: Value
     init(_ value: Value) { self.value = value }
@@ -113,13 +134,9 @@ struct TLSSimulationTests {
     /// A server that never answers the handshake (a plain listener that reads nothing): the
     /// client's handshake timeout ends the connect at its exact instant.
     @Test func aServerThatNeverAnswersTimesTheHandshakeOutExactly() async throws {
-        let simulation = try Simulation(seed: 33)
-        simulation.network.latency = .milliseconds(5)
-        let server = try simulation.makeGroup(loopCount: 1, host: "10.0.0.2")
-        let held = Box<[Connection]>([])
-        let listener = try Listener(.tcp(host: "0.0.0.0", port: 443), on: server.loops[0]) { held.value.append($0) }
+        let silent = try SilentServer(seed: 33)
+        let simulation = silent.simulation, loop = silent.simulation.loop
         let client = try Self.clientContext(handshakeTimeout: .seconds(3))
-        let loop = simulation.loop
         let (failure, at) = try await simulation.run { () async -> (TLSError?, Duration) in
             do throws(TLSError) {
                 _ = try await Connection.connect(to: "10.0.0.2", port: 443, on: loop, tls: client, serverName: "localhost")
@@ -130,21 +147,16 @@ struct TLSSimulationTests {
         }
         #expect(failure == .handshakeFailed(reason: "the handshake did not finish within 3.0 seconds"))
         #expect(at == .milliseconds(3_010))
-        for connection in held.value { connection.abort() }
-        listener.close()
+        silent.close()
     }
 
     /// The TLS connect's cancellation, as documented: the task cancelled at 1 s, mid-handshake,
     /// sees it when the handshake ends (here its 3 s timeout, at 3.010 s) with
     /// `TLSError.cancelled` — not the timeout's error — and nothing is left open.
     @Test func aCancelledTLSConnectThrowsCancelledWhenTheHandshakeEnds() async throws {
-        let simulation = try Simulation(seed: 34)
-        simulation.network.latency = .milliseconds(5)
-        let server = try simulation.makeGroup(loopCount: 1, host: "10.0.0.2")
-        let held = Box<[Connection]>([])
-        let listener = try Listener(.tcp(host: "0.0.0.0", port: 443), on: server.loops[0]) { held.value.append($0) }
+        let silent = try SilentServer(seed: 34)
+        let simulation = silent.simulation, loop = silent.simulation.loop
         let client = try Self.clientContext(handshakeTimeout: .seconds(3))
-        let loop = simulation.loop
         let (failure, at) = try await simulation.run { () async throws -> (TLSError?, Duration) in
             let attempt = Task(executorPreference: loop) { () async -> TLSError? in
                 do throws(TLSError) {
@@ -161,8 +173,7 @@ struct TLSSimulationTests {
         }
         #expect(failure == .cancelled)
         #expect(at == .milliseconds(3_010))
-        for connection in held.value { connection.abort() }
-        listener.close()
+        silent.close()
         simulation.runUntilIdle()
         #expect(simulation.network.openStreamEnds == 0)
     }
