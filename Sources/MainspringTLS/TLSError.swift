@@ -13,7 +13,7 @@ public enum TLSError: Error, Equatable, Sendable, CustomStringConvertible {
     /// certificate", "wrong version number"), or says what ended it: the handshake timeout ("the handshake did
     /// not finish within 3.0 seconds"), a peer that closed during it. The connection is closed.
     case handshakeFailed(reason: String)
-    /// The connection TLS was to run over was not made: the connect's ``EventLoopError`` (a name
+    /// The connection TLS was to run over was not made: the connect's `EventLoopError` (a name
     /// that did not resolve, every address refused, an invalid address) or the loop's
     /// (`.loopClosed`).
     case connect(EventLoopError)
