@@ -114,6 +114,29 @@ import Testing
         #expect(simulation.network.openStreamEnds == 0)
     }
 
+    /// A simulated server dates its responses on virtual time — 2026-01-01 00:00:00 UTC at the
+    /// simulation's start — so that a run of a seed is the same to the byte at every run: a
+    /// routed answer and the engine's own refusal alike.
+    @Test func responsesAreDatedOnVirtualTime() async throws {
+        let service = try Service(seed: 27)
+        let simulation = service.simulation
+        let client = HTTPClient(loop: simulation.loop)
+        let first = try await simulation.run { try await client.get("http://api.test/hello") }
+        simulation.advance(by: .seconds(86_400 + 3_600 + 61))
+        let (second, refusal) = try await simulation.run { () async throws -> (HTTPClientResponse, RawResponse?) in
+            let second = try await client.get("http://api.test/hello")
+            let connection = try await Connection.connect(to: "api.test", port: 80, on: simulation.loop)
+            try await connection.send("BREW /pot HTTP/1.1\r\nHost: api.test\r\n\r\n")
+            return (second, try await Self.readResponse(connection))
+        }
+        #expect(first.headers["Date"] == "Thu, 01 Jan 2026 00:00:00 GMT")
+        #expect(second.headers["Date"] == "Fri, 02 Jan 2026 01:01:01 GMT")
+        #expect(refusal?.statusLine == "HTTP/1.1 501 Not Implemented")
+        #expect(refusal?.field("Date") == "Fri, 02 Jan 2026 01:01:01 GMT")
+        client.shutdown()
+        try await simulation.run { await service.server.closeAndWait() }
+    }
+
     @Test func pipelinedRequestsOneByteAtATimeAreAnsweredInOrder() async throws {
         let service = try Service(seed: 22)
         let simulation = service.simulation

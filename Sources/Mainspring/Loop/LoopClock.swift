@@ -1,3 +1,6 @@
+#if canImport(Glibc)
+import Glibc
+#endif
 import Synchronization
 
 /// The one clock seam of a loop: every instant the library reads for a loop — its timers, its
@@ -71,11 +74,32 @@ public final class VirtualClock: Sendable {
     }
 }
 
+extension VirtualClock {
+    /// The calendar date of a simulation's start, in seconds since 1970-01-01 UTC:
+    /// 2026-01-01 00:00:00 UTC. A simulated loop's calendar time is this plus the virtual time,
+    /// the same at every run.
+    public static let calendarStart = 1_767_225_600
+}
+
 extension EventLoop {
     /// Now, on the deadlines' scale: `CLOCK_MONOTONIC` nanoseconds on a real loop, virtual ones
     /// on a simulated loop. Any thread. (Package: the HTTP server's deadlines read it too.)
     @inline(__always)
     package func monotonicNow() -> UInt64 { timeSource.monotonicNow() }
+}
+
+extension EventLoop {
+    /// The calendar time in whole seconds since 1970-01-01 UTC, as the loop sees it: the
+    /// system's (`time()`, through the vDSO: no system call) on a real loop; on a simulated
+    /// loop (`MainspringTesting`) 2026-01-01 00:00:00 UTC at the simulation's start plus the
+    /// virtual time, so that what a program dates (an HTTP response's `Date`) is the same at
+    /// every run of a seed. Any thread. (Package: the HTTP server dates its responses with it.)
+    package func calendarSeconds() -> Int {
+        if isSimulated {
+            return VirtualClock.calendarStart + Int((monotonicNow() &- VirtualClock.epoch) / 1_000_000_000)
+        }
+        return Int(time(nil))
+    }
 }
 
 /// What drives simulated loops (`MainspringTesting`'s `Simulation`): owns their virtual clock,

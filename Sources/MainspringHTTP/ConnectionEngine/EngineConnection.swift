@@ -218,7 +218,7 @@ final class EngineConnection {
     private func refuse(_ status: Int, _ reason: String, _ body: String, extra: String = "", dated: Bool = true) {
         let text = "HTTP/1.1 \(status) \(reason)\r\nContent-Type: text/plain; charset=utf-8\r\n" + extra
             + "Content-Length: \(body.utf8.count)\r\nConnection: close\r\n"
-            + (dated ? "Date: \(HTTPDateCache.format(time(nil)))\r\n" : "") + "\r\n" + body
+            + (dated ? "Date: \(HTTPDateCache.format(time_t(engine.loop.calendarSeconds())))\r\n" : "") + "\r\n" + body
         write(Array(text.utf8))
         engine.answeredByGuard(status: status)
         phase = .lingering

@@ -1,19 +1,21 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+@_spi(MainspringHTTP) import MainspringCore
 
 /// The value of a response's `Date` header field (`Sun, 06 Nov 1994 08:49:37 GMT`, the
 /// IMF-fixdate of RFC 9110), formatted once per second instead of once per response.
 ///
-/// One per loop (not thread-safe). Costs a `time()` call (the vDSO: no system call) and a
-/// comparison per response; formatting once a second.
+/// One per loop (not thread-safe). Costs the loop's calendar reading (`time()`, the vDSO: no
+/// system call; a simulated loop's virtual date) and a comparison per response; formatting once
+/// a second.
 struct HTTPDateCache {
     private var second: time_t = -1
     private var text = ""
 
-    /// The current second's date.
-    mutating func current() -> String {
-        let now = time(nil)
+    /// The date of `loop`'s current second (`EventLoop.calendarSeconds()`).
+    mutating func current(on loop: EventLoop) -> String {
+        let now = time_t(loop.calendarSeconds())
         if now != second {
             second = now
             text = Self.format(now)

@@ -237,7 +237,7 @@ final class LoopEndpoint: ServerEngineDelegate, @unchecked Sendable {
             }
             raw.addResponseHeader("Content-Length", String(response.body.count))
             if isDraining { raw.addResponseHeader("Connection", "close") }
-            if !hasDate { raw.addResponseHeader("Date", date.current()) }
+            if !hasDate { raw.addResponseHeader("Date", date.current(on: loop)) }
         }
         raw.sendReply(status: response.status, reason: reasonPhrase(response.status), body: method == .head ? [] : response.body)
     }
@@ -252,7 +252,7 @@ final class LoopEndpoint: ServerEngineDelegate, @unchecked Sendable {
                 raw.addResponseHeader(field.name, field.value)
             }
             if isDraining { raw.addResponseHeader("Connection", "close") }
-            if !hasDate { raw.addResponseHeader("Date", date.current()) }
+            if !hasDate { raw.addResponseHeader("Date", date.current(on: loop)) }
         }
         raw.startChunked(status: status, reason: reasonPhrase(status))
     }
