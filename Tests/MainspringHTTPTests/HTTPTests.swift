@@ -158,6 +158,12 @@ struct HTTPTests {
             Issue.record("not unixSocketPathInUse: \(String(describing: refused))")
         }
         #expect(try String(contentsOfFile: regular, encoding: .utf8) == "keep me")
+
+        // A path too long for sun_path: named once, with the limit.
+        configuration.unixPath = "/tmp/" + String(repeating: "x", count: 120)
+        #expect(throws: HTTPServerError.invalidAddress("\(configuration.unixPath!) (125 bytes; a Unix socket path holds at most 107)")) {
+            _ = try TestServer(loops: 1, configuration: configuration)
+        }
     }
 
     @Test("streaming: /work sends chunked progress lines and the right checksum")

@@ -93,24 +93,12 @@ final class ConnectionAcceptor: Sendable {
                 listener = try Listener(endpoint, on: loops[0], group: group, options: options, accept: accept)
             }
         } catch {
-            throw Self.serverError(error)
+            throw HTTPServerError(listening: error)
         }
         state.withLock {
             $0.listener = listener
             $0.port = listener.port
             $0.running = loops.count
-        }
-    }
-
-    /// The listener's error as the server reports it.
-    private static func serverError(_ error: EventLoopError) -> HTTPServerError {
-        switch error {
-        case .invalidAddress(let text): .invalidAddress(text)
-        case .system(let function, let code): .system(function: function, errno: code)
-        case .unixSocketPathInUse(let path, let reason): .unixSocketPathInUse(path: path, reason: reason)
-        case .libevent(let function, let code): .libevent(function: function, errno: code)
-        case .loopClosed: .closed
-        default: .invalidAddress(error.description)
         }
     }
 

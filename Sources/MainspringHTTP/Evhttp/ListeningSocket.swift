@@ -29,11 +29,7 @@ final class ListeningSocket: @unchecked Sendable {
             self.port = 0
             self.unixFile = file
         } catch {
-            switch error {
-            case .system(let function, let code): throw .system(function: function, errno: code)
-            case .unixSocketPathInUse(let path, let reason): throw .unixSocketPathInUse(path: path, reason: reason)
-            default: throw .invalidAddress("\(path): \(error)")
-            }
+            throw HTTPServerError(listening: error)
         }
     }
 

@@ -146,6 +146,21 @@ public enum HTTPServerError: Error, Sendable, Equatable, CustomStringConvertible
     }
 }
 
+extension HTTPServerError {
+    /// The core's error of making or binding a listening socket, as the server reports it (the
+    /// evhttp listening socket's and the simulated listener's alike).
+    init(listening error: EventLoopError) {
+        switch error {
+        case .invalidAddress(let text): self = .invalidAddress(text)
+        case .system(let function, let code): self = .system(function: function, errno: code)
+        case .unixSocketPathInUse(let path, let reason): self = .unixSocketPathInUse(path: path, reason: reason)
+        case .libevent(let function, let code): self = .libevent(function: function, errno: code)
+        case .loopClosed: self = .closed
+        default: self = .invalidAddress(error.description)
+        }
+    }
+}
+
 /// The reason phrase of a status code.
 func reasonPhrase(_ status: Int) -> String {
     switch status {
