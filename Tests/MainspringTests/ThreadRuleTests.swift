@@ -82,8 +82,11 @@ struct ThreadRuleTests {
     func datagramCloseFromAnyThread() async throws {
         let group = try EventLoopGroup(loopCount: 1)
         let loop = group.loops[0]
-        let socket = try await DatagramSocket.bind(to: "127.0.0.1", port: 0, on: loop)
-        let port = socket.localAddress.port
+        // A port below the kernel's ephemeral range: no other test's port-0 socket can take it
+        // between the close and the bind again (a port freed from that range could be).
+        let free = try await loop.submit { try DatagramTests.unusedPortBelowEphemeralRange(on: loop) }
+        let port = free.port
+        let socket = try await DatagramSocket.bind(to: "127.0.0.1", port: port, on: loop)
         await onPlainThread { socket.close() }
         #expect(try await loop.submit { socket.isClosed })
         // The port is free again: a new socket binds it.
