@@ -164,10 +164,11 @@ func establishedConnection(for outcome: TLSHandshake.Outcome, peer: String, on l
             return .success(try Connection.adopting(bufferevent: bufferevent, peer: peer, on: loop, options: options,
                                                     transport: layer, simulatedLayer: simulatedLayer))
         } catch {
-            // Only a wrong thread can fail here, and this runs on `loop`.
+            // Only a wrong thread can fail here, and this runs on `loop`: should it happen, the
+            // session is lost with its connection — a handshake that did not end in one.
             simulatedLayer?.closing()
             freeBufferevent(bufferevent)
-            return .failure(.connect(error))
+            return .failure(.handshakeFailed(reason: "\(error)"))
         }
     case .failed(let reason):
         return .failure(.handshakeFailed(reason: reason))

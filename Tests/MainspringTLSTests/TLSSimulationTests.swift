@@ -9,8 +9,6 @@ import Testing
 import Glibc
 #endif
 
-/// Values the tests' handlers write on the simulation's driving thread and the test reads
-/// between steps.
 /// A host (10.0.0.2) whose port 443 accepts and never answers a handshake: a plain listener
 /// that holds its connections and reads nothing. 5 ms latency.
 private struct SilentServer {
@@ -32,6 +30,8 @@ private struct SilentServer {
     }
 }
 
+/// Values the tests' handlers write on the simulation's driving thread and the test reads
+/// between steps.
 private final class Box<Value>: @unchecked Sendable {
     var value: Value
     init(_ value: Value) { self.value = value }

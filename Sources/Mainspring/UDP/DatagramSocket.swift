@@ -66,7 +66,7 @@ public enum DatagramEvent: Sendable, Hashable {
 /// datagrams — never more.
 ///
 /// **Threads.** The handle is `Sendable`; its synchronous members are for the loop's thread
-/// (they throw `.wrongThread` elsewhere), its async ones hop there.
+/// (they throw `.loop(.wrongThread)` elsewhere), its async ones hop there.
 ///
 /// **Lifetime.** The library's rule for handles: dropping the last handle ends nothing that can
 /// still run. A socket with a consumer (``onReceive(_:)`` or a `datagrams()` sequence) stays
@@ -154,7 +154,7 @@ public final class DatagramSocket: Sendable {
 
     /// A UDP socket bound to `host` and `port` on `loop`. `host` is an IPv4 or IPv6 literal
     /// (`"0.0.0.0"`, `"::"` — dual-stack, `"127.0.0.1"`, `"::1"`) or `"localhost"` (127.0.0.1);
-    /// a host name is refused (`.bindNeedsAddress`: resolving it here would block the loop —
+    /// a host name is refused (`.loop(.bindNeedsAddress)`: resolving it here would block the loop —
     /// resolve it first with ``EventLoop/resolve(_:port:timeout:)``); port 0 lets
     /// the kernel choose (read ``localAddress``). Datagrams wait in the kernel until
     /// ``onReceive(_:)`` or `datagrams()` starts reading. Loop thread only.

@@ -146,7 +146,10 @@ public final class HTTPClient: Sendable {
         /// `EventLoopError` when no connection was made — the client reports it as
         /// ``HTTPClientError/connectFailed(host:port:_:)`` (or `unresolvedHost`) — and any other
         /// error when the connection was made but not secured (TLS's `TLSError`), reported as
-        /// ``HTTPClientError/securityFailed(host:port:reason:)``.
+        /// ``HTTPClientError/securityFailed(host:port:reason:)``. (A connector of your own over
+        /// `Connection.connect(…tls:)` unwraps `TLSError.connect(_:)` into its `EventLoopError`
+        /// and `TLSError.cancelled` into `EventLoopError.cancelled`, as MainspringTLS's
+        /// `TLSClientContext` does, so that a refused connect is still `connectFailed`.)
         public let connect: @Sendable (_ address: String, _ port: UInt16, _ hostName: String, _ loop: EventLoop,
                                        _ options: Connection.Options) async throws -> Connection
 

@@ -65,7 +65,8 @@ public enum HTTPClientError: Error, Sendable, Equatable, CustomStringConvertible
     /// The connection to `host:port` was made but not secured: the connector's own failure —
     /// with `.tls(_:)` (`MainspringTLS`), the TLS handshake's (a certificate that did not
     /// verify, the handshake timeout, a server that does not speak TLS). `reason` is the error's
-    /// text: for TLS, OpenSSL's account, naming the check that failed.
+    /// description: for TLS, "TLS handshake failed: " and OpenSSL's account, naming the check
+    /// that failed.
     case securityFailed(host: String, port: UInt16, reason: String)
     /// The connect to `host:port` did not complete within the connect timeout.
     case connectTimeout(host: String, port: UInt16, Duration)
