@@ -23,23 +23,15 @@ final class ScriptedServer: @unchecked Sendable {
     let accepted = Locked(0)
 
     init(backlog: Int32 = 64, accepting: Bool = true, _ script: @escaping @Sendable (_ fd: Int32, _ index: Int) -> Void) throws {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = UInt32(0x7F00_0001).bigEndian
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let ok = withUnsafeMutablePointer(to: &address) { pointer in
-            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0
-            }
-        } && listen(fd, backlog) == 0
-        guard ok else {
+        let (fd, boundPort) = try bindLoopbackTCPSocket()
+        guard listen(fd, backlog) == 0 else {
+            let code = errno
             close(fd)
-            throw POSIXError(.EADDRINUSE)
+            throw POSIXError(POSIXErrorCode(rawValue: code) ?? .EADDRINUSE)
         }
         listening = Locked(fd)
         self.accepting = accepting
-        port = UInt16(bigEndian: address.sin_port)
+        port = boundPort
         guard accepting else { return }
         let accepted = self.accepted
         let listening = self.listening

@@ -84,29 +84,34 @@ package final class RefusingPort: @unchecked Sendable {
     private let fd: Int32
 
     package init() throws {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EMFILE) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = UInt32(0x7F00_0001).bigEndian
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) { pointer in
-            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0
-            }
-        }
-        guard bound else {
-            let code = errno
-            close(fd)
-            throw POSIXError(POSIXErrorCode(rawValue: code) ?? .EADDRINUSE)
-        }
         // Stored only once bound: a class whose init throws after its properties are set runs
         // `deinit`, which would close the descriptor a second time.
-        self.fd = fd
-        self.port = UInt16(bigEndian: address.sin_port)
+        (fd, port) = try bindLoopbackTCPSocket()
     }
 
     deinit { close(fd) }
+}
+
+/// A TCP socket bound to 127.0.0.1 port 0 (the kernel picks the port), not listening yet: its
+/// descriptor and the port it got. Closed again when binding fails.
+package func bindLoopbackTCPSocket() throws -> (fd: Int32, port: UInt16) {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+    guard fd >= 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EMFILE) }
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_addr.s_addr = UInt32(0x7F00_0001).bigEndian
+    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+    let bound = withUnsafeMutablePointer(to: &address) { pointer in
+        pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+            bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0
+        }
+    }
+    guard bound else {
+        let code = errno
+        close(fd)
+        throw POSIXError(POSIXErrorCode(rawValue: code) ?? .EADDRINUSE)
+    }
+    return (fd, UInt16(bigEndian: address.sin_port))
 }
 
 /// The kernel's ephemeral port range (`/proc/sys/net/ipv4/ip_local_port_range`): where port-0
