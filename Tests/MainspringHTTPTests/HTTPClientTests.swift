@@ -571,28 +571,6 @@ struct HTTPClientTests {
         await group.shutdown(gracePeriod: .milliseconds(200))  // the abandoned connect is still trying
     }
 
-    @Test("the response timeout runs only while the client waits: a streamed body's consumer may pause longer than it between pieces")
-    func timeoutPausesBetweenReads() async throws {
-        let group = try EventLoopGroup(loopCount: 1)
-        let server = try ScriptedServer { fd, _ in
-            _ = readRequestHead(fd)
-            writeAll(fd, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n6\r\nsecond\r\n0\r\n\r\n")
-            var byte: UInt8 = 0
-            _ = recv(fd, &byte, 1, 0)
-        }
-        let client = HTTPClient(loop: group.loops[0], configuration: .init(responseTimeout: .milliseconds(200)))
-        let response = try await client.stream(HTTPClientRequest(url: "http://127.0.0.1:\(server.port)/"))
-        var pieces: [String] = []
-        for try await piece in response.body {
-            pieces.append(String(decoding: piece, as: UTF8.self))
-            try await Task.sleep(for: .milliseconds(600))  // three timeouts' worth, the client not waiting
-        }
-        #expect(pieces.joined() == "firstsecond")
-        #expect(client.connectionCount(for: "http://127.0.0.1:\(server.port)/") == (busy: 0, idle: 1))
-        client.shutdown()
-        await group.shutdown(gracePeriod: .seconds(2))
-    }
-
     @Test("against Python's http.server (HTTP/1.0, a connection per request): GET, HEAD, 404, in parallel")
     func pythonServer() async throws {
         let directory = freshDirectory("www")

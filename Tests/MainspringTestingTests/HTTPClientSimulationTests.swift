@@ -97,6 +97,43 @@ import Testing
         listener.close()
     }
 
+    /// The response timeout runs only while the client waits: a streamed body's consumer that
+    /// pauses three timeouts' worth (600 ms against 200 ms) after each piece still gets the
+    /// whole body, and the connection goes back to the pool. (It was a real-time test, whose
+    /// 200 ms for the head a loaded machine sometimes missed.)
+    @Test func theResponseTimeoutPausesWhileAStreamedBodysConsumerDoes() async throws {
+        let simulation = try Simulation(seed: 4)
+        simulation.network.latency = .milliseconds(1)
+        let upstream = try simulation.makeGroup(loopCount: 1, host: "10.0.0.3")
+        let listener = try Listener(.tcp(host: "0.0.0.0", port: 80), on: upstream.loops[0]) { connection in
+            connection.readLines { event in
+                guard case .line("") = event else { return }  // the request's head has ended
+                connection.write("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+                _ = connection.loop.schedule(after: .milliseconds(100)) {
+                    connection.write("6\r\nsecond\r\n0\r\n\r\n")
+                }
+            }
+        }
+        let client = HTTPClient(loop: simulation.loop, configuration: .init(responseTimeout: .milliseconds(200)))
+        let loop = simulation.loop
+        let (pieces, at) = try await simulation.run { () async throws -> ([String], Duration) in
+            let response = try await client.stream(HTTPClientRequest(url: "http://10.0.0.3/"))
+            var pieces: [String] = []
+            for try await piece in response.body {
+                pieces.append(String(decoding: piece, as: UTF8.self))
+                try await loop.sleep(for: .milliseconds(600))  // the client is not waiting meanwhile
+            }
+            return (pieces, simulation.now)
+        }
+        #expect(pieces == ["first", "second"])
+        // The head and first piece at 4 ms (a round trip to connect, one for the request), the
+        // second piece waiting since 104 ms: the body ends after the two pauses, at 1,204 ms.
+        #expect(at == .milliseconds(1_204))
+        #expect(client.connectionCount(for: "http://10.0.0.3/") == (busy: 0, idle: 1))
+        client.shutdown()
+        listener.close()
+    }
+
     @Test func aPartitionHealsAndTheClientRecovers() async throws {
         let simulation = try Simulation(seed: 2)
         simulation.network.latency = .milliseconds(1)
