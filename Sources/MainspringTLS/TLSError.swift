@@ -10,8 +10,9 @@ import MainspringCore
 public enum TLSError: Error, Equatable, Sendable, CustomStringConvertible {
     /// The handshake failed: `reason` is OpenSSL's account, naming the certificate check that
     /// failed when one did ("the server's certificate did not verify: unable to get local issuer
-    /// certificate", "wrong version number"), or says what ended it: the handshake timeout ("the handshake did
-    /// not finish within 3.0 seconds"), a peer that closed during it. The connection is closed.
+    /// certificate", "wrong version number"), or says what ended it: the handshake timeout ("the
+    /// handshake did not finish within 3.0 seconds"), a peer that closed during it. The
+    /// connection is closed.
     case handshakeFailed(reason: String)
     /// The connection TLS was to run over was not made: the connect's `EventLoopError` (a name
     /// that did not resolve, every address refused, an invalid address) or the loop's

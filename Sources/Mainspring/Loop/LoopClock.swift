@@ -79,6 +79,10 @@ extension VirtualClock {
     /// 2026-01-01 00:00:00 UTC. A simulated loop's calendar time is this plus the virtual time,
     /// the same at every run.
     public static let calendarStart = 1_767_225_600
+
+    /// The calendar time now, in whole seconds since 1970-01-01 UTC: ``calendarStart`` plus
+    /// ``elapsed``.
+    public var calendarSeconds: Int { Self.calendarStart + Int(elapsed / 1_000_000_000) }
 }
 
 extension EventLoop {
@@ -95,10 +99,7 @@ extension EventLoop {
     /// virtual time, so that what a program dates (an HTTP response's `Date`) is the same at
     /// every run of a seed. Any thread. (Package: the HTTP server dates its responses with it.)
     package func calendarSeconds() -> Int {
-        if isSimulated {
-            return VirtualClock.calendarStart + Int((monotonicNow() &- VirtualClock.epoch) / 1_000_000_000)
-        }
-        return Int(time(nil))
+        timeSource.virtual?._withUnsafeGuaranteedRef { $0.calendarSeconds } ?? Int(time(nil))
     }
 }
 
