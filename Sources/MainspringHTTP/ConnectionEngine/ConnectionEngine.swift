@@ -38,29 +38,30 @@
 @_spi(MainspringHTTP) import MainspringCore
 import Synchronization
 
-/// Where a loop's engine takes its connections from: evhttp's listening socket, or the
-/// simulation's listener shared by the loops of a server on simulated loops.
-enum ServerSocket: Sendable {
-    case listening(ListeningSocket)
-    case simulated(ConnectionAcceptor)
-
-    /// The server could not be made: let go of what listens. (A listening socket closes when
-    /// its last holder releases it; the simulated listener is closed here.) Any thread.
-    func abandon() {
-        if case .simulated(let acceptor) = self { acceptor.abandon() }
-    }
-}
-
-/// The listener of an `HTTPServer` on simulated loops, shared by its loops' engines: it accepts
-/// on one loop and makes each connection on the loop the group picks (or the one loop), and
-/// hands it to that loop's engine — or holds it until the engine exists (the server is being
-/// made), or closes it when the engine has stopped accepting. It closes once every engine has
-/// stopped. Any thread.
+/// The listener of an `HTTPServer`, shared by its loops' engines. Two ways of listening, one
+/// contract (each engine registers on its loop, is handed connections on its loop, and stops):
+/// - on real loops, one socket bound once (`SharedListeningSocket`) and a `Listener` per loop over a
+///   duplicate of it, made when that loop's engine registers: every loop accepts for itself, so
+///   a loop stuck in a long callback stops taking connections and the others take them, and a
+///   connection never changes thread;
+/// - on simulated loops, where there are no descriptors, one `Listener` of the simulation's
+///   network on the first loop that makes each connection on the loop the group picks (or the
+///   one loop) — held until that loop's engine exists (the server is being made), or closed
+///   when the engine has stopped accepting.
+///
+/// It closes once every engine has stopped. Any thread.
 final class ConnectionAcceptor: Sendable {
     private let state = Mutex(State())
+    private let preparer: (any AcceptedSocketPreparer)?
 
     private struct State {
-        var listener: Listener?
+        /// The socket every real loop's listener duplicates; let go (closed, once the loops'
+        /// duplicates are) when the last engine stops.
+        var socket: SharedListeningSocket?
+        /// The simulation's one listener (nil on real loops, and once closed).
+        var shared: Listener?
+        /// Each real loop's own listener, by loop.
+        var perLoop: [ObjectIdentifier: Listener] = [:]
         var port: UInt16 = 0
         var engines: [ObjectIdentifier: UncheckedEngine] = [:]
         var waiting: [ObjectIdentifier: [Connection]] = [:]
@@ -75,37 +76,74 @@ final class ConnectionAcceptor: Sendable {
     /// The bound port (0 on a Unix socket).
     var port: UInt16 { state.withLock { $0.port } }
 
+    /// What every accepted connection starts with: no limit of its own while it waits for its
+    /// engine (the engine has its deadlines).
+    private static let options = Connection.Options(idleTimeout: nil)
+
+    /// Accepts from `socket` (bound already) on each of `loops`: a loop's listener is made
+    /// when its engine registers. Any thread.
+    init(socket: SharedListeningSocket, loops: Int, preparer: (any AcceptedSocketPreparer)?) {
+        self.preparer = preparer
+        state.withLock {
+            $0.socket = socket
+            $0.port = socket.port
+            $0.running = loops
+        }
+    }
+
     /// Listens on `endpoint` on the first of `loops` (over `group`'s loops when given) — on the
     /// simulation's network. On the simulation's thread.
     init(listeningOn endpoint: Listener.Endpoint, loops: [EventLoop], group: EventLoopGroup?,
          preparer: (any AcceptedSocketPreparer)?) throws(HTTPServerError)
     {
-        // The listener keeps this alive through its handler until it closes (`stopped`).
-        let accept: @Sendable (Connection) -> Void = { [self] connection in accepted(connection) }
-        let listener: Listener
-        do throws(EventLoopError) {
-            // Connections wait for their engine without a limit of their own: the engine has one.
-            let options = Connection.Options(idleTimeout: nil)
-            if let preparer {
-                listener = try Listener(endpoint, on: loops[0], group: group, options: options, preparer: preparer,
-                                        accept: accept)
-            } else {
-                listener = try Listener(endpoint, on: loops[0], group: group, options: options, accept: accept)
-            }
-        } catch {
-            throw HTTPServerError(listening: error)
+        self.preparer = preparer
+        let listener = try Self.listen(endpoint, on: loops[0], group: group, preparer: preparer) {
+            [self] connection in accepted(connection)
         }
         state.withLock {
-            $0.listener = listener
+            $0.shared = listener
             $0.port = listener.port
             $0.running = loops.count
         }
     }
 
-    /// `engine` serves its loop from now on: the connections that waited for it are its.
-    /// Its loop's thread.
-    func register(_ engine: ConnectionEngine) {
+    /// A listener that hands its connections to `accept`. The listener keeps `accept` (and so
+    /// this acceptor) alive until it closes. `loop`'s thread.
+    private static func listen(_ endpoint: Listener.Endpoint, on loop: EventLoop, group: EventLoopGroup?,
+                               preparer: (any AcceptedSocketPreparer)?,
+                               accept: @escaping @Sendable (Connection) -> Void) throws(HTTPServerError) -> Listener
+    {
+        do throws(EventLoopError) {
+            if let preparer {
+                return try Listener(endpoint, on: loop, group: group, options: options, preparer: preparer, accept: accept)
+            }
+            return try Listener(endpoint, on: loop, group: group, options: options, accept: accept)
+        } catch {
+            throw HTTPServerError(listening: error)
+        }
+    }
+
+    /// `engine` serves its loop from now on: on a real loop its listener starts accepting; on a
+    /// simulated one the connections that waited for it are its. Its loop's thread.
+    func register(_ engine: ConnectionEngine) throws(HTTPServerError) {
         let key = ObjectIdentifier(engine.loop)
+        if let socket = state.withLock({ $0.socket }) {
+            let copy: Int32
+            do throws(EventLoopError) { copy = try socket.duplicate() } catch { throw HTTPServerError(listening: error) }
+            let listener: Listener
+            do {
+                let target = UncheckedEngine(engine: engine)
+                listener = try Self.listen(.adopted(descriptor: copy), on: engine.loop, group: nil, preparer: preparer) {
+                    connection in
+                    if let engine = target.engine { engine.accept(connection) } else { connection.abort() }
+                }
+            } catch {
+                SharedListeningSocket.closeDuplicate(copy)  // not adopted: still ours
+                throw error
+            }
+            state.withLock { $0.perLoop[key] = listener }
+            return
+        }
         let waiting = state.withLock { state -> [Connection] in
             state.engines[key] = UncheckedEngine(engine: engine)
             return state.waiting.removeValue(forKey: key) ?? []
@@ -113,38 +151,47 @@ final class ConnectionAcceptor: Sendable {
         for connection in waiting { engine.accept(connection) }
     }
 
-    /// `engine` accepts no more; the listener closes when the last has stopped. Its loop's thread.
+    /// `engine` accepts no more: its loop's listener closes (on real loops), or the shared one
+    /// once the last engine has stopped. Its loop's thread.
     func stopped(_ engine: ConnectionEngine) {
-        let listener = state.withLock { state -> Listener? in
-            state.engines[ObjectIdentifier(engine.loop)] = UncheckedEngine(engine: nil)
+        let key = ObjectIdentifier(engine.loop)
+        let listeners = state.withLock { state -> [Listener] in
+            var closing: [Listener] = []
+            if let own = state.perLoop.removeValue(forKey: key) { closing.append(own) }
+            state.engines[key] = UncheckedEngine(engine: nil)
             state.running -= 1
-            guard state.running == 0 else { return nil }
-            defer { state.listener = nil }
-            return state.listener
+            if state.running == 0 {
+                state.socket = nil
+                if let shared = state.shared { closing.append(shared) }
+                state.shared = nil
+            }
+            return closing
         }
-        listener?.close()
+        for listener in listeners { listener.close() }
     }
 
-    /// The server could not be made: closes the listener and the connections that waited for
-    /// an engine. Any thread (the closing is posted to the listener's loop).
+    /// The server could not be made: closes the listeners and the connections that waited for
+    /// an engine. Any thread (each closing is posted to its listener's loop).
     func abandon() {
-        let (listener, waiting) = state.withLock { state -> (Listener?, [Connection]) in
+        let (shared, own, waiting) = state.withLock { state -> (Listener?, [Listener], [Connection]) in
             defer {
-                state.listener = nil
+                state.socket = nil
+                state.shared = nil
+                state.perLoop = [:]
                 state.waiting = [:]
                 state.running = 0
             }
-            return (state.listener, state.waiting.values.flatMap { $0 })
+            return (state.shared, Array(state.perLoop.values), state.waiting.values.flatMap { $0 })
         }
-        guard let listener else { return }
-        let loop = listener.loop
-        loop.execute(priority: .input) {
-            listener.close()
+        for listener in own { listener.loop.execute(priority: .input) { listener.close() } }
+        guard let shared else { return }
+        shared.loop.execute(priority: .input) {
+            shared.close()
             for connection in waiting { connection.abort() }
         }
     }
 
-    /// A connection the listener made, on its loop's thread.
+    /// A connection the simulation's listener made, on its loop's thread.
     private func accepted(_ connection: Connection) {
         let key = ObjectIdentifier(connection.loop)
         // nil: no engine on that loop yet (it waits); an entry without an engine: it stopped.
@@ -177,12 +224,16 @@ final class ConnectionEngine: ServerEngine {
     private var isPausedForLimit = false
     private var held: [Connection] = []
 
-    init(loop: EventLoop, limits: ServerLimits, acceptor: ConnectionAcceptor, delegate: any ServerEngineDelegate) {
+    /// Starts accepting from `acceptor` on `loop`. `loop`'s thread.
+    /// - Throws: `HTTPServerError` when the loop's listener cannot be made.
+    init(loop: EventLoop, limits: ServerLimits, acceptor: ConnectionAcceptor, delegate: any ServerEngineDelegate)
+        throws(HTTPServerError)
+    {
         self.loop = loop
         self.limits = limits
         self.acceptor = acceptor
         self.delegate = delegate
-        acceptor.register(self)
+        try acceptor.register(self)
     }
 
     /// Every deadline is a timer of its connection's.

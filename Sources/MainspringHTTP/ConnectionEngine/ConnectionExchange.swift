@@ -40,8 +40,8 @@ final class ConnectionExchange: ServerExchange {
         for waiter in waiters { waiter() }
     }
 
-    /// Whether a response of `status` carries a body (as evhttp_response_needs_body): not for
-    /// `HEAD`, 1xx, 204 or 304.
+    /// Whether a response of `status` carries a body: not for `HEAD`, 1xx, 204 or 304
+    /// (RFC 9110 §6.4.1).
     private func mayHaveBody(status: Int) -> Bool {
         head.method != .head && status >= 200 && status != 204 && status != 304
     }
@@ -65,13 +65,9 @@ final class ConnectionExchange: ServerExchange {
             }
             text += "\(field.name): \(field.value)\r\n"
         }
-        // evhttp's default type, on a response that may have a body and names none.
-        if mayHaveBody(status: status), !responseFields.contains(where: { $0.name.caseInsensitiveEquals("Content-Type") }) {
-            text += "Content-Type: text/html; charset=ISO-8859-1\r\n"
-        }
         if chunked { text += "Transfer-Encoding: chunked\r\n" }
         if endedByClose { closing = true }  // the end of the connection ends the body
-        // As evhttp: a request whose `Connection` is `close` gets it back (not a proxy request:
+        // A request whose `Connection` is `close` gets it back (not a proxy request:
         // its `Proxy-Connection` closes silently), an HTTP/1.0 one that asked for `keep-alive`
         // gets that; one that closes otherwise just closes (a draining server adds its own
         // `Connection: close`).
@@ -113,7 +109,7 @@ final class ConnectionExchange: ServerExchange {
     func startChunked(status: Int, reason: String) {
         guard !isDone, !isChunked else { return }
         isChunked = true
-        // As evhttp's reply_start: chunked only where a body may be and no length frames it.
+        // Chunked only where a body may be and no length frames it.
         let hasLength = responseFields.contains { $0.name.caseInsensitiveEquals("Content-Length") }
         streamFraming = !mayHaveBody(status: status) ? .none : hasLength || head.minorVersion == 0 ? .raw : .chunked
         let (bytes, closing) = responseHead(status: status, reason: reason, chunked: streamFraming == .chunked,

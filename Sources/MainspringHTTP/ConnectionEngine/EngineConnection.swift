@@ -134,7 +134,7 @@ final class EngineConnection {
             scan.scan(UnsafeRawBufferPointer(rebasing: all[(start + scannedBefore)...]))
         }
         guard within else {
-            refuse(431, "Request Header Fields Too Large", "request head larger than \(scan.maxHeaderBytes) bytes\n", dated: false)
+            refuse(431, "Request Header Fields Too Large", "request head larger than \(scan.maxHeaderBytes) bytes\n")
             return false
         }
         guard scan.isComplete else {
@@ -143,9 +143,8 @@ final class EngineConnection {
         }
         if let problem = scan.problem {
             switch problem {
-            case .badRequest(let why): refuse(400, "Bad Request", why + "\n", dated: false)
-            case .notImplemented(let why): refuse(501, "Not Implemented", why + "\n", dated: false)
-            case .oversized, .overloaded: refuse(400, "Bad Request", "malformed request head\n", dated: false)
+            case .badRequest(let why): refuse(400, "Bad Request", why + "\n")
+            case .notImplemented(let why): refuse(501, "Not Implemented", why + "\n")
             }
             return false
         }
@@ -183,8 +182,7 @@ final class EngineConnection {
             return false
         }
         if limits.shedsBeforeBody, let retryAfter = engine.shedsBeforeBody(path: scan.targetPath) {
-            refuse(503, "Service Unavailable", "overloaded: try again later\n", extra: "Retry-After: \(retryAfter)\r\n",
-                   dated: false)
+            refuse(503, "Service Unavailable", "overloaded: try again later\n", extra: "Retry-After: \(retryAfter)\r\n")
             return false
         }
         // `100 Continue` while none of the body has come — unless it is to be refused anyway.
@@ -211,14 +209,13 @@ final class EngineConnection {
         engine.received(request)
     }
 
-    /// The guard's answer: the write side shuts after it, and what the client still sends is
+    /// The engine's own answer, before anything is routed: a plain-text body saying why, dated,
+    /// `Connection: close`. The write side shuts after it, and what the client still sends is
     /// read and dropped until it leaves — for at most two seconds.
-    /// `dated`: with a `Date` field, as evhttp's own refusals have; the head guard's (`dated`
-    /// false) come without one, as on a real loop.
-    private func refuse(_ status: Int, _ reason: String, _ body: String, extra: String = "", dated: Bool = true) {
+    private func refuse(_ status: Int, _ reason: String, _ body: String, extra: String = "") {
         let text = "HTTP/1.1 \(status) \(reason)\r\nContent-Type: text/plain; charset=utf-8\r\n" + extra
             + "Content-Length: \(body.utf8.count)\r\nConnection: close\r\n"
-            + (dated ? "Date: \(HTTPDateCache.format(time_t(engine.loop.calendarSeconds())))\r\n" : "") + "\r\n" + body
+            + "Date: \(HTTPDateCache.format(time_t(engine.loop.calendarSeconds())))\r\n\r\n" + body
         write(Array(text.utf8))
         engine.answeredByGuard(status: status)
         phase = .lingering

@@ -155,7 +155,7 @@ public final class HTTPServer: Sendable {
     /// What both forms of creation check and make before the loops set up their shares.
     private struct Plan: Sendable {
         let limits: ServerLimits
-        let socket: ServerSocket
+        let socket: ConnectionAcceptor
         let statistics: HTTPServerStatistics
         let shared: ServerShared
         let shedding: HTTPServer.LoadShedding?
@@ -182,7 +182,7 @@ public final class HTTPServer: Sendable {
             idleTimeout: max(floor, configuration.idleTimeout), headerTimeout: max(floor, configuration.headerTimeout),
             bodyTimeout: max(floor, configuration.bodyTimeout), acceptBurst: 16, layer: security?.layer,
             shedsBeforeBody: configuration.loadShedding != nil)
-        let socket: ServerSocket
+        let socket: ConnectionAcceptor
         var socketFile: UnixSocketFile?
         if !loops.isEmpty, loops.allSatisfy(\.isSimulated) {
             let endpoint: Listener.Endpoint = if let path = configuration.unixPath {
@@ -190,15 +190,22 @@ public final class HTTPServer: Sendable {
             } else {
                 .tcp(host: configuration.host, port: configuration.port, backlog: configuration.backlog)
             }
-            socket = .simulated(try ConnectionAcceptor(listeningOn: endpoint, loops: loops, group: group,
-                                                       preparer: security?.acceptPreparer))
-        } else if let path = configuration.unixPath {
-            let listening = try ListeningSocket(unixPath: path, mode: configuration.unixMode, backlog: configuration.backlog)
-            socket = .listening(listening)
-            socketFile = listening.unixFile
+            socket = try ConnectionAcceptor(listeningOn: endpoint, loops: loops, group: group,
+                                            preparer: security?.acceptPreparer)
         } else {
-            socket = .listening(try ListeningSocket(host: configuration.host, port: configuration.port,
-                                                    backlog: configuration.backlog))
+            let listening: SharedListeningSocket
+            do throws(EventLoopError) {
+                listening = if let path = configuration.unixPath {
+                    try SharedListeningSocket(unixPath: path, mode: configuration.unixMode, backlog: configuration.backlog)
+                } else {
+                    try SharedListeningSocket(host: configuration.host, port: configuration.port,
+                                              backlog: configuration.backlog)
+                }
+            } catch {
+                throw HTTPServerError(listening: error)
+            }
+            socketFile = listening.unixFile
+            socket = ConnectionAcceptor(socket: listening, loops: loops.count, preparer: security?.acceptPreparer)
         }
         return Plan(limits: limits, socket: socket, statistics: HTTPServerStatistics(),
                     shared: ServerShared(maxConnections: max(1, configuration.maxConnections),
@@ -227,7 +234,7 @@ public final class HTTPServer: Sendable {
                         loop.execute(priority: .input) {
                             continuation.resume(returning: Result { () throws(HTTPServerError) in
                                 try LoopEndpoint(loop: loop, routes: routes, statistics: plan.statistics, shared: plan.shared,
-                                                 limits: plan.limits, socket: plan.socket, shedding: plan.shedding)
+                                                 limits: plan.limits, acceptor: plan.socket, shedding: plan.shedding)
                             })
                         } orElse: {
                             continuation.resume(returning: .failure(.closed))  // the loop is gone
@@ -275,7 +282,7 @@ public final class HTTPServer: Sendable {
         for loop in loops {
             let make = { () throws(HTTPServerError) -> LoopEndpoint in
                 try LoopEndpoint(loop: loop, routes: routes, statistics: plan.statistics, shared: plan.shared,
-                                 limits: plan.limits, socket: plan.socket, shedding: plan.shedding)
+                                 limits: plan.limits, acceptor: plan.socket, shedding: plan.shedding)
             }
             do {
                 endpoints.append(try onLoop(loop, index: endpoints.count, make))
@@ -291,10 +298,7 @@ public final class HTTPServer: Sendable {
 
     private init(loops: [EventLoop], plan: Plan, endpoints: [LoopEndpoint]) {
         plan.shared.start(with: endpoints)
-        switch plan.socket {
-        case .listening(let socket): self.port = socket.port
-        case .simulated(let acceptor): self.port = acceptor.port
-        }
+        self.port = plan.socket.port
         self.loops = loops
         self.statistics = plan.statistics
         self.shared = plan.shared

@@ -32,7 +32,7 @@ final class LoopEndpoint: ServerEngineDelegate, @unchecked Sendable {
     var openWebSockets: [ObjectIdentifier: WebSocketCore] = [:]
 
     init(loop: EventLoop, routes: HTTPRoutes, statistics: HTTPServerStatistics, shared: ServerShared,
-         limits: ServerLimits, socket: ServerSocket, shedding: HTTPServer.LoadShedding? = nil) throws(HTTPServerError)
+         limits: ServerLimits, acceptor: ConnectionAcceptor, shedding: HTTPServer.LoadShedding? = nil) throws(HTTPServerError)
     {
         self.shedding = shedding
         gauge = QueueWaitGauge(target: shedding?.queueWaitTarget ?? .zero, window: shedding?.window ?? .seconds(1))
@@ -41,15 +41,7 @@ final class LoopEndpoint: ServerEngineDelegate, @unchecked Sendable {
         self.routes = routes
         self.statistics = statistics
         self.shared = shared
-        switch socket {
-        case .listening(let socket):
-            let server = try EvhttpServer(loop: loop, limits: limits)
-            server.delegate = self
-            try server.accept(on: socket)
-            engine = server
-        case .simulated(let acceptor):
-            engine = ConnectionEngine(loop: loop, limits: limits, acceptor: acceptor, delegate: self)
-        }
+        engine = try ConnectionEngine(loop: loop, limits: limits, acceptor: acceptor, delegate: self)
         attachment = LoopAttachment(loop: loop) { [weak self] in self?.loopClosed() }
     }
 

@@ -11,7 +11,6 @@
 // all digits, `Transfer-Encoding` beside `Content-Length`, and a control character, a bare CR,
 // a folded line or whitespace in a field name are answered 400; a transfer coding other than
 // `chunked` 501. The connection closes after the answer.
-internal import CLibevent
 import MainspringCore
 #if canImport(Glibc)
 import Glibc
@@ -105,9 +104,19 @@ struct RequestHeadScan {
                                                 Array("transfer-encoding".utf8)]
     private static let chunked = Array("chunked".utf8)
 
-    /// Why a complete head is refused before evhttp sees it, if it is: 400, or 501 for a transfer
-    /// coding other than `chunked`.
-    var problem: EvhttpConnection.Refusal? {
+    /// Why a complete head is refused before anything is routed.
+    enum Refusal: Equatable {
+        /// Malformed (no `Host` in HTTP/1.1, or two; framing that could be read two ways: two
+        /// different lengths, a length that is not a number, `Transfer-Encoding` beside
+        /// `Content-Length`; a control character in a field): 400 with the reason.
+        case badRequest(String)
+        /// A transfer coding the server does not decode (anything but exactly `chunked`): 501.
+        case notImplemented(String)
+    }
+
+    /// Why a complete head is refused, if it is: 400, or 501 for a transfer coding other than
+    /// `chunked`.
+    var problem: Refusal? {
         guard isComplete else { return nil }
         if let malformed { return .badRequest(malformed.reason) }
         if contentLengthInvalid { return .badRequest("Content-Length is not a number (digits only)") }
@@ -335,35 +344,6 @@ struct RequestHeadScan {
         lineEnd = 0
     }
 
-    /// Scans up to `count` bytes of `buffer` (an evbuffer, left as it is) for the blank line that
-    /// ends a head. Returns false when the head is over the limit.
-    mutating func scan(_ buffer: OpaquePointer, count: Int, clock loop: EventLoop) -> Bool {
-        withUnsafeTemporaryAllocation(of: iovec.self, capacity: 8) { vectors in
-            var offset = 0
-            var position = evbuffer_ptr()
-            var now: UInt64 = 0
-            while offset < count && !isComplete {
-                let filled: Int
-                if offset == 0 {
-                    filled = Int(evbuffer_peek(buffer, count, nil, vectors.baseAddress, 8))
-                } else {
-                    guard evbuffer_ptr_set(buffer, &position, offset, EVBUFFER_PTR_SET) == 0 else { break }
-                    filled = Int(evbuffer_peek(buffer, count - offset, &position, vectors.baseAddress, 8))
-                }
-                if filled <= 0 { break }
-                for index in 0..<min(filled, 8) {
-                    let vector = vectors[index]
-                    guard let base = vector.iov_base else { continue }
-                    let length = min(vector.iov_len, count - offset)
-                    if !scanBytes(UnsafeRawBufferPointer(start: base, count: length), now: &now, clock: loop) { return false }
-                    offset += length
-                    if isComplete || offset >= count { break }
-                }
-            }
-            return bytes <= maxHeaderBytes
-        }
-    }
-
     /// `scanBytes` over `chunk` (the fuzz harness's entry: no evbuffer, no loop, no time: its
     /// stamps are all 1). False once the head is over the limit.
     mutating func scan(_ chunk: UnsafeRawBufferPointer) -> Bool {
@@ -454,8 +434,7 @@ public enum RequestHeadCheck {
         let (status, reason): (Int?, String?) = switch refusal {
         case .badRequest(let why): (400, why)
         case .notImplemented(let why): (501, why)
-        case .overloaded: (503, nil)  // never a scan's own verdict: shedding is the server's
-        case .oversized, nil: (nil, nil)
+        case nil: (nil, nil)
         }
         return Verdict(isComplete: scan.isComplete, isOversized: !withinLimit, status: status, reason: reason)
     }
