@@ -46,7 +46,7 @@ kv-venv:
 		|| echo "note: could not make $(KV_VENV); the KV server's pytest tests and the WebSocket interop tests will be skipped." >&2
 
 bench-tools:
-	@./scripts/install-deps.sh wrk redis-server redis-tools
+	@./scripts/install-deps.sh wrk redis-server redis-tools nginx-light
 
 build: deps
 	$(SWIFT) build

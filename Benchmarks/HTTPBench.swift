@@ -5,13 +5,14 @@ import Mainspring
 import MainspringHTTP
 
 /// http: Mainspring's HTTP server (one loop, the daemon's routes plus `/hello`) against a
-/// plain-C evhttp server on one thread, both driven by `wrk --latency` with 32 keep-alive
-/// connections on `GET /hello`. Then the p99 of `GET /healthz` (wrk, 4 connections) while
-/// another client keeps `/work` requests of about 20 ms of CPU each running back to back: fed
-/// through a `Feeder` on Mainspring, computed inline in the callback in C.
+/// plain-C evhttp server on one thread and nginx (one worker, `return 200`), all driven by
+/// `wrk --latency` with 32 keep-alive connections on `GET /hello`. Then, for the first two, the
+/// p99 of `GET /healthz` (wrk, 4 connections) while another client keeps `/work` requests of
+/// about 20 ms of CPU each running back to back: fed through a `Feeder` on Mainspring,
+/// computed inline in the callback in C. (nginx has no `/work`: its record is `/hello` only.)
 let httpScenario = Scenario(
     name: "http",
-    summary: "HTTP server vs plain-C evhttp: wrk on /hello (32 connections); /healthz p99 while /work runs"
+    summary: "HTTP server vs plain-C evhttp and nginx: wrk on /hello (32 connections); /healthz p99 while /work runs"
 ) { runs in
     guard let wrk = findExecutable("wrk") else {
         throw BenchError.usage("the http scenario needs wrk (make bench installs it; or apt-get install wrk)")
@@ -40,6 +41,17 @@ let httpScenario = Scenario(
                                   serverCPU: { ms_baseline_http_cpu_ns(handle) })
             ms_baseline_http_stop(handle)
             return figures
+        }())
+        samples.add("nginx", {
+            guard let nginx = NginxPeer() else {
+                FileHandle.standardError.write(Data("http: nginx did not start (make bench-tools installs nginx-light)\n".utf8))
+                return []
+            }
+            let cpuBefore = nginx.cpuMicroseconds
+            let hello = runWrk(wrk, ["-t2", "-c32", "-d\(seconds)s", "--latency", "http://127.0.0.1:\(nginx.port)/hello"])
+            let cpuPerRequest = Double(nginx.cpuMicroseconds &- cpuBefore) / hello.requests
+            nginx.stop()
+            return [("requests_per_s", hello.rate), ("p99_ms", hello.p99), ("cpu_us_per_request", cpuPerRequest)]
         }())
     }
     return samples.records(scenario: "http")

@@ -167,6 +167,42 @@ struct HTTPCloseTests {
         await server.closeAndWait()
         await group.shutdown(gracePeriod: .seconds(2))
     }
+
+    @Test("A large response read slowly but steadily is not cut by idleTimeout on a real loop: the stall deadline counts from when the kernel last took output")
+    func slowReaderIsNotAStall() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        let size = 8 << 20
+        var routes = HTTPRoutes()
+        routes.get("/big") { _ in HTTPResponse(body: [UInt8](repeating: 0x61, count: size)) }
+        let server = try await HTTPServer(group: group, configuration: .init(maxBodyBytes: 16, idleTimeout: .seconds(1)),
+                                          routes: routes)
+        let port = server.port
+        // 256 KiB every 100 ms: about 3 s for the body, the server's own buffer not empty for
+        // the first 1.5 s or so (the kernel's buffers take the rest) — longer than idleTimeout.
+        let (received, elapsed) = try await onPlainThread { () throws -> (Int, Duration) in
+            let client = try TestClient(port: port)
+            client.setReceiveTimeout(seconds: 30)
+            let start = ContinuousClock.now
+            client.send("GET /big HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            var total = 0
+            var chunk = [UInt8](repeating: 0, count: 256 << 10)
+            while true {
+                var round = 0
+                while round < chunk.count {
+                    let n = chunk.withUnsafeMutableBytes { recv(client.fd, $0.baseAddress! + round, $0.count - round, 0) }
+                    if n < 0 && errno == EINTR { continue }
+                    if n <= 0 { return (total, ContinuousClock.now - start) }
+                    round += n
+                    total += n
+                }
+                usleep(100_000)
+            }
+        }
+        #expect(received > size, "the whole response (\(size) bytes of body and its head) arrived: \(received)")
+        #expect(elapsed > .seconds(1), "the transfer outlasted idleTimeout (\(elapsed)), so the test tested something")
+        await server.closeAndWait()
+        await group.shutdown(gracePeriod: .seconds(2))
+    }
 }
 
 /// Something a route captures, to see whether the route was let go.

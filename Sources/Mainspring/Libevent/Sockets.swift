@@ -272,6 +272,16 @@ final class BufferedSocket {
         if base.refusesDescriptors { simulated?.changed() }
     }
 
+    /// From now on `target.socketOutputTaken()` runs whenever output leaves the buffer (the
+    /// kernel, or the layer under the connection, took some) — a response's stall deadline
+    /// counts from it. One callback per write to the socket; nothing on a simulated socket,
+    /// whose network reports it already. Until the socket is freed (its buffer's callbacks go
+    /// with it).
+    func reportOutputTaken(to target: NativeEventTarget) {
+        guard !base.refusesDescriptors else { return }
+        evbuffer_add_cb(bufferevent_get_output(raw), outputTakenTrampoline, callbackArgument(for: target))
+    }
+
     var inputLength: Int { evbuffer_get_length(bufferevent_get_input(raw)) }
     var outputLength: Int { evbuffer_get_length(bufferevent_get_output(raw)) }
 
@@ -550,3 +560,8 @@ private func text(of cString: [CChar]) -> String {
     String(decoding: cString.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
 }
 
+/// An output buffer lost bytes (`reportOutputTaken(to:)`): tells its target.
+private let outputTakenTrampoline: evbuffer_cb_func = { _, info, argument in
+    guard let info, info.pointee.n_deleted > 0 else { return }
+    callbackTarget(argument, as: NativeEventTarget.self).socketOutputTaken()
+}

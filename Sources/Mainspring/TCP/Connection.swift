@@ -451,8 +451,28 @@ public final class Connection: @unchecked Sendable {
         return true
     }
 
-    /// When output last left the connection (the loop's clock, ns), on a simulated loop; nil
-    /// on a real one, or before any has. For a response's stall deadline. Loop thread only.
+    /// Makes ``outputMovedAt`` follow the output on a real loop too (a simulated loop's network
+    /// reports it always): a callback each time the kernel takes some. Loop thread only.
+    package func tracksOutputMovement() {
+        loop.preconditionOnLoop("Connection.tracksOutputMovement()")
+        source.socket?.reportOutputTaken(to: source)
+    }
+
+    /// Applies a new owner's `outputLimit` and `closeTimeout` to a connection made with other
+    /// options (a WebSocket upgrade takes over a connection its server accepted). Loop thread
+    /// only, while no other thread holds the connection (its `outputLimit` is read unlocked).
+    package func adopt(outputLimit: Int, closeTimeout: Duration) {
+        loop.preconditionOnLoop("Connection.adopt(outputLimit:closeTimeout:)")
+        var options = Connection.Options()
+        options.outputLimit = outputLimit
+        options.closeTimeout = closeTimeout
+        options.idleTimeout = source.kept.idleTimeoutNanoseconds == 0 ? nil : .nanoseconds(Int64(source.kept.idleTimeoutNanoseconds))
+        source.kept = KeptOptions(options)
+    }
+
+    /// When output last left the connection (the loop's clock, ns): on a simulated loop, or on
+    /// a real one after ``tracksOutputMovement()``; nil otherwise, or before any has. For a
+    /// response's stall deadline. Loop thread only.
     package var outputMovedAt: UInt64? {
         let moved = source.rare?.outputMovedAt ?? 0
         return moved == 0 ? nil : moved

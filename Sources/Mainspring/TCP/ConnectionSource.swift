@@ -61,7 +61,8 @@ final class ConnectionSource: Source {
     let remoteAddress: String
     /// What the connection keeps of its `Connection.Options` (the rest is used once, as it is
     /// made): 24 bytes, where a copy of the whole value would be 88 in every connection.
-    let kept: KeptOptions
+    /// Loop thread writes it only before the connection is shared (`Connection.adopt`).
+    var kept: KeptOptions
     @exclusivity(unchecked) var state: ConnectionState
     /// The layer between the connection and its socket (TLS), if any: boxed, one word where
     /// the optional existential would be two in every connection.
@@ -439,7 +440,8 @@ final class ConnectionSource: Source {
 
     override func socketDrained() { fire(.write) }
 
-    /// Simulated sockets only (the network took output): when it happened.
+    /// Output left the buffer (the simulation's network took it, or on a real socket the kernel,
+    /// once `reportOutputTaken` was asked for): when it happened.
     override func socketOutputTaken() {
         withLoop { loop in rareState.outputMovedAt = loop.monotonicNow() }
     }

@@ -255,6 +255,7 @@ final class ConnectionEngine: ServerEngine {
     }
 
     private func start(_ connection: Connection) {
+        connection.tracksOutputMovement()  // a response's stall deadline counts from it
         let served = EngineConnection(engine: self, connection: connection)
         connections[ObjectIdentifier(served)] = served
         if delegate?.acceptedConnection() == false { isPausedForLimit = true }

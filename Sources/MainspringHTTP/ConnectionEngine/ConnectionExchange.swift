@@ -145,6 +145,7 @@ final class ConnectionExchange: ServerExchange {
     func takeOverConnection(options: Connection.Options, adopted: @escaping (Connection, [UInt8]) -> Void) -> Bool {
         guard !isDone, !isChunked, let (connection, leftover) = owner.takeOver(self) else { return false }
         isDone = true
+        connection.adopt(outputLimit: options.outputLimit, closeTimeout: options.closeTimeout)
         adopted(connection, leftover)
         return true
     }

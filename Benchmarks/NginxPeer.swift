@@ -1,0 +1,97 @@
+import Foundation
+
+/// nginx (Debian's `nginx-light`) as the http scenario's outside peer: one worker process,
+/// `return 200 "hello\n"` on `/hello`, access log off, its configuration, pid file and temporary
+/// folders under `.build/bench-nginx`. nginx cannot be told to pick a free port, so this tries
+/// ports below the ephemeral range until one binds (never a port another process may be given).
+final class NginxPeer {
+    let port: UInt16
+    private let process: Process
+    private let folder: URL
+
+    /// Starts nginx and returns once it accepts connections; nil when nginx is not installed or
+    /// does not start.
+    init?() {
+        guard let nginx = findExecutable("nginx") ?? ["/usr/sbin/nginx", "/usr/local/sbin/nginx"]
+            .first(where: { FileManager.default.isExecutableFile(atPath: $0) })
+        else { return nil }
+        folder = URL(fileURLWithPath: FileManager.default.currentDirectoryPath).appendingPathComponent(".build/bench-nginx")
+        try? FileManager.default.createDirectory(at: folder.appendingPathComponent("tmp"), withIntermediateDirectories: true)
+        var generator = SystemRandomNumberGenerator()
+        for _ in 0..<20 {
+            let candidate = UInt16.random(in: 20_000...29_999, using: &generator)
+            let configuration = folder.appendingPathComponent("nginx.conf")
+            try? Self.configuration(folder: folder.path, port: candidate)
+                .write(to: configuration, atomically: true, encoding: .utf8)
+            let process = Process()
+            process.executableURL = URL(fileURLWithPath: nginx)
+            process.arguments = ["-p", folder.path, "-c", configuration.path, "-e", folder.appendingPathComponent("error.log").path]
+            process.standardOutput = FileHandle.nullDevice
+            process.standardError = FileHandle.nullDevice
+            guard (try? process.run()) != nil else { return nil }
+            // Up to 2 s for it to listen, or to exit (the port was taken: try another).
+            for _ in 0..<200 where process.isRunning {
+                if let client = BenchClient(port: candidate) {
+                    _ = client
+                    self.port = candidate
+                    self.process = process
+                    return
+                }
+                usleep(10_000)
+            }
+            if process.isRunning { process.terminate() }
+            process.waitUntilExit()
+        }
+        return nil
+    }
+
+    /// CPU time (user and system, µs) nginx's processes have used so far (its one worker and
+    /// the master, which does nothing meanwhile), from `/proc`.
+    var cpuMicroseconds: UInt64 {
+        var total: UInt64 = 0
+        let ticks = UInt64(sysconf(Int32(_SC_CLK_TCK)))
+        let children = (try? String(contentsOfFile: "/proc/\(process.processIdentifier)/task/\(process.processIdentifier)/children",
+                                    encoding: .utf8)) ?? ""
+        let pids = [process.processIdentifier] + children.split(separator: " ").compactMap { Int32($0) }
+        for pid in pids {
+            guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+                  let close = stat.lastIndex(of: ")")
+            else { continue }
+            let fields = stat[stat.index(after: close)...].split(separator: " ")
+            // Fields 14 and 15 of the whole line (utime, stime): 12 and 13 after the name.
+            if fields.count > 13, let user = UInt64(fields[11]), let system = UInt64(fields[12]) {
+                total += (user + system) * 1_000_000 / ticks
+            }
+        }
+        return total
+    }
+
+    func stop() {
+        process.terminate()
+        process.waitUntilExit()
+    }
+
+    private static func configuration(folder: String, port: UInt16) -> String {
+        """
+        worker_processes 1;
+        daemon off;
+        master_process on;
+        pid \(folder)/nginx.pid;
+        error_log \(folder)/error.log warn;
+        events { worker_connections 1024; }
+        http {
+            access_log off;
+            client_body_temp_path \(folder)/tmp/body;
+            proxy_temp_path \(folder)/tmp/proxy;
+            fastcgi_temp_path \(folder)/tmp/fastcgi;
+            uwsgi_temp_path \(folder)/tmp/uwsgi;
+            scgi_temp_path \(folder)/tmp/scgi;
+            keepalive_requests 1000000;
+            server {
+                listen 127.0.0.1:\(port);
+                location = /hello { default_type text/plain; return 200 "hello\\n"; }
+            }
+        }
+        """
+    }
+}
