@@ -7,7 +7,13 @@ final class ConnectionExchange: ServerExchange {
     private let head: RequestHead
     let body: [UInt8]
     var heldLimit: ConcurrencyLimit?
-    private var responseFields: [(name: String, value: String)] = []
+    /// The response's header fields so far, as they go out (`name: value` CR LF each).
+    private var fieldBytes: [UInt8] = []
+    /// A `Connection` field was added; one whose value is `close`.
+    private var hasConnectionField = false
+    private var saysClose = false
+    /// A `Content-Length` field was added.
+    private var hasContentLength = false
     /// The response is under way in chunks (or, for HTTP/1.0, ended by closing).
     private var isChunked = false
     /// The response went out in full, or the request was handed back otherwise.
@@ -47,47 +53,86 @@ final class ConnectionExchange: ServerExchange {
     }
 
     func addResponseHeader(_ name: String, _ value: String) {
-        guard !isDone, !(name + value).utf8.contains(where: { $0 == 0x0D || $0 == 0x0A }) else { return }
-        responseFields.append((name, value))
+        guard !isDone, !Self.breaksLine(name), !Self.breaksLine(value) else { return }
+        switch name.utf8.count {
+        case 10 where name.caseInsensitiveEquals("Connection"):
+            hasConnectionField = true
+            if value.caseInsensitiveEquals("close") { saysClose = true }
+        case 14 where name.caseInsensitiveEquals("Content-Length"):
+            hasContentLength = true
+        default:
+            break
+        }
+        if fieldBytes.isEmpty { fieldBytes.reserveCapacity(160) }
+        fieldBytes.append(contentsOf: name.utf8)
+        fieldBytes.append(0x3A)
+        fieldBytes.append(0x20)
+        fieldBytes.append(contentsOf: value.utf8)
+        fieldBytes.append(0x0D)
+        fieldBytes.append(0x0A)
     }
 
-    /// The status line and header fields; whether the connection closes after the response.
-    private func responseHead(status: Int, reason: String, chunked: Bool, endedByClose: Bool = false)
+    func addContentLength(_ length: Int) {
+        guard !isDone else { return }
+        hasContentLength = true
+        fieldBytes.append(contentsOf: "Content-Length: ".utf8)
+        appendDecimal(length, to: &fieldBytes)
+        fieldBytes.append(0x0D)
+        fieldBytes.append(0x0A)
+    }
+
+    /// Whether `text` holds a CR or LF (a field that would smuggle in another: dropped).
+    private static func breaksLine(_ text: String) -> Bool {
+        text.utf8.contains { $0 == 0x0D || $0 == 0x0A }
+    }
+
+    /// The status line and header fields, ready for `extra` bytes of body after them; whether
+    /// the connection closes after the response.
+    private func responseHead(status: Int, reason: String, chunked: Bool, endedByClose: Bool = false, extra: Int = 0)
         -> (bytes: [UInt8], closing: Bool)
     {
-        var closing = !head.keepsAlive
-        var hasConnection = false
-        var text = "HTTP/1.\(head.minorVersion) \(status) \(reason)\r\n"
-        for field in responseFields {
-            if field.name.caseInsensitiveEquals("Connection") {
-                hasConnection = true
-                if field.value.caseInsensitiveEquals("close") { closing = true }
-            }
-            text += "\(field.name): \(field.value)\r\n"
+        let closing = !head.keepsAlive || saysClose || endedByClose  // the end of the connection ends the body
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(64 + fieldBytes.count + extra)
+        if status == 200, head.minorVersion == 1 {
+            bytes.append(contentsOf: Self.okLine)
+        } else {
+            bytes.append(contentsOf: "HTTP/1.".utf8)
+            bytes.append(head.minorVersion == 0 ? 0x30 : 0x31)
+            bytes.append(0x20)
+            appendDecimal(status, to: &bytes)
+            bytes.append(0x20)
+            bytes.append(contentsOf: reason.utf8)
+            bytes.append(0x0D)
+            bytes.append(0x0A)
         }
-        if chunked { text += "Transfer-Encoding: chunked\r\n" }
-        if endedByClose { closing = true }  // the end of the connection ends the body
-        // A request whose `Connection` is `close` gets it back (not a proxy request:
-        // its `Proxy-Connection` closes silently), an HTTP/1.0 one that asked for `keep-alive`
-        // gets that; one that closes otherwise just closes (a draining server adds its own
+        bytes.append(contentsOf: fieldBytes)
+        if chunked { bytes.append(contentsOf: "Transfer-Encoding: chunked\r\n".utf8) }
+        // A request whose `Connection` is `close` gets it back (not a proxy request: its
+        // `Proxy-Connection` closes silently), an HTTP/1.0 one that asked for `keep-alive` gets
+        // that; one that closes otherwise just closes (a draining server adds its own
         // `Connection: close`).
-        if !hasConnection {
+        if !hasConnectionField {
             if head.asksToClose {
-                if !head.isProxyRequest { text += "Connection: close\r\n" }
+                if !head.isProxyRequest { bytes.append(contentsOf: "Connection: close\r\n".utf8) }
             } else if head.asksKeepAlive, head.minorVersion == 0 {
-                text += "Connection: keep-alive\r\n"
+                bytes.append(contentsOf: "Connection: keep-alive\r\n".utf8)
             }
         }
-        text += "\r\n"
-        return (Array(text.utf8), closing)
+        bytes.append(0x0D)
+        bytes.append(0x0A)
+        return (bytes, closing)
     }
+
+    private static let okLine = Array("HTTP/1.1 200 OK\r\n".utf8)
 
     func sendReply(status: Int, reason: String, body: [UInt8]) {
         guard !isDone, !isChunked else { return }
         isDone = true
         guard owner.isOpen else { return }
-        var (bytes, closing) = responseHead(status: status, reason: reason, chunked: false)
-        if head.method != .head { bytes += body }
+        let sendsBody = head.method != .head
+        var (bytes, closing) = responseHead(status: status, reason: reason, chunked: false, extra: sendsBody ? body.count : 0)
+        if sendsBody { bytes.append(contentsOf: body) }
         owner.write(bytes)
         owner.responded(self, closing: closing)
     }
@@ -110,7 +155,7 @@ final class ConnectionExchange: ServerExchange {
         guard !isDone, !isChunked else { return }
         isChunked = true
         // Chunked only where a body may be and no length frames it.
-        let hasLength = responseFields.contains { $0.name.caseInsensitiveEquals("Content-Length") }
+        let hasLength = hasContentLength
         streamFraming = !mayHaveBody(status: status) ? .none : hasLength || head.minorVersion == 0 ? .raw : .chunked
         let (bytes, closing) = responseHead(status: status, reason: reason, chunked: streamFraming == .chunked,
                                             endedByClose: streamFraming == .raw && !hasLength)
@@ -148,5 +193,26 @@ final class ConnectionExchange: ServerExchange {
         connection.adopt(outputLimit: options.outputLimit, closeTimeout: options.closeTimeout)
         adopted(connection, leftover)
         return true
+    }
+}
+
+/// Appends `value` (not negative) in decimal ASCII.
+func appendDecimal(_ value: Int, to bytes: inout [UInt8]) {
+    guard value >= 10 else {
+        bytes.append(0x30 + UInt8(max(0, value)))
+        return
+    }
+    var digits: (UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8,
+                 UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8) =
+        (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+    var count = 0
+    var rest = value
+    withUnsafeMutableBytes(of: &digits) { buffer in
+        while rest > 0 {
+            buffer[19 - count] = 0x30 + UInt8(rest % 10)
+            rest /= 10
+            count += 1
+        }
+        bytes.append(contentsOf: buffer[(20 - count)...])
     }
 }

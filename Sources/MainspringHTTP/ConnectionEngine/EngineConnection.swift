@@ -15,7 +15,17 @@ final class EngineConnection {
     private var phase = Phase.idle
     /// The request handed to the engine and not answered yet.
     private(set) var current: ConnectionExchange?
+    /// The one timer of the connection's deadlines, and when it fires (the loop's clock, ns).
+    /// A deadline that moves later leaves it as it is: when it fires early it is set again for
+    /// what is left (a request costs no timer of its own).
     private var timer: TimerHandle?
+    private var timerAt: UInt64 = 0
+    /// The deadline in force and when it falls.
+    private var deadline = Deadline.none
+    private var deadlineAt: UInt64 = 0
+    /// Reading was stopped while a request was with the server: input beyond
+    /// `maxPipelinedBytes` waited (pipelining) and the rest stays in the kernel.
+    private var isReadingPaused = false
     /// The peer has ended its side (its end of file was read).
     private var peerEnded = false
     /// The connection is no longer the engine's (closed, freed, or taken over).
@@ -25,6 +35,20 @@ final class EngineConnection {
     /// When the engine last wrote (the loop's clock, ns): a response's stall counts from the
     /// later of this and when output last left.
     private var lastWriteAt: UInt64 = 0
+
+    private enum Deadline {
+        case none
+        /// A head, body or idle wait: the connection closes (timed out).
+        case expire
+        /// A response in flight or leaving: closed if it has not moved (`stallCheck`).
+        case stall
+        /// After a refusal: the connection closes.
+        case linger
+    }
+
+    /// Input that may wait behind a request with the server (pipelined requests): past it,
+    /// the connection is not read until the response has left.
+    private static let maxPipelinedBytes = 64 * 1024
 
     private enum Phase {
         /// Between requests: nothing of the next one has arrived.
@@ -64,7 +88,17 @@ final class EngineConnection {
         connection.readBytes { [self] event in
             switch event {
             case .bytes(let bytes):
-                if case .lingering = phase { return }  // dropped: the answer is out
+                switch phase {
+                case .lingering:
+                    return  // dropped: the answer is out
+                case .inFlight, .sending:
+                    if input.count - start + bytes.count > Self.maxPipelinedBytes {
+                        connection.stopReading()
+                        isReadingPaused = true
+                    }
+                default:
+                    break
+                }
                 if input.isEmpty { input = bytes } else { input.append(contentsOf: bytes) }
             case .endOfFile:
                 peerEnded = true
@@ -194,18 +228,17 @@ final class EngineConnection {
         return true
     }
 
-    /// The request is read: it goes to the server, and reading waits for its response.
+    /// The request is read: it goes to the server; what arrives meanwhile waits for its
+    /// response (up to `maxPipelinedBytes`).
     private func dispatch(_ head: RequestHead, body: [UInt8]) {
-        cancelTimer()
         phase = .inFlight
-        connection.stopReading()
         if start == input.count {
             input.removeAll(keepingCapacity: true)
             start = 0
         }
         let request = ConnectionExchange(owner: self, head: head, body: body)
         current = request
-        armStallTimer()
+        setDeadline(.stall, after: engine.limits.idleTimeout)
         engine.received(request)
     }
 
@@ -222,8 +255,7 @@ final class EngineConnection {
         input = []
         start = 0
         connection.shutdownOutput()
-        cancelTimer()
-        timer = engine.loop.schedule(after: .seconds(2)) { [weak self] in self?.connection.close() }
+        setDeadline(.linger, after: .seconds(2))
         if peerEnded { connection.close() }
     }
 
@@ -252,7 +284,7 @@ final class EngineConnection {
         guard current === request, !isDetached, case .sending(let closing) = phase else { return }
         current = nil
         engine.completed(request)
-        if closing || peerEnded {
+        if closing || peerEnded && start >= input.count {
             phase = .closing
             cancelTimer()
             connection.close()
@@ -263,8 +295,11 @@ final class EngineConnection {
             input.removeFirst(start)
             start = 0
         }
-        armTimer(engine.limits.idleTimeout)
-        readOn()
+        setDeadline(.expire, after: engine.limits.idleTimeout)
+        if isReadingPaused {
+            isReadingPaused = false
+            readOn()
+        }
         advance()
     }
 
@@ -299,44 +334,73 @@ final class EngineConnection {
 
     // MARK: Deadlines
 
-    private func armTimer(_ delay: Duration) {
-        cancelTimer()
-        timer = engine.loop.schedule(after: delay) { [weak self] in self?.expired() }
+    /// `kind` falls `delay` from now (replacing the deadline in force). The timer moves only
+    /// when it would fire too late.
+    private func setDeadline(_ kind: Deadline, after delay: Duration) {
+        let now = engine.loop.monotonicNow()
+        deadline = kind
+        deadlineAt = now &+ UInt64(max(1, delay.clampedNanoseconds))
+        if timer == nil || timerAt > deadlineAt { startTimer(now: now) }
     }
 
+    private func armTimer(_ delay: Duration) { setDeadline(.expire, after: delay) }
+
     private func cancelTimer() {
+        deadline = .none
         timer?.cancel()
         timer = nil
+    }
+
+    private func startTimer(now: UInt64) {
+        timer?.cancel()
+        timerAt = deadlineAt
+        timer = engine.loop.schedule(after: .nanoseconds(Int64(clamping: deadlineAt &- now))) { [weak self] in
+            self?.timerFired()
+        }
+    }
+
+    private func timerFired() {
+        timer = nil
+        guard !isDetached else { return }
+        let now = engine.loop.monotonicNow()
+        switch deadline {
+        case .none:
+            return
+        case _ where now < deadlineAt:
+            startTimer(now: now)  // the deadline moved later meanwhile
+        case .expire:
+            expired()
+        case .stall:
+            stallCheck()
+        case .linger:
+            deadline = .none
+            connection.close()
+        }
     }
 
     /// A request with the server: its connection closes once its response has not moved for
     /// `idleTimeout` while some of it waits (the client does not read) — exactly then: counted
     /// from the later of the engine's last write and the last time output left.
-    private func armStallTimer(after delay: Duration? = nil) {
-        cancelTimer()
-        timer = engine.loop.schedule(after: delay ?? engine.limits.idleTimeout) { [weak self] in self?.stallCheck() }
-    }
-
     private func stallCheck() {
-        timer = nil
-        guard !isDetached else { return }
         switch phase {
         case .inFlight, .sending: break
         default: return
         }
-        guard connection.bufferedOutputBytes > 0 else { return armStallTimer() }  // nothing waits
+        guard connection.bufferedOutputBytes > 0 else {  // nothing waits
+            return setDeadline(.stall, after: engine.limits.idleTimeout)
+        }
         let now = engine.loop.monotonicNow()
         let lastMove = max(lastWriteAt, connection.outputMovedAt ?? 0)
         let limit = engine.limits.idleTimeout.clampedNanoseconds
         if now &- lastMove >= limit {
             expired()
         } else {
-            armStallTimer(after: .nanoseconds(Int64(lastMove &+ limit &- now)))
+            setDeadline(.stall, after: .nanoseconds(Int64(lastMove &+ limit &- now)))
         }
     }
 
     private func expired() {
-        timer = nil
+        deadline = .none
         guard !isDetached else { return }
         timedOut = true
         connection.abort()

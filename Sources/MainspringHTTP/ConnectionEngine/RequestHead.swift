@@ -14,11 +14,11 @@ struct RequestHead {
     /// Whether the connection stays open after the response (HTTP/1.1 unless `Connection:
     /// close`; HTTP/1.0 only with `Connection: keep-alive`).
     var keepsAlive: Bool
-    /// Whether the (first) `Connection` field is exactly `close`: evhttp then says
-    /// `Connection: close` in its response too.
+    /// Whether the (first) `Connection` field is exactly `close`: the response then says
+    /// `Connection: close` too.
     var asksToClose: Bool
-    /// An absolute target (`http://host/path`), which evhttp takes for a proxy request: its close
-    /// is `Proxy-Connection`'s, and the response does not echo it.
+    /// An absolute target (`http://host/path`), taken for a proxy request: its close is
+    /// `Proxy-Connection`'s, and the response does not echo it.
     var isProxyRequest: Bool
     /// Whether the first `Connection` field starts with `keep-alive` (an HTTP/1.0 response
     /// then says `Connection: keep-alive`).
@@ -38,77 +38,102 @@ struct RequestHead {
         let reason: String
     }
 
-    private static let methods: [String: HTTPMethod] = [
-        "GET": .get, "HEAD": .head, "POST": .post, "PUT": .put, "DELETE": .delete, "PATCH": .patch,
-        "OPTIONS": .options, "TRACE": .trace, "CONNECT": .connect,
-    ]
-
     static func parse(_ bytes: ArraySlice<UInt8>) -> Result<RequestHead, Failure> {
-        // Lines end in LF, with or without CR before it; the blank line ends the head.
-        // (Split as bytes: in a Swift string CR LF is one character.)
-        var lines: [Substring] = []
-        for line in bytes.split(separator: 0x0A, omittingEmptySubsequences: false) {
-            let trimmed = line.last == 0x0D ? line.dropLast() : line
-            if trimmed.isEmpty {
-                if lines.isEmpty { continue }  // blank lines before the request line are allowed
+        bytes.withUnsafeBufferPointer { parse(HeadBytes($0)) }
+    }
+
+    /// The method named by `range`, or nil for one the server does not know.
+    private static func method(_ head: HeadBytes, _ range: Range<Int>) -> HTTPMethod? {
+        // Methods are case-sensitive (RFC 9110 §9.1): compared as they are.
+        func named(_ name: StaticString) -> Bool {
+            range.count == name.utf8CodeUnitCount
+                && (0..<range.count).allSatisfy { head.buffer[range.lowerBound + $0] == name.utf8Start[$0] }
+        }
+        switch range.count {
+        case 3: return named("GET") ? .get : named("PUT") ? .put : nil
+        case 4: return named("POST") ? .post : named("HEAD") ? .head : nil
+        case 5: return named("PATCH") ? .patch : named("TRACE") ? .trace : nil
+        case 6: return named("DELETE") ? .delete : nil
+        case 7: return named("OPTIONS") ? .options : named("CONNECT") ? .connect : nil
+        default: return nil
+        }
+    }
+
+    private static func parse(_ headBytes: HeadBytes) -> Result<RequestHead, Failure> {
+        var head = headBytes
+        // Blank lines before the request line are allowed (RFC 9112 §2.2).
+        var requestLine: Range<Int>?
+        while let line = head.nextLine() {
+            if !line.isEmpty {
+                requestLine = line
                 break
             }
-            lines.append(Substring(String(decoding: trimmed, as: UTF8.self)))
         }
-        guard let requestLine = lines.first else { return .failure(Failure(status: 400, reason: "no request line")) }
-        // As evhttp splits it: the method up to the first space, the version after the last,
-        // the target between them (spaces and all: "GET  /x" asks for " /x", which no route has).
-        guard let firstSpace = requestLine.firstIndex(of: " "), let lastSpace = requestLine.lastIndex(of: " "),
-              firstSpace < lastSpace
-        else {
+        guard let requestLine else { return .failure(Failure(status: 400, reason: "no request line")) }
+        // The method up to the first space, the version after the last, the target between
+        // them (spaces and all: "GET  /x" asks for " /x", which no route has).
+        var firstSpace = -1
+        var lastSpace = -1
+        for index in requestLine where head.buffer[index] == 0x20 {
+            if firstSpace < 0 { firstSpace = index }
+            lastSpace = index
+        }
+        guard firstSpace >= 0, firstSpace < lastSpace else {
             return .failure(Failure(status: 400, reason: "the request line is not METHOD TARGET VERSION"))
         }
-        let target = requestLine[requestLine.index(after: firstSpace)..<lastSpace]
-        let version = requestLine[requestLine.index(after: lastSpace)...]
-        guard !target.isEmpty else { return .failure(Failure(status: 400, reason: "the request line has no target")) }
-        guard version.hasPrefix("HTTP/"), version.count == 8,
-              let major = version.dropFirst(5).first?.wholeNumberValue, version.dropFirst(6).first == ".",
-              let minor = version.last?.wholeNumberValue, major == 1
+        let targetRange = (firstSpace + 1)..<lastSpace
+        let version = (lastSpace + 1)..<requestLine.upperBound
+        guard !targetRange.isEmpty else { return .failure(Failure(status: 400, reason: "the request line has no target")) }
+        let digit = { (byte: UInt8) -> Int? in byte >= 0x30 && byte <= 0x39 ? Int(byte - 0x30) : nil }
+        guard version.count == 8, head.buffer[version.lowerBound..<(version.lowerBound + 5)].elementsEqual("HTTP/".utf8),
+              digit(head.buffer[version.lowerBound + 5]) == 1, head.buffer[version.lowerBound + 6] == 0x2E,
+              let minor = digit(head.buffer[version.lowerBound + 7])
         else {
             return .failure(Failure(status: 400, reason: "the request line's version is not HTTP/1.x"))
         }
-        guard let method = methods[String(requestLine[..<firstSpace])] else {
-            return .failure(Failure(status: 501, reason: "unknown method \(requestLine[..<firstSpace].prefix(32))"))
+        let methodRange = requestLine.lowerBound..<firstSpace
+        guard let method = method(head, methodRange) else {
+            let name = head.string(methodRange.lowerBound..<min(methodRange.upperBound, methodRange.lowerBound + 32))
+            return .failure(Failure(status: 501, reason: "unknown method \(name)"))
         }
         var fields: [(name: String, value: String)] = []
-        for line in lines.dropFirst() {
-            guard let colon = line.firstIndex(of: ":"), colon != line.startIndex else {
-                return .failure(Failure(status: 400, reason: "a header line has no field name and colon"))
-            }
-            let value = Substring(trimmingOptionalWhitespace(line[line.index(after: colon)...].utf8))
-            fields.append((String(line[..<colon]), String(value)))
-        }
         var framing = Framing.none
         var expectation: String?
-        var firstConnection: String?
-        var firstProxyConnection: String?
-        for field in fields {
-            if field.name.caseInsensitiveEquals("Transfer-Encoding") {
-                framing = .chunked  // the scan let only exactly `chunked` through
-            } else if field.name.caseInsensitiveEquals("Content-Length"), framing == .none {
-                framing = .length(Int(field.value) ?? 0)  // all digits, checked by the scan
-            } else if field.name.caseInsensitiveEquals("Connection") {
-                if firstConnection == nil { firstConnection = field.value }
-            } else if field.name.caseInsensitiveEquals("Proxy-Connection") {
-                if firstProxyConnection == nil { firstProxyConnection = field.value }
-            } else if field.name.caseInsensitiveEquals("Expect") {
-                expectation = field.value
+        var firstConnection: Range<Int>?
+        var firstProxyConnection: Range<Int>?
+        while let line = head.nextLine(), !line.isEmpty {
+            guard let (name, value) = head.field(line) else {
+                return .failure(Failure(status: 400, reason: "a header line has no field name and colon"))
             }
+            switch name.count {
+            case 17 where head.matches(name, "transfer-encoding"):
+                framing = .chunked  // the scan let only exactly `chunked` through, and no length beside it
+            case 14 where head.matches(name, "content-length"):
+                // All digits (checked by the scan); more than fit is more than any limit.
+                if framing == .none { framing = .length(head.decimal(value) ?? Int.max) }
+            case 10 where head.matches(name, "connection"):
+                if firstConnection == nil { firstConnection = value }
+            case 16 where head.matches(name, "proxy-connection"):
+                if firstProxyConnection == nil { firstProxyConnection = value }
+            case 6 where head.matches(name, "expect"):
+                expectation = head.string(value)
+            default:
+                break
+            }
+            fields.append((head.string(name), head.string(value)))
         }
         if case .length(let length) = framing, length == 0 { framing = .none }
-        // As evhttp decides (evhttp_send_done): the first `Connection` field exactly `close` ends
-        // the connection — `Proxy-Connection` instead for an absolute target, which evhttp takes
-        // for a proxy request —, and HTTP/1.0 closes unless that field starts with `keep-alive`.
-        let isProxyRequest = !target.hasPrefix("/") && target.contains("://")
-        let asksToClose = (isProxyRequest ? firstProxyConnection : firstConnection)?.caseInsensitiveEquals("close") == true
-        let asksKeepAlive = firstConnection.map { $0.utf8.count >= 10 && $0.prefix(10).caseInsensitiveEquals("keep-alive") } ?? false
+        // An absolute target (`http://host/path`) is a proxy request: its close is
+        // `Proxy-Connection`'s. The first `Connection` field exactly `close` ends the connection,
+        // and HTTP/1.0 closes unless that field starts with `keep-alive`.
+        let isProxyRequest = head.buffer[targetRange.lowerBound] != 0x2F
+            && (targetRange.lowerBound..<max(targetRange.lowerBound, targetRange.upperBound - 2)).contains {
+                head.buffer[$0] == 0x3A && head.buffer[$0 + 1] == 0x2F && head.buffer[$0 + 2] == 0x2F
+            }
+        let asksToClose = (isProxyRequest ? firstProxyConnection : firstConnection).map { head.matches($0, "close") } ?? false
+        let asksKeepAlive = firstConnection.map { head.hasPrefix($0, "keep-alive") } ?? false
         let keepsAlive = !asksToClose && (minor >= 1 || asksKeepAlive)
-        return .success(RequestHead(method: method, target: String(target), minorVersion: min(minor, 1),
+        return .success(RequestHead(method: method, target: head.string(targetRange), minorVersion: min(minor, 1),
                                     fields: fields, framing: framing, keepsAlive: keepsAlive,
                                     asksToClose: asksToClose, isProxyRequest: isProxyRequest, asksKeepAlive: asksKeepAlive,
                                     expectation: minor >= 1 ? expectation : nil))
@@ -118,6 +143,10 @@ struct RequestHead {
     /// decoded, "+" as a space; none at all if one item has no `=` or no name) — as evhttp reads
     /// a target. An absolute target (`http://host/path`) is read from its path.
     var pathAndQuery: (path: String, rawPath: String, query: [(name: String, value: String)]) {
+        // The usual target, a path with nothing to decode and no query: itself, three times.
+        if target.utf8.first == 0x2F, !target.utf8.contains(where: { $0 == 0x25 || $0 == 0x3F || $0 == 0x23 }) {
+            return (target, target, [])
+        }
         var rest = Substring(target)
         if let hash = rest.firstIndex(of: "#") { rest = rest[..<hash] }
         if !rest.hasPrefix("/"), let scheme = rest.range(of: "://") {

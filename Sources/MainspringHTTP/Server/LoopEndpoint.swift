@@ -221,13 +221,15 @@ final class LoopEndpoint: ServerEngineDelegate, @unchecked Sendable {
             statistics.recordResponse(status: response.status)
             var hasDate = false
             for field in response.headers.fields {
-                if field.name.caseInsensitiveEquals("Content-Length") || isDraining && field.name.caseInsensitiveEquals("Connection") {
-                    continue
+                switch field.name.utf8.count {
+                case 14 where field.name.caseInsensitiveEquals("Content-Length"): continue  // the server's own
+                case 10 where isDraining && field.name.caseInsensitiveEquals("Connection"): continue
+                case 4 where field.name.caseInsensitiveEquals("Date"): hasDate = true
+                default: break
                 }
-                hasDate = hasDate || field.name.caseInsensitiveEquals("Date")
                 raw.addResponseHeader(field.name, field.value)
             }
-            raw.addResponseHeader("Content-Length", String(response.body.count))
+            raw.addContentLength(response.body.count)
             if isDraining { raw.addResponseHeader("Connection", "close") }
             if !hasDate { raw.addResponseHeader("Date", date.current(on: loop)) }
         }

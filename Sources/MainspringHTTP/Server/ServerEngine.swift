@@ -88,6 +88,8 @@ protocol ServerExchange: AnyObject {
     /// Adds a header field to the response (before `sendReply` or `startChunked`); a field whose
     /// name or value holds CR or LF is dropped (header injection).
     func addResponseHeader(_ name: String, _ value: String)
+    /// Adds `Content-Length: length` (a whole response's own length, as the server counts it).
+    func addContentLength(_ length: Int)
     /// Sends a whole response and hands the request back. `body` is not sent for HEAD.
     func sendReply(status: Int, reason: String, body: [UInt8])
     /// Starts a chunked response (or, for HTTP/1.0 clients, one ended by closing).
