@@ -83,7 +83,8 @@ final class ConnectionExchange: ServerExchange {
 
     /// Whether `text` holds a CR or LF (a field that would smuggle in another: dropped).
     private static func breaksLine(_ text: String) -> Bool {
-        text.utf8.contains { $0 == 0x0D || $0 == 0x0A }
+        var text = text
+        return text.withUTF8 { bytes in bytes.contains { $0 == 0x0D || $0 == 0x0A } }
     }
 
     /// The status line and header fields, ready for `extra` bytes of body after them; whether

@@ -80,7 +80,7 @@ final class EngineConnection {
         connection.onClose { [self] reason in
             closed(timedOut: timedOut || reason == .idleTimeout)
         }
-        armTimer(engine.limits.idleTimeout)
+        setDeadline(.expire, after: engine.limits.idleNanoseconds)
         readOn()
     }
 
@@ -123,7 +123,7 @@ final class EngineConnection {
                 }
                 phase = .head
                 scan.reset()
-                armTimer(engine.limits.headerTimeout)
+                setDeadline(.expire, after: engine.limits.headerNanoseconds)
             case .head:
                 guard readHead() else { return }
             case .body(var reader, let head):
@@ -224,7 +224,7 @@ final class EngineConnection {
             write(Array("HTTP/1.1 100 Continue\r\n\r\n".utf8))
         }
         phase = .body(reader, head)
-        armTimer(limits.bodyTimeout)
+        setDeadline(.expire, after: limits.bodyNanoseconds)
         return true
     }
 
@@ -238,7 +238,7 @@ final class EngineConnection {
         }
         let request = ConnectionExchange(owner: self, head: head, body: body)
         current = request
-        setDeadline(.stall, after: engine.limits.idleTimeout)
+        setDeadline(.stall, after: engine.limits.idleNanoseconds)
         engine.received(request)
     }
 
@@ -255,7 +255,7 @@ final class EngineConnection {
         input = []
         start = 0
         connection.shutdownOutput()
-        setDeadline(.linger, after: .seconds(2))
+        setDeadline(.linger, after: 2_000_000_000)
         if peerEnded { connection.close() }
     }
 
@@ -295,7 +295,7 @@ final class EngineConnection {
             input.removeFirst(start)
             start = 0
         }
-        setDeadline(.expire, after: engine.limits.idleTimeout)
+        setDeadline(.expire, after: engine.limits.idleNanoseconds)
         if isReadingPaused {
             isReadingPaused = false
             readOn()
@@ -334,16 +334,14 @@ final class EngineConnection {
 
     // MARK: Deadlines
 
-    /// `kind` falls `delay` from now (replacing the deadline in force). The timer moves only
+    /// `kind` falls `nanoseconds` from now (replacing the deadline in force). The timer moves only
     /// when it would fire too late.
-    private func setDeadline(_ kind: Deadline, after delay: Duration) {
+    private func setDeadline(_ kind: Deadline, after nanoseconds: UInt64) {
         let now = engine.loop.monotonicNow()
         deadline = kind
-        deadlineAt = now &+ UInt64(max(1, delay.clampedNanoseconds))
+        deadlineAt = now &+ max(1, nanoseconds)
         if timer == nil || timerAt > deadlineAt { startTimer(now: now) }
     }
-
-    private func armTimer(_ delay: Duration) { setDeadline(.expire, after: delay) }
 
     private func cancelTimer() {
         deadline = .none
@@ -387,15 +385,15 @@ final class EngineConnection {
         default: return
         }
         guard connection.bufferedOutputBytes > 0 else {  // nothing waits
-            return setDeadline(.stall, after: engine.limits.idleTimeout)
+            return setDeadline(.stall, after: engine.limits.idleNanoseconds)
         }
         let now = engine.loop.monotonicNow()
         let lastMove = max(lastWriteAt, connection.outputMovedAt ?? 0)
-        let limit = engine.limits.idleTimeout.clampedNanoseconds
+        let limit = engine.limits.idleNanoseconds
         if now &- lastMove >= limit {
             expired()
         } else {
-            setDeadline(.stall, after: .nanoseconds(Int64(lastMove &+ limit &- now)))
+            setDeadline(.stall, after: lastMove &+ limit &- now)
         }
     }
 

@@ -180,8 +180,7 @@ public final class HTTPServer: Sendable {
         let limits = ServerLimits(
             maxHeaderBytes: max(256, configuration.maxHeaderBytes), maxBodyBytes: max(0, configuration.maxBodyBytes),
             idleTimeout: max(floor, configuration.idleTimeout), headerTimeout: max(floor, configuration.headerTimeout),
-            bodyTimeout: max(floor, configuration.bodyTimeout), acceptBurst: 16, layer: security?.layer,
-            shedsBeforeBody: configuration.loadShedding != nil)
+            bodyTimeout: max(floor, configuration.bodyTimeout), shedsBeforeBody: configuration.loadShedding != nil)
         let socket: ConnectionAcceptor
         var socketFile: UnixSocketFile?
         if !loops.isEmpty, loops.allSatisfy(\.isSimulated) {

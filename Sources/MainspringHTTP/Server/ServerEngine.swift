@@ -13,20 +13,33 @@ import MainspringCore
 struct ServerLimits {
     var maxHeaderBytes: Int
     var maxBodyBytes: Int
-    var idleTimeout: Duration
-    var headerTimeout: Duration
-    var bodyTimeout: Duration
-    /// Connections accepted per loop turn before the listener yields to the loop (evhttp).
-    var acceptBurst: Int
-    /// The security layer under every connection (HTTPS), if any (evhttp).
-    var layer: (any ServerConnectionLayer)? = nil
+    let idleTimeout: Duration
+    let headerTimeout: Duration
+    let bodyTimeout: Duration
+    /// The three timeouts in nanoseconds (at least 1), for the engine's deadlines.
+    let idleNanoseconds: UInt64
+    let headerNanoseconds: UInt64
+    let bodyNanoseconds: UInt64
     /// Whether the engine asks the delegate, when a head that announces a body is complete,
     /// whether to shed it before its body is read (load shedding is on).
-    var shedsBeforeBody = false
+    var shedsBeforeBody: Bool
+
+    init(maxHeaderBytes: Int, maxBodyBytes: Int, idleTimeout: Duration, headerTimeout: Duration, bodyTimeout: Duration,
+         shedsBeforeBody: Bool = false)
+    {
+        self.maxHeaderBytes = maxHeaderBytes
+        self.maxBodyBytes = maxBodyBytes
+        self.idleTimeout = idleTimeout
+        self.headerTimeout = headerTimeout
+        self.bodyTimeout = bodyTimeout
+        idleNanoseconds = UInt64(max(1, idleTimeout.clampedNanoseconds))
+        headerNanoseconds = UInt64(max(1, headerTimeout.clampedNanoseconds))
+        bodyNanoseconds = UInt64(max(1, bodyTimeout.clampedNanoseconds))
+        self.shedsBeforeBody = shedsBeforeBody
+    }
 }
 
-/// What a loop's engine tells its owner (`LoopEndpoint`). evhttp calls it inside libevent's
-/// callbacks: record and hand off, never run user code.
+/// What a loop's engine tells its owner (`LoopEndpoint`).
 protocol ServerEngineDelegate: AnyObject {
     /// A request was read in full (and routed nowhere yet).
     func received(_ request: any ServerExchange)
