@@ -5,7 +5,7 @@ import MainspringCore
 /// context's certificates of the moment.
 extension TLSServerContext: ServerConnectionSecurity {
     public var _serverLayer: ServerSecurityLayer {
-        ServerSecurityLayer(HTTPSLayer(context: self), acceptPreparer: TLSAcceptPreparer(context: self))
+        ServerSecurityLayer(acceptPreparer: TLSAcceptPreparer(context: self))
     }
 }
 
