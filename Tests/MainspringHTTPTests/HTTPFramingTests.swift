@@ -120,6 +120,38 @@ struct HTTPFramingTests {
         }
     }
 
+    /// A chunk size read leniently (a sign, `0x`, white space before the digits) or data not
+    /// followed by its CR LF lets a front end and the server disagree on where the body ends.
+    @Test("chunked bodies read strictly: +4, 0x4, a leading space, a size past 15 digits, data without its CR LF, a control character in an extension: 400 saying why; 4;ext and 4 ;ext=1 served")
+    func strictChunks() async throws {
+        try await withFramingServer { port in
+            let head = "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            let refused: [(String, String)] = [
+                ("+4\r\nabcd\r\n0\r\n\r\n", "a chunk size line is not hex digits"),
+                ("0x4\r\nabcd\r\n0\r\n\r\n", "a chunk size line is not hex digits"),
+                (" 4\r\nabcd\r\n0\r\n\r\n", "a chunk size line is not hex digits"),
+                ("4x\r\nabcd\r\n0\r\n\r\n", "a chunk size line is not hex digits"),
+                ("0000000000000004\r\nabcd\r\n0\r\n\r\n", "a chunk size line is not hex digits"),
+                ("4;a\u{1}b\r\nabcd\r\n0\r\n\r\n", "a chunk size line is not hex digits"),
+                ("4\r\nabcdXY0\r\n\r\n", "a chunk's data is not followed by CR LF"),
+                ("4\r\nabcd0\r\n\r\n", "a chunk's data is not followed by CR LF"),
+                ("4\r\nabcd\r\n\r\n0\r\n\r\n", "a chunk size line is not hex digits"),
+            ]
+            for (chunks, why) in refused {
+                let reply = try await exchange(port, head + chunks)
+                expectRefused(reply, 400, chunks.debugDescription)
+                #expect(reply.hasSuffix("\r\n\r\n\(why)\n"), "\(chunks.debugDescription): \(reply.debugDescription)")
+            }
+            for chunks in ["4;ext\r\nabcd\r\n0\r\n\r\n", "4 ;ext=1\r\nabcd\r\n0\r\n\r\n", "4\nabcd\n0\n\n",
+                           "2\r\nab\r\n2\r\ncd\r\n0\r\nX-Trailer: 1\r\n\r\n"]
+            {
+                let reply = try await exchange(port, head.replacingOccurrences(of: "Host: x\r\n", with: "Host: x\r\nConnection: close\r\n")
+                                                   + chunks)
+                #expect(reply.hasPrefix("HTTP/1.1 200") && reply.hasSuffix("echo [abcd]\n"), "\(chunks.debugDescription): \(reply)")
+            }
+        }
+    }
+
     /// CL.TE and TE.CL: which of the two a front end believes decides where the request ends.
     /// (evhttp 2.1.12 refuses both itself, as a bare "Bad Request", once it has parsed the head;
     /// the guard refuses them before, saying why.)

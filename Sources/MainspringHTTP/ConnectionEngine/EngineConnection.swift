@@ -146,8 +146,7 @@ final class EngineConnection {
                     refuse(413, "Payload Too Large", "request body larger than \(engine.limits.maxBodyBytes) bytes\n")
                     return
                 case .malformed(let reason):
-                    // evhttp's answer to a chunked body it cannot read.
-                    refuse(413, "Payload Too Large", reason + "\n")
+                    refuse(400, "Bad Request", reason + "\n")
                     return
                 case .done(let body):
                     dispatch(head, body: body)

@@ -249,12 +249,12 @@ enum RequestBodyReader {
     }
 }
 
-/// The chunked transfer coding, decoded as it arrives, read as evhttp reads it: a size line in
-/// hex (leading white space, a sign and `0x` allowed; after the digits the line ends or a space
-/// follows, so `4;ext` is refused and `4 ;ext` is not), the data, then the next size line — the
-/// empty lines between are skipped, so the CRLF after the data is not required —; a zero size
-/// ends it, then trailer lines (`name: value`, at most `maxTrailerBytes` in all) up to a blank
-/// line. Any error is `.malformed` (evhttp answers `413`).
+/// The chunked transfer coding (RFC 9112 §7.1), decoded as it arrives and read strictly, so that
+/// no front end can read the same bytes as another body: a size line of hex digits (at most 15,
+/// nothing before them), optional spaces or tabs, then its end or a `;` and extensions (no
+/// control characters); the data; the CR LF (or LF) that must follow it; the next size line. A
+/// zero size ends it, then trailer lines (`name: value`, at most `maxTrailerBytes` in all) up to a
+/// blank line. Anything else is `.malformed` (answered `400`); data past `maxBytes` is `.tooLarge`.
 struct ChunkedBodyDecoder {
     let maxBytes: Int
     let maxTrailerBytes: Int
@@ -264,7 +264,7 @@ struct ChunkedBodyDecoder {
     private var remaining = 0
     private var trailerBytes = 0
 
-    private enum State { case size, data, trailer }
+    private enum State { case size, data, dataEnd, trailer }
 
     /// The longest size line read.
     private static let maxLine = 4096
@@ -281,8 +281,7 @@ struct ChunkedBodyDecoder {
                 guard let line = Self.line(in: input, from: &start) else {
                     return input.count - start > Self.maxLine ? .malformed("a chunk size line is too long") : .needMore
                 }
-                if line.isEmpty { continue }  // the end of the chunk before, or a stray blank line
-                guard let size = Self.size(line) else { return .malformed("a chunk size is not a hex number") }
+                guard let size = Self.size(line) else { return .malformed("a chunk size line is not hex digits") }
                 if size == 0 {
                     state = .trailer
                 } else {
@@ -296,7 +295,13 @@ struct ChunkedBodyDecoder {
                 body.append(contentsOf: input[start..<(start + available)])
                 start += available
                 remaining -= available
-                if remaining == 0 { state = .size }
+                if remaining == 0 { state = .dataEnd }
+            case .dataEnd:
+                guard let line = Self.line(in: input, from: &start) else {
+                    return input.count - start >= 2 ? .malformed("a chunk's data is not followed by CR LF") : .needMore
+                }
+                guard line.isEmpty else { return .malformed("a chunk's data is not followed by CR LF") }
+                state = .size
             case .trailer:
                 let before = start
                 guard let line = Self.line(in: input, from: &start) else {
@@ -315,30 +320,21 @@ struct ChunkedBodyDecoder {
         }
     }
 
-    /// The size a size line gives, as `strtoll(line, &end, 16)` reads it with evhttp's checks:
-    /// nil for no digits, a negative size, or anything but the end or a space after the digits.
+    /// The size a size line gives: `1*HEXDIG [ *WSP ( ";" ext ) ]`, at most 15 digits; nil
+    /// for anything else.
     private static func size(_ line: ArraySlice<UInt8>) -> Int? {
         var index = line.startIndex
-        while index < line.endIndex, [0x20, 0x09, 0x0B, 0x0C, 0x0D].contains(line[index]) { index += 1 }
-        var negative = false
-        if index < line.endIndex, line[index] == UInt8(ascii: "+") || line[index] == UInt8(ascii: "-") {
-            negative = line[index] == UInt8(ascii: "-")
-            index += 1
-        }
-        if line.endIndex - index > 2, line[index] == UInt8(ascii: "0"), line[index + 1] | 0x20 == UInt8(ascii: "x"),
-           RequestHead.hexValue(line[index + 2]) != nil
-        {
-            index += 2
-        }
         var size = 0
-        var digits = 0
         while index < line.endIndex, let value = RequestHead.hexValue(line[index]) {
-            size = size > (Int.max >> 4) ? Int.max : size << 4 | Int(value)  // strtoll saturates
-            digits += 1
+            guard index - line.startIndex < 15 else { return nil }
+            size = size << 4 | Int(value)
             index += 1
         }
-        guard digits > 0, index == line.endIndex || line[index] == 0x20 else { return nil }
-        if negative { return size == 0 ? 0 : nil }
+        guard index > line.startIndex else { return nil }
+        while index < line.endIndex, line[index] == 0x20 || line[index] == 0x09 { index += 1 }
+        guard index == line.endIndex
+            || line[index] == UInt8(ascii: ";") && !line[index...].contains(where: { $0 < 0x20 && $0 != 0x09 || $0 == 0x7F })
+        else { return nil }
         return size
     }
 
