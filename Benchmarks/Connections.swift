@@ -2,6 +2,7 @@ import CBaselines
 import ExampleServices
 import Foundation
 import Mainspring
+import MainspringHTTP
 
 /// connections: what an idle connection costs a server in resident memory. The server runs in a
 /// process of its own — the callback `LineService` (`mainspring`: this executable as a child,
@@ -12,12 +13,16 @@ import Mainspring
 /// this process opens `CONNECTIONS` (10,000) loopback connections to it, each sending one `ECHO`
 /// and reading the reply, then leaves them open. The metric is the server's RSS growth
 /// (`/proc/<pid>/status`, VmRSS) from one warm connection to all of them, per connection.
+/// The `http-` variants do the same with keep-alive HTTP connections that each made one
+/// `GET /hello`: `HTTPServer` on one loop (`http-mainspring`: this executable as a child,
+/// `http-server`) and the plain-C evhttp server of the http scenario (`http-libevent-c`,
+/// `http-c`).
 ///
 /// Descriptors: each side needs one per connection; both processes raise their soft limit (the
 /// hard limit here is 20,000, so 10,000 fits with room for the rest).
 let connectionsScenario = Scenario(
     name: "connections",
-    summary: "server RSS per idle connection (10,000, one ECHO each): mainspring-daemon vs a C bufferevent service"
+    summary: "server RSS per idle connection (10,000, one ECHO or GET each): line services and HTTPServer vs C bufferevent and evhttp"
 ) { runs in
     let count = Int(ProcessInfo.processInfo.environment["CONNECTIONS"] ?? "") ?? 10_000
     raiseDescriptorLimit(to: count + 1_000)
@@ -28,10 +33,12 @@ let connectionsScenario = Scenario(
         ("mainspring-async", siblingExecutable("mainspring-daemon"),
          ["--port", "0", "--loops", "1", "--fd-limit", "\(count + 1_000)"]),
         ("libevent-c", selfURL, ["--child", "echo-c", "\(count + 1_000)"]),
+        ("http-mainspring", selfURL, ["--child", "http-server", "\(count + 1_000)"]),
+        ("http-libevent-c", selfURL, ["--child", "http-c", "\(count + 1_000)"]),
     ]
     for _ in 0..<runs {
         for server in servers where variantEnabled(server.variant) {
-            let bytes = try bytesPerConnection(count: count) {
+            let bytes = try bytesPerConnection(count: count, http: server.variant.hasPrefix("http-")) {
                 let process = Process()
                 process.executableURL = server.executable
                 process.arguments = server.arguments
@@ -53,6 +60,40 @@ let echoCChild = ChildEntryPoint(name: "echo-c") { arguments in
     _ = FileHandle.standardInput.readDataToEndOfFile()
     ms_baseline_echo_stop(handle)
     exit(0)
+}
+
+/// The plain-C evhttp server of the http scenario in a process of its own: prints
+/// `listening on 127.0.0.1:<port>`, serves until its stdin is closed.
+let httpCChild = ChildEntryPoint(name: "http-c") { arguments in
+    raiseDescriptorLimit(to: arguments.first.flatMap(Int.init) ?? 1_024)
+    var port: UInt16 = 0
+    let handle = ms_baseline_http_start(&port)
+    FileHandle.standardOutput.write(Data("listening on 127.0.0.1:\(port) (plain C evhttp)\n".utf8))
+    _ = FileHandle.standardInput.readDataToEndOfFile()
+    ms_baseline_http_stop(handle)
+    exit(0)
+}
+
+/// `HTTPServer` on one loop, `GET /hello`, idle connections kept an hour, in a process of its
+/// own: prints `listening on 127.0.0.1:<port>`, serves until its stdin is closed.
+let httpServerChild = ChildEntryPoint(name: "http-server") { arguments in
+    let count = arguments.first.flatMap(Int.init) ?? 1_024
+    raiseDescriptorLimit(to: count)
+    do {
+        let group = try EventLoopGroup(loopCount: 1)
+        var routes = HTTPRoutes()
+        routes.get("/hello") { _ in .text("hello\n") }
+        let server = try HTTPServer(group: group, configuration: .init(maxConnections: count, idleTimeout: .seconds(3_600)),
+                                    routes: routes)
+        FileHandle.standardOutput.write(Data("listening on 127.0.0.1:\(server.port) (HTTPServer)\n".utf8))
+        _ = FileHandle.standardInput.readDataToEndOfFile()
+        server.close()
+        group.shutdownBlocking(gracePeriod: .zero)
+        exit(0)
+    } catch {
+        FileHandle.standardError.write(Data("http-server: \(error)\n".utf8))
+        exit(1)
+    }
 }
 
 /// The callback line service (`LineService`, one loop) in a process of its own: prints
@@ -87,8 +128,8 @@ func raiseDescriptorLimit(to wanted: Int) {
 }
 
 /// Starts the server `makeServer` describes, and returns its RSS growth per connection over
-/// `count` idle connections that each made one `ECHO` request.
-private func bytesPerConnection(count: Int, _ makeServer: () -> Process) throws -> Double {
+/// `count` idle connections that each made one `ECHO` request (`GET /hello` when `http`).
+private func bytesPerConnection(count: Int, http: Bool = false, _ makeServer: () -> Process) throws -> Double {
     let server = makeServer()
     let output = Foundation.Pipe()
     let input = Foundation.Pipe()
@@ -108,6 +149,11 @@ private func bytesPerConnection(count: Int, _ makeServer: () -> Process) throws 
         throw BenchError.usage("connections: the server printed no port: \(banner)")
     }
     func echo(_ client: BenchClient) throws {
+        if http {
+            client.send("GET /hello HTTP/1.1\r\nHost: bench\r\n\r\n")
+            guard readHTTPResponse(client) else { throw BenchError.usage("connections: wrong or missing HTTP reply") }
+            return
+        }
         client.send("ECHO idle\n")
         guard client.readLine() == "idle" else { throw BenchError.usage("connections: wrong or missing reply") }
     }

@@ -97,7 +97,7 @@ func threadCPUNanoseconds(of loop: EventLoop) -> UInt64 {
 }
 
 /// Reads one response (sized or chunked) from a blocking client; false on error or EOF.
-private func readHTTPResponse(_ client: BenchClient) -> Bool {
+func readHTTPResponse(_ client: BenchClient) -> Bool {
     var chunked = false
     var length = 0
     while let line = client.readLine() {

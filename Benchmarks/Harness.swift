@@ -41,9 +41,13 @@ struct Samples {
     private var values: [String: [String: [Double]]] = [:]
     private var order: [(String, String)] = []
 
+    /// Adds one run's `value` of `metric`. A figure that does not exist in a run (NaN or
+    /// infinite: a p99 of nothing shed, a rate of a tool that did not run) is left out, so that
+    /// a record is the median of the runs that had one — and no record at all when none had.
     mutating func add(_ variant: String, _ metric: String, _ value: @autoclosure () -> Double) {
         guard variantEnabled(variant) else { return }
         let value = value()
+        guard value.isFinite else { return }
         if values[variant]?[metric] == nil { order.append((variant, metric)) }
         values[variant, default: [:]][metric, default: []].append(value)
     }

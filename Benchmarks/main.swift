@@ -49,6 +49,8 @@ let childEntryPoints: [ChildEntryPoint] = [
     dispatchFeederChild,
     countsChild,
     echoCChild,
+    httpCChild,
+    httpServerChild,
     lineServiceChild,
     webSocketEchoChild,
     lineEchoChild,
