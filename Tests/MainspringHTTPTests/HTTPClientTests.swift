@@ -409,6 +409,40 @@ struct HTTPClientTests {
         await group.shutdown(gracePeriod: .seconds(2))
     }
 
+    @Test("a response head is read by the server's rules for a request head: a control character, a bare CR, folding, whitespace in a name, no colon, Transfer-Encoding beside Content-Length, another coding, lengths that differ or are not numbers are each a clear error")
+    func responseHeadsReadByTheSharedRules() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        let client = HTTPClient(loop: group.loops[0])
+        let heads: [(String, HTTPClientError)] = [
+            ("X-A: a\u{1}b\r\nContent-Length: 0\r\n", .malformedHeader("X-A: a\u{1}b")),
+            ("X-A: a\rb\r\nContent-Length: 0\r\n", .malformedHeader("X-A: a\rb")),
+            ("X-A: a\r\n b\r\nContent-Length: 0\r\n", .malformedHeader(" b")),
+            ("X A: a\r\nContent-Length: 0\r\n", .malformedHeader("X A: a")),
+            ("no colon\r\nContent-Length: 0\r\n", .malformedHeader("no colon")),
+            ("Transfer-Encoding: chunked\r\nContent-Length: 5\r\n", .malformedHeader("Transfer-Encoding beside Content-Length")),
+            ("Transfer-Encoding: gzip, chunked\r\n", .malformedHeader("Transfer-Encoding: gzip, chunked (only chunked is read)")),
+            ("Content-Length: 5\r\nContent-Length: 6\r\n", .invalidContentLength("two Content-Length fields with different values")),
+            ("Content-Length: +5\r\n", .invalidContentLength("+5")),
+            ("Content-Length: 5, 5\r\n", .invalidContentLength("5, 5")),
+        ]
+        for (fields, expected) in heads {
+            let server = try ScriptedServer { fd, _ in
+                _ = readRequestHead(fd)
+                writeAll(fd, "HTTP/1.1 200 OK\r\n" + fields + "\r\nhello")
+            }
+            #expect(await clientError { _ = try await client.get("http://127.0.0.1:\(server.port)/") } == expected,
+                    "\(fields.debugDescription)")
+        }
+        let fine = try ScriptedServer { fd, _ in
+            _ = readRequestHead(fd)
+            writeAll(fd, "HTTP/1.1 200 OK\r\nContent-Length:\t5 \r\nContent-Length: 5\r\nX-Empty:\r\n\r\nhello")
+        }
+        let response = try await client.get("http://127.0.0.1:\(fine.port)/")
+        #expect(response.text == "hello" && response.headers["x-empty"] == "")
+        client.shutdown()
+        await group.shutdown(gracePeriod: .seconds(2))
+    }
+
     @Test("timeouts: a server that stalls forever, a connect that is never answered")
     func timeouts() async throws {
         let group = try EventLoopGroup(loopCount: 1)

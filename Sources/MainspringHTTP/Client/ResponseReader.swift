@@ -168,9 +168,10 @@ final class ResponseReader: @unchecked Sendable {
         }
     }
 
-    /// A line (without its CRLF or LF) within `limit` bytes, as bytes; `size` is `Int.max` when
+    /// A line (without its LF, and without a CR before it unless `keepingCR`) within `limit`
+    /// bytes, as bytes; `size` is `Int.max` when
     /// `limit` bytes came without a line end (the caller's `.headersTooLarge`-style failure).
-    private func line(limit: Int) async throws(HTTPClientError) -> (bytes: [UInt8], size: Int)? {
+    private func line(limit: Int, keepingCR: Bool = false) async throws(HTTPClientError) -> (bytes: [UInt8], size: Int)? {
         let found: Connection.Delimited?
         do {
             found = try await connection.read(until: [10], limit: max(1, limit))
@@ -185,7 +186,7 @@ final class ResponseReader: @unchecked Sendable {
         case .found(var bytes):
             receivedNothing = false
             let size = bytes.count + 1  // and its \n
-            if bytes.last == 13 { bytes.removeLast() }
+            if !keepingCR, bytes.last == 13 { bytes.removeLast() }
             return (bytes, size)
         }
     }
@@ -215,24 +216,57 @@ final class ResponseReader: @unchecked Sendable {
             if statusLine.size == Int.max { throw .headersTooLarge(limit: maxHead) }
             budget -= statusLine.size
             let (version, status, reason) = try parseStatusLine(statusLine.bytes)
-            var headers = HTTPHeaders()
-            while true {
-                guard let field = try await line(limit: budget) else { throw .closedMidResponse(progress) }
-                if field.size > budget { throw .headersTooLarge(limit: maxHead) }
-                budget -= field.size
-                if field.bytes.isEmpty { break }
-                let (name, value) = try parseField(field.bytes)
-                headers.add(name, value)
-            }
+            let (headers, declared) = try await readFields(budget: &budget, limit: maxHead)
             if (100..<200).contains(status) && status != 101 {  // 100 Continue, 103: the real one follows
                 interim += 1
                 let limit = client.configuration.maxInterimResponses
                 if interim > limit { throw .tooManyInterimResponses(limit: limit) }
                 continue
             }
-            try frame(status: status, version: version, headers: headers)
+            frame(status: status, version: version, declared: declared, headers: headers)
             if case .done = framing { await finish() } else if case .none = framing { await finish() }
             return ResponseHead(status: status, reason: reason, headers: headers, url: url)
+        }
+    }
+
+    /// Reads field lines up to the blank line, within `budget` bytes (`limit` names the
+    /// configured maximum in the error), and reads them as the server reads a request's
+    /// (`HeadFields`: the same rules for a field line and for framing).
+    private func readFields(budget: inout Int, limit: Int) async throws(HTTPClientError)
+        -> (HTTPHeaders, HeadFields.DeclaredFraming)
+    {
+        var raw: [UInt8] = []
+        while true {
+            guard let field = try await line(limit: budget, keepingCR: true) else { throw .closedMidResponse(progress) }
+            if field.size > budget { throw .headersTooLarge(limit: limit) }
+            budget -= field.size
+            raw += field.bytes
+            raw.append(0x0A)
+            if field.bytes.allSatisfy({ $0 == 0x0D }) { break }
+        }
+        return try raw.withUnsafeBufferPointer { buffer throws(HTTPClientError) in
+            var head = HeadBytes(buffer)
+            switch HeadFields.read(&head) {
+            case .failure(let problem):
+                throw Self.error(for: problem, in: head)
+            case .success(let fields):
+                if let line = fields.lineWithoutColon {
+                    throw .malformedHeader(Self.excerpt(UnsafeBufferPointer(rebasing: buffer[line])))
+                }
+                return (HTTPHeaders(fields: fields.fields), fields.framing)
+            }
+        }
+    }
+
+    /// The client's error for a head's fields refused by `HeadFields`.
+    private static func error(for problem: HeadFields.Problem, in head: HeadBytes) -> HTTPClientError {
+        switch problem {
+        case .malformed(_, let line): .malformedHeader(excerpt(UnsafeBufferPointer(rebasing: head.buffer[line])))
+        case .lengthNotANumber(let value): .invalidContentLength(head.string(value))
+        case .lengthsDiffer: .invalidContentLength("two Content-Length fields with different values")
+        case .lengthAndEncoding: .malformedHeader("Transfer-Encoding beside Content-Length")
+        case .codingNotChunked(let value): .malformedHeader("Transfer-Encoding: \(head.string(value)) (only chunked is read)")
+        case .chunkedTwice: .malformedHeader("Transfer-Encoding: chunked more than once")
         }
     }
 
@@ -251,67 +285,25 @@ final class ResponseReader: @unchecked Sendable {
         return (minor, status, reason)
     }
 
-    /// `name: value`: the name (no spaces or tabs in it), the value without the optional
-    /// whitespace (spaces and tabs) around it.
-    private func parseField(_ bytes: [UInt8]) throws(HTTPClientError) -> (String, String) {
-        guard let colon = bytes.firstIndex(of: 58), colon != 0,
-              !bytes[..<colon].contains(where: { $0 == 32 || $0 == 9 })
-        else { throw .malformedHeader(Self.excerpt(bytes)) }
-        return (String(decoding: bytes[..<colon], as: UTF8.self),
-                String(decoding: trimmingOptionalWhitespace(bytes[(colon + 1)...]), as: UTF8.self))
-    }
-
-    /// A `Content-Length` value: ASCII digits (a few), optional whitespace around them.
-    static func contentLength(_ value: String) -> Int? {
-        var length = 0
-        var digits = 0
-        for byte in trimmingOptionalWhitespace(value.utf8) {
-            guard byte >= 48 && byte <= 57, digits < 18 else { return nil }
-            length = length * 10 + Int(byte - 48)
-            digits += 1
-        }
-        return digits == 0 ? nil : length
-    }
-
-    private func frame(status: Int, version minor: Int, headers: HTTPHeaders) throws(HTTPClientError) {
-        // The three fields that frame a response, in one pass over the head.
-        var connectionField: [String] = []
-        var encodingField: [String] = []
-        var lengthFields: [String] = []
-        for (name, value) in headers.fields {
-            switch name.utf8.count {
-            case 10 where name.caseInsensitiveEquals("connection"): connectionField.append(value)
-            case 14 where name.caseInsensitiveEquals("content-length"): lengthFields.append(value)
-            case 17 where name.caseInsensitiveEquals("transfer-encoding"): encodingField.append(value)
-            default: break
-            }
-        }
+    /// How the body is read: not at all (HEAD, 204, 304), chunked, by its length, or until the
+    /// connection ends (which then does not go back to the pool).
+    private func frame(status: Int, version minor: Int, declared: HeadFields.DeclaredFraming, headers: HTTPHeaders) {
+        let connectionField = headers.values(of: "connection")
         keepAlive = minor >= 1 ? !HTTPHeaders.list(connectionField, contains: "close")
                                : HTTPHeaders.list(connectionField, contains: "keep-alive")
         if method == .head || status == 204 || status == 304 {
             framing = .done
             return
         }
-        if HTTPHeaders.list(encodingField, contains: "chunked") {
+        switch declared {
+        case .chunked:
             framing = .chunked(remainingInChunk: 0, started: false)
-            return
-        }
-        if !lengthFields.isEmpty {
-            // One value, or a list of one value repeated (RFC 9110 8.6); anything else is invalid.
-            var length: Int?
-            if lengthFields.count == 1 && !lengthFields[0].utf8.contains(44) {
-                length = Self.contentLength(lengthFields[0])
-            } else {
-                let lengths = lengthFields.flatMap { $0.split(separator: ",", omittingEmptySubsequences: false) }
-                    .map { Self.contentLength(String($0)) }
-                if let first = lengths.first, lengths.allSatisfy({ $0 == first }) { length = first }
-            }
-            guard let length else { throw .invalidContentLength(lengthFields.joined(separator: ", ")) }
+        case .length(let length):
             framing = length == 0 ? .done : .length(remaining: length)
-            return
+        case .none:
+            keepAlive = false
+            framing = .untilClose
         }
-        keepAlive = false
-        framing = .untilClose
     }
 
     // MARK: The body
@@ -402,20 +394,12 @@ final class ResponseReader: @unchecked Sendable {
 
     private func readTrailers() async throws(HTTPClientError) {
         var budget = client.configuration.maxHeaderBytes
-        while true {
-            guard let field = try await line(limit: budget) else {
-                let what = progress
-                abandon()
-                throw .closedMidResponse(what)
-            }
-            if field.size > budget {
-                abandon()
-                throw .headersTooLarge(limit: client.configuration.maxHeaderBytes)
-            }
-            budget -= field.size
-            if field.bytes.isEmpty { return }
-            let (name, value) = try parseField(field.bytes)
-            trailers.add(name, value)
+        do throws(HTTPClientError) {
+            let (fields, _) = try await readFields(budget: &budget, limit: client.configuration.maxHeaderBytes)
+            trailers = fields
+        } catch {
+            abandon()
+            throw error
         }
     }
 
