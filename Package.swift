@@ -102,8 +102,9 @@ let package = Package(
             pkgConfig: "zlib",
             providers: [.apt(["zlib1g-dev"])]
         ),
-        // HTTP for daemons on libevent's evhttp: routes, streaming, Prometheus metrics, health,
-        // WebSockets. Only its Evhttp/ folder imports CLibevent, only its Deflate/ folder CZlib.
+        // HTTP for daemons, HTTP/1.1 in Swift over the core's connections: routes, streaming,
+        // Prometheus metrics, health, WebSockets. It imports no CLibevent; only its Deflate/
+        // folder imports CZlib.
         .target(
             name: "MainspringHTTP",
             dependencies: ["MainspringCore", "CLibevent", "CZlib"],

@@ -1,5 +1,7 @@
-// The C surface Mainspring imports. Only Sources/Mainspring/Libevent/ (and, for libevent's HTTP
-// server, Sources/MainspringHTTP/Evhttp/) import this module.
+// The C surface Mainspring imports. Only the core (Sources/Mainspring/Libevent/, and the socket
+// types in Sources/Mainspring/System/SocketTypes.swift) and MainspringTLS's OpenSSL bufferevents
+// (Sources/MainspringTLS/OpenSSL/) import this module; the benchmark's C baselines depend on it
+// for libevent's headers and libraries.
 // Helpers here are limited to what Swift cannot import directly (macros, variadic calls); the
 // operating system's own such calls are in Sources/CMainspringSystem.
 #ifndef MAINSPRING_CLIBEVENT_SHIM_H

@@ -1,7 +1,7 @@
 @_spi(Fuzzing) import MainspringHTTP
 
 extension FuzzHarness {
-    /// The HTTP server's head guard (the request framing checks before evhttp parses a head):
+    /// The HTTP server's head guard (the request framing checks before the engine parses a head):
     /// its verdict must not depend on how the bytes arrive — whole, a byte at a time, or in
     /// pseudo-random pieces — and, for a complete head, must be the status a plain reading of
     /// the head's lines gives (`plainStatus`): two different `Content-Length`s or one that is
@@ -60,7 +60,7 @@ extension FuzzHarness {
                 let isNumber = (1...18).contains(value.count) && value.allSatisfy { $0 >= 0x30 && $0 <= 0x39 }
                 lengths.append(isNumber ? Int(String(decoding: value, as: UTF8.self)) : nil)
             case "transfer-encoding":
-                while value.first == space { value = value.dropFirst() }  // spaces only, as evhttp
+                while value.first == space { value = value.dropFirst() }  // spaces only, as the guard
                 while let last = value.last, last == space || last == tab { value = value.dropLast() }
                 codings.append(value.map(asciiLowercased) == Array("chunked".utf8))
             default:

@@ -1,40 +1,68 @@
-// The connection engine: HTTP/1.1 in Swift over Mainspring's own `Connection`s — the engine an
-// `HTTPServer` runs on simulated loops (`MainspringTesting`), where there are no descriptors for
-// evhttp and every connection is the simulation's network's. The routes, handlers, limits,
-// statistics, load shedding and closing above it are the server's own (LoopEndpoint.swift);
-// what it reads and answers is what evhttp answers — HTTPEngineParityTests sends the same raw
-// requests to both and compares:
+// The connection engine: HTTP/1.1 in Swift over Mainspring's own `Connection`s — the one engine
+// of an `HTTPServer`, for HTTP and HTTPS, on real loops and on simulated loops
+// (`MainspringTesting`) alike, so that what passes in a simulation is what serves in
+// production. It reads requests, hands each one over whole, writes the answers and keeps the
+// deadlines; the routes, handlers, limits, statistics, load shedding and closing above it are
+// the server's own (LoopEndpoint.swift, through the seam in ServerEngine.swift).
 //
-// - a request head is checked as it arrives by the same scan as evhttp's head guard
-//   (RequestHeadScan.swift): over `maxHeaderBytes` 431, a missing or repeated `Host` in HTTP/1.1
-//   and framing that could be read two ways 400, a transfer coding other than `chunked` 501 —
-//   each with the same text, then the connection closes (its write side first, the rest of the
-//   client's input read and dropped for up to two seconds, so that the client reads the answer
-//   rather than a reset);
-// - the request line is split as evhttp splits it (method to the first space, version from the
-//   last): an unknown method 501, a version other than HTTP/1.x 400;
+// Accepting (`ConnectionAcceptor`, below). On real loops the listening socket is bound once
+// (`SharedListeningSocket`) and every loop's engine accepts from a `Listener` of its own over a
+// duplicate of it: a loop stuck in a long callback stops taking connections and the others take
+// them, and a connection stays on the loop that accepted it. On simulated loops one listener of
+// the simulation's network accepts and makes each connection on the loop the group picks. Over
+// HTTPS every accepted socket first goes through the TLS listener's handshake step
+// (`AcceptedSocketPreparer`: a step at a time as loop work, within the context's handshake
+// timeout), so an engine only ever sees established connections. At the server's
+// `maxConnections` an engine starts no more connections: those its listener hands over
+// meanwhile are held unread until one closes.
+//
+// What it refuses, before anything is routed:
+// - a request head is checked as its bytes arrive (RequestHeadScan.swift): over `maxHeaderBytes`
+//   431 as soon as it passes the limit; a missing or repeated `Host` in HTTP/1.1, framing that
+//   could be read two ways, a control character, a bare CR, a folded line 400; a transfer coding
+//   other than `chunked` 501;
+// - the request line (RequestHead.swift) is split at its first and last spaces (method, target,
+//   version): a version other than HTTP/1.x 400, an unknown method 501, a header line without a
+//   name and colon 400;
 // - a declared body over `maxBodyBytes` is read and dropped, then answered 413 (a client that
 //   stops sending it meets the body timeout, unanswered); a chunked one gets 413 once its chunks
-//   pass the limit, and so does one evhttp cannot read (a size that is not hex, `4;ext`);
-//   chunks are read as evhttp reads them (blank lines between them skipped, `4 ;ext` taken);
-// - `Expect: 100-continue` gets its `100 Continue` while none of the body has come, any other
-//   expectation 417 (both only for a request with a body, in HTTP/1.1);
-// - HTTP/1.1 keeps the connection unless the request says `Connection: close`, HTTP/1.0 only
-//   when it says `keep-alive`; pipelined requests are read one at a time, each once the
-//   previous response has left (reading stops meanwhile, as evhttp's does) — which is also
-//   when the request counts as finished;
-// - a streamed response is chunked only where a body may be and no `Content-Length` frames it;
-// - a head that has not arrived `headerTimeout` after its first byte, a body `bodyTimeout` after
-//   its head, a connection idle for `idleTimeout`, a response that has not moved for
-//   `idleTimeout` while some of it waits (evhttp's write timeout) are closed exactly then, on
-//   the loop's timers.
+//   pass the limit, and 400 when it is malformed: its chunks are read strictly (RFC 9112 §7.1,
+//   `ChunkedBodyDecoder`), so that no front end can read the same bytes as another body;
+// - an expectation other than `100-continue` 417 (`100-continue` gets its `100 Continue` while
+//   none of the body has come; both only for a request with a body, in HTTP/1.1); while load
+//   shedding sheds, a head that announces a body 503 with `Retry-After`, its body never read.
+// Every refusal is dated, `Content-Type: text/plain; charset=utf-8` and `Connection: close`, with
+// a body that says why in a sentence (`EngineConnection.refuse`); then the write side shuts, and
+// what the client still sends is read and dropped for up to two seconds, so that it reads the
+// answer rather than a reset.
 //
-// Differences from evhttp, on purpose or not yet: the connections are not
-// accepted in bursts (the simulated listener hands them over one at a time); a WebSocket
-// upgrade keeps the connection's options (the route's `outputLimit` and `closeTimeout` are
-// evhttp's only). HTTPS over it is real OpenSSL over the simulated bytes (`MainspringTLS`,
-// through the listener's handshake). The header fields are evhttp's too: `Date`, the default
-// `Content-Type` (`text/html; charset=ISO-8859-1`), `Connection: close` echoed.
+// Responses (ConnectionExchange.swift): the handler's header fields as given, with the server's
+// `Content-Length` and `Date` (LoopEndpoint.swift) and no `Content-Type` the handler did not
+// name. HTTP/1.1 keeps the connection unless the request says `Connection: close`, HTTP/1.0 only
+// when it says `keep-alive` (either is echoed); a streamed response is chunked only where a body
+// may be and no `Content-Length` frames it (for an HTTP/1.0 client, unframed, it ends with the
+// connection).
+//
+// Pipelining: requests are answered one at a time, in order; the next is taken once the
+// previous response has left, which is also when a request counts as finished. The connection
+// is read on meanwhile: up to 64 KiB of what follows waits (`maxPipelinedBytes`), and beyond that
+// reading pauses until the response has left.
+//
+// Deadlines (EngineConnection.swift), each kept exactly on the loop's timers: a head that has not
+// arrived `headerTimeout` after its first byte, a body `bodyTimeout` after its head and a
+// connection idle for `idleTimeout` (before its first request, or between two) close their
+// connection; so does a response that has not moved for `idleTimeout` while some of it waits (a
+// client that does not read it), counted from the later of the engine's last write and the last
+// time output left — the kernel took some (`Connection.tracksOutputMovement()`), or the
+// simulated network did — so a large response read slowly but steadily is not cut. A request
+// with the server has no deadline of the engine's while nothing of its response waits (a slow
+// handler is not cut). A connection keeps one timer for all of these, re-armed lazily: a
+// deadline that moves later leaves it as it is, and when it fires early it is set again for what
+// is left.
+//
+// A WebSocket upgrade takes the connection over as it is (its TLS session, and the bytes that
+// came after the request) and applies the route's `outputLimit` and `closeTimeout` to it
+// (`Connection.adopt(outputLimit:closeTimeout:)`).
 @_spi(MainspringHTTP) import MainspringCore
 import Synchronization
 

@@ -59,8 +59,9 @@ final class EngineConnection {
         case body(RequestBodyReader, RequestHead)
         /// A request is with the server.
         case inFlight
-        /// Its response is written and leaving: the request completes, and the next is read (or
-        /// the connection closes, when `closing`), once the output is sent — as evhttp does.
+        /// Its response is written and leaving: the request completes, and the next is taken (or
+        /// the connection closes, when `closing`), once the output is sent — so that requests
+        /// are answered in order, and a request counts as finished once its answer has left.
         case sending(closing: Bool)
         /// The guard answered and the write side is shut: the rest of the input is dropped until
         /// the peer leaves (at most two seconds).
@@ -198,8 +199,9 @@ final class EngineConnection {
             dispatch(head, body: [])
             return true
         case .length(let length) where length > limits.maxBodyBytes:
-            // As evhttp: the body is read and dropped, then refused (a client that stops
-            // sending it meets the body timeout, unanswered).
+            // The body is read and dropped, then refused: a client that has sent it all reads the
+            // 413 rather than a reset (one that stops sending it meets the body timeout,
+            // unanswered).
             reader = .discarding(length)
         case .length(let length):
             if length == 0 {

@@ -140,8 +140,10 @@ struct RequestHead {
     }
 
     /// The path (percent-decoded, "+" kept), the path as sent, and the query's items (values
-    /// decoded, "+" as a space; none at all if one item has no `=` or no name) — as evhttp reads
-    /// a target. An absolute target (`http://host/path`) is read from its path.
+    /// decoded, "+" as a space). A query that is not a list of `name=value` items (one item has
+    /// no `=` or no name) gives no items at all, rather than a partial reading: a handler that
+    /// wants it reads the target itself (`uri`). An absolute target (`http://host/path`) is read
+    /// from its path.
     var pathAndQuery: (path: String, rawPath: String, query: [(name: String, value: String)]) {
         // The usual target, a path with nothing to decode and no query: itself, three times.
         if target.utf8.first == 0x2F, !target.utf8.contains(where: { $0 == 0x25 || $0 == 0x3F || $0 == 0x23 }) {
@@ -161,8 +163,8 @@ struct RequestHead {
         }
         var items: [(name: String, value: String)] = []
         if let query, !query.isEmpty {
-            // A single empty item at the end ("?a=1&") is no item, as evhttp reads it; an empty
-            // one elsewhere makes the query unreadable (no items at all).
+            // A single empty item at the end ("?a=1&", as scripts that join items often leave
+            // it) is no item; an empty one elsewhere makes the query unreadable (no items at all).
             let all = query.split(separator: "&", omittingEmptySubsequences: false)
             for item in all.last?.isEmpty == true ? all.dropLast() : all[...] {
                 guard let equals = item.firstIndex(of: "="), equals != item.startIndex else {
@@ -215,7 +217,7 @@ enum RequestBodyReader {
     case length(Int)
     case chunked(ChunkedBodyDecoder)
     /// A declared body over the limit: read and dropped (this many bytes still to come), then
-    /// `.tooLarge` — evhttp's lingering refusal.
+    /// `.tooLarge` — so that the 413 reaches a client that has sent it all, rather than a reset.
     case discarding(Int)
 
     enum Outcome {

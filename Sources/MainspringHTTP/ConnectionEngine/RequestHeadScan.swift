@@ -1,16 +1,16 @@
-// The head guard's scan: where the current request head stands as its bytes arrive, before evhttp
-// buffers them. evhttp would buffer a head up to its own limit and answer 400; the guard counts
-// the bytes of the head (request line and header fields, up to the blank line that ends it), so
-// that a head over the limit is answered 431 at once, and it stamps when the head started and
-// ended, for the slow-request deadlines (EvhttpDeadlines.swift).
+// The head guard's scan: where the current request head stands as its bytes arrive, a piece at a
+// time, before the head is parsed (RequestHead.swift). It counts the bytes of the head (request
+// line and header fields, up to the blank line that ends it), so that a head over
+// `maxHeaderBytes` is answered 431 as soon as it passes the limit, whatever is still to come.
 //
-// It also checks the head's framing before evhttp routes anything (RFC 9112 §6.3, §5): evhttp
-// takes the first of two `Content-Length` fields and reads any other `Transfer-Encoding` than
-// exactly `chunked` as none, so a front end that reads the same head another way would see a
-// different request boundary (request smuggling). Two lengths that differ, a length that is not
-// all digits, `Transfer-Encoding` beside `Content-Length`, and a control character, a bare CR,
-// a folded line or whitespace in a field name are answered 400; a transfer coding other than
-// `chunked` 501. The connection closes after the answer.
+// It also checks the head's framing before anything is parsed or routed (RFC 9112 §6.3, §5): a
+// head that two readers could frame differently — one taking the first of two `Content-Length`s,
+// another the last; one reading a `Transfer-Encoding` it does not know as none — would give a
+// front end and this server different request boundaries (request smuggling). Two lengths that
+// differ, a length that is not all digits, `Transfer-Encoding` beside `Content-Length`, and a
+// control character, a bare CR, a folded line or whitespace in a field name are answered 400; a
+// transfer coding other than `chunked` 501; an HTTP/1.1 request without exactly one `Host` 400.
+// The connection closes after the answer (`EngineConnection.refuse`).
 import MainspringCore
 #if canImport(Glibc)
 import Glibc
@@ -268,9 +268,9 @@ struct RequestHeadScan {
         }
     }
 
-    /// A byte of a `Transfer-Encoding` value, compared with `chunked` as evhttp does: leading
-    /// spaces (not tabs: evhttp keeps those) and trailing whitespace are dropped, the rest must
-    /// be `chunked` in any case.
+    /// A byte of a `Transfer-Encoding` value, compared with `chunked`: leading spaces and
+    /// trailing whitespace are dropped, the rest must be `chunked` in any case. A leading tab is
+    /// not dropped, so `Transfer-Encoding:<tab>chunked` is a coding other than `chunked` (501).
     @inline(__always)
     private mutating func noteCodingByte(_ byte: UInt8) {
         switch valuePhase {
@@ -344,8 +344,9 @@ struct RequestHeadScan {
         lineEnd = 0
     }
 
-    /// `scanBytes` over `chunk` (the fuzz harness's entry: no evbuffer, no loop, no time: its
-    /// stamps are all 1). False once the head is over the limit.
+    /// `scanBytes` over `chunk`, without a clock (its stamps are all 1: the engine keeps its
+    /// deadlines on its own timer): the engine's entry, and the fuzz harness's. False once the
+    /// head is over the limit.
     mutating func scan(_ chunk: UnsafeRawBufferPointer) -> Bool {
         var now: UInt64 = 1
         return scanBytes(chunk, now: &now, clock: nil)

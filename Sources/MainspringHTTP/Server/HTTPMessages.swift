@@ -3,8 +3,8 @@ import MainspringCore
 
 /// A request as the server read it: a value, safe to keep and to pass to any thread.
 ///
-/// evhttp parsed it (request line, headers, chunked or sized body) and Mainspring copied what a
-/// handler needs; reading a field costs nothing further.
+/// The server read it whole (request line, header fields, a chunked or sized body) before its
+/// handler runs; reading a field costs nothing further.
 public struct HTTPRequest: Sendable {
     /// The method. A `HEAD` request is routed to the `GET` handler (its body is not sent).
     public var method: HTTPMethod
@@ -46,12 +46,15 @@ public struct HTTPRequest: Sendable {
 public struct HTTPResponse: Sendable {
     /// The status code (200, 404, …).
     public var status: Int
-    /// The header fields. `Content-Length` is set by the server; `Date` by evhttp.
+    /// The header fields. `Content-Length` is the server's (one set here is replaced by the
+    /// body's length); `Date` is added by the server unless set here. No `Content-Type` is
+    /// added: `text`, `json` and `status` set theirs, a response made with raw bytes has none
+    /// unless it names one.
     public var headers: HTTPHeaders
     /// The body bytes.
     public var body: [UInt8]
 
-    /// A response with raw bytes.
+    /// A response with raw bytes (no `Content-Type` unless `headers` has one).
     public init(status: Int = 200, headers: HTTPHeaders = [:], body: [UInt8] = []) {
         self.status = status
         self.headers = headers

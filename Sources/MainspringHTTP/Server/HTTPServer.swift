@@ -2,14 +2,15 @@ import Dispatch
 import Foundation
 @_spi(MainspringHTTP) @_spi(Simulation) import MainspringCore
 
-/// An HTTP/1.1 server on Mainspring loops, built on libevent's evhttp (its parser, keep-alive,
-/// chunked encoding, timeouts and limits).
+/// An HTTP/1.1 server on Mainspring loops: HTTP/1.1 read and written in Swift over the
+/// library's own `Connection`s — keep-alive, pipelining, chunked bodies both ways,
+/// `100 Continue`, and the limits and deadlines described here — and HTTPS with a
+/// `MainspringTLS` context (`init(group:configuration:routes:tls:)`).
 ///
-/// On simulated loops (`MainspringTesting`) the same server runs over the simulation's network:
-/// the routes, handlers, limits, statistics, load shedding and closing are the same code, and
-/// the connections are read and answered by a connection engine of its own (HTTP/1.1 in Swift
-/// over `Connection`) that gives the answers and the deadlines described here — exactly, on
-/// virtual time. HTTPS there is real OpenSSL over the simulated bytes.
+/// The same server, the same code, runs on simulated loops (`MainspringTesting`) over the
+/// simulation's network: the routes, handlers, answers, limits, deadlines, statistics, load
+/// shedding and closing described here hold there exactly, on virtual time, HTTPS included (real
+/// OpenSSL over the simulated bytes). What passes in a simulation is what serves in production.
 ///
 /// ```swift
 /// let group = try EventLoopGroup()
@@ -21,26 +22,36 @@ import Foundation
 /// ```
 ///
 /// ## Threads
-/// Every loop of the group accepts from one shared listening socket: a loop stuck in a long
-/// callback stops taking connections and the others take them. A connection stays on the loop
-/// that accepted it; its requests are read by libevent on that loop, and their handlers run
-/// there, as `.input` work between the loop's other callbacks (libevent's callbacks only record
-/// and post: no handler runs inside libevent). The server object itself is `Sendable`.
+/// Every loop of the group accepts for itself, from a listener of its own over one listening
+/// socket bound once: a loop stuck in a long callback stops taking connections and the others
+/// take them. (On simulated loops one listener of the simulation's network hands each
+/// connection to the loop the group picks.) A connection stays on the loop that accepted it: over
+/// HTTPS its handshake runs there, a step at a time as `.normal` loop work, as a TLS listener's
+/// does; its requests are read there, and their handlers run there, as `.input` work in a turn
+/// of their own between the loop's other callbacks — never inside the callback that read the
+/// request. The server object itself is `Sendable`.
 ///
 /// ## Bad input
-/// A malformed request gets `400` — also one whose framing two parsers could read two ways
-/// (request smuggling, RFC 9112 §6.3): two `Content-Length` fields that differ, one that is not
-/// all digits, `Transfer-Encoding` beside `Content-Length`, a control character in a field, a
-/// bare CR, a folded line — and a `Transfer-Encoding` other than `chunked` `501`, each checked
-/// before anything is routed and followed by closing the connection. A request head over
-/// `maxHeaderBytes` gets `431`, a body over `maxBodyBytes` `413` (a declared one once it has been
-/// read and dropped, so that the client reads the answer rather than a reset; a chunked one as
-/// soon as its chunks pass the limit), an unknown method `501`, an unknown path `404`, a known path with another method `405` with
-/// `Allow`, a handler that throws `500` (no detail). A
+/// A malformed request gets `400` — also one whose framing two parsers could read two ways (request
+/// smuggling, RFC 9112 §6.3): two `Content-Length` fields that differ, one that is not all digits,
+/// `Transfer-Encoding` beside `Content-Length`, a control character in a field, a bare CR, a folded
+/// line — and a `Transfer-Encoding` other than `chunked` `501`, each checked before anything is
+/// routed. A request head over `maxHeaderBytes` gets `431` (as soon as it passes the limit), a body
+/// over `maxBodyBytes` `413` (a declared one once it has been read and dropped, so that the client
+/// reads the answer rather than a reset; a chunked one as soon as its chunks pass the limit), a
+/// chunked body that is malformed `400` (its chunks are read strictly, RFC 9112 §7.1: a size of hex
+/// digits with nothing before them, each chunk's data followed by CR LF), an `Expect` other than
+/// `100-continue` `417`, a version other than HTTP/1.x `400`, an unknown method `501`. Each of
+/// these answers is the server's own: dated, `text/plain; charset=utf-8`, its body saying why in a
+/// sentence ("the request line's version is not HTTP/1.x"), and it closes the connection (what the
+/// client still sends is read and dropped for up to two seconds). An unknown path gets `404`, a
+/// known path with another method `405` with `Allow`, a handler that throws `500` (no detail). A
 /// request whose head does not arrive within `headerTimeout`, or whose body does not within
-/// `bodyTimeout`, has its connection closed; so has a connection idle (or not reading its
-/// response) for `idleTimeout`. At `maxConnections` the server stops accepting until one closes
-/// (further clients wait in the listen backlog). Nothing of this affects the other connections.
+/// `bodyTimeout`, has its connection closed; so has a connection idle for `idleTimeout`, and one
+/// whose response has not moved for `idleTimeout` while some of it waits (a client that does not
+/// read it; a large response read slowly but steadily is not cut). At `maxConnections` the server
+/// starts no more connections until one closes (further clients wait, unanswered). Nothing of this
+/// affects the other connections.
 ///
 /// ## Shutdown
 /// `close()` stops accepting; requests in flight finish (their responses say
@@ -64,8 +75,10 @@ public final class HTTPServer: Sendable {
         public var maxBodyBytes: Int
         /// Connections open at once, over all loops. Default 10,000.
         public var maxConnections: Int
-        /// A connection with no traffic for this long (idle keep-alive, or a client not reading
-        /// its response) is closed. Default 60 s.
+        /// A connection idle this long (before a request, or between two) is closed, and so is
+        /// one whose response has not moved for this long while some of it waits (a client not
+        /// reading it: counted from when output last left, so a response read slowly but
+        /// steadily is not cut). Default 60 s.
         public var idleTimeout: Duration
         /// A request head that has not arrived in full this long after its first byte closes its
         /// connection. Default 10 s.

@@ -148,7 +148,8 @@ public enum HTTPServerError: Error, Sendable, Equatable, CustomStringConvertible
 
 extension HTTPServerError {
     /// The core's error of making or binding a listening socket, as the server reports it (the
-    /// evhttp listening socket's and the simulated listener's alike).
+    /// shared listening socket's and its loops' listeners' on real loops, the simulated
+    /// listener's on simulated ones, alike).
     init(listening error: EventLoopError) {
         switch error {
         case .invalidAddress(let text): self = .invalidAddress(text)

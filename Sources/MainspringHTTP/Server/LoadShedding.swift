@@ -22,8 +22,8 @@ extension HTTPServer {
     /// Cost: one clock read when a request is read and one when it is dispatched, and a few
     /// integer operations; nothing when shedding is off (`Configuration.loadShedding` nil).
     /// A request with a body is shed as soon as its head is in, its body never read (the
-    /// connection then closes); one without is read whole first (evhttp hands a request over
-    /// whole): a shed request costs its parsing, not its handler.
+    /// connection then closes); one without, when it is about to be routed (its head is all
+    /// there is to read): a shed request costs its parsing, not its handler.
     public struct LoadShedding: Sendable, Equatable {
         /// The p99 queue wait over a window above which requests are shed. Default 50 ms.
         public var queueWaitTarget: Duration

@@ -1,10 +1,10 @@
 import Foundation
 @_spi(MainspringHTTP) import MainspringCore
 
-/// One loop's share of an `HTTPServer`: its engine (evhttp, or on a simulated loop the
-/// connection engine; see ServerEngine.swift), its in-flight requests (counted as the loop's
-/// busy work, so a graceful group shutdown waits for them), its deadline sweep. Loop thread
-/// only, except `post`.
+/// One loop's share of an `HTTPServer`: its engine (the connection engine; see
+/// ServerEngine.swift), its in-flight requests (counted as the loop's busy work, so a graceful
+/// group shutdown waits for them), its deadline sweep. Loop thread only, but for its constants
+/// (`loop`, `routes`, `statistics`).
 final class LoopEndpoint: ServerEngineDelegate, @unchecked Sendable {
     let loop: EventLoop
     let routes: HTTPRoutes
@@ -45,7 +45,7 @@ final class LoopEndpoint: ServerEngineDelegate, @unchecked Sendable {
         attachment = LoopAttachment(loop: loop) { [weak self] in self?.loopClosed() }
     }
 
-    // MARK: The engine's reports (evhttp's inside libevent: record, hand off)
+    // MARK: The engine's reports (from inside its connections' callbacks: record, hand off)
 
     func received(_ raw: any ServerExchange) {
         inFlight += 1
@@ -104,7 +104,7 @@ final class LoopEndpoint: ServerEngineDelegate, @unchecked Sendable {
         let limits = engine.limits
         let shortest = min(limits.headerTimeout, limits.bodyTimeout)
         let interval = max(.milliseconds(20), min(.milliseconds(250), shortest / 10))
-        // Scheduled from a libevent callback: create the timer from the loop, not inside it.
+        // Asked from inside the engine's accepting: the timer is made in a turn of its own.
         loop.execute(priority: .input) { [weak self] in
             guard let self, self.sweepTimer == nil, self.engine != nil else { return }
             self.sweepTimer = self.loop.schedule(every: interval) { [weak self] timer in

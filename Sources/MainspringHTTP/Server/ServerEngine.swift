@@ -1,12 +1,11 @@
 // The seam between an `HTTPServer`'s loop share (`LoopEndpoint`: routing, handlers, load
 // shedding, statistics, closing) and the engine that reads requests off connections and writes
-// responses back. Two engines serve it:
-// - evhttp (Evhttp/), libevent's HTTP server, on real loops: every connection a socket;
-// - the connection engine (ConnectionEngine/), HTTP/1.1 in Swift over Mainspring's own
-//   `Connection`s, on simulated loops (`MainspringTesting`), where connections are the
-//   simulation's network's and time is virtual.
-// The routes, handlers, limits and answers are the same on both; what differs is listed in the
-// connection engine's file.
+// responses back: `ServerEngine` (one loop's accepting, its connections, stopping and resuming at
+// the connection limit) and `ServerExchange` (one request read in full, and its answer, whole or
+// streamed). One engine serves it, on real and simulated loops alike: the connection engine
+// (ConnectionEngine/), HTTP/1.1 in Swift over Mainspring's own `Connection`s; what it reads and
+// answers is described at the top of ConnectionEngine.swift. The seam stays so that a second
+// kind of exchange (HTTP/2) can serve the same routes beside it.
 import MainspringCore
 
 /// Limits one loop's engine enforces (see `HTTPServer.Configuration`).
@@ -46,7 +45,7 @@ protocol ServerEngineDelegate: AnyObject {
     /// A request handed over by `received` is over: its response was written, or its
     /// connection was lost, or the engine was freed. Exactly once per request.
     func finished(_ request: any ServerExchange, written: Bool)
-    /// The engine answered a request itself, before routing (431, 400, 501, 413, 503).
+    /// The engine answered a request itself, before routing (400, 413, 417, 431, 501, 503).
     func answeredByGuard(status: Int)
     /// A request head announcing a body is complete and its body not read yet: whether to
     /// answer it `503` now (load shedding), and the `Retry-After` seconds to send. Counts what

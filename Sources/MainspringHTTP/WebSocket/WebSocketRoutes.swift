@@ -32,15 +32,15 @@ extension HTTPRoutes {
     ///   subprotocol. Choosing a subprotocol the client did not offer answers `500`. A refused
     ///   or invalid upgrade's response closes the connection.
     /// - Over HTTPS (an `HTTPServer` made with `tls:`) the WebSocket is `wss://`: the
-    ///   connection keeps its TLS session (the `101` goes out a loop turn after the request, once
-    ///   evhttp has let go of the session).
+    ///   connection keeps its TLS session.
     ///
     /// Once upgraded, the connection is the WebSocket's: it leaves the server's connection
-    /// count and timeouts, and lives until either side closes it — or the server's `close()`,
-    /// which starts the closing handshake of every WebSocket it upgraded (1001, "server
-    /// closing") without waiting for it.
-    /// - Complexity: the upgrade itself costs a `dup` of the socket and a new connection on the
-    ///   same loop (over HTTPS, on the same session); each frame costs its header and, from a client, its unmasking.
+    /// count and timeouts, takes the configuration's `outputLimit` and `closeTimeout`, and lives
+    /// until either side closes it — or the server's `close()`, which starts the closing
+    /// handshake of every WebSocket it upgraded (1001, "server closing") without waiting for it.
+    /// - Complexity: the upgrade hands the request's connection itself to the WebSocket, on the
+    ///   same loop (no new socket; over HTTPS, the same session), with what the client sent after
+    ///   the request; each frame costs its header and, from a client, its unmasking.
     public mutating func webSocket(_ path: String, match: PathMatch = .exact,
                                    configuration: WebSocket.Configuration = .init(),
                                    shouldUpgrade: (@Sendable (HTTPRequest) -> WebSocket.Upgrade)? = nil,
@@ -111,8 +111,8 @@ extension LoopEndpoint {
         core.server = self
         core.start(leftover: leftover)
         if isDraining {
-            // The server closed while this upgrade was on its way (over HTTPS the WebSocket
-            // comes a loop turn after its request): it goes as the others went.
+            // The server began closing after this upgrade's request was read: it goes as the
+            // others went.
             core.startClose(code: .goingAway, reason: "server closing")
         } else {
             openWebSockets[ObjectIdentifier(core)] = core

@@ -1,8 +1,8 @@
 // Sources/MainspringTLS/OpenSSL/ is the only folder of MainspringTLS that calls OpenSSL or
 // libevent's OpenSSL bufferevents, or holds their pointers: contexts (this file), sessions,
 // handshakes and the established connection's layer (SSLSession.swift), OpenSSL's errors in
-// words (SSLErrors.swift), HTTPS's bufferevents (HTTPSLayer.swift). The rest of the module sees
-// typed Swift values.
+// words (SSLErrors.swift), the session over a simulated stream (SimulatedTLS.swift). The rest of
+// the module sees typed Swift values.
 internal import CMainspringTLS
 import Foundation
 import MainspringCore
