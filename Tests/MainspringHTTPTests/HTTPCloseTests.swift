@@ -168,6 +168,50 @@ struct HTTPCloseTests {
         await group.shutdown(gracePeriod: .seconds(2))
     }
 
+    @Test("At maxConnections a real loop stops accepting: the next client waits in the kernel's backlog, unanswered, and is served once a connection closes")
+    func maxConnectionsPausesAccepting() async throws {
+        let group = try EventLoopGroup(loopCount: 1)
+        var routes = HTTPRoutes()
+        routes.get("/hello") { _ in .text("hello\n") }
+        let server = try await HTTPServer(group: group, configuration: .init(maxConnections: 2), routes: routes)
+        let port = server.port
+        let request = "GET /hello HTTP/1.1\r\nHost: t\r\n\r\n"
+        @Sendable func answered(_ client: TestClient) -> Bool {
+            while let line = client.readLine() { if line == "hello" { return true } }
+            return false
+        }
+        let clients = try await onPlainThread { () throws -> [TestClient]? in
+            let one = try TestClient(port: port)
+            let two = try TestClient(port: port)
+            one.send(request)
+            two.send(request)
+            guard answered(one), answered(two) else { return nil }
+            let three = try TestClient(port: port)  // completed by the kernel: the listen backlog
+            three.send(request)
+            // A round trip on a served connection: the loop has polled since the third
+            // connected, so an accepting listener would have taken it.
+            one.send(request)
+            guard answered(one) else { return nil }
+            return [one, two, three]
+        }
+        #expect(clients != nil, "the first two clients were served")
+        #expect(server.acceptor.acceptedCount == 2, "accepted \(server.acceptor.acceptedCount): the third waits in the backlog")
+        #expect(server.statistics.snapshot.connectionsOpen == 2)
+        // Closing one (the server reads its end of file) makes room: the third is accepted and served.
+        let remaining = clients ?? []
+        let served = await onPlainThread { () -> Bool in
+            guard remaining.count == 3 else { return false }
+            remaining[1].shutdownWrite()
+            remaining[2].setReceiveTimeout(seconds: 10)
+            return answered(remaining[2])
+        }
+        #expect(served, "the third client was served once the second left")
+        #expect(server.acceptor.acceptedCount == 3)
+        withExtendedLifetime(remaining) {}
+        await server.closeAndWait()
+        await group.shutdown(gracePeriod: .seconds(2))
+    }
+
     @Test("A large response read slowly but steadily is not cut by idleTimeout on a real loop: the stall deadline counts from when the kernel last took output")
     func slowReaderIsNotAStall() async throws {
         let group = try EventLoopGroup(loopCount: 1)

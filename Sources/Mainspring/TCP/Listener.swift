@@ -265,6 +265,15 @@ public final class Listener: @unchecked Sendable {
         }
     }
 
+    /// Stops accepting (`false`: new connections wait in the kernel's listen backlog) or
+    /// accepts again (`true`), for an owner with a connection limit of its own (the HTTP
+    /// server's `maxConnections`). A listener out of descriptors still waits out its pause.
+    /// The listener's loop's thread only.
+    package func setAccepting(_ accepting: Bool) {
+        loop.preconditionOnLoop("Listener.setAccepting(_:)")
+        source.setAccepting(accepting)
+    }
+
     private func resumeAccepting() {
         source.postResumeAfterConsumer()
     }

@@ -259,6 +259,17 @@ final class ListenerSource: Source {
         loop.execute { source.value.resumeAfterConsumer() }
     }
 
+    /// The owner's own pause (`Listener.setAccepting`): off, as when the consumer lags; on
+    /// again unless closed or out of descriptors.
+    func setAccepting(_ accepting: Bool) {
+        guard !isClosed else { return }
+        if !accepting {
+            stopAccepting()
+        } else if pauseTimer == nil {
+            enableAccepting()
+        }
+    }
+
     /// EMFILE/ENFILE: the listening socket stays readable, so stop polling it for a while.
     private func pauseAfterAcceptFailure() {
         guard pauseTimer == nil, let listener else { return }

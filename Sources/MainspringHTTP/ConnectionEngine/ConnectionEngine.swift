@@ -13,8 +13,9 @@
 // HTTPS every accepted socket first goes through the TLS listener's handshake step
 // (`AcceptedSocketPreparer`: a step at a time as loop work, within the context's handshake
 // timeout), so an engine only ever sees established connections. At the server's
-// `maxConnections` an engine starts no more connections: those its listener hands over
-// meanwhile are held unread until one closes.
+// `maxConnections` an engine's listener stops accepting (on a real loop new clients wait in
+// the kernel's listen backlog); those handed over meanwhile (the simulation's listener, which
+// serves every loop, or a burst already accepted) are held unread until one closes.
 //
 // What it refuses, before anything is routed:
 // - a request head is checked as its bytes arrive (RequestHeadScan.swift): over `maxHeaderBytes`
@@ -151,6 +152,14 @@ final class ConnectionAcceptor: Sendable {
         }
     }
 
+    /// Connections accepted so far, over every listener (for tests and diagnostics). Any
+    /// thread.
+    var acceptedCount: Int {
+        state.withLock { state in
+            state.perLoop.values.reduce(state.shared?.acceptedCount ?? 0) { $0 + $1.acceptedCount }
+        }
+    }
+
     /// `engine` serves its loop from now on: on a real loop its listener starts accepting; on a
     /// simulated one the connections that waited for it are its. Its loop's thread.
     func register(_ engine: ConnectionEngine) throws(HTTPServerError) {
@@ -196,6 +205,15 @@ final class ConnectionAcceptor: Sendable {
             return closing
         }
         for listener in listeners { listener.close() }
+    }
+
+    /// `engine`'s loop stops accepting (`false`: the server is at `maxConnections`; new clients
+    /// wait in the kernel's listen backlog) or accepts again. Real loops only: the simulation's
+    /// one listener keeps handing connections over, and the engine holds them unread. Its
+    /// loop's thread.
+    func setAccepting(_ accepting: Bool, for engine: ConnectionEngine) {
+        let listener = state.withLock { $0.perLoop[ObjectIdentifier(engine.loop)] }
+        listener?.setAccepting(accepting)
     }
 
     /// The server could not be made: closes the listeners and the connections that waited for
@@ -286,7 +304,10 @@ final class ConnectionEngine: ServerEngine {
         connection.tracksOutputMovement()  // a response's stall deadline counts from it
         let served = EngineConnection(engine: self, connection: connection)
         connections[ObjectIdentifier(served)] = served
-        if delegate?.acceptedConnection() == false { isPausedForLimit = true }
+        if delegate?.acceptedConnection() == false {
+            isPausedForLimit = true
+            acceptor.setAccepting(false, for: self)
+        }
         served.begin()
     }
 
@@ -301,6 +322,7 @@ final class ConnectionEngine: ServerEngine {
 
     func resumeAfterLimit() {
         isPausedForLimit = false
+        if isAccepting { acceptor.setAccepting(true, for: self) }
         while !isPausedForLimit, !held.isEmpty { start(held.removeFirst()) }
     }
 

@@ -50,7 +50,8 @@ import Foundation
 /// `bodyTimeout`, has its connection closed; so has a connection idle for `idleTimeout`, and one
 /// whose response has not moved for `idleTimeout` while some of it waits (a client that does not
 /// read it; a large response read slowly but steadily is not cut). At `maxConnections` the server
-/// starts no more connections until one closes (further clients wait, unanswered). Nothing of this
+/// stops accepting until one closes (further clients wait in the kernel's listen backlog,
+/// unanswered; on a simulated loop in the engine, unread). Nothing of this
 /// affects the other connections.
 ///
 /// ## Shutdown
@@ -128,6 +129,8 @@ public final class HTTPServer: Sendable {
     /// The server's counters (responses by status class, requests in flight, connections).
     public let statistics: HTTPServerStatistics
     let shared: ServerShared
+    /// What accepts the server's connections (its listeners).
+    let acceptor: ConnectionAcceptor
 
     /// Serves `routes` on every loop of `group`, and returns once every loop serves. Any task;
     /// it waits for each loop (a hop to each, side by side) without blocking a thread.
@@ -311,6 +314,7 @@ public final class HTTPServer: Sendable {
     private init(loops: [EventLoop], plan: Plan, endpoints: [LoopEndpoint]) {
         plan.shared.start(with: endpoints)
         self.port = plan.socket.port
+        self.acceptor = plan.socket
         self.loops = loops
         self.statistics = plan.statistics
         self.shared = plan.shared
