@@ -175,13 +175,6 @@ final class EngineConnection {
             if peerEnded { connection.close() }
             return false
         }
-        if let problem = scan.problem {
-            switch problem {
-            case .badRequest(let why): refuse(400, "Bad Request", why + "\n")
-            case .notImplemented(let why): refuse(501, "Not Implemented", why + "\n")
-            }
-            return false
-        }
         let headBytes = input[start..<(start + scan.bytes)]
         start += scan.bytes
         let head: RequestHead

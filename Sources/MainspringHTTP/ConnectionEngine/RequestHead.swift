@@ -59,8 +59,21 @@ struct RequestHead {
         }
     }
 
-    private static func parse(_ headBytes: HeadBytes) -> Result<RequestHead, Failure> {
-        var head = headBytes
+    /// The refusal a complete head meets before its request line is read — its field lines,
+    /// its framing, `Host` — if any (the fuzz harness's guard verdict).
+    static func guardRefusal(_ bytes: ArraySlice<UInt8>) -> Failure? {
+        bytes.withUnsafeBufferPointer { buffer in
+            var head = HeadBytes(buffer)
+            if case .failure(let failure) = readGuarded(&head) { return failure }
+            return nil
+        }
+    }
+
+    /// The request line and the fields, and the checks made before the request line is read:
+    /// the field lines and framing (`HeadFields`: 400, or 501 for a transfer coding other than
+    /// `chunked`), then exactly one `Host` in a request that says HTTP/1.1 at the end of its
+    /// line (RFC 9112 §3.2).
+    private static func readGuarded(_ head: inout HeadBytes) -> Result<(line: Range<Int>?, fields: HeadFields), Failure> {
         // Blank lines before the request line are allowed (RFC 9112 §2.2).
         var requestLine: Range<Int>?
         while let line = head.nextLine() {
@@ -69,7 +82,44 @@ struct RequestHead {
                 break
             }
         }
-        guard let requestLine else { return .failure(Failure(status: 400, reason: "no request line")) }
+        guard let requestLine else { return .success((nil, HeadFields())) }
+        let fields: HeadFields
+        switch HeadFields.read(&head) {
+        case .failure(let problem):
+            if case .codingNotChunked = problem { return .failure(Failure(status: 501, reason: problem.reason)) }
+            return .failure(Failure(status: 400, reason: problem.reason))
+        case .success(let read):
+            fields = read
+        }
+        // The line's last eight bytes other than CR.
+        var tail: [UInt8] = []
+        var index = requestLine.upperBound
+        while index > requestLine.lowerBound, tail.count < 8 {
+            index -= 1
+            if head.buffer[index] != 0x0D { tail.append(head.buffer[index]) }
+        }
+        if tail.elementsEqual("1.1/PTTH".utf8) {
+            if fields.hostFields == 0 {
+                return .failure(Failure(status: 400, reason: "an HTTP/1.1 request needs a Host header field"))
+            }
+            if fields.hostFields > 1 {
+                return .failure(Failure(status: 400, reason: "an HTTP/1.1 request has exactly one Host header field, not \(fields.hostFields)"))
+            }
+        }
+        return .success((requestLine, fields))
+    }
+
+    private static func parse(_ headBytes: HeadBytes) -> Result<RequestHead, Failure> {
+        var head = headBytes
+        let requestLine: Range<Int>
+        let read: HeadFields
+        switch readGuarded(&head) {
+        case .failure(let failure): return .failure(failure)
+        case .success((nil, _)): return .failure(Failure(status: 400, reason: "no request line"))
+        case .success((let line?, let fields)):
+            requestLine = line
+            read = fields
+        }
         // The method up to the first space, the version after the last, the target between
         // them (spaces and all: "GET  /x" asks for " /x", which no route has).
         var firstSpace = -1
@@ -96,33 +146,14 @@ struct RequestHead {
             let name = head.string(methodRange.lowerBound..<min(methodRange.upperBound, methodRange.lowerBound + 32))
             return .failure(Failure(status: 501, reason: "unknown method \(name)"))
         }
-        var fields: [(name: String, value: String)] = []
-        var framing = Framing.none
-        var expectation: String?
-        var firstConnection: Range<Int>?
-        var firstProxyConnection: Range<Int>?
-        while let line = head.nextLine(), !line.isEmpty {
-            guard let (name, value) = head.field(line) else {
-                return .failure(Failure(status: 400, reason: "a header line has no field name and colon"))
-            }
-            switch name.count {
-            case 17 where head.matches(name, "transfer-encoding"):
-                framing = .chunked  // the scan let only exactly `chunked` through, and no length beside it
-            case 14 where head.matches(name, "content-length"):
-                // All digits (checked by the scan); more than fit is more than any limit.
-                if framing == .none { framing = .length(head.decimal(value) ?? Int.max) }
-            case 10 where head.matches(name, "connection"):
-                if firstConnection == nil { firstConnection = value }
-            case 16 where head.matches(name, "proxy-connection"):
-                if firstProxyConnection == nil { firstProxyConnection = value }
-            case 6 where head.matches(name, "expect"):
-                expectation = head.string(value)
-            default:
-                break
-            }
-            fields.append((head.string(name), head.string(value)))
+        if read.lineWithoutColon != nil {
+            return .failure(Failure(status: 400, reason: HeadFields.MalformedLine.noColon.reason))
         }
-        if case .length(let length) = framing, length == 0 { framing = .none }
+        let framing: Framing = switch read.framing {
+        case .none, .length(0): .none
+        case .length(let length): .length(length)
+        case .chunked: .chunked
+        }
         // An absolute target (`http://host/path`) is a proxy request: its close is
         // `Proxy-Connection`'s. The first `Connection` field exactly `close` ends the connection,
         // and HTTP/1.0 closes unless that field starts with `keep-alive`.
@@ -130,13 +161,14 @@ struct RequestHead {
             && (targetRange.lowerBound..<max(targetRange.lowerBound, targetRange.upperBound - 2)).contains {
                 head.buffer[$0] == 0x3A && head.buffer[$0 + 1] == 0x2F && head.buffer[$0 + 2] == 0x2F
             }
-        let asksToClose = (isProxyRequest ? firstProxyConnection : firstConnection).map { head.matches($0, "close") } ?? false
-        let asksKeepAlive = firstConnection.map { head.hasPrefix($0, "keep-alive") } ?? false
+        let asksToClose = (isProxyRequest ? read.firstProxyConnection : read.firstConnection)
+            .map { head.matches($0, "close") } ?? false
+        let asksKeepAlive = read.firstConnection.map { head.hasPrefix($0, "keep-alive") } ?? false
         let keepsAlive = !asksToClose && (minor >= 1 || asksKeepAlive)
         return .success(RequestHead(method: method, target: head.string(targetRange), minorVersion: min(minor, 1),
-                                    fields: fields, framing: framing, keepsAlive: keepsAlive,
+                                    fields: read.fields, framing: framing, keepsAlive: keepsAlive,
                                     asksToClose: asksToClose, isProxyRequest: isProxyRequest, asksKeepAlive: asksKeepAlive,
-                                    expectation: minor >= 1 ? expectation : nil))
+                                    expectation: minor >= 1 ? read.expectation.map(head.string) : nil))
     }
 
     /// The path (percent-decoded, "+" kept), the path as sent, and the query's items (values
