@@ -107,7 +107,7 @@ let package = Package(
         // folder imports CZlib.
         .target(
             name: "MainspringHTTP",
-            dependencies: ["MainspringCore", "CLibevent", "CZlib"],
+            dependencies: ["MainspringCore", "CZlib"],
             path: "Sources/MainspringHTTP"
         ),
         // Plain-C TLS peers for the `tls` benchmark (libevent + bufferevent_openssl), and a

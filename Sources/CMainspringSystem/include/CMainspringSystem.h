@@ -44,11 +44,6 @@ static inline int ms_set_timer_slack(unsigned long nanoseconds) {
 /// close-on-exec and non-blocking atomically.
 static inline int ms_pipe2(int fds[_Nonnull 2], int flags) { return (int)syscall(SYS_pipe2, fds, flags); }
 
-/// `dup3(2)` through `syscall` (glibc declares it only under `_GNU_SOURCE`): `newfd` made a
-/// duplicate of `oldfd` with `flags` (`O_CLOEXEC`) in one step, so that no child spawned in
-/// between inherits it.
-static inline int ms_dup3(int oldfd, int newfd, int flags) { return (int)syscall(SYS_dup3, oldfd, newfd, flags); }
-
 // Signal delivery without libevent's signal events (and without a thread of their own): a
 // handler that counts each catch and writes the signal's eventfd, which the watching loop polls
 // like any descriptor. Installed and removed with sigaction(2) on the calling thread, so both

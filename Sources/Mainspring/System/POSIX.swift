@@ -61,18 +61,6 @@ func errnoName(_ code: Int32) -> String { String(cString: strerror(code)) }
 /// `package`: MainspringHTTP's errors say it the same way.
 package func errnoDescription(_ code: Int32) -> String { "\(errnoName(code)) (errno \(code))" }
 
-/// Points the descriptor number `target` at what `source` names, close-on-exec, in one step
-/// (`dup3` with `O_CLOEXEC`; a child spawned meanwhile by another thread cannot inherit it
-/// without the flag, as it could between `dup2` and `fcntl`), retried on `EINTR` and `EBUSY`.
-/// `false` with `errno` when it failed. `source` stays open.
-/// `package`: MainspringHTTP moves an upgraded connection's socket with it.
-package func duplicateCloseOnExec(_ source: Int32, onto target: Int32) -> Bool {
-    while ms_dup3(source, target, O_CLOEXEC) < 0 {
-        if errno != EINTR && errno != EBUSY { return false }
-    }
-    return true
-}
-
 /// Which file an fd names: its device and inode (nil when `fd` is not open).
 /// `package`: `JournalStream` (MainspringServices) and the tests compare descriptors with it.
 package struct FileIdentity: Equatable, Sendable, CustomStringConvertible {

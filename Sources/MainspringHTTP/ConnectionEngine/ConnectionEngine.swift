@@ -282,10 +282,6 @@ final class ConnectionEngine: ServerEngine {
         try acceptor.register(self)
     }
 
-    /// Every deadline is a timer of its connection's.
-    var needsSweep: Bool { false }
-    func sweep(now: UInt64) -> Bool { false }
-
     var connectionCount: Int { connections.count }
 
     func accept(_ connection: Connection) {

@@ -3,7 +3,7 @@ import Foundation
 
 /// One loop's share of an `HTTPServer`: its engine (the connection engine; see
 /// ServerEngine.swift), its in-flight requests (counted as the loop's busy work, so a graceful
-/// group shutdown waits for them), its deadline sweep. Loop thread only, but for its constants
+/// group shutdown waits for them). Loop thread only, but for its constants
 /// (`loop`, `routes`, `statistics`).
 final class LoopEndpoint: ServerEngineDelegate, @unchecked Sendable {
     let loop: EventLoop
@@ -12,7 +12,6 @@ final class LoopEndpoint: ServerEngineDelegate, @unchecked Sendable {
     private let shared: ServerShared
     private var engine: (any ServerEngine)?
     private var attachment: LoopAttachment?
-    private var sweepTimer: TimerHandle?
     private(set) var isDraining = false
     private var inFlight = 0
     // These three are touched on the loop's thread only, each access over before the next
@@ -88,33 +87,12 @@ final class LoopEndpoint: ServerEngineDelegate, @unchecked Sendable {
 
     func acceptedConnection() -> Bool {
         let open = statistics.connectionOpened()
-        if sweepTimer == nil, engine?.needsSweep == true { startSweep() }
         return shared.connectionOpened(open: open)
     }
 
     func closedConnection(timedOut: Bool) {
         let open = statistics.connectionClosed(timedOut: timedOut)
         shared.connectionClosed(open: open)
-    }
-
-    // MARK: Deadlines
-
-    private func startSweep() {
-        guard let engine else { return }
-        let limits = engine.limits
-        let shortest = min(limits.headerTimeout, limits.bodyTimeout)
-        let interval = max(.milliseconds(20), min(.milliseconds(250), shortest / 10))
-        // Asked from inside the engine's accepting: the timer is made in a turn of its own.
-        loop.execute(priority: .input) { [weak self] in
-            guard let self, self.sweepTimer == nil, self.engine != nil else { return }
-            self.sweepTimer = self.loop.schedule(every: interval) { [weak self] timer in
-                guard let self, let engine = self.engine, engine.sweep(now: self.loop.monotonicNow()) else {
-                    timer.cancel()
-                    self?.sweepTimer = nil
-                    return
-                }
-            }
-        }
     }
 
     // MARK: Requests
@@ -275,8 +253,6 @@ final class LoopEndpoint: ServerEngineDelegate, @unchecked Sendable {
         isDraining = true
         received.removeAll()
         receivedHead = 0
-        sweepTimer?.cancel()
-        sweepTimer = nil
         let server = engine
         engine = nil
         server?.free()

@@ -60,12 +60,6 @@ protocol ServerEngineDelegate: AnyObject {
 /// One loop's engine, as its `LoopEndpoint` drives it. Loop thread only.
 protocol ServerEngine: AnyObject {
     var limits: ServerLimits { get }
-    /// Whether the endpoint runs the periodic deadline sweep (`sweep(now:)`) while connections
-    /// are open; an engine with timers of its own says no.
-    var needsSweep: Bool { get }
-    /// Closes the connections whose request is arriving too slowly; false once the engine is
-    /// freed (the sweep stops).
-    func sweep(now: UInt64) -> Bool
     /// Stops accepting new connections (those open are not affected). Idempotent.
     func stopAccepting()
     /// The connection limit allows accepting again.

@@ -1,5 +1,4 @@
-// Address parsing for the client, in a file that imports Glibc only (see SocketTypes in the core:
-// in whole-module builds CLibevent's declarations can hide Glibc's).
+// Address parsing for the client: the module's one call of the C library for addresses (inet_pton).
 #if canImport(Glibc)
 import Glibc
 #endif
