@@ -42,6 +42,37 @@ import Testing
         #expect(simulation.network.openStreamEnds == 0, "every stream closed at both ends")
     }
 
+    /// The plainest echo, as over loopback: a client sends a line, reads the echo with
+    /// `readLine()` and closes — all it was sent was read, so the server reads the end of the
+    /// stream and its connection ends `.closed`, not reset (the line just read used to count as
+    /// unread input at the close).
+    @Test func aCloseAfterReadLineIsAnEndNotAReset() async throws {
+        let simulation = try Simulation(seed: 3)
+        simulation.network.latency = .milliseconds(1)
+        let loop = simulation.loop
+        let ended = ReasonBox()
+        let listener = try Listener(.tcp(host: "0.0.0.0", port: 7), on: loop) { connection in
+            connection.onClose { reason in ended.reason = reason }
+            connection.readLines { event in
+                if case .line(let text) = event { connection.writeLine(text) }
+                if event == .endOfFile { connection.close() }
+            }
+        }
+        let reply = try await simulation.run { () async throws -> LineEvent? in
+            let connection = try await Connection.connect(to: "127.0.0.1", port: 7, on: loop)
+            try await connection.send(line: "hello")
+            let reply = try await connection.readLine()
+            connection.close()
+            return reply
+        }
+        simulation.advance(by: .seconds(1))
+        #expect(reply == .line("hello"))
+        #expect(ended.reason == .closed, "the server's connection ended \(String(describing: ended.reason))")
+        listener.close()
+        simulation.advance(by: .seconds(1))
+        #expect(simulation.network.openStreamEnds == 0)
+    }
+
     /// With segments of one byte, the reader sees the line one byte per delivery, and the
     /// splitter still gives the whole line.
     /// A peer that closed (its end on the wire) and then receives data answers with a reset,
@@ -471,4 +502,9 @@ import Testing
 final class Recorder<Value>: @unchecked Sendable {
     private(set) var items: [Value] = []
     func append(_ value: Value) { items.append(value) }
+}
+
+/// A close reason set on the simulation's thread and read after it has run.
+private final class ReasonBox: @unchecked Sendable {
+    var reason: Connection.CloseReason?
 }

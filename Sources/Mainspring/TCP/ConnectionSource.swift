@@ -384,6 +384,10 @@ final class ConnectionSource: Source {
         closedFlag.store(true, ordering: .releasing)
         outputPausedFlag.store(true, ordering: .relaxed)
         pendingOutput = []
+        // The lines a reader took were read: drained before the socket goes, so that what is
+        // left is only what nobody read (a simulated socket resets its peer only for that, as
+        // a kernel does for bytes left in its receive buffer).
+        if let socket { lines.settle(socket) }
         lines.clear()
         gathered = []
         socket = nil  // bufferevent_free closes the fd

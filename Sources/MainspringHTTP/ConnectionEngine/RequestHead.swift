@@ -91,14 +91,18 @@ struct RequestHead {
         case .success(let read):
             fields = read
         }
-        // The line's last eight bytes other than CR.
-        var tail: [UInt8] = []
+        // Whether the line's last eight bytes other than CR are "HTTP/1.1".
+        let expected: StaticString = "HTTP/1.1"
+        var matched = 0
         var index = requestLine.upperBound
-        while index > requestLine.lowerBound, tail.count < 8 {
+        while index > requestLine.lowerBound, matched < 8 {
             index -= 1
-            if head.buffer[index] != 0x0D { tail.append(head.buffer[index]) }
+            let byte = head.buffer[index]
+            if byte == 0x0D { continue }
+            if byte != expected.utf8Start[7 - matched] { break }
+            matched += 1
         }
-        if tail.elementsEqual("1.1/PTTH".utf8) {
+        if matched == 8 {
             if fields.hostFields == 0 {
                 return .failure(Failure(status: 400, reason: "an HTTP/1.1 request needs a Host header field"))
             }
