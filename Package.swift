@@ -235,7 +235,7 @@ let package = Package(
         .testTarget(
             name: "MainspringHTTPTests",
             dependencies: ["Mainspring", "MainspringCore", "MainspringHTTP", "MainspringTLS", "MainspringTesting",
-                           "ExampleServices", "MainspringTestSupport"],
+                           "MainspringServices", "ExampleServices", "MainspringTestSupport"],
             path: "Tests/MainspringHTTPTests"
         ),
         .testTarget(

@@ -413,14 +413,17 @@ struct HTTPTests {
             try await Task.sleep(for: .milliseconds(5))
         }
         #expect(server.server.statistics.snapshot.requestsInFlight == 1, "the request never arrived")
-        await server.server.closeAndWait()
+        server.server.startClosing()
         closed.withLock { $0 = true }
+        // `closeAndWait()` returns once the server is closed: its request answered.
+        await server.server.closeAndWait()
+        #expect(server.server.isClosed)
+        #expect(server.server.statistics.snapshot.requestsInFlight == 0)
         let report = await server.group.shutdown(gracePeriod: .seconds(10))
         let result = try await answer
         #expect(result.stdout.hasSuffix("finally\n"), "\(result.summary)")
         #expect(result.stdout.contains("Connection: close"))
         #expect(!report.timedOut, "\(report)")
-        #expect(server.server.isClosed)
         // The port is free now, and another test running in parallel may have been given it for
         // a server of its own: then curl gets an answer, but not from ours.
         let acceptedBefore = server.server.statistics.snapshot.connectionsAccepted

@@ -188,8 +188,15 @@ final class ConnectionExchange: ServerExchange {
         owner.responded(self, closing: closesAfterChunks)
     }
 
+    private(set) var isTakenOver = false
+
     func takeOverConnection(options: Connection.Options, adopted: @escaping (Connection, [UInt8]) -> Void) -> Bool {
-        guard !isDone, !isChunked, let (connection, leftover) = owner.takeOver(self) else { return false }
+        guard !isDone, !isChunked else { return false }
+        isTakenOver = true
+        guard let (connection, leftover) = owner.takeOver(self) else {
+            isTakenOver = false
+            return false
+        }
         isDone = true
         connection.adopt(outputLimit: options.outputLimit, closeTimeout: options.closeTimeout)
         adopted(connection, leftover)

@@ -55,11 +55,13 @@ import Foundation
 /// affects the other connections.
 ///
 /// ## Shutdown
-/// `close()` stops accepting; requests in flight finish (their responses say
-/// `Connection: close`), then idle connections are closed; the WebSockets the server upgraded
-/// get a close frame (1001) and close once their peers answer. Requests in flight are busy work of
+/// ``shutdown(gracePeriod:)`` stops accepting, lets the requests in flight finish (their
+/// responses say `Connection: close`) and the WebSockets close (1001, "going away"), cuts what
+/// is left when the grace period ends, closes the idle connections, and returns once all of it
+/// is done, with a report. ``closeAndWait()`` is the same without a bound;
+/// ``startClosing()`` begins it and returns at once. Requests in flight are also busy work of
 /// their loop: `EventLoopGroup.shutdown(gracePeriod:)` waits for them, and closes the server's
-/// connections when the grace period ends.
+/// connections when its grace period ends.
 public final class HTTPServer: Sendable {
     /// Addresses, limits and timeouts. Its three timeouts are periods (see Mainspring's
     /// "Durations"): zero or negative stops the program with a message naming it when a server
@@ -320,33 +322,89 @@ public final class HTTPServer: Sendable {
         self.shared = plan.shared
     }
 
-    /// Stops accepting connections and returns once every loop has stopped: no request is
-    /// accepted after it returns — a new connection is refused (the listening socket is closed
-    /// once the last loop lets go of it), and a request that arrives on an open connection gets
-    /// `503` and `Connection: close`. Requests in flight finish (`Connection: close`), then the
-    /// server's connections close (see `isClosed`). On a Unix socket (`unixPath`) the socket
-    /// file is removed at once, when this is called. Any task; a loop busy in a long callback
-    /// makes it wait until that callback returns. ``close()-i51n`` is the form that returns at once.
+    /// What ``shutdown(gracePeriod:)`` found, summed over the server's loops.
+    public struct ShutdownReport: Sendable, Equatable, CustomStringConvertible {
+        /// Requests that finished once the shutdown began: answered in full (a streamed
+        /// response ended), or upgraded to a WebSocket. A request that arrived on an open
+        /// connection after the shutdown began is among them, answered `503`.
+        public var finished = 0
+        /// Requests cut when the grace period ended (their connections closed unanswered, or a
+        /// streamed response cut short), or whose client left first.
+        public var aborted = 0
+        /// WebSockets that closed after their `1001` ("going away"), the peer's answer or the
+        /// connection's end within the grace period.
+        public var webSocketsClosed = 0
+        /// WebSockets still closing when the grace period ended, whose connections were cut.
+        public var webSocketsAborted = 0
+
+        public init() {}
+
+        mutating func add(_ other: ShutdownReport) {
+            finished += other.finished
+            aborted += other.aborted
+            webSocketsClosed += other.webSocketsClosed
+            webSocketsAborted += other.webSocketsAborted
+        }
+
+        public var description: String {
+            "\(finished) finished, \(aborted) aborted; WebSockets \(webSocketsClosed) closed, \(webSocketsAborted) aborted"
+        }
+    }
+
+    /// Stops the server without dropping a request: stops accepting (a new connection is
+    /// refused once every loop has let go of the listening socket; a request that arrives on an
+    /// open connection gets `503` and `Connection: close`), lets the requests in flight and the
+    /// streamed responses finish (their responses say `Connection: close`) and the WebSockets
+    /// close (a close frame with `1001`, "going away", then the peer's answer or the WebSocket's
+    /// `closeTimeout`) — then closes the idle connections and returns. What has not finished
+    /// when `gracePeriod` ends is cut: the WebSockets' connections, then the connections of the
+    /// requests still in flight. Returns once every loop's part has closed, with what it found.
+    ///
+    /// The grace period runs on each loop's clock (virtual time on a simulated loop); negative
+    /// counts as zero: what is in flight is cut at once. On a Unix socket (`unixPath`) the
+    /// socket file is removed at once. Any task; idempotent (a second call waits for the same
+    /// close, and its grace period applies to loops that had none yet). A loop busy in a long
+    /// callback makes it wait until that callback returns.
+    @discardableResult
+    public func shutdown(gracePeriod: Duration) async -> ShutdownReport {
+        await close(grace: max(.zero, gracePeriod))
+        return shared.shutdownReport
+    }
+
+    /// Closes the server and waits until it is closed: ``shutdown(gracePeriod:)`` without a
+    /// grace period — the requests in flight are waited for however long they take, and the
+    /// WebSockets for their `closeTimeout`. Returns once every loop's part has closed
+    /// (``isClosed``): no request is accepted after it returns. Any task.
     public func closeAndWait() async {
+        await close(grace: nil)
+    }
+
+    /// Begins the shutdown on every loop and waits for every loop's part to close.
+    private func close(grace: Duration?) async {
+        beginShutdown(grace: grace)
+        await withUnsafeContinuation { (continuation: UnsafeContinuation<Void, Never>) in
+            shared.whenClosed(continuation)
+        }
+    }
+
+    /// Begins the shutdown on every loop. (A function of its own: it holds none of the loops'
+    /// parts while the caller waits, so a closed part is let go of as soon as it has closed.)
+    private func beginShutdown(grace: Duration?) {
         shared.removeSocketFile()
-        await withTaskGroup(of: Void.self) { tasks in
-            for endpoint in shared.endpoints {
-                tasks.addTask {
-                    await withUnsafeContinuation { (continuation: UnsafeContinuation<Void, Never>) in
-                        endpoint.loop.execute(priority: .input) {
-                            endpoint.close()
-                            continuation.resume()
-                        } orElse: {
-                            continuation.resume()  // the loop is gone: it accepts nothing either
-                        }
-                    }
-                }
+        for endpoint in shared.endpoints {
+            if endpoint.loop.isCurrent {
+                endpoint.beginShutdown(grace: grace)
+            } else {
+                // Weakly: a closed part is let go of as soon as it has closed, not when this
+                // closure is.
+                endpoint.loop.execute(priority: .input) { [weak endpoint] in endpoint?.beginShutdown(grace: grace) }
             }
         }
     }
 
-    /// Stops accepting connections, without waiting: each loop stops when it next runs
-    /// (``closeAndWait()`` waits for that). Requests in flight finish, then the server's connections close.
+    /// Stops accepting connections, without waiting: each loop stops when it next runs.
+    /// Requests in flight finish, then the server's connections close (``closeAndWait()`` and
+    /// ``shutdown(gracePeriod:)`` wait for that).
     /// On a Unix socket (`unixPath`) the socket file is removed at once. Any thread; returns at
     /// once (see `isClosed`).
     public func close() {

@@ -29,6 +29,13 @@ final class LoopEndpoint: ServerEngineDelegate, @unchecked Sendable {
     /// The WebSockets this loop upgraded and that are still open: `close()` starts their closing
     /// handshakes (1001). Loop thread only.
     var openWebSockets: [ObjectIdentifier: WebSocketCore] = [:]
+    /// The WebSockets whose closing handshake `close()` started (1001) and that have not closed
+    /// yet: the loop's share closes once they have, as once its requests are done.
+    private var closingWebSockets: [ObjectIdentifier: WebSocketCore] = [:]
+    /// A shutdown's counts, from when it began on this loop (nil before).
+    private var shutdownCounts: HTTPServer.ShutdownReport?
+    /// The end of a shutdown's grace period on this loop.
+    private var graceTimer: TimerHandle?
 
     init(loop: EventLoop, routes: HTTPRoutes, statistics: HTTPServerStatistics, shared: ServerShared,
          limits: ServerLimits, acceptor: ConnectionAcceptor, shedding: HTTPServer.LoadShedding? = nil) throws(HTTPServerError)
@@ -58,6 +65,10 @@ final class LoopEndpoint: ServerEngineDelegate, @unchecked Sendable {
     }
 
     func finished(_ raw: any ServerExchange, written: Bool) {
+        if shutdownCounts != nil {
+            // A WebSocket upgrade hands its connection over unwritten: its request is done.
+            if written || raw.isTakenOver { shutdownCounts?.finished += 1 } else { shutdownCounts?.aborted += 1 }
+        }
         if let limit = raw.heldLimit {
             raw.heldLimit = nil
             limit.leave()
@@ -237,14 +248,56 @@ final class LoopEndpoint: ServerEngineDelegate, @unchecked Sendable {
         guard !isDraining else { return }
         isDraining = true
         engine?.stopAccepting()
-        let sockets = openWebSockets.values
+        let sockets = openWebSockets
         openWebSockets = [:]
-        for socket in sockets { socket.startClose(code: .goingAway, reason: "server closing") }
-        if inFlight == 0 { finishDraining() }
+        for (key, socket) in sockets {
+            closingWebSockets[key] = socket
+            socket.startClose(code: .goingAway, reason: "server closing")
+        }
+        finishDraining()
     }
 
+    /// `close()`, counting what finishes from now on, and after `grace` (nil: never) ending what
+    /// is left: the WebSockets still closing, then the requests still in flight (their
+    /// connections closed). Loop thread.
+    func beginShutdown(grace: Duration?) {
+        if shutdownCounts == nil { shutdownCounts = HTTPServer.ShutdownReport() }
+        if let grace, graceTimer == nil, attachment != nil {
+            graceTimer = loop.schedule(after: max(.nanoseconds(1), grace)) { [weak self] in self?.graceEnded() }
+        }
+        close()
+    }
+
+    /// The grace period is over: what has not finished is cut.
+    private func graceEnded() {
+        graceTimer = nil
+        let sockets = closingWebSockets.values
+        shutdownCounts?.webSocketsAborted += sockets.count
+        for socket in sockets { socket.connection.abort() }
+        attachment?.close()  // frees the engine: requests in flight finish unwritten (aborted)
+    }
+
+    /// A WebSocket upgraded after `close()` began: it closes (1001) as the others did.
+    func closeLateWebSocket(_ core: WebSocketCore) {
+        let key = ObjectIdentifier(core)
+        openWebSockets[key] = nil
+        closingWebSockets[key] = core
+        core.startClose(code: .goingAway, reason: "server closing")
+    }
+
+    /// A WebSocket this loop upgraded has closed. Loop thread.
+    func webSocketClosed(_ core: WebSocketCore) {
+        let key = ObjectIdentifier(core)
+        openWebSockets[key] = nil
+        guard closingWebSockets.removeValue(forKey: key) != nil else { return }
+        shutdownCounts?.webSocketsClosed += 1
+        finishDraining()
+    }
+
+    /// Closing, and nothing left in flight: the loop's share closes (its idle connections
+    /// with it).
     private func finishDraining() {
-        guard isDraining, inFlight == 0 else { return }
+        guard isDraining, inFlight == 0, closingWebSockets.isEmpty else { return }
         attachment?.close()
     }
 
@@ -253,11 +306,13 @@ final class LoopEndpoint: ServerEngineDelegate, @unchecked Sendable {
         isDraining = true
         received.removeAll()
         receivedHead = 0
+        graceTimer?.cancel()
+        graceTimer = nil
         let server = engine
         engine = nil
         server?.free()
         attachment = nil
-        shared.endpointClosed()
+        shared.endpointClosed(report: shutdownCounts)
     }
 
     /// Resumes accepting after the connection limit. Loop thread.
@@ -279,6 +334,8 @@ final class ServerShared: @unchecked Sendable {
         var openEndpoints = 0
         var socketFileRemoved = false
         var endpoints: [LoopEndpoint] = []
+        var closedWaiters: [UnsafeContinuation<Void, Never>] = []
+        var report = HTTPServer.ShutdownReport()
     }
 
     private func withState<T>(_ body: (inout State) -> T) -> T {
@@ -342,16 +399,42 @@ final class ServerShared: @unchecked Sendable {
 
     /// One loop's part closed (before `start(with:)` too, when its loop shut down while the
     /// server started). Any thread.
-    func endpointClosed() {
-        let (open, closed) = withState { state -> (Int, [LoopEndpoint]) in
+    func endpointClosed(report: HTTPServer.ShutdownReport? = nil) {
+        // The waiters resume once the parts are let go of (`countClosed` has returned).
+        for waiter in countClosed(report: report) { waiter.resume() }
+    }
+
+    /// One part fewer open; when none is, the parts are let go of (outside the lock) and the
+    /// waiters returned.
+    private func countClosed(report: HTTPServer.ShutdownReport?) -> [UnsafeContinuation<Void, Never>] {
+        let (open, closed, waiters) = withState { state -> (Int, [LoopEndpoint], [UnsafeContinuation<Void, Never>]) in
             state.openEndpoints -= 1
-            guard state.openEndpoints == 0 else { return (state.openEndpoints, []) }
-            defer { state.endpoints = [] }
-            return (0, state.endpoints)
+            if let report { state.report.add(report) }
+            guard state.openEndpoints == 0 else { return (state.openEndpoints, [], []) }
+            defer {
+                state.endpoints = []
+                state.closedWaiters = []
+            }
+            return (0, state.endpoints, state.closedWaiters)
         }
         if open == 0 { removeSocketFile() }
-        _ = closed  // released here, outside the lock
+        withExtendedLifetime(closed) {}  // released here, outside the lock
+        return waiters
     }
 
     var openEndpoints: Int { withState { $0.openEndpoints } }
+
+    /// Resumes `continuation` once every loop's part has closed (at once if they have). Any
+    /// thread.
+    func whenClosed(_ continuation: UnsafeContinuation<Void, Never>) {
+        let closed = withState { state -> Bool in
+            guard state.openEndpoints > 0 else { return true }
+            state.closedWaiters.append(continuation)
+            return false
+        }
+        if closed { continuation.resume() }
+    }
+
+    /// What the loops' shutdowns counted, summed (complete once every part has closed).
+    var shutdownReport: HTTPServer.ShutdownReport { withState { $0.report } }
 }

@@ -79,6 +79,9 @@ protocol ServerExchange: AnyObject {
     var heldLimit: ConcurrencyLimit? { get set }
     /// Whether a reply can still reach the client.
     var isConnectionOpen: Bool { get }
+    /// Whether the request's connection was taken over (a WebSocket upgrade): it finishes
+    /// unwritten, and is done.
+    var isTakenOver: Bool { get }
     var method: HTTPMethod { get }
     /// The request target as sent.
     var uri: String { get }

@@ -413,7 +413,7 @@ final class WebSocketCore: @unchecked Sendable {
         for waiter in waiters { waiter.resume(returning: status) }
         if let server {
             self.server = nil
-            server.openWebSockets[ObjectIdentifier(self)] = nil
+            server.webSocketClosed(self)
         }
     }
 

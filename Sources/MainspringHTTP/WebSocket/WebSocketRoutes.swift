@@ -110,13 +110,10 @@ extension LoopEndpoint {
                                  agreement: agreement)
         core.server = self
         core.start(leftover: leftover)
-        if isDraining {
-            // The server began closing after this upgrade's request was read: it goes as the
-            // others went.
-            core.startClose(code: .goingAway, reason: "server closing")
-        } else {
-            openWebSockets[ObjectIdentifier(core)] = core
-        }
+        // Counted open until it closes; if the server began closing after this upgrade's
+        // request was read, it goes as the others went.
+        openWebSockets[ObjectIdentifier(core)] = core
+        if isDraining { closeLateWebSocket(core) }
         let socket = WebSocket(core: core, subprotocol: subprotocol, request: request)
         let handler = route.handler
         Task(executorPreference: loop) {
