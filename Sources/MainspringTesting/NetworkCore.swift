@@ -424,6 +424,15 @@ final class NetworkCore: SimulatedNetworking, SimulatedDatagramNetworking, @unch
         var moved = false
         let direction = end.outgoing
         if let socket = end.socket, socket.isOpen {
+            if end.isWriteShut, socket.outputCount > 0, !end.isReset {
+                // Written after the write side was shut (it shuts only once the output is
+                // empty): a kernel refuses it with EPIPE, the connection fails with that, and the
+                // peer never sees it — it has its end of the stream.
+                _ = socket.takeOutput(upTo: socket.outputCount)
+                socket.deliverError(EPIPE)
+                markDirty(end)  // the end of the stream, if not sent yet, on the next pump
+                return true
+            }
             let room = window - direction.bytes
             if room > 0, socket.outputCount > 0, !end.isReset {
                 let bytes = socket.takeOutput(upTo: room)

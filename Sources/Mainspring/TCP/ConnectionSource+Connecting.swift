@@ -24,9 +24,18 @@ extension ConnectionSource {
             }
             if shutdownWhenConnected, socket.outputLength == 0 { socket.shutdownWrite() }
             handle(.connected, errno: 0)
-        case .failure(.system(_, let code)):
-            finish(.error(code))
         case .failure(let error):
+            connectFailed(error)
+        }
+    }
+
+    /// A connect that failed, reported as `startConnecting` documents it on real and simulated
+    /// loops alike: a literal's errno as `.error(errno)` (`ECONNREFUSED`), anything else (a
+    /// name's every address tried, a name not found) as `.connectFailed`.
+    func connectFailed(_ error: EventLoopError) {
+        if case .system(_, let code) = error {
+            finish(.error(code))
+        } else {
             finish(.connectFailed(error))
         }
     }
@@ -67,7 +76,7 @@ extension ConnectionSource {
             if shutdownWhenConnected, socket.outputLength == 0 { socket.shutdownWrite() }
             handle(.connected, errno: 0)
         case .failure(let error):
-            finish(.connectFailed(error))
+            connectFailed(error)
         }
     }
 }
