@@ -139,7 +139,7 @@ let package = Package(
         .target(name: "KVCore", path: "Sources/KVCore"),
         // The network side of mainspring-kv (KVCore's commands on Mainspring's loops): a library,
         // so the tests and the reliability benchmark run the very same server on simulated loops.
-        .target(name: "KVService", dependencies: ["Mainspring", "KVCore"], path: "Sources/KVService"),
+        .target(name: "KVService", dependencies: ["Mainspring", "MainspringCore", "KVCore"], path: "Sources/KVService"),
         .executableTarget(
             name: "mainspring-demo",
             dependencies: ["Mainspring", "ExampleServices"],

@@ -1,6 +1,7 @@
 import Foundation
 import KVCore
 import Mainspring
+import MainspringCore
 import Synchronization
 
 /// The server's settings (`mainspring-kv`'s command-line flags).
@@ -185,7 +186,8 @@ final class Store {
         self.counters = counters
         var configuration = KVConfiguration()
         configuration.maxClients = options.maxClients
-        core = KVCore(configuration: configuration)
+        // Expiry on the loop's calendar: the system's on a real loop, virtual time in a simulation.
+        core = KVCore(configuration: configuration, clock: { [loop] in loop.calendarMilliseconds() })
         publishedConfiguration = configuration
         replies = Feeder(loop: loop, priority: .background, pacing: .budget(.milliseconds(1)))
         maintenance = Feeder(loop: loop, priority: .background, pacing: .budget(.milliseconds(1)))

@@ -54,6 +54,38 @@ import Testing
                 "nothing runs once the server is closed (its timers on both loops stopped): \(simulation.trace.suffix(3))")
     }
 
+    /// Key expiry reads the loop's calendar: in a simulation, virtual time. A key set with
+    /// `PX 1500` is there 1,499 ms later and gone at 1,500 ms — exactly, whatever the real time.
+    @Test func keysExpireOnVirtualTime() async throws {
+        let simulation = try Simulation(seed: 24)
+        simulation.network.latency = .milliseconds(1)
+        let server = try Self.server(on: simulation, loops: 1, host: "10.0.0.2")
+        let loop = simulation.loop
+        let connection = try await simulation.run { () async throws -> Connection in
+            let connection = try await Connection.connect(to: "10.0.0.2", port: 6379, on: loop)
+            try await connection.send(FaultSoak.resp(["SET", "k", "v", "PX", "1500"]))
+            _ = try await connection.readLine()  // +OK, set at 3 ms (connect 2 ms, the command 1 ms)
+            return connection
+        }
+        func get(at instant: Duration) async throws -> [String] {
+            simulation.advance(by: instant - simulation.now - .milliseconds(1))  // it arrives 1 ms after it is sent
+            return try await simulation.run { () async throws -> [String] in
+                try await connection.send(FaultSoak.resp(["PTTL", "k"]) + FaultSoak.resp(["GET", "k"]))
+                var lines: [String] = []
+                while lines.count < 3, lines.last != "$-1", case .line(let text)? = try await connection.readLine() {
+                    lines.append(text)
+                }
+                return lines
+            }
+        }
+        #expect(try await get(at: .milliseconds(1_502)) == [":1", "$1", "v"])
+        #expect(try await get(at: .milliseconds(1_503)) == [":-2", "$-1"])
+        connection.close()
+        server.close()
+        simulation.advance(by: .seconds(3))
+        #expect(simulation.network.openStreamEnds == 0)
+    }
+
     /// A reset while a sliced reply (`KEYS *` over 20,000 keys, held back by a 4 KiB window) is
     /// on its way: the client's read fails with ECONNRESET, the server drops the rest of the reply
     /// (its feeder job ends, nothing is left in flight), and a new client is served.

@@ -101,6 +101,16 @@ extension EventLoop {
     package func calendarSeconds() -> Int {
         timeSource.virtual?._withUnsafeGuaranteedRef { $0.calendarSeconds } ?? Int(time(nil))
     }
+
+    /// ``calendarSeconds()`` in milliseconds: the system's calendar (`CLOCK_REALTIME`) on a real
+    /// loop, the simulation's start plus the virtual time on a simulated one. Any thread.
+    /// (Package: the KV example's key expiry reads it.)
+    package func calendarMilliseconds() -> Int64 {
+        if let clock = timeSource.virtual?._withUnsafeGuaranteedRef({ $0 }) {
+            return Int64(VirtualClock.calendarStart) * 1_000 + Int64(clock.elapsed / 1_000_000)
+        }
+        return realtimeMilliseconds()
+    }
 }
 
 /// What drives simulated loops (`MainspringTesting`'s `Simulation`): owns their virtual clock,

@@ -18,6 +18,14 @@ package func monotonicNanoseconds() -> UInt64 {
     return UInt64(ts.tv_sec) &* 1_000_000_000 &+ UInt64(ts.tv_nsec)
 }
 
+/// The system's calendar time in milliseconds since 1970-01-01 UTC (`CLOCK_REALTIME`, through
+/// the vDSO). Read only for a real loop (`EventLoop.calendarMilliseconds()`).
+package func realtimeMilliseconds() -> Int64 {
+    var ts = timespec()
+    clock_gettime(CLOCK_REALTIME, &ts)
+    return Int64(ts.tv_sec) * 1_000 + Int64(ts.tv_nsec) / 1_000_000
+}
+
 /// The calling thread's identity for ownership checks (`pthread_self`).
 @inline(__always)
 package func currentThreadID() -> UInt { UInt(bitPattern: Int(bitPattern: pthread_self())) }
