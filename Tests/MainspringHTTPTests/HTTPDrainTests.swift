@@ -19,8 +19,8 @@ struct HTTPDrainTests {
     func aGroupStopsTheServerOnceDrained() async throws {
         let group = try EventLoopGroup(loopCount: 2)
         let upstreamUp = Atomic<Bool>(true)
-        let started = Mutex<HTTPServer?>(nil)
-        let report = Mutex<HTTPServer.ShutdownReport?>(nil)
+        let started = Locked<HTTPServer?>(nil)
+        let report = Locked<HTTPServer.ShutdownReport?>(nil)
         var routes = HTTPRoutes()
         routes.get("/slow") { request async throws in
             try await request.loop.sleep(for: .milliseconds(500))

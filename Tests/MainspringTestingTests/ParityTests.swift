@@ -1,12 +1,11 @@
 import Mainspring
 import MainspringTestSupport
 import MainspringTesting
-import Synchronization
 import Testing
 
 /// What one side of a scenario saw, in order.
 final class Transcript: Sendable {
-    private let lines = Mutex<[String]>([])
+    private let lines = Locked<[String]>([])
     func add(_ line: String) { lines.withLock { $0.append(line) } }
     var all: [String] { lines.withLock { $0 } }
 }

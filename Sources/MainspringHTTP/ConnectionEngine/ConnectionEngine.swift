@@ -65,7 +65,6 @@
 // came after the request) and applies the route's `outputLimit` and `closeTimeout` to it
 // (`Connection.adopt(outputLimit:closeTimeout:)`).
 @_spi(MainspringHTTP) import MainspringCore
-import Synchronization
 
 /// The listener of an `HTTPServer`, shared by its loops' engines. Two ways of listening, one
 /// contract (each engine registers on its loop, is handed connections on its loop, and stops):
@@ -80,7 +79,9 @@ import Synchronization
 ///
 /// It closes once every engine has stopped. Any thread.
 final class ConnectionAcceptor: Sendable {
-    private let state = Mutex(State())
+    /// A pthread mutex (`Protected`), which ThreadSanitizer sees, not `Mutex` (a futex it does
+    /// not): the real loops register and stop from their own threads.
+    private let state = Protected(State())
     private let preparer: (any AcceptedSocketPreparer)?
 
     private struct State {
