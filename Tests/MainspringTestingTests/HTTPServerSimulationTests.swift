@@ -207,6 +207,39 @@ import Testing
         #expect(simulation.network.openStreamEnds == 0)
     }
 
+    /// A handler that keeps writing (ignoring backpressure) to a client that never reads: the
+    /// response stops moving once the client's buffers and the window are full, and the
+    /// connection is cut `idleTimeout` after output last left — the handler's own writes do not
+    /// keep it alive.
+    @Test func aResponseThatKeepsBeingWrittenButNeverReadIsCut() async throws {
+        let simulation = try Simulation(seed: 64)
+        simulation.network.latency = .milliseconds(1)
+        let group = try simulation.makeGroup(loopCount: 1, host: "10.0.0.1")
+        var routes = HTTPRoutes()
+        routes.on([.get], "/flood", streaming: { request, writer in
+            let loop = request.loop
+            writer.start()
+            _ = loop.schedule(every: .milliseconds(100)) { timer in
+                guard !writer.isCancelled else { return timer.cancel() }
+                writer.write([UInt8](repeating: 0x61, count: 64 * 1024))
+            }
+        })
+        let server = try await HTTPServer(group: group, configuration: .init(host: "0.0.0.0", port: 80, idleTimeout: .seconds(1)),
+                                          routes: routes)
+        let connection = try await simulation.run { () async throws -> Connection in
+            let connection = try await Connection.connect(to: "10.0.0.1", port: 80, on: simulation.loop)
+            try await connection.send("GET /flood HTTP/1.1\r\nHost: a\r\n\r\n")
+            return connection  // never read
+        }
+        simulation.advance(by: .seconds(30))
+        #expect(server.statistics.snapshot.connectionsTimedOut == 1, "\(server.statistics.snapshot)")
+        #expect(server.statistics.snapshot.connectionsOpen == 0)
+        connection.close()
+        _ = try await simulation.run { await server.shutdown(gracePeriod: .seconds(1)) }
+        simulation.advance(by: .seconds(2))
+        #expect(simulation.network.openStreamEnds == 0)
+    }
+
     /// A simulated server dates its responses on virtual time — 2026-01-01 00:00:00 UTC at the
     /// simulation's start — so that a run of a seed is the same to the byte at every run: a
     /// routed answer and the engine's own refusal alike.

@@ -32,9 +32,10 @@ final class EngineConnection {
     private var isDetached = false
     /// A deadline closed the connection.
     private var timedOut = false
-    /// When the engine last wrote (the loop's clock, ns): a response's stall counts from the
-    /// later of this and when output last left.
-    private var lastWriteAt: UInt64 = 0
+    /// When the engine first wrote the current response (the loop's clock, ns; 0 before): its
+    /// stall counts from the later of this and when output last left — not from its last
+    /// write, so that a handler that keeps writing to a client that does not read is cut too.
+    private var responseWrittenAt: UInt64 = 0
 
     private enum Deadline {
         case none
@@ -232,6 +233,7 @@ final class EngineConnection {
         }
         let request = ConnectionExchange(owner: self, head: head, body: body)
         current = request
+        responseWrittenAt = 0
         setDeadline(.stall, after: engine.limits.idleNanoseconds)
         engine.received(request)
     }
@@ -256,7 +258,7 @@ final class EngineConnection {
     // MARK: Answering
 
     func write(_ bytes: [UInt8]) {
-        lastWriteAt = engine.loop.monotonicNow()
+        if responseWrittenAt == 0 { responseWrittenAt = engine.loop.monotonicNow() }
         connection.write(bytes)
     }
 
@@ -372,7 +374,7 @@ final class EngineConnection {
 
     /// A request with the server: its connection closes once its response has not moved for
     /// `idleTimeout` while some of it waits (the client does not read) — exactly then: counted
-    /// from the later of the engine's last write and the last time output left.
+    /// from the later of the response's first write and the last time output left.
     private func stallCheck() {
         switch phase {
         case .inFlight, .sending: break
@@ -382,7 +384,7 @@ final class EngineConnection {
             return setDeadline(.stall, after: engine.limits.idleNanoseconds)
         }
         let now = engine.loop.monotonicNow()
-        let lastMove = max(lastWriteAt, connection.outputMovedAt ?? 0)
+        let lastMove = max(responseWrittenAt, connection.outputMovedAt ?? 0)
         let limit = engine.limits.idleNanoseconds
         if now &- lastMove >= limit {
             expired()
