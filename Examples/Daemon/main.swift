@@ -228,12 +228,12 @@ do {
     log(.error, "mainspring-daemon: \(error)")
     exit(1)
 }
-let httpMember = ServiceGroup.Member(name: "HTTP side") { @MainActor context in
+let httpMember = ServiceGroup.Member(name: "HTTP side", stopDeadline: drainGrace + .seconds(10)) { @MainActor context in
     var https: [HTTPServer] = []
     /// An HTTP side could not listen (it said why): what did start goes, then the line
     /// service (no socket file is left behind: --unix's, an HTTP one), then exit 1.
     func abandon() async throws -> Never {
-        for http in https { await http.closeAndWait() }
+        for http in https { await http.shutdown(gracePeriod: .zero) }
         abandoning.withLock { $0 = true }
         throw StartFailure(status: 1)
     }
@@ -251,7 +251,12 @@ let httpMember = ServiceGroup.Member(name: "HTTP side") { @MainActor context in
     }
     context.started()
     await context.stopRequested()
-    for http in https { await http.closeAndWait() }
+    // Drained before the line service and the rest stop: requests in flight are answered
+    // within the grace period, what outlasts it is cut.
+    for http in https {
+        let report = await http.shutdown(gracePeriod: drainGrace)
+        if report.aborted > 0 || report.webSocketsAborted > 0 { log(.info, "HTTP side stopped: \(report)") }
+    }
 }
 
 let reloadMember = ServiceGroup.Member(name: "SIGHUP") { @MainActor context in

@@ -106,7 +106,7 @@ let httpSide = ServiceGroup.Member(name: "HTTP side") { @MainActor context in
     context.started()
     await context.stopRequested()
     client.shutdown()
-    await server.closeAndWait()
+    await server.shutdown(gracePeriod: .seconds(1))
     _ = await http.shutdown(gracePeriod: .seconds(1))
 }
 
