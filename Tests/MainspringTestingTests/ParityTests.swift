@@ -98,6 +98,40 @@ struct ParityScenario: Sendable, CustomStringConvertible {
             connection.close()
         }, serverDone: { $0.contains("end of input") }),
 
+        ParityScenario(name: "half-close: the client's end arrives after its line; the server answers and closes", server: { connection, transcript in
+            recordingClose(connection, transcript)
+            connection.readLines { event in
+                switch event {
+                case .line(let text): transcript.add("line \(text)")
+                case .endOfFile:
+                    transcript.add("end of input")
+                    connection.writeLine("bye")
+                    connection.close()
+                default: transcript.add("\(event)")
+                }
+            }
+        }, client: { world, transcript in
+            let connection = try await Connection.connect(to: world.serverHost, port: world.port, on: world.clientLoop)
+            try await connection.send(line: "last words")
+            connection.shutdownOutput()
+            while let event = try await connection.readLine() { transcript.add("read \(event)") }
+            transcript.add("read the end")
+            connection.close()
+        }, serverDone: { $0.contains { $0.hasPrefix("closed") } }),
+
+        ParityScenario(name: "bytes and lines: read(exactly:), read(until:) and readLine() over one stream", server: { connection, _ in
+            connection.write(Array("0123456789abc\r\nline two\npartial".utf8))
+            connection.close()
+        }, client: { world, transcript in
+            let connection = try await Connection.connect(to: world.serverHost, port: world.port, on: world.clientLoop)
+            transcript.add("exactly \(String(decoding: try await connection.read(exactly: 4) ?? [], as: UTF8.self))")
+            transcript.add("until \(String(describing: try await connection.read(until: [0x0D, 0x0A], limit: 64)))")
+            transcript.add("line \(String(describing: try await connection.readLine()))")
+            transcript.add("line \(String(describing: try await connection.readLine()))")
+            transcript.add("line \(String(describing: try await connection.readLine()))")
+            connection.close()
+        }, serverDone: { _ in true }),
+
         ParityScenario(name: "startConnecting to a port nobody listens on: closed with ECONNREFUSED", server: { _, _ in
         }, client: { world, transcript in
             let ended = AsyncStream<Void>.makeStream()
