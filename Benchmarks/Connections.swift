@@ -50,29 +50,30 @@ let connectionsScenario = Scenario(
     return samples.records(scenario: "connections")
 }
 
-/// The C line service in a process of its own: prints `listening on 127.0.0.1:<port>`, serves
-/// until its stdin is closed.
-let echoCChild = ChildEntryPoint(name: "echo-c") { arguments in
-    raiseDescriptorLimit(to: arguments.first.flatMap(Int.init) ?? 1_024)
-    var port: UInt16 = 0
-    let handle = ms_baseline_echo_start(&port)
-    FileHandle.standardOutput.write(Data("listening on 127.0.0.1:\(port) (plain C)\n".utf8))
-    _ = FileHandle.standardInput.readDataToEndOfFile()
-    ms_baseline_echo_stop(handle)
-    exit(0)
+/// A plain-C server of the baselines in a process of its own: raises the descriptor limit to
+/// its first argument, starts it with `start` (which sets the port), prints
+/// `listening on 127.0.0.1:<port> (<label>)`, serves until its stdin is closed, then `stop`s it.
+private func cServerChild(name: String, label: String, start: @escaping @Sendable (inout UInt16) -> UnsafeMutableRawPointer?,
+                          stop: @escaping @Sendable (UnsafeMutableRawPointer?) -> Void) -> ChildEntryPoint
+{
+    ChildEntryPoint(name: name) { arguments in
+        raiseDescriptorLimit(to: arguments.first.flatMap(Int.init) ?? 1_024)
+        var port: UInt16 = 0
+        let handle = start(&port)
+        FileHandle.standardOutput.write(Data("listening on 127.0.0.1:\(port) (\(label))\n".utf8))
+        _ = FileHandle.standardInput.readDataToEndOfFile()
+        stop(handle)
+        exit(0)
+    }
 }
 
-/// The plain-C evhttp server of the http scenario in a process of its own: prints
-/// `listening on 127.0.0.1:<port>`, serves until its stdin is closed.
-let httpCChild = ChildEntryPoint(name: "http-c") { arguments in
-    raiseDescriptorLimit(to: arguments.first.flatMap(Int.init) ?? 1_024)
-    var port: UInt16 = 0
-    let handle = ms_baseline_http_start(&port)
-    FileHandle.standardOutput.write(Data("listening on 127.0.0.1:\(port) (plain C evhttp)\n".utf8))
-    _ = FileHandle.standardInput.readDataToEndOfFile()
-    ms_baseline_http_stop(handle)
-    exit(0)
-}
+/// The C line service (`echo-c`).
+let echoCChild = cServerChild(name: "echo-c", label: "plain C", start: { ms_baseline_echo_start(&$0) },
+                              stop: { ms_baseline_echo_stop($0) })
+
+/// The plain-C evhttp server of the http scenario (`http-c`).
+let httpCChild = cServerChild(name: "http-c", label: "plain C evhttp", start: { ms_baseline_http_start(&$0) },
+                              stop: { ms_baseline_http_stop($0) })
 
 /// `HTTPServer` on one loop, `GET /hello`, idle connections kept an hour, in a process of its
 /// own: prints `listening on 127.0.0.1:<port>`, serves until its stdin is closed.

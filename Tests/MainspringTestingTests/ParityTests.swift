@@ -39,14 +39,19 @@ struct ParityScenario: Sendable, CustomStringConvertible {
         connection.onClose { reason in transcript.add("closed: \(reason)") }
     }
 
-    /// Records every line event (and echoes lines when `echo`).
-    static func recordingLines(_ connection: Connection, _ transcript: Transcript, echo: Bool = false) {
+    /// Reads `connection`'s lines into `transcript`: each line (then `onLine`), the end of its
+    /// input (then `atEnd`), and any other event.
+    static func readingLines(_ connection: Connection, _ transcript: Transcript,
+                             onLine: @escaping (String) -> Void = { _ in }, atEnd: @escaping () -> Void = {})
+    {
         connection.readLines { event in
             switch event {
             case .line(let text):
                 transcript.add("line \(text)")
-                if echo { connection.writeLine(text) }
-            case .endOfFile: transcript.add("end of input")
+                onLine(text)
+            case .endOfFile:
+                transcript.add("end of input")
+                atEnd()
             default: transcript.add("\(event)")
             }
         }
@@ -55,17 +60,7 @@ struct ParityScenario: Sendable, CustomStringConvertible {
     static let all: [ParityScenario] = [
         ParityScenario(name: "echo: a line, its echo read with readLine(), then close", server: { connection, transcript in
             recordingClose(connection, transcript)
-            connection.readLines { event in
-                switch event {
-                case .line(let text):
-                    transcript.add("line \(text)")
-                    connection.writeLine(text)
-                case .endOfFile:
-                    transcript.add("end of input")
-                    connection.close()
-                default: transcript.add("\(event)")
-                }
-            }
+            readingLines(connection, transcript, onLine: { connection.writeLine($0) }, atEnd: { connection.close() })
         }, client: { world, transcript in
             let connection = try await Connection.connect(to: world.serverHost, port: world.port, on: world.clientLoop)
             try await connection.send(line: "hello")
@@ -74,15 +69,7 @@ struct ParityScenario: Sendable, CustomStringConvertible {
         }, serverDone: { $0.contains { $0.hasPrefix("closed") } }),
 
         ParityScenario(name: "a send after shutdownOutput(): refused (EPIPE), never seen by the peer", server: { connection, transcript in
-            connection.readLines { event in
-                switch event {
-                case .line(let text): transcript.add("line \(text)")
-                case .endOfFile:
-                    transcript.add("end of input")
-                    connection.writeLine("got your end")
-                default: transcript.add("\(event)")
-                }
-            }
+            readingLines(connection, transcript, atEnd: { connection.writeLine("got your end") })
         }, client: { world, transcript in
             let connection = try await Connection.connect(to: world.serverHost, port: world.port, on: world.clientLoop)
             try await connection.send(line: "first")
@@ -100,16 +87,10 @@ struct ParityScenario: Sendable, CustomStringConvertible {
 
         ParityScenario(name: "half-close: the client's end arrives after its line; the server answers and closes", server: { connection, transcript in
             recordingClose(connection, transcript)
-            connection.readLines { event in
-                switch event {
-                case .line(let text): transcript.add("line \(text)")
-                case .endOfFile:
-                    transcript.add("end of input")
-                    connection.writeLine("bye")
-                    connection.close()
-                default: transcript.add("\(event)")
-                }
-            }
+            readingLines(connection, transcript, atEnd: {
+                connection.writeLine("bye")
+                connection.close()
+            })
         }, client: { world, transcript in
             let connection = try await Connection.connect(to: world.serverHost, port: world.port, on: world.clientLoop)
             try await connection.send(line: "last words")

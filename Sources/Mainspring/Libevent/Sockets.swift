@@ -273,12 +273,10 @@ final class BufferedSocket {
     }
 
     /// From now on `target.socketOutputTaken()` runs whenever output leaves the buffer (the
-    /// kernel, or the layer under the connection, took some) — a response's stall deadline
-    /// counts from it. One callback per write to the socket; nothing on a simulated socket,
-    /// whose network reports it already. Until the socket is freed (its buffer's callbacks go
-    /// with it).
+    /// kernel, the layer under the connection, or a simulation's network took some) — a
+    /// response's stall deadline counts from it. One callback per write to the socket. Until the
+    /// socket is freed (its buffer's callbacks go with it).
     func reportOutputTaken(to target: NativeEventTarget) {
-        guard !base.refusesDescriptors else { return }
         evbuffer_add_cb(bufferevent_get_output(raw), outputTakenTrampoline, callbackArgument(for: target))
     }
 

@@ -28,17 +28,14 @@ struct HeadBytes {
         String(decoding: UnsafeBufferPointer(rebasing: buffer[range]), as: UTF8.self)
     }
 
-    /// Splits a field line at its first colon: the name and the value without the optional
-    /// whitespace around it. nil when there is no colon, or nothing before it.
-    func field(_ line: Range<Int>) -> (name: Range<Int>, value: Range<Int>)? {
-        var colon = line.lowerBound
-        while colon < line.upperBound, buffer[colon] != 0x3A { colon += 1 }
-        guard colon < line.upperBound, colon > line.lowerBound else { return nil }
+    /// The value of a field line whose colon is at `colon`: what follows it, without the
+    /// optional whitespace around it.
+    func value(of line: Range<Int>, after colon: Int) -> Range<Int> {
         var start = colon + 1
         var end = line.upperBound
         while start < end, buffer[start] == 0x20 || buffer[start] == 0x09 { start += 1 }
         while end > start, buffer[end - 1] == 0x20 || buffer[end - 1] == 0x09 { end -= 1 }
-        return (line.lowerBound..<colon, start..<end)
+        return start..<end
     }
 
     /// Whether `range` holds `lowercase` (ASCII, lowercase already) in any case.

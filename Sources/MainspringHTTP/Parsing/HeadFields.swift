@@ -111,7 +111,7 @@ struct HeadFields {
                 continue
             }
             let name = line.lowerBound..<colon
-            guard let (_, value) = head.field(line) else { continue }
+            let value = head.value(of: line, after: colon)
             switch name.count {
             case 4 where head.matches(name, "host"):
                 result.hostFields += 1

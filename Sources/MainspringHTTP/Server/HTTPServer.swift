@@ -391,13 +391,18 @@ public final class HTTPServer: Sendable {
     /// parts while the caller waits, so a closed part is let go of as soon as it has closed.)
     private func beginShutdown(grace: Duration?) {
         shared.removeSocketFile()
+        onEveryLoop { $0.beginShutdown(grace: grace) }
+    }
+
+    /// Runs `body` with each loop's part on its loop: at once on the calling loop's own,
+    /// posted to the others (weakly: a closed part is let go of as soon as it has closed, not
+    /// when the posted closure is).
+    private func onEveryLoop(_ body: @escaping @Sendable (LoopEndpoint) -> Void) {
         for endpoint in shared.endpoints {
             if endpoint.loop.isCurrent {
-                endpoint.beginShutdown(grace: grace)
+                body(endpoint)
             } else {
-                // Weakly: a closed part is let go of as soon as it has closed, not when this
-                // closure is.
-                endpoint.loop.execute(priority: .input) { [weak endpoint] in endpoint?.beginShutdown(grace: grace) }
+                endpoint.loop.execute(priority: .input) { [weak endpoint] in if let endpoint { body(endpoint) } }
             }
         }
     }
@@ -409,13 +414,7 @@ public final class HTTPServer: Sendable {
     /// once (see `isClosed`).
     public func close() {
         shared.removeSocketFile()
-        for endpoint in shared.endpoints {
-            if endpoint.loop.isCurrent {
-                endpoint.close()
-            } else {
-                endpoint.loop.execute(priority: .input) { endpoint.close() }
-            }
-        }
+        onEveryLoop { $0.close() }
     }
 
     /// ``close()-i51n`` under a name of its own: stops accepting and returns at once. In `async`
