@@ -234,11 +234,18 @@ final class NetworkCore: SimulatedNetworking, SimulatedDatagramNetworking, @unch
                           serverHost: host, serverPort: takePort(on: host, from: 50_000))
     }
 
-    private func makeStream(clientHost: String, clientPort: UInt16, serverHost: String, serverPort: UInt16)
-        -> (NetworkEnd, NetworkEnd)
+    /// A pipe on `loop`'s host: a stream without latency or faults (the kernel's pipe buffer,
+    /// not a link), whose writer sees `EPIPE` where a socket's would see a reset.
+    func makePipe(on loop: EventLoop) -> (writer: any SimulatedStreamEnd, reader: any SimulatedStreamEnd) {
+        let host = self.host(of: loop)
+        return makeStream(clientHost: host, clientPort: 0, serverHost: host, serverPort: 0, isPipe: true)
+    }
+
+    private func makeStream(clientHost: String, clientPort: UInt16, serverHost: String, serverPort: UInt16,
+                            isPipe: Bool = false) -> (NetworkEnd, NetworkEnd)
     {
-        let client = NetworkEnd(network: self, host: clientHost, port: clientPort, key: random.next())
-        let server = NetworkEnd(network: self, host: serverHost, port: serverPort, key: random.next())
+        let client = NetworkEnd(network: self, host: clientHost, port: clientPort, key: random.next(), isPipe: isPipe)
+        let server = NetworkEnd(network: self, host: serverHost, port: serverPort, key: random.next(), isPipe: isPipe)
         client.peer = server
         server.peer = client
         for end in [client, server] {
@@ -280,7 +287,7 @@ final class NetworkCore: SimulatedNetworking, SimulatedDatagramNetworking, @unch
     func reset(_ one: String, _ other: String) {
         let pair = HostPair(one, other)
         let hit = ends.values.filter { end in
-            openEnds.contains(ObjectIdentifier(end)) && HostPair(end.host, end.peer?.host ?? "") == pair
+            !end.isPipe && openEnds.contains(ObjectIdentifier(end)) && HostPair(end.host, end.peer?.host ?? "") == pair
         }.sorted { $0.key < $1.key }
         faults["reset", default: 0] += Set(hit.map { min($0.key, $0.peer?.key ?? $0.key) }).count  // streams
         for end in hit { resetEnd(end) }
@@ -322,7 +329,8 @@ final class NetworkCore: SimulatedNetworking, SimulatedDatagramNetworking, @unch
         guard at < until else { return }
         schedule(at: at) { [unowned self] in
             let candidates = ends.values.filter { end in
-                guard let peer = end.peer, end.key < peer.key, hosts.contains(end.host), hosts.contains(peer.host) else { return false }
+                guard !end.isPipe, let peer = end.peer, end.key < peer.key, hosts.contains(end.host), hosts.contains(peer.host)
+                else { return false }
                 return openEnds.contains(ObjectIdentifier(end)) && openEnds.contains(ObjectIdentifier(peer))
                     && !end.isReset && !peer.isReset
             }.sorted { $0.key < $1.key }
@@ -343,7 +351,7 @@ final class NetworkCore: SimulatedNetworking, SimulatedDatagramNetworking, @unch
         guard at < until else { return }
         schedule(at: at) { [unowned self] in
             let candidates = ends.values.filter { end in
-                guard let peer = end.peer, hosts.contains(end.host), hosts.contains(peer.host) else { return false }
+                guard !end.isPipe, let peer = end.peer, hosts.contains(end.host), hosts.contains(peer.host) else { return false }
                 return end.socket != nil && !end.isReset && !end.finSent && !peer.isClosed
             }.sorted { $0.key < $1.key }
             if !candidates.isEmpty {
@@ -444,7 +452,7 @@ final class NetworkCore: SimulatedNetworking, SimulatedDatagramNetworking, @unch
             }
             if end.isWriteShut, !end.finSent, socket.outputCount == 0, !end.isReset {
                 end.finSent = true
-                direction.packets.append(Packet(kind: .end, arrival: now &+ latency))
+                direction.packets.append(Packet(kind: .end, arrival: now &+ latency(of: end)))
                 scheduleHead(of: end)
                 moved = true
             }
@@ -477,7 +485,7 @@ final class NetworkCore: SimulatedNetworking, SimulatedDatagramNetworking, @unch
     /// `bytes` onto `end`'s link, in segments of at most `maxSegmentSize`, all arriving one
     /// latency from now.
     private func send(_ bytes: [UInt8], from end: NetworkEnd) {
-        let arrival = now &+ latency
+        let arrival = now &+ latency(of: end)
         let size = max(1, maxSegmentSize ?? bytes.count)
         var start = 0
         while start < bytes.count {
@@ -488,6 +496,9 @@ final class NetworkCore: SimulatedNetworking, SimulatedDatagramNetworking, @unch
         end.outgoing.bytes += bytes.count
         scheduleHead(of: end)
     }
+
+    /// How long what `end` sends travels: the link's latency; nothing through a pipe.
+    private func latency(of end: NetworkEnd) -> UInt64 { end.isPipe ? 0 : latency }
 
     /// Schedules the delivery of `end`'s outgoing head, if not scheduled already.
     private func scheduleHead(of end: NetworkEnd, notBefore: UInt64 = 0) {
@@ -519,7 +530,7 @@ final class NetworkCore: SimulatedNetworking, SimulatedDatagramNetworking, @unch
             markDirty(sender)  // room on the link again: the sender goes on, into the void
             if wasData, !receiver.isReset, !receiver.rstSent {
                 receiver.rstSent = true
-                receiver.outgoing.packets.append(Packet(kind: .reset, arrival: now &+ latency))
+                receiver.outgoing.packets.append(Packet(kind: .reset, arrival: now &+ latency(of: receiver)))
                 scheduleHead(of: receiver)
             }
             return
@@ -569,7 +580,8 @@ final class NetworkCore: SimulatedNetworking, SimulatedDatagramNetworking, @unch
             receiver.isReset = true
             receiver.outgoing.packets.removeAll()
             receiver.outgoing.bytes = 0
-            socket.deliverError(ECONNRESET)
+            // A pipe's writer whose reader went with input unread: EPIPE, as write(2) says.
+            socket.deliverError(receiver.isPipe ? EPIPE : ECONNRESET)
         }
         scheduleHead(of: sender)
     }
@@ -599,11 +611,11 @@ final class NetworkCore: SimulatedNetworking, SimulatedDatagramNetworking, @unch
             if unread {
                 if !end.rstSent {
                     end.rstSent = true
-                    end.outgoing.packets.append(Packet(kind: .reset, arrival: now &+ latency))
+                    end.outgoing.packets.append(Packet(kind: .reset, arrival: now &+ latency(of: end)))
                 }
             } else if !end.finSent {
                 end.finSent = true
-                end.outgoing.packets.append(Packet(kind: .end, arrival: now &+ latency))
+                end.outgoing.packets.append(Packet(kind: .end, arrival: now &+ latency(of: end)))
             }
             scheduleHead(of: end)
         }
@@ -708,6 +720,8 @@ final class NetworkEnd: SimulatedStreamEnd {
     let port: UInt16
     /// Orders this end's deliveries against others' at one instant (from the seed).
     let key: UInt64
+    /// Whether the stream is a pipe to a simulated program (`makePipe`): no latency, no faults.
+    let isPipe: Bool
     /// The other end (cleared once both are closed).
     var peer: NetworkEnd?
     let outgoing = Direction()
@@ -726,11 +740,12 @@ final class NetworkEnd: SimulatedStreamEnd {
     var readCheckScheduled = false
     var writeCheckScheduled = false
 
-    init(network: NetworkCore, host: String, port: UInt16, key: UInt64) {
+    init(network: NetworkCore, host: String, port: UInt16, key: UInt64, isPipe: Bool = false) {
         self.network = network
         self.host = host
         self.port = port
         self.key = key
+        self.isPipe = isPipe
     }
 
     func attach(_ socket: SimulatedSocket) {

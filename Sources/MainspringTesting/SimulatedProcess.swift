@@ -15,7 +15,16 @@ import Glibc
 /// ``ignoreTerminationSignals()``; `SIGKILL` ends it at once, whatever it does
 /// (`.signaled(SIGKILL)`). Other signals are recorded in ``receivedSignals``.
 ///
-/// Its lines are kept in ``output`` (standard streams cannot be pipes on a simulated loop yet).
+/// Its standard streams are what its configuration asked for, as a real child's: where the
+/// parent asked for a `.pipe`, the program's end is ``standardInput``, ``standardOutput`` or
+/// ``standardError`` (a pipe of the simulation's network: no latency, no faults, its buffer the
+/// window), and the parent reads and writes `child.standardOutput` and `child.standardInput`
+/// as it would a real child's. ``readLine()``, ``write(line:)``, ``write(_:)`` and
+/// ``write(errorLine:)`` are the program's side; the lines it writes are also kept in
+/// ``output`` and ``errorOutput`` (so a stream that is `.inherit` or `.null` can still be
+/// checked). When the program ends, its output streams close after what it wrote, as a real
+/// process's pipe keeps what was written before its exit: the parent reads all of it, then the
+/// end of the stream (the exit may be reported first, as it may for a real child).
 ///
 /// What it opens dies with it, as a real process's descriptors do: when it ends — returns,
 /// throws, or is killed — every connection, listener, datagram socket and timer it opened is
@@ -40,6 +49,16 @@ public final class SimulatedProcess: @unchecked Sendable {
 
     /// The lines it wrote with ``write(line:)``, in order.
     public private(set) var output: [String] = []
+    /// The lines it wrote with ``write(errorLine:)``, in order.
+    public private(set) var errorOutput: [String] = []
+    /// Its end of its standard input, when the parent made it a pipe (read-only; nil
+    /// otherwise: ``readLine()`` then reads the end at once, as from `/dev/null`).
+    public private(set) var standardInput: Connection?
+    /// Its end of its standard output, when the parent made it a pipe (write-only).
+    public private(set) var standardOutput: Connection?
+    /// Its end of its standard error, when the parent made it a pipe (write-only): its
+    /// standard output's connection when the parent merged the two.
+    public private(set) var standardError: Connection?
     /// Every signal it was sent, in order.
     public private(set) var receivedSignals: [Int32] = []
     /// How it ended; nil while it runs.
@@ -64,6 +83,8 @@ public final class SimulatedProcess: @unchecked Sendable {
     private var exited: (@Sendable (Subprocess.ExitStatus) -> Void)?
     /// What the loops record as the owner of what the program opens.
     private let ownership = ProgramOwnership()
+    /// The owner of its standard streams: never closed in bulk (see `finish`).
+    private let streams = ProgramOwnership()
 
     init(executable: String, arguments: [String], environment: [String: String]?, processIdentifier: Int32,
          loop: EventLoop, simulation: SimulationCore, body: @escaping @Sendable (SimulatedProcess) async throws -> Int32)
@@ -77,8 +98,30 @@ public final class SimulatedProcess: @unchecked Sendable {
         self.body = body
     }
 
-    /// Writes a line to its standard output (kept in ``output``).
-    public func write(line: String) { output.append(line) }
+    /// Writes a line to its standard output (and keeps it in ``output``). Never blocks, as a
+    /// pipe's buffer would not for a short line; what the parent does not read waits in the
+    /// connection's buffer (up to its `outputLimit`).
+    public func write(line: String) {
+        output.append(line)
+        standardOutput?.writeLine(line)
+    }
+
+    /// Writes `bytes` to its standard output (not kept in ``output``).
+    public func write(_ bytes: [UInt8]) { standardOutput?.write(bytes) }
+
+    /// Writes a line to its standard error (and keeps it in ``errorOutput``).
+    public func write(errorLine line: String) {
+        errorOutput.append(line)
+        standardError?.writeLine(line)
+    }
+
+    /// The next line event of its standard input, as `Connection.readLine()` gives it
+    /// (`.line`, …, `.endOfFile` once the parent closed it, then nil); nil at once when its
+    /// standard input is not a pipe.
+    public func readLine() async throws(Connection.CloseReason) -> LineEvent? {
+        guard let standardInput else { return nil }
+        return try await standardInput.readLine()
+    }
 
     /// Makes the termination signals (`SIGTERM`, `SIGINT`, `SIGHUP`, `SIGQUIT`) do nothing, as
     /// `trap '' TERM` does: only `SIGKILL` ends the program then.
@@ -100,8 +143,14 @@ public final class SimulatedProcess: @unchecked Sendable {
 
     // MARK: The simulation's side
 
-    func start(exited: @escaping @Sendable (Subprocess.ExitStatus) -> Void) {
+    func start(standardStreams: [Connection?], exited: @escaping @Sendable (Subprocess.ExitStatus) -> Void) {
         self.exited = exited
+        standardInput = standardStreams[0]
+        standardOutput = standardStreams[1]
+        standardError = standardStreams[2]
+        // The streams are the program's (not its parent's, which made them), but they are not
+        // cut when it ends: `finish` closes them after what was written, as a pipe's buffer.
+        for case let stream? in standardStreams { loop.setSimulatedOwner(streams, of: stream) }
         // What the task opens is the program's (see the type's documentation).
         task = SimulatedOwnership.$current.withValue(ownership) { Task(executorPreference: loop) { [self] in
             let status: Subprocess.ExitStatus
@@ -146,8 +195,10 @@ public final class SimulatedProcess: @unchecked Sendable {
         exitStatus = status
         ownership.hasEnded = true
         exitedAt = Duration(nanoseconds: simulation.clock.elapsed)
-        // The kernel closes a process's descriptors before its parent hears of the exit.
+        // The kernel closes a process's descriptors before its parent hears of the exit; what
+        // it wrote to a pipe is in the pipe, and is read before the pipe's end.
         simulation.closeSources(openedBy: ownership)
+        for case let stream? in [standardInput, standardOutput, standardError] { stream.close() }
         let exited = self.exited
         self.exited = nil
         exited?(status)
@@ -168,7 +219,9 @@ final class SimulatedChildProcess: SimulatedChild, @unchecked Sendable {
 
     var processIdentifier: Int32 { process.processIdentifier }
 
-    func start(exited: @escaping @Sendable (Subprocess.ExitStatus) -> Void) { process.start(exited: exited) }
+    func start(standardStreams: [Connection?], exited: @escaping @Sendable (Subprocess.ExitStatus) -> Void) {
+        process.start(standardStreams: standardStreams, exited: exited)
+    }
 
     func deliver(signal: Int32) {
         let process = self.process

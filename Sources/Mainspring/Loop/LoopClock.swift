@@ -256,8 +256,10 @@ public protocol SimulatedChild: AnyObject, Sendable {
     /// The process ID the simulation gave it (never a real process's: signals go to the
     /// program, not to `kill(2)`).
     var processIdentifier: Int32 { get }
-    /// Starts the program; `exited` is called once, with how it ended.
-    func start(exited: @escaping @Sendable (Subprocess.ExitStatus) -> Void)
+    /// Starts the program with its ends of its standard input, output and error (nil: not a
+    /// pipe — `.inherit`, `.null`; a merged standard error is its standard output's connection);
+    /// `exited` is called once, with how it ended.
+    func start(standardStreams: [Connection?], exited: @escaping @Sendable (Subprocess.ExitStatus) -> Void)
     /// Delivers `signal` to the program. Any thread; must not call back into the process
     /// synchronously (post to the loop).
     func deliver(signal: Int32)

@@ -119,8 +119,10 @@ extension Subprocess {
 
     /// The spawn on a simulated loop: the program registered with the simulation under the
     /// executable's name runs instead (an unregistered one fails as a missing program does).
-    /// Its standard streams are not connections (yet): a `.pipe` gives a nil connection and the
-    /// program's lines are kept in the simulation's record of it; a file is refused.
+    /// Each `.pipe` is a pipe of the simulation's network (no latency, no faults): the parent's
+    /// end a connection as a real child's, the program's end given to the program; a merged
+    /// standard error is the program's standard output; `.inherit` and `.null` give the
+    /// program no stream there (what it writes to it is only recorded); a file is refused.
     private static func launchSimulated(_ configuration: Configuration, on loop: EventLoop) throws(SubprocessError)
         -> Subprocess
     {
@@ -130,6 +132,8 @@ extension Subprocess {
             switch redirection {
             case .file(let path), .appendingToFile(let path):
                 throw .loop(.simulatedLoop(refused: "the file \(path) for the \(streamNames[index]) of '\(name)'"))
+            case .mergedIntoStandardOutput:
+                requireUsage(index == 2, "Mainspring: Subprocess.launch: only standardError can be .mergedIntoStandardOutput, not \(streamNames[index])")
             default:
                 continue
             }
@@ -141,17 +145,63 @@ extension Subprocess {
             throw .cannotStart(executable: name, path: name, errno: ENOENT)
         }
         let pid = child.processIdentifier
+        var pipes: [Connection?] = [nil, nil, nil]
+        var programEnds: [Connection?] = [nil, nil, nil]
+        do throws(EventLoopError) {
+            for (index, redirection) in redirections.enumerated() {
+                switch redirection {
+                case .pipe:
+                    let (parent, program) = try makeSimulatedPipe(on: loop, options: configuration.pipeOptions,
+                                                                  parentWrites: index == 0,
+                                                                  peer: "pid \(pid) \(streamNames[index])")
+                    pipes[index] = parent
+                    programEnds[index] = program
+                case .mergedIntoStandardOutput:
+                    programEnds[index] = programEnds[1]
+                default:
+                    continue
+                }
+            }
+        } catch {
+            for case let connection? in pipes + programEnds { connection.source.close() }
+            throw .loop(error)
+        }
         let shared = ProcessShared(pid: pid, group: configuration.newProcessGroup ? pid : nil, descriptor: -1,
                                    simulated: child)
         let source = ProcessSource(loop: loop, shared: shared)
         if let timeout = configuration.timeout { source.startTimeout(timeout, grace: configuration.timeoutGrace) }
         let checked = UncheckedProcessSource(source)
-        child.start { status in
+        child.start(standardStreams: programEnds) { status in
             shared.simulatedProgramExited(status)
             loop.execute(priority: .input) { checked.value.check() }
         }
         return Subprocess(loop: loop, shared: shared, source: source, executablePath: name, exitWatch: .simulated,
-                          pipes: [nil, nil, nil])
+                          pipes: pipes)
+    }
+
+    /// One pipe of a simulated program: the parent's end (writing to the program's standard
+    /// input, or reading its output) and the program's.
+    private static func makeSimulatedPipe(on loop: EventLoop, options: Connection.Options, parentWrites: Bool,
+                                          peer: String) throws(EventLoopError) -> (parent: Connection, program: Connection)
+    {
+        let network = try loop.requireSimulatedNetwork(for: "a pipe to a simulated program")
+        let (writer, reader) = network.makePipe(on: loop)
+        let writing: ConnectionSource
+        do {
+            writing = try ConnectionSource(loop: loop, simulated: writer, peer: peer, options: options, role: .pipeWriteEnd)
+        } catch {
+            reader.socketClosed(unreadInput: false)
+            throw error
+        }
+        let reading: ConnectionSource
+        do {
+            reading = try ConnectionSource(loop: loop, simulated: reader, peer: peer, options: options, role: .pipeReadEnd)
+        } catch {
+            writing.close()
+            throw error
+        }
+        let (parent, program) = parentWrites ? (writing, reading) : (reading, writing)
+        return (Connection(source: parent), Connection(source: program))
     }
 
     /// Throws `.nulInConfiguration` naming the first text of `configuration` that holds a

@@ -244,10 +244,10 @@ final class ConnectionSource: Source {
 
     /// A connection over one end of a stream of a simulation's network (`MainspringTesting`):
     /// accepted by a listener, or one of a pair. On a failure the end is closed.
-    init(loop: EventLoop, simulated end: any SimulatedStreamEnd, peer: String, options: Connection.Options)
-        throws(EventLoopError)
+    init(loop: EventLoop, simulated end: any SimulatedStreamEnd, peer: String, options: Connection.Options,
+         role: ConnectionRole = .socket) throws(EventLoopError)
     {
-        self.role = .socket
+        self.role = role
         self.remoteAddress = peer
         self.kept = KeptOptions(options)
         self.splitter = InPlaceLineSplitter(maxLineLength: options.maxLineLength)

@@ -38,6 +38,11 @@ public protocol SimulatedNetworking: AnyObject, Sendable {
     /// Two ends of one stream on `loop`'s host, connected now (`Connection.makePair(on:)`).
     func makePair(on loop: EventLoop) -> (any SimulatedStreamEnd, any SimulatedStreamEnd)
 
+    /// A pipe on `loop`'s host, a simulated program's standard stream: one stream whose
+    /// `writer` end only writes and `reader` end only reads, without the link's latency or
+    /// faults; a writer whose reader closed with input unread fails with `EPIPE`.
+    func makePipe(on loop: EventLoop) -> (writer: any SimulatedStreamEnd, reader: any SimulatedStreamEnd)
+
     /// The addresses registered for `name` (nil: none), each with `port`.
     func resolve(_ name: String, port: UInt16) -> [SocketAddress]?
 }
