@@ -152,7 +152,7 @@ public final class SimulatedProcess: @unchecked Sendable {
         // cut when it ends: `finish` closes them after what was written, as a pipe's buffer.
         for case let stream? in standardStreams { loop.setSimulatedOwner(streams, of: stream) }
         // What the task opens is the program's (see the type's documentation).
-        task = SimulatedOwnership.$current.withValue(ownership) { Task(executorPreference: loop) { [self] in
+        task = SimulatedOwnership.$current.withValue(ownership) { SimulationContext.$loop.withValue(loop) { Task(executorPreference: loop) { [self] in
             let status: Subprocess.ExitStatus
             do {
                 status = .exited(try await body(self))
@@ -162,7 +162,7 @@ public final class SimulatedProcess: @unchecked Sendable {
                 status = .exited(1)
             }
             finish(status)
-        } }
+        } } }
     }
 
     /// On the loop: the signal's effect.

@@ -208,11 +208,11 @@ public final class Simulation: @unchecked Sendable {
     private func drive<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) -> Result<T, Error> {
         let outcome = Outcome<T>()
         return core.withDriving {
-            let task = Task(executorPreference: loop) {
+            let task = SimulationContext.$loop.withValue(loop) { Task(executorPreference: loop) {
                 let result: Result<T, Error>
                 do { result = .success(try await body()) } catch { result = .failure(error) }
                 outcome.value.withLock { $0 = result }
-            }
+            } }
             let finished = { outcome.value.withLock { $0 != nil } }
             while !finished() {
                 core.runUntilIdle()

@@ -339,6 +339,28 @@ struct ServiceGroupTests {
         #expect(simulation.now == .milliseconds(200))
     }
 
+    @Test("a group given no loop keeps its time on the loop run() is called on: its deadlines are a simulation's virtual time, exact")
+    func noLoopConfiguredUsesTheCallersLoop() async throws {
+        let simulation = try Simulation(seed: 6)
+        let steps = Steps(simulation)
+        var configuration = configuration(steps, simulation)
+        configuration.loop = nil  // nor a signal loop: run() is called in the simulation's body
+        configuration.startDeadline = .seconds(90)
+        let loop = simulation.loop
+        let group = ServiceGroup([.init(Recorder(name: "a", steps: steps)),
+                                  .init(Recorder(name: "b", steps: steps, behaviour: .neverStarts))],
+                                 configuration: configuration)
+        let (failed, report) = try await simulation.run { () async -> (String?, ServiceGroup.Report?) in
+            let failure = await Self.serviceFailure(of: group)
+            return (failure.map { "\($0.error)" }, failure?.report)
+        }
+        #expect(failed == "b did not start within 90.0 seconds")
+        #expect(steps.time(of: "stopping: b failed") == .seconds(90))
+        #expect(simulation.now == .seconds(90))
+        #expect(report?.services.map { "\($0.outcome)" } == ["stopped", "stopped"])
+        withExtendedLifetime(loop) {}
+    }
+
     @Test("a service that returns early: a failure by default, a clean stop with .stopGroup, nothing with .ignore")
     func earlyReturn() async throws {
         let simulation = try Simulation(seed: 5)

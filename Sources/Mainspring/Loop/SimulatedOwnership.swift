@@ -125,3 +125,18 @@ extension EventLoop {
         return closing.count
     }
 }
+
+/// The simulation a task belongs to (`MainspringTesting`): set around a simulation's body and
+/// its programs' tasks, inherited by the tasks they start.
+@_spi(Simulation)
+public enum SimulationContext {
+    /// The simulated loop whose clock is the task's time.
+    @TaskLocal public static var loop: EventLoop?
+}
+
+extension EventLoop {
+    /// The simulated loop of the simulation whose task calls this (nil outside one): what a
+    /// component with no loop of its own keeps its time on in a simulation.
+    /// `package`: `ServiceGroup`, run without a loop.
+    package static var simulationOfCurrentTask: EventLoop? { SimulationContext.loop }
+}

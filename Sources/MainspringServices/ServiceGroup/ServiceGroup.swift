@@ -142,7 +142,7 @@ public final class ServiceGroup: Sendable {
             }
         }
 
-        let run = GroupRun(group: self, sink: sink)
+        let run = GroupRun(group: self, sink: sink, clockLoop: configuration.loop ?? configuration.signalLoop ?? EventLoop.simulationOfCurrentTask)
         let outcome = await withTaskCancellationHandler {
             await run.drive(events, triggered: triggered)
         } onCancel: {
@@ -229,22 +229,27 @@ private final class GroupRun {
     var failure: (service: String, error: (any Error)?)?
     var forced = false
     var finished = false
-    /// The loop whose clock and executor the group uses (``ServiceGroup/Configuration/loop``).
+    /// The loop whose executor the group's tasks prefer (``ServiceGroup/Configuration/loop``).
     let loop: EventLoop?
-    /// Where the group's time starts when it has no loop (the continuous clock).
+    /// The loop whose clock times the group: its loop, else its signal loop, else the loop of
+    /// the simulation whose task runs it. nil only outside a simulation with neither
+    /// configured: the continuous clock times it then (never virtual time).
+    let clockLoop: EventLoop?
+    /// Where the group's time starts when it has no clock loop (the continuous clock).
     let origin = ContinuousClock.now
 
-    init(group: ServiceGroup, sink: AsyncStream<GroupEvent>.Continuation) {
+    init(group: ServiceGroup, sink: AsyncStream<GroupEvent>.Continuation, clockLoop: EventLoop?) {
         self.group = group
         self.sink = sink
-        loop = group.configuration.loop
+        self.loop = group.configuration.loop
+        self.clockLoop = clockLoop
         slots = group.members.map { Slot(member: $0) }
     }
 
-    /// The group's time: the loop's clock, or the continuous clock since the run began.
+    /// The group's time: the clock loop's, or the continuous clock since the run began.
     func now() -> Duration {
-        guard let loop else { return origin.duration(to: .now) }
-        return .nanoseconds(Int64(clamping: loop.monotonicNow()))
+        guard let clockLoop else { return origin.duration(to: .now) }
+        return .nanoseconds(Int64(clamping: clockLoop.monotonicNow()))
     }
 
     /// A task preferring the group's loop (any executor without one).
@@ -256,7 +261,7 @@ private final class GroupRun {
     /// cancelled first (the service started or ended in time): then it sends nothing.
     func deadlineTask(_ deadline: Duration, _ event: GroupEvent) -> Task<Void, Never> {
         let sink = self.sink
-        let loop = self.loop
+        let loop = self.clockLoop
         return task {
             // Either sleep throws only when this task is cancelled: the check below then reports nothing.
             if let loop {
