@@ -69,7 +69,7 @@ public final class AsyncLineService: Sendable {
             throw error
         }
         let loops = group.loops
-        let startTime = Date()
+        let startTime = loops[0].monotonicNow()
         let hosts = loops.map { loop in
             SessionHost(feeder: Feeder(loop: loop, priority: .background, pacing: options.workPacing), stats: stats,
                         registry: registry, startTime: startTime, options: options)
@@ -178,11 +178,12 @@ private final class SessionHost: Sendable {
     let feeder: Feeder
     let stats: StatsCounters
     let registry: SessionRegistry
-    let startTime: Date
+    /// When the service started, on the loops' clock (virtual in a simulation), in nanoseconds.
+    let startTime: UInt64
     let maxPendingReplies: Int
     let maxLineLength: Int
 
-    init(feeder: Feeder, stats: StatsCounters, registry: SessionRegistry, startTime: Date,
+    init(feeder: Feeder, stats: StatsCounters, registry: SessionRegistry, startTime: UInt64,
          options: LineService.Options)
     {
         self.feeder = feeder
@@ -379,11 +380,11 @@ private actor AsyncSession {
         case .success(.echo(let text)):
             return String(text)
         case .success(.time):
-            return ISO8601DateFormatter().string(from: Date())
+            return DaemonCommand.timeReply(on: connection.loop)
         case .success(.stats):
             let metrics = connection.loop.metrics
             let wait = metrics.queueWait[.input]?.percentile(0.99) ?? .zero
-            return "STATS \(stats.snapshot) uptime_s=\(Int(Date().timeIntervalSince(host.startTime))) "
+            return "STATS \(stats.snapshot) uptime_s=\(DaemonCommand.uptimeSeconds(since: host.startTime, on: connection.loop)) "
                 + "loop_callbacks=\(metrics.totalCallbacks) loop_stalls=\(metrics.stalls) "
                 + "loop_input_wait_p99_us=\(wait.components.attoseconds / 1_000_000_000_000)"
         case .success(.quit):

@@ -1,3 +1,6 @@
+import Foundation
+import Mainspring
+
 /// A request line to `mainspring-daemon`.
 public enum DaemonCommand: Equatable, Sendable {
     /// `ECHO <text>`: the text back, verbatim (a slice of the request line: the echo reply
@@ -114,5 +117,20 @@ extension DaemonCommand {
         case .stats: return "STATS"
         case .quit: return "QUIT"
         }
+    }
+}
+
+extension DaemonCommand {
+    /// The `TIME` reply: `loop`'s calendar (the wall clock; virtual in a simulation) in ISO 8601.
+    static func timeReply(on loop: EventLoop) -> String {
+        let milliseconds = loop.calendarMilliseconds()
+        return ISO8601DateFormatter().string(from: Date(timeIntervalSince1970: Double(milliseconds) / 1_000))
+    }
+
+    /// Whole seconds from `start` (`loop.monotonicNow()` when the service started) to now, on
+    /// `loop`'s clock.
+    static func uptimeSeconds(since start: UInt64, on loop: EventLoop) -> Int {
+        let now = loop.monotonicNow()
+        return now > start ? Int((now - start) / 1_000_000_000) : 0
     }
 }

@@ -84,7 +84,8 @@ public final class LineService: Sendable {
     private let stats: StatsCounters
     private let contexts: [LoopContext]
     private let listenerBox: UncheckedBox<Listener>
-    private let startTime = Date()
+    /// When it started, on its loops' clock (virtual in a simulation), in nanoseconds.
+    private let startTime: UInt64
 
     /// Starts listening on `host:port` (0: any free port, see `port`); connections are spread
     /// over the group's loops. Call from outside the group's loops.
@@ -104,7 +105,8 @@ public final class LineService: Sendable {
         self.contexts = contexts
         let acceptor = group.loops[0]
         let stats = self.stats
-        let startTime = self.startTime
+        let startTime = acceptor.monotonicNow()
+        self.startTime = startTime
         let connectionOptions = Connection.Options(maxLineLength: options.maxLineLength,
                                                    outputLimit: options.outputLimit, idleTimeout: options.idleTimeout)
         let accept: @Sendable (Connection) -> Void = { connection in
@@ -207,7 +209,7 @@ private final class LoopContext: @unchecked Sendable {
     }
 
     func adopt(_ connection: Connection, options: LineService.Options, stats: StatsCounters,
-               startTime: Date)
+               startTime: UInt64)
     {
         let session = Session(connection: connection, context: self, options: options, stats: stats,
                               startTime: startTime)
@@ -232,7 +234,8 @@ private final class Session {
     unowned let context: LoopContext
     let options: LineService.Options
     let stats: StatsCounters
-    let startTime: Date
+    /// When the service started, on the loops' clock, in nanoseconds.
+    let startTime: UInt64
     /// Replies in request order; nil while the request is still in flight.
     /// Replies in request order, filled as they are ready; whether each is an error (`ERR`).
     private var replies: [(text: String, isError: Bool)?] = []
@@ -242,7 +245,7 @@ private final class Session {
     private var inFlightJobs: [FeedJob] = []
 
     init(connection: Connection, context: LoopContext, options: LineService.Options,
-         stats: StatsCounters, startTime: Date)
+         stats: StatsCounters, startTime: UInt64)
     {
         self.connection = connection
         self.context = context
@@ -291,11 +294,11 @@ private final class Session {
         case .success(.echo(let text)):
             reply(now: text, isError: false)  // the slice of `line`: no copy unless it must wait
         case .success(.time):
-            reply(now: ISO8601DateFormatter().string(from: Date()))
+            reply(now: DaemonCommand.timeReply(on: connection.loop))
         case .success(.stats):
             let metrics = connection.loop.metrics
             let wait = metrics.queueWait[.input]?.percentile(0.99) ?? .zero
-            reply(now: "STATS \(stats.snapshot) uptime_s=\(Int(Date().timeIntervalSince(startTime))) "
+            reply(now: "STATS \(stats.snapshot) uptime_s=\(DaemonCommand.uptimeSeconds(since: startTime, on: connection.loop)) "
                 + "loop_callbacks=\(metrics.totalCallbacks) loop_stalls=\(metrics.stalls) "
                 + "loop_input_wait_p99_us=\(wait.components.attoseconds / 1_000_000_000_000)")
         case .success(.quit):

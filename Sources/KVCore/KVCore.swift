@@ -88,6 +88,7 @@ public final class KVCore {
     public static let compatibleRedisVersion = "7.0.15"
 
     let clock: () -> Int64
+    let monotonicClock: () -> Int64
     let monotonicStart: Int64
     // The hot state is not checked for exclusive access at run time (each check is a call into
     // the runtime and a thread-local lookup, about an eighth of a SET's cost): the core belongs
@@ -120,16 +121,20 @@ public final class KVCore {
     /// - Parameters:
     ///   - configuration: the initial settings.
     ///   - clock: the wall-clock time in Unix milliseconds (expiry uses it; tests pass their own).
+    ///   - monotonicClock: milliseconds that never go back (uptime, the ops rate): a loop's
+    ///     clock, virtual in a simulation.
     ///   - statusProvider: the server's figures for `INFO` and `CLIENT LIST`.
     public init(
         configuration: KVConfiguration = KVConfiguration(),
         clock: @escaping () -> Int64 = KVCore.systemTimeMilliseconds,
+        monotonicClock: @escaping () -> Int64 = KVCore.monotonicMilliseconds,
         statusProvider: @escaping () -> KVServerStatus = { KVServerStatus() }
     ) {
         self.configuration = configuration
         self.clock = clock
+        self.monotonicClock = monotonicClock
         self.statusProvider = statusProvider
-        self.monotonicStart = KVCore.monotonicMilliseconds()
+        self.monotonicStart = monotonicClock()
     }
 
     /// The system's wall-clock time in Unix milliseconds.
@@ -139,7 +144,9 @@ public final class KVCore {
         return Int64(spec.tv_sec) * 1000 + Int64(spec.tv_nsec) / 1_000_000
     }
 
-    static func monotonicMilliseconds() -> Int64 {
+    /// The machine's monotonic time in milliseconds (`CLOCK_MONOTONIC`): the default for a core
+    /// without a loop (a loop's clock is virtual in a simulation: the server passes it).
+    public static func monotonicMilliseconds() -> Int64 {
         var spec = timespec()
         clock_gettime(CLOCK_MONOTONIC, &spec)
         return Int64(spec.tv_sec) * 1000 + Int64(spec.tv_nsec) / 1_000_000
@@ -173,7 +180,7 @@ public final class KVCore {
     /// Takes an instantaneous-ops sample (`instantaneous_ops_per_sec`); the server calls it
     /// every 100 ms or so.
     public func sampleInstantaneousMetrics() {
-        let now = KVCore.monotonicMilliseconds()
+        let now = monotonicClock()
         if let last = lastSample, now > last.time {
             let rate = (totalCommands - last.commands) * 1000 / (now - last.time)
             opsSamples[opsSampleIndex] = rate

@@ -31,7 +31,7 @@ extension KVCore {
             for (field, value) in fields { text += "\(field):\(value)\r\n" }
             parts.append(text)
         }
-        let uptime = (KVCore.monotonicMilliseconds() - monotonicStart) / 1000
+        let uptime = (monotonicClock() - monotonicStart) / 1000
         section("Server", [
             ("redis_version", KVCore.compatibleRedisVersion), ("redis_mode", "standalone"), ("os", "Linux"),
             ("arch_bits", "\(Int.bitWidth)"), ("process_id", "\(status.processID)"), ("tcp_port", "\(status.tcpPort)"),

@@ -187,7 +187,8 @@ final class Store {
         var configuration = KVConfiguration()
         configuration.maxClients = options.maxClients
         // Expiry on the loop's calendar: the system's on a real loop, virtual time in a simulation.
-        core = KVCore(configuration: configuration, clock: { [loop] in loop.calendarMilliseconds() })
+        core = KVCore(configuration: configuration, clock: { [loop] in loop.calendarMilliseconds() },
+                      monotonicClock: { [loop] in Int64(loop.monotonicNow() / 1_000_000) })
         publishedConfiguration = configuration
         replies = Feeder(loop: loop, priority: .background, pacing: .budget(.milliseconds(1)))
         maintenance = Feeder(loop: loop, priority: .background, pacing: .budget(.milliseconds(1)))

@@ -270,6 +270,7 @@ private final class ThreadsEnded: Sendable {
     func wait(untilMonotonic deadline: UInt64) -> Int {
         var waited = 0
         while waited < count {
+            // Real time: real threads ending (a simulated group has none: `finishSimulated`).
             let now = monotonicNanoseconds()
             let limit = DispatchTime.now() + .nanoseconds(Int(clamping: deadline > now ? deadline - now : 0))
             if semaphore.wait(timeout: limit) == .timedOut { break }
@@ -291,7 +292,7 @@ private final class ThreadsEnded: Sendable {
                 continuation.resume(returning: count)
                 return
             }
-            let now = monotonicNanoseconds()
+            let now = monotonicNanoseconds()  // real threads, as in `wait(untilMonotonic:)`
             DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(Int(clamping: deadline > now ? deadline - now : 0))) {
                 let (waiter, ended) = self.state.withLock { state in (state.waiters.removeValue(forKey: id), state.ended) }
                 waiter?.resume(returning: ended)

@@ -178,6 +178,7 @@ public final class InputSimulator {
         func run() {
             pipe.prepareWriterThread()
             defer { pipe.closeWrite() }
+            // Real time: this thread writes a real pipe, which a simulated loop never has.
             let start = monotonicNanoseconds()
             var next = start
             var sequence = 0

@@ -68,6 +68,8 @@ final class RecordPipe: Sendable {
     /// requested first. Waits longer than 2 ms watch the stop eventfd (`poll`, ms resolution);
     /// the last stretch is a precise `clock_nanosleep` (with the 1 ns slack: to the microsecond).
     func sleep(until deadline: UInt64) -> Bool {
+        // Real time: the writer thread of a real pipe (a simulated loop's input simulator has
+        // no pipe and no thread; it schedules on the loop's clock).
         while !isStopRequested {
             let now = monotonicNanoseconds()
             if now >= deadline { return true }

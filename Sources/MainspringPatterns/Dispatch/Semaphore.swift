@@ -58,6 +58,8 @@ public final class Semaphore: Sendable {
     @discardableResult
     public func wait(timeout: Duration? = nil) -> Bool {
         let nanoseconds = timeout?.clampedNanoseconds
+        // Real time only on a plain thread (below): a loop's thread spins its loop, on the
+        // loop's clock (virtual in a simulation).
         let deadline = nanoseconds.map { monotonicNanoseconds() &+ $0 }
         let loop = nanoseconds == 0 ? nil : EventLoop.loopToSpinWhileWaiting
         let waiter = state.withLock { state -> Waiter? in

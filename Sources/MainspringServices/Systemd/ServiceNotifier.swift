@@ -97,6 +97,7 @@ public final class ServiceNotifier: Sendable {
     /// ``notify(_:)-(ServiceNotification...)``.
     public func notify(_ notifications: [ServiceNotification]) throws(EventLoopError) {
         guard let sender, !notifications.isEmpty else { return }
+        // Real time: systemd compares MONOTONIC_USEC (a reload's) with its own CLOCK_MONOTONIC.
         let message = Self.message(for: notifications, monotonicMicroseconds: monotonicNanoseconds() / 1_000)
         try sender.send(Array(message.utf8), function: "sendto NOTIFY_SOCKET=\(address ?? "")")
     }

@@ -198,6 +198,8 @@ private final class WatchdogState: Sendable {
         threadID.store(currentThreadID(), ordering: .releasing)
         defer { finished.signal() }
         var wasHealthy = true
+        // Real time: the service manager kills in real time, so its pings keep real time (a
+        // simulated loop's activity is read as any loop's; its stalls are virtual).
         let start = monotonicNanoseconds()
         var next = start
         // Which loops have been seen running; only the watchdog's thread touches it.
