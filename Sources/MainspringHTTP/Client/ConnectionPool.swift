@@ -55,8 +55,11 @@ final class ConnectionPool: Sendable {
         self.clock = clock
     }
 
-    /// An idle connection (the most recent), room for a new one, or a wait for either.
-    func acquire(_ key: PoolKey) async throws(HTTPClientError) -> Grant {
+    /// An idle connection (the most recent), room for a new one, or a wait for either — which
+    /// fails with the request's timeout at `deadline` (a timer of `loop`).
+    func acquire(_ key: PoolKey, deadline: RequestDeadline = .none, loop: EventLoop? = nil) async throws(HTTPClientError)
+        -> Grant
+    {
         enum Immediate { case grant(Grant), wait, closed }
         var stale: [Connection] = []
         let now = clock.now
@@ -88,6 +91,8 @@ final class ConnectionPool: Sendable {
             state.nextWaiterID += 1
             return state.nextWaiterID
         }
+        let expiry = ClientLock<ScheduledTimer?>(nil)
+        defer { expiry.withLock { $0 }?.cancel() }
         let result: Result<Grant, HTTPClientError> = await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in
                 let resumeNow = state.withLock { state -> Result<Grant, HTTPClientError>? in
@@ -102,19 +107,35 @@ final class ConnectionPool: Sendable {
                     // Checked under the lock: a cancellation handler that ran before this found
                     // no waiter to take out.
                     if Task.isCancelled { return .failure(.cancelled) }
+                    if let remaining = deadline.remaining(at: clock.now), remaining == .zero {
+                        return .failure(deadline.failure(in: .waitingForConnection))
+                    }
                     host.waiters.append((id, continuation))
                     return nil
                 }
-                if let resumeNow { continuation.resume(returning: resumeNow) }
+                if let resumeNow {
+                    continuation.resume(returning: resumeNow)
+                } else if let loop, let remaining = deadline.remaining(at: clock.now) {
+                    // Armed once the waiter is in the queue, so that it finds it there.
+                    let timer = loop.execute(after: remaining) { [self] in
+                        takeWaiter(id, of: key)?.continuation.resume(returning: .failure(deadline.failure(in: .waitingForConnection)))
+                    }
+                    expiry.withLock { $0 = timer }
+                }
             }
         } onCancel: {
-            let waiter = state.withLock { state -> Waiter? in
-                guard let index = state.hosts[key]?.waiters.firstIndex(where: { $0.id == id }) else { return nil }
-                return state.hosts[key]!.waiters.remove(at: index)
-            }
-            waiter?.continuation.resume(returning: .failure(.cancelled))
+            takeWaiter(id, of: key)?.continuation.resume(returning: .failure(.cancelled))
         }
         return try result.get()
+    }
+
+    /// Takes waiter `id` out of `key`'s queue, if it is still there (not granted, cancelled or
+    /// timed out already).
+    private func takeWaiter(_ id: UInt64, of key: PoolKey) -> Waiter? {
+        state.withLock { state -> Waiter? in
+            guard let index = state.hosts[key]?.waiters.firstIndex(where: { $0.id == id }) else { return nil }
+            return state.hosts[key]!.waiters.remove(at: index)
+        }
     }
 
     /// A response done on `connection`, which stays open: to the next waiter, or idle.

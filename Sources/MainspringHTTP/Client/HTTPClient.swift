@@ -48,8 +48,17 @@ public final class HTTPClient: Sendable {
     public struct Configuration: Sendable {
         /// The most connections open at once to one scheme, host and port (busy and idle).
         public var maxConnectionsPerHost: Int
+        /// How long the whole request may take: the wait for a pooled connection, resolving,
+        /// connecting, TLS, sending, the whole response (read whole or streamed), redirects and
+        /// retries; past it the request fails with
+        /// ``HTTPClientError/requestTimeout(_:phase:)`` naming where it was. A request's own
+        /// ``HTTPClientRequest/timeout`` or ``HTTPClientRequest/deadline`` wins over it. Timed
+        /// on the loop's clock (virtual time on a simulated loop). Default 30 s; nil: no limit
+        /// beyond the phases' own (for streams that run for long: or give those requests a
+        /// timeout of their own).
+        public var requestTimeout: Duration?
         /// How long a connect (resolving a host name, and the TLS handshake, included) may
-        /// take (a wait).
+        /// take (a wait) — never past the request's deadline, which cuts it short.
         public var connectTimeout: Duration
         /// How long the response's head may take once the request is sent (all of it, interim
         /// `1xx` responses included), and each later read of its body (a wait). Timed on the
@@ -82,10 +91,11 @@ public final class HTTPClient: Sendable {
         /// against ``responseTimeout`` and ``maxHeaderBytes`` too.
         public var maxInterimResponses: Int
 
-        /// The defaults: 8 connections a host, 10 s connect, 30 s response, 60 s idle, 64 KiB of
-        /// head, 16 MiB of body, no redirects, host names through the system's resolver, at most
-        /// 10 interim responses.
-        public init(maxConnectionsPerHost: Int = 8, connectTimeout: Duration = .seconds(10),
+        /// The defaults: 8 connections a host, 30 s a request, 10 s connect, 30 s response, 60 s
+        /// idle, 64 KiB of head, 16 MiB of body, no redirects, host names through the system's
+        /// resolver, at most 10 interim responses.
+        public init(maxConnectionsPerHost: Int = 8, requestTimeout: Duration? = .seconds(30),
+                    connectTimeout: Duration = .seconds(10),
                     responseTimeout: Duration = .seconds(30), idleTimeout: Duration = .seconds(60),
                     maxHeaderBytes: Int = 65_536, maxBodyBytes: Int = 16 << 20, redirectLimit: Int = 0,
                     userAgent: String? = "Mainspring", resolver: Resolver = .system,
@@ -93,6 +103,7 @@ public final class HTTPClient: Sendable {
                     connectionOptions: Connection.Options = .init(), maxInterimResponses: Int = 10)
         {
             self.maxConnectionsPerHost = maxConnectionsPerHost
+            self.requestTimeout = requestTimeout
             self.connectTimeout = connectTimeout
             self.responseTimeout = responseTimeout
             self.idleTimeout = idleTimeout
@@ -316,6 +327,8 @@ public final class HTTPClient: Sendable {
 
     /// Sends `request` (following redirects) and reads the final response's head.
     private func send(_ request: HTTPClientRequest) async throws(HTTPClientError) -> (ResponseHead, ResponseReader) {
+        let deadline = RequestDeadline(timeout: request.timeout ?? configuration.requestTimeout, deadline: request.deadline,
+                                       now: loop.clock.now)
         var target = try target(of: request.url)
         var method = request.method
         var body = request.body
@@ -323,7 +336,8 @@ public final class HTTPClient: Sendable {
         let limit = request.redirectLimit ?? configuration.redirectLimit
         var redirects = 0
         while true {
-            let (head, reader) = try await exchange(method: method, target: target, headers: headers, body: body)
+            let (head, reader) = try await exchange(method: method, target: target, headers: headers, body: body,
+                                                    deadline: deadline)
             guard [301, 302, 303, 307, 308].contains(head.status), limit > 0,
                   let location = head.headers["location"]
             else { return (head, reader) }
@@ -345,8 +359,8 @@ public final class HTTPClient: Sendable {
 
     /// One request and its response's head on one connection (a second try on a new one when a
     /// reused connection turns out closed).
-    private func exchange(method: HTTPMethod, target: HTTPTarget, headers: HTTPHeaders, body: [UInt8])
-        async throws(HTTPClientError) -> (ResponseHead, ResponseReader)
+    private func exchange(method: HTTPMethod, target: HTTPTarget, headers: HTTPHeaders, body: [UInt8],
+                          deadline: RequestDeadline) async throws(HTTPClientError) -> (ResponseHead, ResponseReader)
     {
         let bytes = requestBytes(method: method, target: target, headers: headers, body: body)
         let idempotent = method != .post && method != .patch
@@ -354,9 +368,9 @@ public final class HTTPClient: Sendable {
         while true {
             attempt += 1
             if Task.isCancelled { throw .cancelled }
-            let lease = try await acquire(target)
+            let lease = try await acquire(target, deadline: deadline)
             do {
-                let head = try await sendAndReadHead(bytes, method: method, target: target, lease: lease)
+                let head = try await sendAndReadHead(bytes, method: method, target: target, lease: lease, deadline: deadline)
                 return head
             } catch let failure {
                 if isShutDown { throw .clientClosed }
@@ -373,15 +387,15 @@ public final class HTTPClient: Sendable {
         let beforeResponse: Bool
     }
 
-    private func sendAndReadHead(_ bytes: [UInt8], method: HTTPMethod, target: HTTPTarget, lease: Lease)
-        async throws(Failure) -> (ResponseHead, ResponseReader)
+    private func sendAndReadHead(_ bytes: [UInt8], method: HTTPMethod, target: HTTPTarget, lease: Lease,
+                                 deadline: RequestDeadline) async throws(Failure) -> (ResponseHead, ResponseReader)
     {
-        let reader = ResponseReader(client: self, lease: lease, method: method)
+        let reader = ResponseReader(client: self, lease: lease, method: method, request: deadline)
         do {
-            try await lease.connection.send(bytes)
+            try await reader.send(bytes)
         } catch {
             reader.abandon()
-            throw Failure(error: Task.isCancelled ? .cancelled : .sendFailed(error), beforeResponse: true)
+            throw Failure(error: error, beforeResponse: !reader.timedOut)
         }
         do {
             let head = try await reader.readHead(url: target.url)
@@ -432,10 +446,10 @@ public final class HTTPClient: Sendable {
     // MARK: Connections
 
     /// A connection from the pool, or a new one once there is room.
-    private func acquire(_ target: HTTPTarget) async throws(HTTPClientError) -> Lease {
+    private func acquire(_ target: HTTPTarget, deadline: RequestDeadline) async throws(HTTPClientError) -> Lease {
         let key = PoolKey(target)
         while true {
-            let grant = try await pool.acquire(key)
+            let grant = try await pool.acquire(key, deadline: deadline, loop: loop)
             if Task.isCancelled {  // a grant that came with the cancellation goes back unused
                 switch grant {
                 case .idle(let connection): pool.release(key, connection: connection)
@@ -454,7 +468,7 @@ public final class HTTPClient: Sendable {
                 pool.discard(key)
             case .newSlot:
                 do throws(HTTPClientError) {
-                    let connection = try await connect(target)
+                    let connection = try await connect(target, deadline: deadline)
                     let lease = Lease(key: key, connection: connection, reused: false)
                     guard lend(lease) else { throw .clientClosed }
                     return lease
@@ -475,7 +489,7 @@ public final class HTTPClient: Sendable {
         return (try? await loop.submit(idle)) ?? false
     }
 
-    private func connect(_ target: HTTPTarget) async throws(HTTPClientError) -> Connection {
+    private func connect(_ target: HTTPTarget, deadline: RequestDeadline) async throws(HTTPClientError) -> Connection {
         let connector: Connector
         if target.secure {
             guard let secure = configuration.secureConnector else { throw .unsupportedScheme("https") }
@@ -483,13 +497,19 @@ public final class HTTPClient: Sendable {
         } else {
             connector = configuration.connector
         }
-        let address = try await configuration.resolver.resolve(target.host)
-        if Task.isCancelled { throw .cancelled }
         let race = ConnectRace(loop: loop)
         let loop = self.loop
         let options = configuration.connectionOptions
-        let timeout = HTTPClientError.connectTimeout(host: target.host, port: target.port, configuration.connectTimeout)
-        let limit = configuration.connectTimeout
+        let resolver = configuration.resolver
+        // The connect's own limit, or what is left of the request's, whichever ends first.
+        var limit = configuration.connectTimeout
+        var timeout: @Sendable () -> HTTPClientError = { [configuration] in
+            .connectTimeout(host: target.host, port: target.port, configuration.connectTimeout)
+        }
+        if let remaining = deadline.remaining(at: loop.clock.now), remaining <= limit {
+            limit = remaining
+            timeout = { deadline.failure(in: race.isResolving ? .resolving : .connecting) }
+        }
         // The connect, its timeout (a timer of the loop: its clock, virtual time on a simulated
         // loop) and the task's cancellation race; the first decides. A connect that wins cancels
         // the timer; a timeout or cancellation that wins cancels the connect (a plain connect
@@ -499,10 +519,19 @@ public final class HTTPClient: Sendable {
             await withCheckedContinuation { continuation in
                 race.arm(continuation)
                 race.startTimer(after: limit, failure: timeout)
-                // On the client's loop: the connect is the loop's work (and on a simulated loop
-                // stays inside the simulation, where virtual time sees it).
+                // On the client's loop: the resolver's work and the connect are the loop's (and on
+                // a simulated loop stay inside the simulation, where virtual time sees them).
                 race.attach(Task(executorPreference: loop) {
                     do {
+                        let address: String
+                        do throws(HTTPClientError) {
+                            address = try await resolver.resolve(target.host)
+                        } catch {
+                            _ = race.finish(.failure(error))
+                            return
+                        }
+                        race.resolved()
+                        if Task.isCancelled { return }
                         let connection = try await connector.connect(address, target.port, target.host, loop, options)
                         if !race.finish(.success(connection)) { connection.close() }  // too late
                     } catch let error as EventLoopError {
@@ -558,8 +587,15 @@ private final class ConnectRace: @unchecked Sendable {
     private let loop: EventLoop
     /// The timeout's timer. Loop thread only.
     private var timer: TimerHandle?
+    /// Whether the resolver has not answered yet (what a request deadline's error names).
+    private let resolving = Atomic<Bool>(true)
 
     init(loop: EventLoop) { self.loop = loop }
+
+    var isResolving: Bool { resolving.load(ordering: .acquiring) }
+
+    /// The resolver answered: the connect itself is in progress.
+    func resolved() { resolving.store(false, ordering: .releasing) }
 
     func arm(_ continuation: Waiter) {
         let early = state.withLock { state -> Result<Connection, HTTPClientError>? in
@@ -585,12 +621,12 @@ private final class ConnectRace: @unchecked Sendable {
     }
 
     /// Arms the timeout on the loop: `failure` unless something else finished first.
-    func startTimer(after limit: Duration, failure: HTTPClientError) {
+    func startTimer(after limit: Duration, failure: @escaping @Sendable () -> HTTPClientError) {
         loop.execute { [self] in
             guard !state.withLock({ $0.done }) else { return }
             timer = loop.schedule(after: limit) { [self] in
                 timer = nil
-                _ = finish(.failure(failure))
+                _ = finish(.failure(failure()))
             }
         }
     }

@@ -18,16 +18,27 @@ public struct HTTPClientRequest: Sendable {
     /// How many redirects to follow for this request; nil: the client's
     /// ``HTTPClient/Configuration/redirectLimit``. Zero returns a 3xx response as it is.
     public var redirectLimit: Int?
+    /// How long the whole request may take — the wait for a pooled connection, resolving,
+    /// connecting, TLS, sending, the whole response (read whole, or streamed), redirects and
+    /// retries — from the call; nil: the client's ``HTTPClient/Configuration/requestTimeout``.
+    /// Past it the request fails with ``HTTPClientError/requestTimeout(_:phase:)``.
+    public var timeout: Duration?
+    /// An absolute deadline for the whole request, on the client's loop's clock
+    /// (`loop.clock.now.advanced(by:)`; virtual time on a simulated loop): a deadline carried
+    /// over from the caller's own. Wins over ``timeout`` when both are set.
+    public var deadline: LoopClock.Instant?
 
     /// A request.
     public init(method: HTTPMethod = .get, url: String, headers: HTTPHeaders = [:], body: [UInt8] = [],
-                redirectLimit: Int? = nil)
+                redirectLimit: Int? = nil, timeout: Duration? = nil, deadline: LoopClock.Instant? = nil)
     {
         self.method = method
         self.url = url
         self.headers = headers
         self.body = body
         self.redirectLimit = redirectLimit
+        self.timeout = timeout
+        self.deadline = deadline
     }
 }
 
@@ -73,6 +84,10 @@ public enum HTTPClientError: Error, Sendable, Equatable, CustomStringConvertible
     /// The response (its head, or the next part of its body) did not arrive within the
     /// response timeout.
     case responseTimeout(Duration)
+    /// The request's deadline passed while it was in `phase`: the limit is
+    /// ``HTTPClient/Configuration/requestTimeout``, the request's own
+    /// ``HTTPClientRequest/timeout``, or the time its ``HTTPClientRequest/deadline`` left it.
+    case requestTimeout(Duration, phase: RequestPhase)
     /// The status line is not `HTTP/1.x NNN reason` (the start of what came instead).
     case malformedStatusLine(String)
     /// A header line has no colon or an invalid name (the start of the line).
@@ -105,6 +120,23 @@ public enum HTTPClientError: Error, Sendable, Equatable, CustomStringConvertible
     /// ``HTTPClient/Configuration/maxInterimResponses``.
     case tooManyInterimResponses(limit: Int)
 
+    /// Where a request was when its deadline passed (``requestTimeout(_:phase:)``).
+    public enum RequestPhase: String, Sendable, CaseIterable, CustomStringConvertible {
+        /// Waiting for a connection of the host's pool (all ``HTTPClient/Configuration/maxConnectionsPerHost`` busy).
+        case waitingForConnection = "waiting for a connection of the pool"
+        /// In ``HTTPClient/Configuration/resolver``.
+        case resolving = "resolving the host"
+        /// Connecting (a name's lookup by the connector and a TLS handshake included).
+        case connecting
+        /// The request sent — queued on its connection whole; a large body may still be going
+        /// out, as fast as the server reads it — and the response's head not in yet.
+        case awaitingResponse = "waiting for the response"
+        /// Reading the response's body.
+        case readingBody = "reading the body"
+
+        public var description: String { rawValue }
+    }
+
     public var description: String {
         switch self {
         case .invalidURL(let url): return "invalid URL \(url.debugDescription)"
@@ -114,6 +146,7 @@ public enum HTTPClientError: Error, Sendable, Equatable, CustomStringConvertible
         case .securityFailed(let host, let port, let reason): return "connect to \(host):\(port) failed: \(reason)"
         case .connectTimeout(let host, let port, let limit): return "connect to \(host):\(port) timed out after \(limit)"
         case .responseTimeout(let limit): return "no response within \(limit)"
+        case .requestTimeout(let limit, let phase): return "the request's \(limit) ran out while \(phase)"
         case .malformedStatusLine(let line): return "malformed status line \(line.debugDescription)"
         case .malformedHeader(let line): return "malformed header line \(line.debugDescription)"
         case .malformedChunk(let line): return "malformed chunk \(line.debugDescription)"

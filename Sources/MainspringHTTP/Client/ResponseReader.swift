@@ -90,12 +90,12 @@ final class ResponseReader: @unchecked Sendable {
     private let deadline: ResponseDeadline
     var timedOut: Bool { deadline.fired }
 
-    init(client: HTTPClient, lease: Lease, method: HTTPMethod) {
+    init(client: HTTPClient, lease: Lease, method: HTTPMethod, request: RequestDeadline) {
         self.client = client
         self.lease = lease
         self.method = method
         connection = lease.connection
-        deadline = ResponseDeadline(loop: client.loop, limit: client.configuration.responseTimeout,
+        deadline = ResponseDeadline(loop: client.loop, limit: client.configuration.responseTimeout, request: request,
                                     connection: lease.connection)
     }
 
@@ -128,10 +128,11 @@ final class ResponseReader: @unchecked Sendable {
     /// ``HTTPClientError/cancelled`` (the connection is closed: the rest of the response is
     /// not read).
     @inline(__always)
-    private func underResponseTimeout<T: Sendable>(_ phase: () async throws(HTTPClientError) -> T)
+    private func underResponseTimeout<T: Sendable>(_ current: HTTPClientError.RequestPhase, timed: Bool = true,
+                                                   _ phase: () async throws(HTTPClientError) -> T)
         async throws(HTTPClientError) -> T
     {
-        deadline.beginPhase()
+        deadline.beginPhase(current, timed: timed)
         let result: T
         do {
             result = try await phase()
@@ -140,15 +141,29 @@ final class ResponseReader: @unchecked Sendable {
         }
         deadline.endPhase()
         // A read of a connection closed here ends with nil rather than an error.
-        if deadline.fired { throw .responseTimeout(client.configuration.responseTimeout) }
+        if let timeout = deadline.timeoutError { throw timeout }
         return result
+    }
+
+    /// Queues the request's bytes on the connection (`send` waits only while an earlier
+    /// exchange's output is over the limit), held to the request's deadline; the response
+    /// timeout starts once they are queued. A failure is `sendFailed` (or what closed the
+    /// connection).
+    func send(_ bytes: [UInt8]) async throws(HTTPClientError) {
+        try await underResponseTimeout(.awaitingResponse, timed: false) { () throws(HTTPClientError) in
+            do throws(Connection.CloseReason) {
+                try await connection.send(bytes)
+            } catch {
+                throw .sendFailed(error)
+            }
+        }
     }
 
     /// What a phase's failure is reported as: a timeout, the client's shutdown and the task's
     /// cancellation close the connection, and the read then fails for that.
     private func failure(_ error: HTTPClientError) -> HTTPClientError {
         deadline.endPhase()
-        if deadline.fired { return .responseTimeout(client.configuration.responseTimeout) }
+        if let timeout = deadline.timeoutError { return timeout }
         if client.isShutDown { return .clientClosed }
         if Task.isCancelled { return .cancelled }
         return error
@@ -202,7 +217,7 @@ final class ResponseReader: @unchecked Sendable {
     /// are skipped, and count against the same timeout and the same `maxHeaderBytes`: a server
     /// that sends them without end fails the request instead of keeping it forever.
     func readHead(url: String) async throws(HTTPClientError) -> ResponseHead {
-        try await underResponseTimeout { () throws(HTTPClientError) in try await readHeadLines(url: url) }
+        try await underResponseTimeout(.awaitingResponse) { () throws(HTTPClientError) in try await readHeadLines(url: url) }
     }
 
     private func readHeadLines(url: String) async throws(HTTPClientError) -> ResponseHead {
@@ -313,7 +328,7 @@ final class ResponseReader: @unchecked Sendable {
     func next() async throws(HTTPClientError) -> [UInt8]? {
         if case .done = framing { return nil }
         if case .none = framing { return nil }
-        return try await underResponseTimeout { () throws(HTTPClientError) in try await nextPiece() }
+        return try await underResponseTimeout(.readingBody) { () throws(HTTPClientError) in try await nextPiece() }
     }
 
     private func read(upTo count: Int) async throws(HTTPClientError) -> [UInt8]? {
