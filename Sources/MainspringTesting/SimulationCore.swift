@@ -43,8 +43,15 @@ final class SimulationCore: LoopSimulating, @unchecked Sendable {
 
     init(seed: UInt64) {
         random = SplitMix64(seed: seed)
+        programRandom = SplitMix64(seed: seed ^ 0x5EED_F0E5_0F_C0DE)
         networkCore = NetworkCore(clock: clock, seed: seed)
     }
+
+    /// The stream of the code under test (`nextRandom`): apart from the scheduler's, so that
+    /// drawing from it leaves the loops' order as it was.
+    private var programRandom: SplitMix64
+
+    func nextRandom() -> UInt64 { programRandom.next() }
 
     var network: (any SimulatedNetworking)? { networkCore }
 

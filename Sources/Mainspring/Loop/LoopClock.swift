@@ -150,6 +150,21 @@ public protocol LoopSimulating: AnyObject, Sendable {
 
     /// The simulation's network (see `SimulatedNetworking`); nil: sockets are refused.
     var network: (any SimulatedNetworking)? { get }
+
+    /// The next number of the simulation's stream for the code under test (a client's
+    /// backoff jitter): from the seed, so that a replay draws the same.
+    func nextRandom() -> UInt64
+}
+
+extension EventLoop {
+    /// A random number in `0..<1` for the code running on this loop (a backoff's jitter): from
+    /// the system's generator on a real loop, from the simulation's seed on a simulated one (a
+    /// replay draws the same). Any thread for a real loop; the driving thread for a simulated one.
+    /// `package`: MainspringHTTP's retries.
+    package func randomUnit() -> Double {
+        let bits = simulation?.nextRandom() ?? UInt64.random(in: .min ... .max)
+        return Double(bits >> 11) / Double(1 << 53)
+    }
 }
 
 /// The scheduler's clock on a simulated loop: virtual time, and every dispatch told to the

@@ -90,6 +90,11 @@ public final class HTTPClient: Sendable {
         /// the final one; more is ``HTTPClientError/tooManyInterimResponses(limit:)``. They count
         /// against ``responseTimeout`` and ``maxHeaderBytes`` too.
         public var maxInterimResponses: Int
+        /// When failed requests are tried again (see ``RetryPolicy``); nil (the default): never,
+        /// unless a request brings its own ``HTTPClientRequest/retryPolicy``.
+        public var retryPolicy: RetryPolicy?
+        /// How many retries the client makes in all (see ``RetryBudget``).
+        public var retryBudget: RetryBudget
 
         /// The defaults: 8 connections a host, 30 s a request, 10 s connect, 30 s response, 60 s
         /// idle, 64 KiB of head, 16 MiB of body, no redirects, host names through the system's
@@ -100,8 +105,11 @@ public final class HTTPClient: Sendable {
                     maxHeaderBytes: Int = 65_536, maxBodyBytes: Int = 16 << 20, redirectLimit: Int = 0,
                     userAgent: String? = "Mainspring", resolver: Resolver = .system,
                     connector: Connector = .tcp, secureConnector: Connector? = nil,
-                    connectionOptions: Connection.Options = .init(), maxInterimResponses: Int = 10)
+                    connectionOptions: Connection.Options = .init(), maxInterimResponses: Int = 10,
+                    retryPolicy: RetryPolicy? = nil, retryBudget: RetryBudget = .init())
         {
+            self.retryPolicy = retryPolicy
+            self.retryBudget = retryBudget
             self.maxConnectionsPerHost = maxConnectionsPerHost
             self.requestTimeout = requestTimeout
             self.connectTimeout = connectTimeout
@@ -186,6 +194,8 @@ public final class HTTPClient: Sendable {
     /// The configuration it was made with.
     public let configuration: Configuration
     let pool: ConnectionPool
+    /// The retries made so far against ``Configuration/retryBudget``.
+    let retryBudget: RetryBudgetState
     /// The connections lent to requests now, and whether the client was shut down (set once;
     /// a lease made after it is closed at once).
     private let leased = ClientLock<(connections: [ObjectIdentifier: Connection], isShutDown: Bool)>(([:], false))
@@ -199,6 +209,7 @@ public final class HTTPClient: Sendable {
         self.configuration = configuration
         pool = ConnectionPool(limit: configuration.maxConnectionsPerHost, idleTimeout: configuration.idleTimeout,
                               clock: loop.clock)
+        retryBudget = RetryBudgetState(configuration.retryBudget)
     }
 
     /// Shuts the client down at once: closes its connections, idle and busy, and fails every
@@ -325,10 +336,85 @@ public final class HTTPClient: Sendable {
 
     // MARK: The exchange
 
-    /// Sends `request` (following redirects) and reads the final response's head.
+    /// Sends `request` (following redirects, and trying again as its retry policy says) and
+    /// reads the final response's head.
     private func send(_ request: HTTPClientRequest) async throws(HTTPClientError) -> (ResponseHead, ResponseReader) {
         let deadline = RequestDeadline(timeout: request.timeout ?? configuration.requestTimeout, deadline: request.deadline,
                                        now: loop.clock.now)
+        let policy = request.retryPolicy ?? configuration.retryPolicy ?? .none
+        guard policy.maxRetries > 0 else { return try await sendFollowingRedirects(request, deadline: deadline) }
+        retryBudget.deposit(now: loop.clock.now.nanoseconds)
+        let idempotent = request.method.isIdempotent || policy.retriesNonIdempotentRequests
+        var retries = 0
+        while true {
+            let failure: HTTPClientError
+            do {
+                let (head, reader) = try await sendFollowingRedirects(request, deadline: deadline)
+                guard retries < policy.maxRetries, idempotent, policy.retryableStatuses.contains(head.status) else {
+                    return (head, reader)
+                }
+                let asked = head.status == 503 || head.status == 429
+                    ? retryAfter(head.headers["retry-after"], nowMilliseconds: loop.calendarMilliseconds()) : nil
+                guard let wait = await retryWait(policy, retries: retries, atLeast: asked, deadline: deadline) else {
+                    return (head, reader)
+                }
+                // The answer is dropped: its body read off (up to the limit) so that the
+                // connection can serve the retry, or closed.
+                do {
+                    try await reader.discard(upTo: configuration.maxBodyBytes)
+                } catch {
+                    reader.abandon()
+                }
+                try await pause(wait)
+            } catch let error {
+                failure = error
+                guard retries < policy.maxRetries, Self.mayRetry(failure, idempotent: idempotent),
+                      let wait = await retryWait(policy, retries: retries, atLeast: nil, deadline: deadline)
+                else { throw failure }
+                try await pause(wait)
+            }
+            retries += 1
+        }
+    }
+
+    /// Whether an attempt that failed with `error` may be made again: one that never left, any
+    /// request; one that may have reached the server, an idempotent one.
+    private static func mayRetry(_ error: HTTPClientError, idempotent: Bool) -> Bool {
+        switch error {
+        case .connectFailed, .connectTimeout, .unresolvedHost, .sendFailed: return true
+        case .closedMidResponse, .responseTimeout: return idempotent
+        default: return false
+        }
+    }
+
+    /// The wait before the next retry (at least `atLeast`: a `Retry-After`), or nil when there
+    /// is none to make: it would end past the request's deadline, or the budget is spent.
+    private func retryWait(_ policy: RetryPolicy, retries: Int, atLeast: Duration?, deadline: RequestDeadline) async
+        -> Duration?
+    {
+        let loop = self.loop
+        let random = loop.isCurrent ? loop.randomUnit() : ((try? await loop.submit { loop.randomUnit() }) ?? 0)
+        var wait = policy.backoff(beforeRetry: retries + 1, random: random)
+        if let atLeast { wait = max(wait, atLeast) }
+        if let remaining = deadline.remaining(at: loop.clock.now), wait >= remaining { return nil }
+        guard retryBudget.withdraw(now: loop.clock.now.nanoseconds) else { return nil }
+        return wait
+    }
+
+    /// Waits `duration` on the loop's clock before a retry.
+    private func pause(_ duration: Duration) async throws(HTTPClientError) {
+        do {
+            try await loop.sleep(for: duration)
+        } catch {
+            throw Task.isCancelled ? .cancelled : .clientClosed
+        }
+        if isShutDown { throw .clientClosed }
+    }
+
+    /// Sends `request` (following redirects) and reads the final response's head: one attempt.
+    private func sendFollowingRedirects(_ request: HTTPClientRequest, deadline: RequestDeadline) async throws(HTTPClientError)
+        -> (ResponseHead, ResponseReader)
+    {
         var target = try target(of: request.url)
         var method = request.method
         var body = request.body
@@ -363,7 +449,7 @@ public final class HTTPClient: Sendable {
                           deadline: RequestDeadline) async throws(HTTPClientError) -> (ResponseHead, ResponseReader)
     {
         let bytes = requestBytes(method: method, target: target, headers: headers, body: body)
-        let idempotent = method != .post && method != .patch
+        let idempotent = method.isIdempotent
         var attempt = 0
         while true {
             attempt += 1

@@ -27,11 +27,16 @@ public struct HTTPClientRequest: Sendable {
     /// (`loop.clock.now.advanced(by:)`; virtual time on a simulated loop): a deadline carried
     /// over from the caller's own. Wins over ``timeout`` when both are set.
     public var deadline: LoopClock.Instant?
+    /// When this request is tried again after a failure; nil: the client's
+    /// ``HTTPClient/Configuration/retryPolicy``; ``HTTPClient/RetryPolicy/none``: never.
+    public var retryPolicy: HTTPClient.RetryPolicy?
 
     /// A request.
     public init(method: HTTPMethod = .get, url: String, headers: HTTPHeaders = [:], body: [UInt8] = [],
-                redirectLimit: Int? = nil, timeout: Duration? = nil, deadline: LoopClock.Instant? = nil)
+                redirectLimit: Int? = nil, timeout: Duration? = nil, deadline: LoopClock.Instant? = nil,
+                retryPolicy: HTTPClient.RetryPolicy? = nil)
     {
+        self.retryPolicy = retryPolicy
         self.method = method
         self.url = url
         self.headers = headers

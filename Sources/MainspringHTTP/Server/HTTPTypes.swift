@@ -16,6 +16,15 @@ public enum HTTPMethod: String, Sendable, Hashable, CaseIterable, CustomStringCo
     case connect = "CONNECT"
 
     public var description: String { rawValue }
+
+    /// Whether requests with this method may be repeated with the effect of one (RFC 9110
+    /// §9.2.2): `GET`, `HEAD`, `PUT`, `DELETE`, `OPTIONS`, `TRACE`. What a client retries on its own.
+    public var isIdempotent: Bool {
+        switch self {
+        case .get, .head, .put, .delete, .options, .trace: return true
+        case .post, .patch, .connect: return false
+        }
+    }
 }
 
 /// Header fields in order, with case-insensitive lookup (`headers["content-type"]`).
