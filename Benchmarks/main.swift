@@ -32,6 +32,7 @@ let scenarios: [Scenario] = [
     unixScenario,
     resolveScenario,
     simulationScenario,
+    shutdownScenario,
 ]
 
 /// Scenarios that run only when named (minutes long).
