@@ -19,10 +19,14 @@ struct HTTPDrainTests {
     func aGroupStopsTheServerOnceDrained() async throws {
         let group = try EventLoopGroup(loopCount: 2)
         let upstreamUp = Atomic<Bool>(true)
+        // Each request is held until the stop is requested (so that all six are in flight then,
+        // however slowly a loaded machine connects them), then works 500 ms more.
+        let stopping = Atomic<Bool>(false)
         let started = Locked<HTTPServer?>(nil)
         let report = Locked<HTTPServer.ShutdownReport?>(nil)
         var routes = HTTPRoutes()
         routes.get("/slow") { request async throws in
+            while !stopping.load(ordering: .acquiring) { try await request.loop.sleep(for: .milliseconds(5)) }
             try await request.loop.sleep(for: .milliseconds(500))
             return upstreamUp.load(ordering: .acquiring) ? .text("upstream answered\n") : .status(502)
         }
@@ -60,18 +64,19 @@ struct HTTPDrainTests {
             return try await tasks.reduce(into: []) { $0.append($1) }
         }
         // All six with the server before the group is told to stop.
-        while server.statistics.snapshot.requestsInFlight < 6 && ContinuousClock.now < deadline + .seconds(10) {
+        while server.statistics.snapshot.requestsInFlight < 6 && ContinuousClock.now < deadline + .seconds(30) {
             try await Task.sleep(for: .milliseconds(2))
         }
         #expect(server.statistics.snapshot.requestsInFlight == 6)
+        stopping.store(true, ordering: .releasing)
         services.triggerShutdown()
         let answered = try await statuses
         _ = try await running.value
         #expect(answered == Array(repeating: 200, count: 6), "\(answered)")
         let drained = report.withLock { $0 }
-        // Those still in flight when the stop reached the server finished (on a loaded machine
-        // some may have been answered before it did); none was cut.
-        #expect(drained?.aborted == 0 && (drained?.finished ?? 99) <= 6, "\(String(describing: drained))")
+        // All six were in flight when the stop reached the server (held until then), and
+        // finished; none was cut.
+        #expect(drained?.aborted == 0 && drained?.finished == 6, "\(String(describing: drained))")
         client.shutdown()
         await group.shutdown(gracePeriod: .seconds(2))
     }

@@ -259,6 +259,26 @@ struct HTTPTests {
         #expect(later.stdout == "later from loopback on its loop: true true\n")
     }
 
+    /// Requests pipelined in one write are answered one after another at once. (Found by the
+    /// parity suite: on real loops the second waited for the connection's header timeout — the
+    /// first response's hand-over before the poll made work that the poll then slept on.)
+    @Test("pipelined requests in one write are answered at once, not after the header timeout")
+    func pipelinedRequestsAreAnsweredAtOnce() async throws {
+        let server = try TestServer(loops: 1, configuration: .init(headerTimeout: .seconds(30)))
+        defer { server.stop() }
+        let client = try TestClient(port: server.port)
+        client.setReceiveTimeout(seconds: 40)
+        let keepAlive = "GET /hello HTTP/1.1\r\nHost: t\r\n\r\n"
+        let started = ContinuousClock.now
+        client.send(keepAlive + keepAlive + "GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        let all = client.readToEnd()
+        let elapsed = ContinuousClock.now - started
+        #expect(all.components(separatedBy: "HTTP/1.1 200").count == 4, "\(all)")
+        #expect(all.hasSuffix("ok\n"), "\(all)")
+        // Well under the 30 s header timeout, even on a loaded machine.
+        #expect(elapsed < .seconds(10), "took \(elapsed)")
+    }
+
     @Test("the head guard: a head in pieces (CR and LF apart) is served, one at the limit too; one byte over is 431, also pipelined")
     func headGuardBoundaries() async throws {
         let limit = 256

@@ -61,7 +61,11 @@ public final class SimulatedSocket {
     /// the bufferevent from now on.
     func socketClosing() {
         guard let raw else { return }
-        let unread = evbuffer_get_length(bufferevent_get_input(raw)) > 0
+        // Unread input is what the kernel would still hold: what the network has not delivered
+        // (it knows), and, under a layer, what the layer has not taken (its receive buffer).
+        // A connection's own input buffer is libevent's — read from the socket already — so
+        // closing with bytes there is a plain end of the stream, as over TCP.
+        let unread = ownedTarget != nil && evbuffer_get_length(bufferevent_get_input(raw)) > 0
         let argument = callbackArgument(for: self)
         evbuffer_remove_cb(bufferevent_get_output(raw), simulatedBufferChanged, argument)
         evbuffer_remove_cb(bufferevent_get_input(raw), simulatedBufferChanged, argument)

@@ -285,6 +285,10 @@ public final class EventLoop: @unchecked Sendable {
     /// below retains and releases the loop once per callback.)
     private func iterate(blocking: Bool, deadline: UInt64?, condition: () -> Bool) throws(EventLoopError) -> Int {
         if isSimulated { return iterateSimulated(blocking: blocking, deadline: deadline, condition: condition) }
+        // Before the decision to block: handing output over can make work (a connection whose
+        // response went out takes the next request it had buffered — a pipelined one), which a
+        // blocking poll would leave waiting for the next event or timer.
+        runPrePollActions()
         // One lock per pass: either take the cross-thread posts, or (nothing to do at all)
         // declare the loop asleep so that the next producer writes the eventfd.
         let mightSleep = blocking && !scheduler.hasReadyWork
@@ -292,7 +296,6 @@ public final class EventLoop: @unchecked Sendable {
         let mayBlock = mightSleep && !tookRemote
         let timeoutEvent = mayBlock && deadline != nil ? try armPollTimeout(deadline: deadline!) : nil
         defer { timeoutEvent?.delete() }
-        runPrePollActions()
         let pollStart = mayBlock ? timeSource.fast.now() : 0
         scheduler.counters.polls += 1
         if mayBlock { activityStamp.set(0) }

@@ -81,10 +81,11 @@ extension ServiceGroup {
         /// service's task, and the group's own, prefer it as their executor; and it watches the
         /// signals when ``signalLoop`` is nil. It must be running while the group runs.
         ///
-        /// nil (the default): the tasks run on the global concurrent executor, the signals are
-        /// watched on `EventLoop.main`, and the deadlines are on the clock of ``signalLoop``, else
-        /// (in a simulation's body or program, `MainspringTesting`) the simulation's virtual
-        /// time, else the machine's continuous clock (`Task.sleep`). On a simulated loop (`MainspringTesting`), the whole group runs in
+        /// nil (the default): the signals are watched on `EventLoop.main`; in a simulation's body
+        /// or program (`MainspringTesting`) the tasks run on the simulation's loop and the
+        /// deadlines are on its virtual time (or ``signalLoop``'s clock, if set); elsewhere the
+        /// tasks run on the global concurrent executor and the deadlines are on ``signalLoop``'s
+        /// clock, else the machine's continuous clock (`Task.sleep`). On a simulated loop (`MainspringTesting`), the whole group runs in
         /// virtual time: a 30 s stop deadline passes at once, exactly, and in the same order every
         /// run.
         public var loop: EventLoop?

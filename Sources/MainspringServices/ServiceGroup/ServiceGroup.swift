@@ -229,7 +229,8 @@ private final class GroupRun {
     var failure: (service: String, error: (any Error)?)?
     var forced = false
     var finished = false
-    /// The loop whose executor the group's tasks prefer (``ServiceGroup/Configuration/loop``).
+    /// The loop whose executor the group's tasks prefer (``ServiceGroup/Configuration/loop``,
+    /// else the simulation's whose task runs the group).
     let loop: EventLoop?
     /// The loop whose clock times the group: its loop, else its signal loop, else the loop of
     /// the simulation whose task runs it. nil only outside a simulation with neither
@@ -241,7 +242,9 @@ private final class GroupRun {
     init(group: ServiceGroup, sink: AsyncStream<GroupEvent>.Continuation, clockLoop: EventLoop?) {
         self.group = group
         self.sink = sink
-        self.loop = group.configuration.loop
+        // In a simulation's body or program, with no loop configured, the group's tasks run on
+        // the simulation's loop, as its time does: off it they would run on real threads.
+        self.loop = group.configuration.loop ?? EventLoop.simulationOfCurrentTask
         self.clockLoop = clockLoop
         slots = group.members.map { Slot(member: $0) }
     }
