@@ -1,3 +1,4 @@
+import Foundation
 import Mainspring
 import MainspringTestSupport
 import MainspringTesting
@@ -134,7 +135,7 @@ struct ParityScenario: Sendable, CustomStringConvertible {
     }
 
     /// Every scenario that real and simulated loops agree on.
-    static var all: [ParityScenario] { tcp }
+    static var all: [ParityScenario] { tcp + http + framing }
 }
 
 /// The parity suite: each scenario on real loops over loopback and in a simulation, their
@@ -204,6 +205,18 @@ struct ParityScenario: Sendable, CustomStringConvertible {
         try await Self.compare(scenario)
     }
 
+    @Test(.disabled("""
+        A request pipelined behind another in one write is answered on real loops only when the \
+        connection's header-timeout timer fires (10 s by default; exactly headerTimeout with other \
+        values), in the simulation at once: the same bytes, 10 s apart. Seemingly the first \
+        response's "output sent" (ConnectionSource.flushPendingOutput, run before the poll) hands \
+        the next request over from inside the loop's pre-poll step, and the loop then polls until \
+        its next timer. Sources/Mainspring (not MainspringTesting).
+        """), arguments: [ParityScenario.pipelining])
+    func pipelinedRequestsAreAnsweredAtOnce(_ scenario: ParityScenario) async throws {
+        try await Self.compare(scenario)
+    }
+
     /// Runs `scenario` on real loops and in a simulation and compares their transcripts.
     static func compare(_ scenario: ParityScenario) async throws {
         let realStart = ContinuousClock.now
@@ -211,6 +224,13 @@ struct ParityScenario: Sendable, CustomStringConvertible {
         let simulatedStart = ContinuousClock.now
         let simulated = try await Self.simulated(scenario)
         let realTime = simulatedStart - realStart, simulatedTime = ContinuousClock.now - simulatedStart
+        if ProcessInfo.processInfo.environment["PARITY_TRANSCRIPTS"] != nil {
+            for (side, lines) in [("real client", real.client), ("real server", real.server),
+                                  ("simulated client", simulated.client), ("simulated server", simulated.server)]
+            {
+                print("parity: \(scenario.name): \(side):\n  " + lines.joined(separator: "\n  "))
+            }
+        }
         #expect(simulated.client == real.client, "client side: \(Self.firstDifference(real.client, simulated.client))")
         #expect(simulated.server == real.server, "server side: \(Self.firstDifference(real.server, simulated.server))")
         let totals = Self.totals.withLock { totals in
