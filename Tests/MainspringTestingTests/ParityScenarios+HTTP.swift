@@ -6,7 +6,8 @@ import Testing
 
 /// The HTTP server both worlds run: its routes, and how a scenario starts and ends it.
 enum ParityHTTP {
-    static var routes: HTTPRoutes {
+    /// The routes; the WebSockets' handlers write what they saw on `transcript`.
+    static func routes(recording transcript: Transcript) -> HTTPRoutes {
         var routes = HTTPRoutes()
         routes.get("/hello") { _ in .text("hello\n") }
         routes.post("/echo") { request in .text("echo [\(request.text)]\n") }
@@ -23,12 +24,26 @@ enum ParityHTTP {
             }
         })
         routes.webSocket("/ws", configuration: .init(compression: .init())) { socket in
-            for await message in socket.messages { try await socket.send(message) }
+            transcript.add("ws: compressed \(socket.isCompressed)")
+            for await message in socket.messages {
+                transcript.add("ws: got \(describe(message))")
+                try await socket.send(message)
+            }
+            let status = await socket.closed
+            transcript.add("ws: closed \(status)")
         }
         routes.webSocket("/plain-ws") { socket in
             for await message in socket.messages { try await socket.send(message) }
         }
         return routes
+    }
+
+    /// A WebSocket message in words: its kind, size, and the start of a text.
+    static func describe(_ message: WebSocket.Message) -> String {
+        switch message {
+        case .text(let text): "text of \(text.utf8.count) bytes: \(text.prefix(12).debugDescription)"
+        case .binary(let bytes): "binary of \(bytes.count) bytes: \(bytes.prefix(6))"
+        }
     }
 
     /// Each response's bytes as lines, without `Date` (inherent: the real server dates on the
@@ -61,9 +76,9 @@ extension ParityWorld {
         configuration.port = port
         let server: HTTPServer
         if let tls {
-            server = try await HTTPServer(group: serverGroup, configuration: configuration, routes: ParityHTTP.routes, tls: tls)
+            server = try await HTTPServer(group: serverGroup, configuration: configuration, routes: ParityHTTP.routes(recording: self.server), tls: tls)
         } else {
-            server = try await HTTPServer(group: serverGroup, configuration: configuration, routes: ParityHTTP.routes)
+            server = try await HTTPServer(group: serverGroup, configuration: configuration, routes: ParityHTTP.routes(recording: self.server))
         }
         do {
             try await body(listening(on: server.port))

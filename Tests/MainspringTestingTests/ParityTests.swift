@@ -24,7 +24,7 @@ struct ParityWorld: Sendable {
     /// The server's side: one loop (an `HTTPServer` takes the group).
     let serverGroup: EventLoopGroup
     var serverLoop: EventLoop { serverGroup.loops[0] }
-    /// The loop the client side runs on (in the simulation, the loop `run`'s body prefers).
+    /// The loop the client side runs on.
     let clientLoop: EventLoop
     /// The address a server binds, and the one its clients connect to.
     let bindHost: String
@@ -82,8 +82,8 @@ struct ParityWorld: Sendable {
     }
 
     /// Waits until `condition` holds: polled every 2 ms of real time for up to `timeout` (60 s:
-    /// a loaded 2-core machine) on real loops, every millisecond of virtual time in the
-    /// simulation. Records an issue and throws when it never does.
+    /// a loaded 2-core machine) on real loops, every 5 ms of virtual time in the simulation.
+    /// Records an issue and throws when it never does.
     func settle(_ what: String, timeout: Duration = .seconds(60), sourceLocation: SourceLocation = #_sourceLocation,
                 until condition: @Sendable () async throws -> Bool) async throws
     {
@@ -92,7 +92,7 @@ struct ParityWorld: Sendable {
             let deadline = clock.now.advanced(by: timeout)
             while try await !condition() {
                 guard clock.now < deadline else { break }
-                try await clientLoop.sleep(for: .milliseconds(1))
+                try await clientLoop.sleep(for: .milliseconds(5))
             }
         } else {
             let deadline = ContinuousClock.now + timeout
@@ -135,7 +135,7 @@ struct ParityScenario: Sendable, CustomStringConvertible {
     }
 
     /// Every scenario that real and simulated loops agree on.
-    static var all: [ParityScenario] { tcp + http + framing }
+    static var all: [ParityScenario] { tcp + http + framing + tlsWebSocketUDP }
 }
 
 /// The parity suite: each scenario on real loops over loopback and in a simulation, their
@@ -165,9 +165,13 @@ struct ParityScenario: Sendable, CustomStringConvertible {
         let simulation = try Simulation(seed: 77)
         simulation.network.latency = .milliseconds(1)
         let serverGroup = try simulation.makeGroup(loopCount: 1, host: "10.0.0.2")
+        // The client on a host of its own, as on real loops it has a loop of its own. (Not
+        // `simulation.loop`: its host is 127.0.0.1, which another host's reply to it would
+        // reach as its own loopback — a UDP echo to it never comes back.)
+        let clientGroup = try simulation.makeGroup(loopCount: 1, host: "10.0.0.1")
         // The test certificate's name leads to the server's host, as "localhost" does on loopback.
         simulation.network.register(name: "localhost", address: "10.0.0.2")
-        let world = ParityWorld(isSimulated: true, serverGroup: serverGroup, clientLoop: simulation.loop,
+        let world = ParityWorld(isSimulated: true, serverGroup: serverGroup, clientLoop: clientGroup.loops[0],
                                 bindHost: "0.0.0.0", serverHost: "10.0.0.2", port: 7000, refusedPort: 7999)
         do {
             try await simulation.run { try await scenario.run(world) }
@@ -214,6 +218,20 @@ struct ParityScenario: Sendable, CustomStringConvertible {
         its next timer. Sources/Mainspring (not MainspringTesting).
         """), arguments: [ParityScenario.pipelining])
     func pipelinedRequestsAreAnsweredAtOnce(_ scenario: ParityScenario) async throws {
+        try await Self.compare(scenario)
+    }
+
+    @Test(.disabled("""
+        A TLS client's shutdownOutput() shuts the TCP socket's write side without close_notify. On \
+        real loops the server's OpenSSL 3 reads that end as "unexpected eof" and sends a \
+        decode_error alert (SSLfatal) before its connection reports the end of input, so the real \
+        client's next read fails with "TLS: tlsv1 alert decode error"; over the simulation's \
+        bytes the session runs in libevent's OpenSSL filter, which hears the stream's end as an \
+        event and never reads it through OpenSSL: no alert, the simulated client reads the end. \
+        Sources/MainspringTLS (close_notify on a half-close) or its simulated layer (not \
+        MainspringTesting).
+        """), arguments: [ParityScenario.tlsHalfClose])
+    func tlsHalfCloseEndsAlike(_ scenario: ParityScenario) async throws {
         try await Self.compare(scenario)
     }
 
