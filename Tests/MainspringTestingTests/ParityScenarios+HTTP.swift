@@ -153,7 +153,9 @@ extension ParityScenario {
         return reply
     }
 
-    static let http: [ParityScenario] = [
+    static var http: [ParityScenario] { httpExchanges + [deadlines] }
+
+    static let httpExchanges: [ParityScenario] = [
         ParityScenario("HTTPClient, keep-alive: GET, POST, HEAD, a 404 and a 405 on one connection") { world in
             try await world.withHTTPServer { world in
                 let client = HTTPClient(loop: world.clientLoop)
@@ -240,6 +242,28 @@ extension ParityScenario {
                 + "POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello"
                 + "GET /nowhere HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
                 within: .seconds(5))  // half the header timeout (10 s)
+        }
+    }
+
+    /// The server's deadlines: a head that never ends is cut at `headerTimeout`, an idle
+    /// keep-alive connection at `idleTimeout` — each closed, each client reading the end.
+    static let deadlines = ParityScenario("HTTP deadlines: half a head cut at headerTimeout (300 ms), an idle keep-alive connection at idleTimeout (500 ms)") { world in
+        try await world.withHTTPServer(configuration: .init(idleTimeout: .milliseconds(500), headerTimeout: .milliseconds(300))) { world in
+            let clock = world.clientLoop.clock
+            let slow = try await world.connect()
+            try await slow.send("GET /hello HTTP/1.1\r\nHost: a\r\n")  // and no more
+            var start = clock.now
+            try await readToEnd(slow, world.client)
+            var waited = start.duration(to: clock.now)
+            world.client.add("ended after the header timeout, within 30 s: \(waited >= .milliseconds(300) && waited < .seconds(30))")
+
+            let idle = try await world.connect()
+            try await idle.send("GET /hello HTTP/1.1\r\nHost: a\r\n\r\n")
+            for line in ParityHTTP.lines(of: try await readResponse(idle) ?? []) { world.client.add(line) }
+            start = clock.now
+            try await readToEnd(idle, world.client)
+            waited = start.duration(to: clock.now)
+            world.client.add("ended after the idle timeout, within 30 s: \(waited >= .milliseconds(500) && waited < .seconds(30))")
         }
     }
 }

@@ -148,7 +148,46 @@ extension ParityScenario {
         aPeerThatStopsReading,
         manyLinesBothWays,
         aMebibyteEchoed,
+
+        ParityScenario(name: "idleTimeout: a server connection that hears nothing for 300 ms closes with .idleTimeout; the client reads the end",
+                       options: .init(idleTimeout: .milliseconds(300)), server: { connection, transcript in
+            recordingClose(connection, transcript)
+            readingLines(connection, transcript, onLine: { connection.writeLine("echo: \($0)") })
+        }, client: { world, transcript in
+            let connection = try await Connection.connect(to: world.serverHost, port: world.port, on: world.clientLoop)
+            try await connection.send(line: "one")
+            transcript.add("read \(String(describing: try await connection.readLine()))")
+            let clock = world.clientLoop.clock
+            let quiet = clock.now
+            transcript.add("read \(await outcome { try await connection.readLine() })")
+            let waited = quiet.duration(to: clock.now)
+            transcript.add("the end came after the timeout, within 30 s: \(waited >= .milliseconds(300) && waited < .seconds(30))")
+            connection.close()
+        }, serverDone: { $0.contains { $0.hasPrefix("closed") } }),
+
+        abortWithInputUnread,
     ]
+
+    /// A client that aborts with the server's echo unread (it never read: the echo waits in its
+    /// kernel) resets the stream: it is closed `.cancelled` at once, the server gets ECONNRESET.
+    static let abortWithInputUnread = ParityScenario("abort() with the peer's echo unread: closed .cancelled at once, and the peer gets ECONNRESET") { world in
+        let accepted = Locked<Connection?>(nil)
+        try await world.serving(server: { connection, transcript in
+            accepted.withLock { $0 = connection }
+            recordingClose(connection, transcript)
+            readingLines(connection, transcript, onLine: { connection.writeLine("echo: \($0)") })
+        }, serverDone: { $0.contains { $0.hasPrefix("closed") } }) { world in
+            let connection = try await Connection.connect(to: world.serverHost, port: world.port, on: world.clientLoop)
+            try await connection.send(line: "before")
+            // The echo has left the server (on loopback: it is in the client's kernel).
+            try await world.settle("the server's echo to leave") {
+                guard world.server.has("line"), let server = accepted.value else { return false }
+                return try await world.onServerLoop { server.bufferedOutputBytes == 0 }
+            }
+            try await world.onClientLoop { connection.abort() }
+            world.client.add(await ending(connection))
+        }
+    }
 
     /// A server that stops reading and closes while the client's bytes wait for it — some in
     /// the connection's input buffer (full: 256 KiB), the rest in the kernel (in the
