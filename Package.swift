@@ -256,7 +256,7 @@ let package = Package(
         ),
         .testTarget(
             name: "MainspringTestingTests",
-            dependencies: ["Mainspring", "MainspringTesting", "MainspringHTTP", "MainspringTestSupport"],
+            dependencies: ["Mainspring", "MainspringTesting", "MainspringHTTP", "MainspringTLS", "MainspringTestSupport"],
             path: "Tests/MainspringTestingTests"
         ),
     ],
