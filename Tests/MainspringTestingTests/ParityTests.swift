@@ -39,6 +39,10 @@ struct ParityWorld: Sendable {
     /// What the client side and the server side saw.
     let client = Transcript()
     let server = Transcript()
+    /// Makes `body` the program of the executable `name` — in the simulation (as
+    /// `Simulation.register(program:_:)`); nothing on real loops, whose children are real
+    /// programs. A child scenario registers the simulated twin of the real program it runs.
+    var registerProgram: @Sendable (_ name: String, _ body: @escaping @Sendable (SimulatedProcess) async throws -> Int32) -> Void = { _, _ in }
 
     /// This world with `port` as the server's port (the one a listener got).
     func listening(on port: UInt16) -> ParityWorld {
@@ -136,7 +140,7 @@ struct ParityScenario: Sendable, CustomStringConvertible {
 
     /// Every scenario that real and simulated loops agree on.
     static var all: [ParityScenario] {
-        tcp + http + framing + tlsWebSocketUDP
+        tcp + http + framing + tlsWebSocketUDP + processes
             // Found to differ by this suite, and fixed: a close with input libevent had read
             // (the simulation reset it); pipelined requests (real loops waited for a timer).
             + [closeWithInputAlreadyRead, pipelining]
@@ -177,7 +181,8 @@ struct ParityScenario: Sendable, CustomStringConvertible {
         // The test certificate's name leads to the server's host, as "localhost" does on loopback.
         simulation.network.register(name: "localhost", address: "10.0.0.2")
         let world = ParityWorld(isSimulated: true, serverGroup: serverGroup, clientLoop: clientGroup.loops[0],
-                                bindHost: "0.0.0.0", serverHost: "10.0.0.2", port: 7000, refusedPort: 7999)
+                                bindHost: "0.0.0.0", serverHost: "10.0.0.2", port: 7000, refusedPort: 7999,
+                                registerProgram: { name, body in simulation.register(program: name, body) })
         do {
             try await simulation.run { try await scenario.run(world) }
         } catch {
