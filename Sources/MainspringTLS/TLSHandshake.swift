@@ -107,8 +107,18 @@ final class TLSHandshake {
 struct TLSAcceptPreparer: AcceptedSocketPreparer {
     let context: TLSServerContext
 
-    func prepare(fd: Int32, peer: String, on loop: EventLoop, options: Connection.Options,
+    func prepare(_ endpoint: StreamEndpoint, peer: String, on loop: EventLoop, options: Connection.Options,
                  done: @escaping (Connection?) -> Void)
+    {
+        switch endpoint {
+        case .descriptor(let fd): prepare(fd: fd, peer: peer, on: loop, options: options, done: done)
+        case .simulated(let end): prepare(simulated: end, peer: peer, on: loop, options: options, done: done)
+        }
+    }
+
+    /// The handshake over a socket: OpenSSL's bufferevent on the descriptor.
+    private func prepare(fd: Int32, peer: String, on loop: EventLoop, options: Connection.Options,
+                         done: @escaping (Connection?) -> Void)
     {
         let contexts = context.contexts
         guard let session = SSLSession(server: contexts, fd: fd) else {
@@ -124,8 +134,10 @@ struct TLSAcceptPreparer: AcceptedSocketPreparer {
         handshake.start()
     }
 
-    func prepare(simulated end: any SimulatedStreamEnd, peer: String, on loop: EventLoop, options: Connection.Options,
-                 done: @escaping (Connection?) -> Void)
+    /// The handshake over a simulated stream: OpenSSL's filter over the simulated socket (see
+    /// SimulatedTLS.swift).
+    private func prepare(simulated end: any SimulatedStreamEnd, peer: String, on loop: EventLoop,
+                         options: Connection.Options, done: @escaping (Connection?) -> Void)
     {
         let contexts = context.contexts
         let counters = context.counters

@@ -19,8 +19,8 @@ struct HTTPDrainTests {
     func aGroupStopsTheServerOnceDrained() async throws {
         let group = try EventLoopGroup(loopCount: 2)
         let upstreamUp = Atomic<Bool>(true)
-        // Each request is held until the stop is requested (so that all six are in flight then,
-        // however slowly a loaded machine connects them), then works 500 ms more.
+        // Each request is held until the server's shutdown begins (so that all six are in flight
+        // then, however slowly a loaded machine connects them), then works 500 ms more.
         let stopping = Atomic<Bool>(false)
         let started = Locked<HTTPServer?>(nil)
         let report = Locked<HTTPServer.ShutdownReport?>(nil)
@@ -41,6 +41,7 @@ struct HTTPDrainTests {
                 started.withLock { $0 = server }
                 context.started()
                 await context.stopRequested()
+                stopping.store(true, ordering: .releasing)
                 let drained = await server.shutdown(gracePeriod: .seconds(20))
                 report.withLock { $0 = drained }
             },
@@ -68,7 +69,6 @@ struct HTTPDrainTests {
             try await Task.sleep(for: .milliseconds(2))
         }
         #expect(server.statistics.snapshot.requestsInFlight == 6)
-        stopping.store(true, ordering: .releasing)
         services.triggerShutdown()
         let answered = try await statuses
         _ = try await running.value

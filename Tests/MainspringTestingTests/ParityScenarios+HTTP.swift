@@ -250,17 +250,19 @@ extension ParityScenario {
     static let deadlines = ParityScenario("HTTP deadlines: half a head cut at headerTimeout (300 ms), an idle keep-alive connection at idleTimeout (500 ms)") { world in
         try await world.withHTTPServer(configuration: .init(idleTimeout: .milliseconds(500), headerTimeout: .milliseconds(300))) { world in
             let clock = world.clientLoop.clock
+            // Each wait counted from before the server could start its timer (the connect, the
+            // request): a loaded machine may deliver the end late, never early.
+            var start = clock.now
             let slow = try await world.connect()
             try await slow.send("GET /hello HTTP/1.1\r\nHost: a\r\n")  // and no more
-            var start = clock.now
             try await readToEnd(slow, world.client)
             var waited = start.duration(to: clock.now)
             world.client.add("ended after the header timeout, within 30 s: \(waited >= .milliseconds(300) && waited < .seconds(30))")
 
             let idle = try await world.connect()
+            start = clock.now
             try await idle.send("GET /hello HTTP/1.1\r\nHost: a\r\n\r\n")
             for line in ParityHTTP.lines(of: try await readResponse(idle) ?? []) { world.client.add(line) }
-            start = clock.now
             try await readToEnd(idle, world.client)
             waited = start.duration(to: clock.now)
             world.client.add("ended after the idle timeout, within 30 s: \(waited >= .milliseconds(500) && waited < .seconds(30))")

@@ -91,7 +91,7 @@ struct ConnectionQueueTests {
         try #require(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &fds) == 0)
         let (mine, peer) = (fds[0], fds[1])
         let connection = try await loop.submit {
-            Connection(source: try ConnectionSource(loop: loop, fd: mine, peer: "test", options: .init()))
+            Connection(source: try ConnectionSource(loop: loop, endpoint: .descriptor(mine), peer: "test", options: .init()))
         }
         let queue = ConnectionQueue()
         for _ in 0..<Listener.maxWaitingConnections { _ = queue.reserve() }

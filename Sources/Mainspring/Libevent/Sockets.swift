@@ -10,15 +10,17 @@ import Glibc
 
 /// Receives an evconnlistener's callbacks.
 class SocketListenerTarget {
-    /// A connection was accepted: `fd` is non-blocking and now owned by the callee.
-    func accepted(fd: Int32, peer: String) {}
+    /// A connection was accepted: `endpoint` (a non-blocking descriptor, or a simulated
+    /// stream's end) is now owned by the callee.
+    func accepted(_ endpoint: StreamEndpoint, peer: String) {}
     /// `accept(2)` failed with `errno` (EMFILE when out of descriptors, say).
     func acceptFailed(errno: Int32) {}
 }
 
 /// A listening socket on a base: bound here (`evconnlistener_new_bind`) or adopted from a
 /// descriptor that already listens (`evconnlistener_new`). Owns the socket: `deinit` closes it.
-final class SocketListener {
+/// The kernel's `ListeningPort`.
+final class SocketListener: ListeningPort {
     private let raw: OpaquePointer
     private let base: EventBase
     /// The bound port (useful when binding port 0); 0 for a unix socket.
@@ -110,12 +112,20 @@ final class SocketListener {
 
     /// Stops accepting (`evconnlistener_disable` only deletes its event: it cannot fail).
     func disable() { evconnlistener_disable(raw) }
+
+    func setAccepting(_ accepting: Bool) throws(EventLoopError) {
+        if accepting { try enable() } else { disable() }
+    }
+
+    /// Stops accepting; the socket closes (and a Unix socket's file goes) when the listener is
+    /// released.
+    func close() { disable() }
 }
 
 private let listenerAcceptTrampoline: evconnlistener_cb = { _, fd, address, length, arg in
     let target = callbackTarget(arg, as: SocketListenerTarget.self)
     disableNagle(fd)
-    target.accepted(fd: fd, peer: describe(address, length))
+    target.accepted(.descriptor(fd), peer: describe(address, length))
 }
 
 private let listenerErrorTrampoline: evconnlistener_errorcb = { _, arg in

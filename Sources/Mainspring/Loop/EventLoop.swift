@@ -56,6 +56,8 @@ public final class EventLoop: @unchecked Sendable {
     let timeSource: DispatchClock
     /// The simulation that drives this loop (`MainspringTesting`); nil for a real loop.
     let simulation: (any LoopSimulating)?
+    /// What the loop reaches the world through: the kernel, or its simulation (see `LoopWorld`).
+    let world: any LoopWorld
     /// Whether this loop is simulated (`MainspringTesting`): its time is virtual and it refuses
     /// real descriptors. (`simulation != nil` as a plain flag: the hot paths test it without
     /// copying, and so retaining, the existential.)
@@ -137,6 +139,7 @@ public final class EventLoop: @unchecked Sendable {
         self.isMainLoop = isMainLoop
         self.simulation = simulation
         self.isSimulated = simulation != nil
+        self.world = Self.makeWorld(for: simulation)
         self.timeSource = DispatchClock(fast: FastClock.shared, virtual: simulation?.clock)
         self.base = try EventBase()
         self.wakeup = try WakeupDescriptor()

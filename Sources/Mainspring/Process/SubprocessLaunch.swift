@@ -99,7 +99,7 @@ extension Subprocess {
             guard let fd = descriptors.parent[index] else { continue }
             descriptors.parent[index] = nil
             do {
-                let made = try ConnectionSource(loop: loop, fd: fd, peer: "pid \(pid) \(streamNames[index])",
+                let made = try ConnectionSource(loop: loop, endpoint: .descriptor(fd), peer: "pid \(pid) \(streamNames[index])",
                                                 options: configuration.pipeOptions,
                                                 role: index == 0 ? .pipeWriteEnd : .pipeReadEnd)
                 pipes[index] = Connection(source: made)
@@ -188,14 +188,16 @@ extension Subprocess {
         let (writer, reader) = network.makePipe(on: loop)
         let writing: ConnectionSource
         do {
-            writing = try ConnectionSource(loop: loop, simulated: writer, peer: peer, options: options, role: .pipeWriteEnd)
+            writing = try ConnectionSource(loop: loop, endpoint: .simulated(writer), peer: peer, options: options,
+                                           role: .pipeWriteEnd)
         } catch {
             reader.socketClosed(unreadInput: false)
             throw error
         }
         let reading: ConnectionSource
         do {
-            reading = try ConnectionSource(loop: loop, simulated: reader, peer: peer, options: options, role: .pipeReadEnd)
+            reading = try ConnectionSource(loop: loop, endpoint: .simulated(reader), peer: peer, options: options,
+                                           role: .pipeReadEnd)
         } catch {
             writing.close()
             throw error

@@ -15,17 +15,16 @@ extension Connection {
     {
         guard loop.claimThread() else { throw .wrongThread(function: "Connection.makePair(on:options:)") }
         options.check("Connection.makePair")
-        if loop.isSimulated { return try makeSimulatedPair(on: loop, options: options) }
-        let (first, second) = try makeStreamSocketPair()
+        let (first, second) = try loop.world.makePair(on: loop)
         let one: ConnectionSource
         do {
-            one = try ConnectionSource(loop: loop, fd: first, peer: "pair \(second)", options: options)
+            one = try ConnectionSource(loop: loop, endpoint: first, peer: "pair", options: options)
         } catch {
-            closeDescriptor(second)
+            second.release()
             throw error
         }
         do {
-            let other = try ConnectionSource(loop: loop, fd: second, peer: "pair \(first)", options: options)
+            let other = try ConnectionSource(loop: loop, endpoint: second, peer: "pair", options: options)
             return (Connection(source: one), Connection(source: other))
         } catch {
             one.close()
@@ -59,40 +58,9 @@ extension Connection {
         throws(EventLoopError) -> Connection
     {
         guard loop.claimThread() else { throw .wrongThread(function: "Connection.adopting(descriptor:on:options:)") }
-        if loop.isSimulated { throw .simulatedLoop(refused: "Connection.adopting(descriptor: \(descriptor))") }
         options.check("Connection.adopting(descriptor:)")
-        guard isOpenDescriptor(descriptor) else { throw .badDescriptor(descriptor) }
-        if let problem = connectedStreamSocketProblem(descriptor) {
-            throw .notConnectedSocket(descriptor: descriptor, reason: problem)
-        }
-        if let code = setNonBlocking(descriptor) {
-            throw .system(function: "fcntl(\(descriptor), F_SETFL, O_NONBLOCK)", errno: code)
-        }
-        if let code = setCloseOnExec(descriptor) {
-            throw .system(function: "fcntl(\(descriptor), F_SETFD, FD_CLOEXEC)", errno: code)
-        }
-        return Connection(source: try ConnectionSource(loop: loop, fd: descriptor, peer: "descriptor \(descriptor)", options: options))
-    }
-}
-
-extension Connection {
-    /// `makePair` on a simulated loop: the two ends of one stream of the simulation's network.
-    private static func makeSimulatedPair(on loop: EventLoop, options: Options) throws(EventLoopError) -> (Connection, Connection) {
-        let network = try loop.requireSimulatedNetwork(for: "Connection.makePair")
-        let (first, second) = network.makePair(on: loop)
-        let one: ConnectionSource
-        do {
-            one = try ConnectionSource(loop: loop, simulated: first, peer: "pair", options: options)
-        } catch {
-            second.socketClosed(unreadInput: false)
-            throw error
-        }
-        do {
-            let other = try ConnectionSource(loop: loop, simulated: second, peer: "pair", options: options)
-            return (Connection(source: one), Connection(source: other))
-        } catch {
-            one.close()
-            throw error
-        }
+        let endpoint = try loop.world.adopt(descriptor: descriptor)
+        return Connection(source: try ConnectionSource(loop: loop, endpoint: endpoint, peer: "descriptor \(descriptor)",
+                                                       options: options))
     }
 }

@@ -195,22 +195,31 @@ final class ConnectionSource: Source {
         max(4 * chunk, maxLineLength + 2 + chunk)
     }
 
-    init(loop: EventLoop, fd: Int32, peer: String, options: Connection.Options, role: ConnectionRole = .socket)
-        throws(EventLoopError)
+    /// The state every connection starts with; its socket comes next (see the initializers
+    /// below), made by the loop's world (`LoopWorld`) or over a layer.
+    private init(loop: EventLoop, peer: String, options: Connection.Options, role: ConnectionRole, connected: Bool,
+                 transport: (any ConnectionTransport)?)
     {
         _ = ignoreSIGPIPE
         self.role = role
         self.remoteAddress = peer
         self.kept = KeptOptions(options)
         self.splitter = InPlaceLineSplitter(maxLineLength: options.maxLineLength)
-        self.state = ConnectionState(connected: true)
+        self.state = ConnectionState(connected: connected)
         self.readLimit = Self.inputLimit(maxLineLength: options.maxLineLength)
-        self.layer = nil
+        self.layer = transport.map(TransportLayer.init)
         super.init(loop: loop, priority: .input, keepsLoopBusy: true)
+    }
+
+    /// A connection over `endpoint`, connected already: accepted, one of a pair, adopted, a
+    /// child's pipe. On a failure the endpoint is released.
+    convenience init(loop: EventLoop, endpoint: StreamEndpoint, peer: String, options: Connection.Options,
+                     role: ConnectionRole = .socket) throws(EventLoopError)
+    {
+        self.init(loop: loop, peer: peer, options: options, role: role, connected: true, transport: nil)
         do {
-            socket = try BufferedSocket(base: loop.base, fd: fd, target: self)
+            socket = try endpoint.makeSocket(on: loop.base, target: self)
         } catch {
-            closeDescriptor(fd)
             close()
             throw error
         }
@@ -218,19 +227,11 @@ final class ConnectionSource: Source {
     }
 
     /// A connection over an established bufferevent made by a package module's `transport`.
-    init(loop: EventLoop, adopting bufferevent: OpaquePointer, peer: String, options: Connection.Options,
-         transport: any ConnectionTransport, simulatedLayer: SimulatedLayerSocket? = nil)
+    convenience init(loop: EventLoop, adopting bufferevent: OpaquePointer, peer: String, options: Connection.Options,
+                     transport: any ConnectionTransport, simulatedLayer: SimulatedLayerSocket? = nil)
     {
-        _ = ignoreSIGPIPE
         options.check("Connection (TLS)")
-        self.role = .socket
-        self.remoteAddress = peer
-        self.kept = KeptOptions(options)
-        self.splitter = InPlaceLineSplitter(maxLineLength: options.maxLineLength)
-        self.state = ConnectionState(connected: true)
-        self.readLimit = Self.inputLimit(maxLineLength: options.maxLineLength)
-        self.layer = TransportLayer(transport)
-        super.init(loop: loop, priority: .input, keepsLoopBusy: true)
+        self.init(loop: loop, peer: peer, options: options, role: .socket, connected: true, transport: transport)
         let adopted = BufferedSocket(adopting: bufferevent, base: loop.base, target: self)
         if let simulatedLayer { adopted.adopt(simulatedLayer: simulatedLayer) }
         // Reading starts with the first reader, as on every connection: the layer may have
@@ -242,73 +243,15 @@ final class ConnectionSource: Source {
         configureSocket()
     }
 
-    /// A connection over one end of a stream of a simulation's network (`MainspringTesting`):
-    /// accepted by a listener, or one of a pair. On a failure the end is closed.
-    init(loop: EventLoop, simulated end: any SimulatedStreamEnd, peer: String, options: Connection.Options,
-         role: ConnectionRole = .socket) throws(EventLoopError)
+    /// A connection to `host:port`, connecting: the loop's world starts the connect (a
+    /// socket's, or a stream of the simulation's network) and finishes it later.
+    convenience init(loop: EventLoop, connectingTo host: String, port: UInt16, options: Connection.Options)
+        throws(EventLoopError)
     {
-        self.role = role
-        self.remoteAddress = peer
-        self.kept = KeptOptions(options)
-        self.splitter = InPlaceLineSplitter(maxLineLength: options.maxLineLength)
-        self.state = ConnectionState(connected: true)
-        self.readLimit = Self.inputLimit(maxLineLength: options.maxLineLength)
-        self.layer = nil
-        super.init(loop: loop, priority: .input, keepsLoopBusy: true)
-        do {
-            socket = try BufferedSocket(simulatedOn: loop.base, end: end, target: self)
-        } catch {
-            end.socketClosed(unreadInput: false)
-            close()
-            throw error
-        }
-        configureSocket()
-    }
-
-    init(loop: EventLoop, connectingTo host: String, port: UInt16, options: Connection.Options) throws(EventLoopError) {
-        _ = ignoreSIGPIPE
         options.check("Connection.connect")
-        self.role = .socket
-        self.remoteAddress = hostAndPort(host, port)
-        self.kept = KeptOptions(options)
-        self.splitter = InPlaceLineSplitter(maxLineLength: options.maxLineLength)
-        self.state = ConnectionState(connected: false)
-        self.readLimit = Self.inputLimit(maxLineLength: options.maxLineLength)
-        self.layer = nil
-        super.init(loop: loop, priority: .input, keepsLoopBusy: true)
-        if loop.isSimulated {
-            try connectOverSimulatedNetwork(host: host, port: port, options: options)
-            return
-        }
-        if let literal = numericAddress(host, port: port) {
-            // One address: libevent connects the socket itself, which exists from now on.
-            do {
-                socket = try BufferedSocket(connectingTo: literal, base: loop.base, target: self)
-            } catch {
-                close()
-                throw error
-            }
-            configureSocket()
-            return
-        }
-        guard isPlausibleHostName(host) else {
-            close()
-            throw .invalidAddress(host)
-        }
-        do {
-            socket = try BufferedSocket(unconnectedOn: loop.base, target: self)
-        } catch {
-            close()
-            throw error
-        }
-        configureSocket()
-        loop.connectSocket(to: host, port: port, options: options) { [weak self] result in
-            guard let self else {
-                if case .success(let fd) = result { closeDescriptor(fd) }
-                return
-            }
-            self.connectFinished(result)
-        }
+        self.init(loop: loop, peer: hostAndPort(host, port), options: options, role: .socket, connected: false,
+                  transport: nil)
+        try loop.world.startConnect(self, to: host, port: port, options: options)
     }
 
     var bufferedOutputBytes: Int { (socket?.outputLength ?? 0) + pendingOutput.count }

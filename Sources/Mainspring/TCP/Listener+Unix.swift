@@ -68,14 +68,9 @@ extension Connection {
     {
         guard loop.claimThread() else { throw .wrongThread(function: "Connection.connect(unixPath:on:options:)") }
         options.check("Connection.connect(unixPath:)")
-        if loop.isSimulated {
-            let network = try loop.requireSimulatedNetwork(for: "a connection to \(path)")
-            let end = try network.connect(unixPath: path, from: loop)
-            // A source that cannot be made closes `end` itself.
-            return Connection(source: try ConnectionSource(loop: loop, simulated: end, peer: path, options: options))
-        }
-        let fd = try startUnixConnect(to: path)
-        return Connection(source: try ConnectionSource(loop: loop, fd: fd, peer: path, options: options))
+        let endpoint = try loop.world.connect(unixPath: path, from: loop)
+        // A source that cannot be made releases the endpoint itself.
+        return Connection(source: try ConnectionSource(loop: loop, endpoint: endpoint, peer: path, options: options))
     }
 
     /// Connects to the Unix stream socket at `path` from `loop`. Any task.

@@ -1,30 +1,17 @@
-/// An accepted socket on its way to another loop: closed if it never gets there.
+/// An accepted socket on its way to another loop: released if it never gets there.
 private final class AcceptedSocket: @unchecked Sendable {
-    private var fd: Int32
-    /// On a simulated loop: the stream's end instead of a descriptor (`MainspringTesting`).
-    private var simulated: (any SimulatedStreamEnd)?
+    private var endpoint: StreamEndpoint?
     let peer: String
-    init(fd: Int32, peer: String) {
-        self.fd = fd
+    init(_ endpoint: StreamEndpoint, peer: String) {
+        self.endpoint = endpoint
         self.peer = peer
     }
-    init(simulated end: any SimulatedStreamEnd, peer: String) {
-        self.fd = -1
-        self.simulated = end
-        self.peer = peer
+    /// The endpoint, now the caller's (nil if taken already).
+    func take() -> StreamEndpoint? {
+        defer { endpoint = nil }
+        return endpoint
     }
-    func take() -> Int32 {
-        defer { fd = -1 }
-        return fd
-    }
-    func takeSimulated() -> (any SimulatedStreamEnd)? {
-        defer { simulated = nil }
-        return simulated
-    }
-    deinit {
-        if fd >= 0 { closeDescriptor(fd) }
-        simulated?.socketClosed(unreadInput: false)
-    }
+    deinit { endpoint?.release() }
 }
 
 /// Where a listener's socket comes from.
@@ -40,15 +27,11 @@ enum ListeningSocket {
 /// A step between accepting a socket and handing its connection over — a TLS handshake
 /// (`MainspringTLS`) — that a listener made with it runs on the connection's loop.
 package protocol AcceptedSocketPreparer: Sendable {
-    /// On `loop`'s thread: makes the connection for `fd` (now the preparer's to close), at its
-    /// own pace, then calls `done` once, on `loop`'s thread, with the connection — or nil if it
-    /// could not be made (the socket is then closed, and the preparer counted or reported why).
-    func prepare(fd: Int32, peer: String, on loop: EventLoop, options: Connection.Options,
-                 done: @escaping (Connection?) -> Void)
-
-    /// On a simulated loop (`MainspringTesting`): as `prepare(fd:…)`, for one end of a stream of
-    /// the simulation's network (now the preparer's to close).
-    func prepare(simulated end: any SimulatedStreamEnd, peer: String, on loop: EventLoop, options: Connection.Options,
+    /// On `loop`'s thread: makes the connection over `endpoint` (now the preparer's to release),
+    /// at its own pace, then calls `done` once, on `loop`'s thread, with the connection — or nil
+    /// if it could not be made (the endpoint is then released, and the preparer counted or
+    /// reported why).
+    func prepare(_ endpoint: StreamEndpoint, peer: String, on loop: EventLoop, options: Connection.Options,
                  done: @escaping (Connection?) -> Void)
 }
 
@@ -59,9 +42,8 @@ final class ListenerSource: Source {
         case queue(ConnectionQueue)
     }
 
-    private var listener: SocketListener?
-    /// On a simulated loop: the simulation's network listens instead (`MainspringTesting`).
-    private var simulatedListener: (any SimulatedListening)?
+    /// The listening socket, as the loop's world made it (nil once closed).
+    private var listener: (any ListeningPort)?
     private let target = Target()
     /// Weak: the group's loops hold this source, so a strong reference would be a cycle.
     private weak var group: EventLoopGroup?
@@ -90,41 +72,8 @@ final class ListenerSource: Source {
         self.preparer = preparer
         super.init(loop: loop, priority: .input)
         target.source = self
-        if loop.isSimulated {
-            do throws(EventLoopError) {
-                let accepted: (any SimulatedStreamEnd, String) -> Void = { [target] end, peer in
-                    target.accepted(simulated: end, peer: peer)
-                }
-                let made: any SimulatedListening
-                switch socket {
-                case .binding(let host, let port, let backlog):
-                    let network = try loop.requireSimulatedNetwork(for: "a TCP listener on \(host):\(port)")
-                    made = try network.listen(on: loop, host: host, port: port, backlog: backlog, accepted: accepted)
-                case .unix(let path, _, let backlog):
-                    // No file on a simulated host: `mode` has nothing to apply to.
-                    let network = try loop.requireSimulatedNetwork(for: "a Unix listener at \(path)")
-                    made = try network.listen(unixPath: path, on: loop, backlog: backlog, accepted: accepted)
-                case .adopting(let fd):
-                    throw EventLoopError.simulatedLoop(refused: "a listener adopting descriptor \(fd)")
-                }
-                self.port = made.port
-                self.localAddress = made.localAddress
-                simulatedListener = made
-            } catch {
-                close()
-                throw error
-            }
-            return
-        }
         do {
-            let made = switch socket {
-            case .binding(let host, let port, let backlog):
-                try SocketListener(base: loop.base, host: host, port: port, backlog: backlog, target: target)
-            case .adopting(let fd):
-                try SocketListener(base: loop.base, adopting: fd, target: target)
-            case .unix(let path, let mode, let backlog):
-                try SocketListener(base: loop.base, unixPath: path, mode: mode, backlog: backlog, target: target)
-            }
+            let made = try loop.world.listen(socket, on: loop, target: target)
             self.port = made.port
             self.localAddress = made.localAddress
             listener = made
@@ -156,35 +105,23 @@ final class ListenerSource: Source {
         // A simulated program's listener: what it accepts is the program's too, on any loop.
         let owner = loop.simulatedOwner(of: self)
         let make: @Sendable (@escaping (Connection?) -> Void) -> Void = { done in
-            if let end = socket.takeSimulated() {
-                if let preparer {
-                    // What the preparer opens for it (a handshake's timer) is the program's too,
-                    // wherever this runs: it ends with the program.
-                    SimulatedOwnership.$current.withValue(owner) {
-                        preparer.prepare(simulated: end, peer: socket.peer, on: destination, options: options) { connection in
-                            if let connection, let owner { destination.setSimulatedOwner(owner, of: connection.source) }
-                            done(connection)
-                        }
-                    }
-                    return
-                }
-                // nil only when the loop cannot make the bufferevent (out of memory): the end is
-                // then closed by ConnectionSource, and the connection is not delivered, as below.
-                let source = try? ConnectionSource(loop: destination, simulated: end, peer: socket.peer, options: options)
-                if let source, let owner { destination.setSimulatedOwner(owner, of: source) }
-                done(source.map { Connection(source: $0) })
-                return
-            }
-            let fd = socket.take()
+            guard let endpoint = socket.take() else { return done(nil) }
             if let preparer {
-                preparer.prepare(fd: fd, peer: socket.peer, on: destination, options: options, done: done)
+                // What the preparer opens for it (a handshake's timer) is the simulated program's
+                // too, wherever this runs: it ends with the program.
+                SimulatedOwnership.$current.withValue(owner) {
+                    preparer.prepare(endpoint, peer: socket.peer, on: destination, options: options) { connection in
+                        if let connection, let owner { destination.setSimulatedOwner(owner, of: connection.source) }
+                        done(connection)
+                    }
+                }
                 return
             }
-            do {
-                done(Connection(source: try ConnectionSource(loop: destination, fd: fd, peer: socket.peer, options: options)))
-            } catch {
-                done(nil)  // the fd was closed by ConnectionSource
-            }
+            // nil only when the loop cannot make the socket (out of memory, descriptors): the
+            // endpoint was released, and the connection is not delivered.
+            let source = try? ConnectionSource(loop: destination, endpoint: endpoint, peer: socket.peer, options: options)
+            if let source, let owner { destination.setSimulatedOwner(owner, of: source) }
+            done(source.map { Connection(source: $0) })
         }
         switch delivery {
         case .handler(let accept):
@@ -245,8 +182,7 @@ final class ListenerSource: Source {
     /// turns false and `connections` ends.
     private func enableAccepting() {
         do {
-            simulatedListener?.setAccepting(true)
-            try listener?.enable()
+            try listener?.setAccepting(true)
         } catch {
             registrationFailed(error)
         }
@@ -273,7 +209,7 @@ final class ListenerSource: Source {
     /// EMFILE/ENFILE: the listening socket stays readable, so stop polling it for a while.
     private func pauseAfterAcceptFailure() {
         guard pauseTimer == nil, let listener else { return }
-        listener.disable()
+        try? listener.setAccepting(false)  // stopping cannot fail
         pauseTimer = loop.schedule(after: .milliseconds(100)) { [weak self] in
             guard let self, !self.isClosed else { return }
             self.pauseTimer = nil
@@ -284,15 +220,13 @@ final class ListenerSource: Source {
 
     /// Stops accepting (the backlog holds new connections).
     private func stopAccepting() {
-        listener?.disable()
-        simulatedListener?.setAccepting(false)
+        try? listener?.setAccepting(false)  // stopping cannot fail
     }
 
     override func didClose() {
         shared.isClosed.store(true, ordering: .releasing)
+        listener?.close()
         listener = nil
-        simulatedListener?.close()
-        simulatedListener = nil
         if case .queue(let queue) = delivery { queue.finish() }
         delivery = nil
         accepted.removeAll()  // closes the fds
@@ -302,20 +236,12 @@ final class ListenerSource: Source {
 
     private final class Target: SocketListenerTarget {
         weak var source: ListenerSource?
-        override func accepted(fd: Int32, peer: String) {
+        override func accepted(_ endpoint: StreamEndpoint, peer: String) {
             guard let source else {
-                closeDescriptor(fd)
+                endpoint.release()
                 return
             }
-            source.accepted.append(AcceptedSocket(fd: fd, peer: peer))
-            source.fire(.read)
-        }
-        func accepted(simulated end: any SimulatedStreamEnd, peer: String) {
-            guard let source else {
-                end.socketClosed(unreadInput: false)
-                return
-            }
-            source.accepted.append(AcceptedSocket(simulated: end, peer: peer))
+            source.accepted.append(AcceptedSocket(endpoint, peer: peer))
             source.fire(.read)
         }
         override func acceptFailed(errno: Int32) {

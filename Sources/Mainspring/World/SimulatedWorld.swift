@@ -1,0 +1,69 @@
+/// A simulation's world (`MainspringTesting`): its network's streams and listeners stand in
+/// for sockets, on virtual time; what has no simulated counterpart (a descriptor to adopt) is
+/// refused with `EventLoopError.simulatedLoop`.
+final class SimulatedWorld: LoopWorld {
+    let simulation: any LoopSimulating
+
+    init(_ simulation: any LoopSimulating) { self.simulation = simulation }
+
+    /// The simulation's network, or `.simulatedLoop` naming `what` when it has none.
+    private func network(for what: @autoclosure () -> String) throws(EventLoopError) -> any SimulatedNetworking {
+        guard let network = simulation.network else { throw .simulatedLoop(refused: what()) }
+        return network
+    }
+
+    func startConnect(_ source: ConnectionSource, to host: String, port: UInt16, options: Connection.Options)
+        throws(EventLoopError)
+    {
+        try source.connectOverSimulatedNetwork(host: host, port: port, options: options)
+    }
+
+    func connect(unixPath path: String, from loop: EventLoop) throws(EventLoopError) -> StreamEndpoint {
+        .simulated(try network(for: "a connection to \(path)").connect(unixPath: path, from: loop))
+    }
+
+    func makePair(on loop: EventLoop) throws(EventLoopError) -> (StreamEndpoint, StreamEndpoint) {
+        let (first, second) = try network(for: "Connection.makePair").makePair(on: loop)
+        return (.simulated(first), .simulated(second))
+    }
+
+    func adopt(descriptor: Int32) throws(EventLoopError) -> StreamEndpoint {
+        throw .simulatedLoop(refused: "Connection.adopting(descriptor: \(descriptor))")
+    }
+
+    func listen(_ socket: ListeningSocket, on loop: EventLoop, target: SocketListenerTarget) throws(EventLoopError)
+        -> any ListeningPort
+    {
+        let accepted: (any SimulatedStreamEnd, String) -> Void = { [weak target] end, peer in
+            guard let target else {
+                end.socketClosed(unreadInput: false)
+                return
+            }
+            target.accepted(.simulated(end), peer: peer)
+        }
+        switch socket {
+        case .binding(let host, let port, let backlog):
+            let network = try network(for: "a TCP listener on \(host):\(port)")
+            return SimulatedListeningPort(try network.listen(on: loop, host: host, port: port, backlog: backlog,
+                                                             accepted: accepted))
+        case .unix(let path, _, let backlog):
+            // No file on a simulated host: `mode` has nothing to apply to.
+            let network = try network(for: "a Unix listener at \(path)")
+            return SimulatedListeningPort(try network.listen(unixPath: path, on: loop, backlog: backlog, accepted: accepted))
+        case .adopting(let fd):
+            throw .simulatedLoop(refused: "a listener adopting descriptor \(fd)")
+        }
+    }
+}
+
+/// A listener of a simulation's network as a `ListeningPort`.
+private final class SimulatedListeningPort: ListeningPort {
+    private let listening: any SimulatedListening
+
+    init(_ listening: any SimulatedListening) { self.listening = listening }
+
+    var port: UInt16 { listening.port }
+    var localAddress: String { listening.localAddress }
+    func setAccepting(_ accepting: Bool) { listening.setAccepting(accepting) }
+    func close() { listening.close() }
+}
