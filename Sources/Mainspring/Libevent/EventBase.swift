@@ -26,10 +26,6 @@ final class EventBase {
     /// mixed into a simulation silently. (The loop's own eventfd is made before it is set.)
     var refusesDescriptors = false
 
-    /// A simulated loop's sockets (`SimulatedSocket`, by their `BufferedSocket`): bufferevents
-    /// without a descriptor, fed by the simulation's network. Empty on a real loop.
-    var simulatedSockets: [ObjectIdentifier: SimulatedSocket] = [:]
-
     /// Throws `EventLoopError.simulatedLoop` for `what` on a simulated loop's base.
     @inline(__always)
     func refuseIfSimulated(_ what: @autoclosure () -> String) throws(EventLoopError) {

@@ -163,6 +163,10 @@ struct SocketEvent: OptionSet, Sendable {
 final class BufferedSocket {
     private let raw: OpaquePointer
     private let base: EventBase
+    /// The network's side of a socket of a simulation (`MainspringTesting`), told of every
+    /// change of the buffers and of the reading; nil for a kernel's socket, which the kernel
+    /// watches. (The world a loop reaches decides which a socket is: `StreamEndpoint`.)
+    private(set) var simulated: SimulatedSocket?
 
     /// Wraps a connected, non-blocking socket.
     convenience init(base: EventBase, fd: Int32, target: NativeEventTarget) throws(EventLoopError) {
@@ -198,13 +202,8 @@ final class BufferedSocket {
         let arg = callbackArgument(for: target)
         bufferevent_setcb(bev, socketReadTrampoline, socketWriteTrampoline, socketEventTrampoline, arg)
         let simulated = SimulatedSocket(bufferevent: bev, target: target)
-        base.simulatedSockets[ObjectIdentifier(self)] = simulated
+        self.simulated = simulated
         if let end { simulated.attach(end) }
-    }
-
-    /// The simulation's side of a simulated socket (nil on a real loop).
-    var simulated: SimulatedSocket? {
-        base.refusesDescriptors ? base.simulatedSockets[ObjectIdentifier(self)] : nil
     }
 
     /// Gives a simulated socket (made without one) the end of the stream its connect made.
@@ -217,7 +216,7 @@ final class BufferedSocket {
     /// network hears of the close when this socket goes (before its bufferevent — the layer's
     /// filter, with the layer socket under it — is freed).
     func adopt(simulatedLayer: SimulatedLayerSocket) {
-        base.simulatedSockets[ObjectIdentifier(self)] = simulatedLayer.simulated
+        simulated = simulatedLayer.simulated
     }
 
     /// Takes over `bufferevent`, made elsewhere in the package on `base` (a TLS bufferevent over
@@ -261,7 +260,7 @@ final class BufferedSocket {
     }
 
     deinit {
-        if base.refusesDescriptors { base.simulatedSockets.removeValue(forKey: ObjectIdentifier(self))?.socketClosing() }
+        simulated?.socketClosing()
         bufferevent_free(raw)
     }
 
@@ -272,14 +271,14 @@ final class BufferedSocket {
     func enable(_ events: IOEvents) throws(EventLoopError) {
         try base.takeInjectedFailure("bufferevent_enable")
         try check(bufferevent_enable(raw, events.readiness.libeventFlags), "bufferevent_enable")
-        if base.refusesDescriptors { simulated?.changed() }
+        simulated?.changed()
     }
 
     /// Stops polling for `events`. (`bufferevent_disable` only deletes events, which cannot
     /// fail for a valid bufferevent: its result is 0 by construction.)
     func disable(_ events: IOEvents) {
         bufferevent_disable(raw, events.readiness.libeventFlags)
-        if base.refusesDescriptors { simulated?.changed() }
+        simulated?.changed()
     }
 
     /// From now on `target.socketOutputTaken()` runs whenever output leaves the buffer (the
@@ -404,13 +403,13 @@ final class BufferedSocket {
     /// libevent stops reading the socket while this many bytes of input are buffered.
     func setReadHighWatermark(_ bytes: Int) {
         bufferevent_setwatermark(raw, Int16(EV_READ), 0, bytes)
-        if base.refusesDescriptors { simulated?.changed() }
+        simulated?.changed()
     }
 
     /// Read and write inactivity timeouts (nil: none).
     func setTimeouts(readNanoseconds: UInt64?, writeNanoseconds: UInt64?) {
-        if base.refusesDescriptors {
-            simulated?.setTimeouts(read: readNanoseconds, write: writeNanoseconds)
+        if let simulated {
+            simulated.setTimeouts(read: readNanoseconds, write: writeNanoseconds)
             return
         }
         var read = timeval(nanoseconds: readNanoseconds ?? 0)
@@ -425,8 +424,8 @@ final class BufferedSocket {
 
     /// Half-closes the socket: the peer reads end of file once our output is sent.
     func shutdownWrite() {
-        if base.refusesDescriptors {
-            simulated?.end?.socketShutdownWrite()
+        if let simulated {
+            simulated.end?.socketShutdownWrite()
             return
         }
         shutdown(fd, Int32(SHUT_WR))

@@ -82,17 +82,6 @@ public final class EventLoop: @unchecked Sendable {
     /// How many `run`/`spin` calls are on the stack.
     @exclusivity(unchecked) private var runDepth = 0
     private(set) var sources: [ObjectIdentifier: Source] = [:]
-    /// On a simulated loop: who opened each source that a simulated program opened (its
-    /// kernel-side lifetime, see SimulatedOwnership.swift). Empty on a real loop.
-    var simulatedOwners: [ObjectIdentifier: SimulatedOwnership.Record] = [:]
-    /// Numbers the records of `simulatedOwners`, so that closing follows opening order.
-    var simulatedOwnerSequence: UInt64 = 0
-    /// On a simulated loop: the owner of the source being dispatched right now, if a program
-    /// opened it (what its callback opens is the program's too); nil between dispatches.
-    var dispatchingOwner: (any SimulatedOwner)?
-    /// The owners of the dispatches a nested spin interrupted, innermost last (each dispatch
-    /// restores its caller's when it ends).
-    var interruptedOwners: [(any SimulatedOwner)?] = []
     /// Open sources with `keepsLoopBusy`, plus in-flight work of `LoopAttachment`s (see
     /// `isQuiescent`).
     var busySources = 0
@@ -427,12 +416,12 @@ public final class EventLoop: @unchecked Sendable {
     func register(_ source: Source) {
         sources[ObjectIdentifier(source)] = source
         if source.keepsLoopBusy { busySources += 1 }
-        if isSimulated { noteSimulatedOwner(of: source) }
+        world.sourceRegistered(source)
     }
 
     func unregister(_ source: Source) {
         if sources.removeValue(forKey: ObjectIdentifier(source)) != nil, source.keepsLoopBusy { busySources -= 1 }
-        if isSimulated, !simulatedOwners.isEmpty { simulatedOwners[ObjectIdentifier(source)] = nil }
+        world.sourceUnregistered(source)
     }
 
     /// The number of open sources (timers, watchers, readers) on this loop.

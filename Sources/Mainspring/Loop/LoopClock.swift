@@ -174,11 +174,14 @@ struct SimulatedDispatchClock: SchedulerClock {
     unowned(unsafe) let simulation: any LoopSimulating
     /// The simulation's clock, read without a retain or a witness call (twice per callback).
     private let clock: Unmanaged<VirtualClock>
+    /// Who opened the loop's sources: a dispatch's callback opens for its source's opener.
+    private let ownership: SimulatedOwnerships?
 
     init(loop: EventLoop, simulation: any LoopSimulating) {
         self.loop = loop
         self.simulation = simulation
         clock = Unmanaged.passUnretained(simulation.clock)
+        ownership = loop.world.ownership
     }
 
     @inline(__always)
@@ -187,7 +190,7 @@ struct SimulatedDispatchClock: SchedulerClock {
     static var tracesDispatches: Bool { true }
 
     func willRun(_ job: borrowing ReadyRecord.Job) {
-        loop.noteDispatch(of: job)
+        ownership?.willDispatch(job)
         guard simulation.isTracing else { return }
         switch job {
         case .work, .loopWork: simulation.willDispatch(on: loop, kind: "work", label: "execute")
@@ -198,7 +201,7 @@ struct SimulatedDispatchClock: SchedulerClock {
         }
     }
 
-    func didRun() { loop.noteDispatchEnded() }
+    func didRun() { ownership?.dispatchEnded() }
 }
 
 extension EventLoop {

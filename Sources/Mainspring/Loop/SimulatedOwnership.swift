@@ -39,51 +39,63 @@ public enum SimulatedOwnership {
     }
 }
 
-extension EventLoop {
-    /// Records who opens `source` on this simulated loop, if a program does.
-    func noteSimulatedOwner(of source: Source) {
-        if let owner = currentSimulatedOwner { setSimulatedOwner(owner, of: source) }
-    }
+/// Who opened each source of one simulated loop that a simulated program opened: the loop's
+/// simulated world keeps it (`SimulatedWorld.ownership`); a kernel's world has none. Loop
+/// thread only (the thread driving the simulation).
+final class SimulatedOwnerships {
+    /// The owner of each owned source, with when it was opened.
+    var records: [ObjectIdentifier: SimulatedOwnership.Record] = [:]
+    /// Numbers the records, so that closing follows opening order.
+    var sequence: UInt64 = 0
+    /// The owner of the source being dispatched right now, if a program opened it (what its
+    /// callback opens is the program's too); nil between dispatches.
+    var dispatchingOwner: (any SimulatedOwner)?
+    /// The owners of the dispatches a nested spin interrupted, innermost last (each dispatch
+    /// restores its caller's when it ends).
+    var interruptedOwners: [(any SimulatedOwner)?] = []
 
-    private func record(_ owner: any SimulatedOwner, of source: Source) {
-        simulatedOwnerSequence &+= 1
-        simulatedOwners[ObjectIdentifier(source)] = SimulatedOwnership.Record(owner: owner, sequence: simulatedOwnerSequence)
+    /// Who is opening sources right now: the current task's owner, else the owner of the
+    /// dispatch in progress.
+    var current: (any SimulatedOwner)? { SimulatedOwnership.current ?? dispatchingOwner }
+
+    func record(_ owner: any SimulatedOwner, of source: Source) {
+        sequence &+= 1
+        records[ObjectIdentifier(source)] = SimulatedOwnership.Record(owner: owner, sequence: sequence)
     }
 
     /// The dispatch pass is about to run `job`: what it opens is its source's owner's (a
     /// posted closure's, a task job's: nobody's here; a task carries its owner itself). The
-    /// owner of a dispatch this one runs inside (a nested spin) is kept for `noteDispatchEnded`.
-    func noteDispatch(of job: borrowing ReadyRecord.Job) {
+    /// owner of a dispatch this one runs inside (a nested spin) is kept for `dispatchEnded`.
+    func willDispatch(_ job: borrowing ReadyRecord.Job) {
         interruptedOwners.append(dispatchingOwner)
-        guard !simulatedOwners.isEmpty else {
+        guard !records.isEmpty else {
             dispatchingOwner = nil
             return
         }
         switch job {
-        case .source(let source): dispatchingOwner = simulatedOwners[ObjectIdentifier(source)]?.owner
+        case .source(let source): dispatchingOwner = records[ObjectIdentifier(source)]?.owner
         default: dispatchingOwner = nil
         }
     }
 
-    /// The dispatch of `noteDispatch` ended: the owner is its caller's again (nil after a
+    /// The dispatch of `willDispatch` ended: the owner is its caller's again (nil after a
     /// pass's own dispatch: code between dispatches — the test's, the network's — opens for
     /// nobody).
-    func noteDispatchEnded() {
+    func dispatchEnded() {
         dispatchingOwner = interruptedOwners.popLast() ?? nil
     }
+}
 
+extension EventLoop {
     /// Who is opening sources on this simulated loop right now: the current task's owner, else
     /// the owner of the dispatch in progress. nil on a real loop.
     /// `package`: MainspringTLS carries it from a connect to the connection its handshake makes.
-    package var currentSimulatedOwner: (any SimulatedOwner)? {
-        guard isSimulated else { return nil }
-        return SimulatedOwnership.current ?? dispatchingOwner
-    }
+    package var currentSimulatedOwner: (any SimulatedOwner)? { world.ownership?.current }
 
     /// The program that opened `source` on this simulated loop, if one did.
     func simulatedOwner(of source: Source) -> (any SimulatedOwner)? {
-        guard isSimulated, !simulatedOwners.isEmpty else { return nil }
-        return simulatedOwners[ObjectIdentifier(source)]?.owner
+        guard let ownership = world.ownership, !ownership.records.isEmpty else { return nil }
+        return ownership.records[ObjectIdentifier(source)]?.owner
     }
 
     /// Makes `source` `owner`'s (what it opens; a connection accepted by an owned listener,
@@ -91,12 +103,12 @@ extension EventLoop {
     /// on the next turn (a killed program's task runs on until it notices its cancellation:
     /// nothing it opens meanwhile outlives the turn).
     func setSimulatedOwner(_ owner: any SimulatedOwner, of source: Source) {
-        guard isSimulated, !source.isClosed else { return }
+        guard let ownership = world.ownership, !source.isClosed else { return }
         if owner.hasEnded {
             executeNextTurn(priority: .input) { source.close() }
             return
         }
-        record(owner, of: source)
+        ownership.record(owner, of: source)
     }
 
     /// Makes `connection` `owner`'s (a connection a layer made once its handshake ended, for
@@ -116,11 +128,11 @@ extension EventLoop {
     @_spi(Simulation)
     @discardableResult
     public func closeSources(openedBy owner: any SimulatedOwner) -> Int {
-        guard isSimulated else { return 0 }
-        let owned = simulatedOwners.filter { $0.value.owner === owner }.sorted { $0.value.sequence < $1.value.sequence }
+        guard let ownership = world.ownership else { return 0 }
+        let owned = ownership.records.filter { $0.value.owner === owner }.sorted { $0.value.sequence < $1.value.sequence }
         let closing = owned.compactMap { sources[$0.key] }
-        for (id, _) in owned { simulatedOwners[id] = nil }
-        if let current = dispatchingOwner, current === owner { dispatchingOwner = nil }
+        for (id, _) in owned { ownership.records[id] = nil }
+        if let current = ownership.dispatchingOwner, current === owner { ownership.dispatchingOwner = nil }
         for source in closing { source.close() }
         return closing.count
     }

@@ -26,6 +26,16 @@ protocol LoopWorld: AnyObject {
     /// Listens as `socket` says, handing what it accepts to `target`.
     func listen(_ socket: ListeningSocket, on loop: EventLoop, target: SocketListenerTarget) throws(EventLoopError)
         -> any ListeningPort
+
+    /// Who opened the loop's sources, where programs of a simulation open them (see
+    /// SimulatedOwnership.swift); nil in the kernel's world, whose processes are the kernel's.
+    var ownership: SimulatedOwnerships? { get }
+
+    /// `source` was registered on the loop (recorded as its opener's, in a simulation).
+    func sourceRegistered(_ source: Source)
+
+    /// `source` left the loop.
+    func sourceUnregistered(_ source: Source)
 }
 
 /// A listening socket as a world made it: the kernel's (`SocketListener`), or a listener of a
@@ -52,6 +62,10 @@ extension EventLoop {
 
 /// The kernel's world: real sockets and descriptors.
 final class KernelWorld: LoopWorld {
+    var ownership: SimulatedOwnerships? { nil }
+    func sourceRegistered(_ source: Source) {}
+    func sourceUnregistered(_ source: Source) {}
+
     func startConnect(_ source: ConnectionSource, to host: String, port: UInt16, options: Connection.Options)
         throws(EventLoopError)
     {

@@ -3,8 +3,20 @@
 /// refused with `EventLoopError.simulatedLoop`.
 final class SimulatedWorld: LoopWorld {
     let simulation: any LoopSimulating
+    /// Who opened the loop's sources (its simulated programs' descriptors, as a kernel keeps them).
+    let ownership: SimulatedOwnerships? = SimulatedOwnerships()
 
     init(_ simulation: any LoopSimulating) { self.simulation = simulation }
+
+    func sourceRegistered(_ source: Source) {
+        guard let ownership, let owner = ownership.current else { return }
+        source.loop.setSimulatedOwner(owner, of: source)
+    }
+
+    func sourceUnregistered(_ source: Source) {
+        guard let ownership, !ownership.records.isEmpty else { return }
+        ownership.records[ObjectIdentifier(source)] = nil
+    }
 
     /// The simulation's network, or `.simulatedLoop` naming `what` when it has none.
     private func network(for what: @autoclosure () -> String) throws(EventLoopError) -> any SimulatedNetworking {
