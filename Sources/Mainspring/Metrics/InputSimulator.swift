@@ -63,12 +63,9 @@ public final class InputSimulator {
     /// Busy time spent handling each record.
     public let handlingCost: Duration
 
-    private let pipe: RecordPipe?
-    private let writer: Writer?
-    private let reader: Reader?
-    /// The pipe, writer and reader in one source on a simulated loop.
-    private let simulated: SimulatedInputSource?
-    private var hasStarted = false
+    /// What writes and reads the records: a pipe between a writer thread and the loop, or (on
+    /// a simulated loop) one source of the simulation's time — as the loop's world makes it.
+    private let driver: any InputDriver
 
     /// Creates the pipe and the loop's watcher; nothing is written until `start()`.
     ///
@@ -94,76 +91,40 @@ public final class InputSimulator {
         self.pattern = pattern
         self.count = count.map { max(0, $0) }
         self.handlingCost = handlingCost
-        if loop.isSimulated {
-            guard loop.claimThread() else { throw .wrongThread(function: "InputSimulator.init") }
-            (pipe, writer, reader) = (nil, nil, nil)
-            simulated = SimulatedInputSource(loop: loop, pattern: pattern, count: self.count,
-                                             cost: handlingCost.clampedNanoseconds, onEvent: onEvent)
-            return
-        }
-        simulated = nil
-        let pipe = try RecordPipe()
-        let reader = Reader(pipe: pipe, cost: handlingCost.clampedNanoseconds, onEvent: onEvent)
-        self.pipe = pipe
-        writer = Writer(pipe: pipe, pattern: pattern, count: self.count)
-        self.reader = reader
-        reader.watcher = try loop.watch(pipe.readFD, for: .read, priority: .input) { _ in reader.readAvailable() }
+        driver = try loop.world.makeInputDriver(on: loop, pattern: pattern, count: self.count,
+                                                cost: handlingCost.clampedNanoseconds, onEvent: onEvent)
     }
 
     deinit {
         // The writer stops and closes its end; the reader then sees end of file and closes the
         // watcher and its end (when the loop runs again).
-        if let simulated { simulated.stopWriting(); return }
-        writer?.pipe.requestStop()
-        if !hasStarted { writer?.pipe.closeWrite() }
+        driver.stopForDeinit()
     }
 
     /// Starts the writer thread. Idempotent.
-    public func start() {
-        guard !hasStarted else { return }
-        hasStarted = true
-        if let simulated {
-            simulated.startWriting()
-            return
-        }
-        guard let writer = self.writer else { return }
-        let thread = Thread { writer.run() }
-        thread.name = "mainspring.input-simulator"
-        thread.start()
-    }
+    public func start() { driver.start() }
 
     /// Stops the writer (promptly, even mid-wait). Records already written are still read and
     /// measured; `isFinished` turns true once they have been. Idempotent; any time.
-    public func stop() {
-        if let simulated {
-            hasStarted = true
-            simulated.stopWriting()
-            return
-        }
-        writer?.pipe.requestStop()
-        if !hasStarted {
-            hasStarted = true
-            writer?.pipe.closeWrite()
-        }
-    }
+    public func stop() { driver.stop() }
 
     /// Write-to-handling latency of every record handled so far.
-    public var latencies: LatencyHistogram { simulated?.latencies ?? reader?.latencies ?? LatencyHistogram() }
+    public var latencies: LatencyHistogram { driver.latencies }
 
     /// Records handled so far.
-    public var received: Int { simulated?.received ?? reader?.received ?? 0 }
+    public var received: Int { driver.received }
 
     /// Records written so far (by the writer thread).
-    public var sent: Int { simulated?.sent ?? writer?.sent.load(ordering: .acquiring) ?? 0 }
+    public var sent: Int { driver.sent }
 
     /// Whether the writer has finished (after `count` records, or `stop()`) and the loop has
     /// handled everything it wrote.
-    public var isFinished: Bool { simulated?.sawEnd ?? reader?.sawEnd ?? true }
+    public var isFinished: Bool { driver.isFinished }
 
     // MARK: The two sides
 
     /// The writer thread's side.
-    private final class Writer: Sendable {
+    fileprivate final class Writer: Sendable {
         let pipe: RecordPipe
         let pattern: Pattern
         let count: Int?
@@ -204,7 +165,7 @@ public final class InputSimulator {
     }
 
     /// The loop's side: the watcher's handler and what it measured. Loop thread only.
-    private final class Reader {
+    fileprivate final class Reader {
         let pipe: RecordPipe
         let cost: UInt64
         let onEvent: ((Event) -> Void)?
@@ -246,14 +207,71 @@ public final class InputSimulator {
 @available(*, unavailable)
 extension InputSimulator: Sendable {}
 
+/// What writes an `InputSimulator`'s records and reads them on the loop, as the loop's world
+/// makes it (`LoopWorld.makeInputDriver`). Loop thread only, as the simulator.
+protocol InputDriver: AnyObject {
+    func start()
+    func stop()
+    /// The simulator goes: the writer stops (what it wrote is still read).
+    func stopForDeinit()
+    var latencies: LatencyHistogram { get }
+    var received: Int { get }
+    var sent: Int { get }
+    var isFinished: Bool { get }
+}
+
+/// The kernel's records: a writer thread writes them into a pipe, the loop watches its read end.
+final class PipeInputDriver: InputDriver {
+    private let writer: InputSimulator.Writer
+    private let reader: InputSimulator.Reader
+    private var hasStarted = false
+
+    init(loop: EventLoop, pattern: InputSimulator.Pattern, count: Int?, cost: UInt64,
+         onEvent: ((InputSimulator.Event) -> Void)?) throws(EventLoopError)
+    {
+        let pipe = try RecordPipe()
+        let reader = InputSimulator.Reader(pipe: pipe, cost: cost, onEvent: onEvent)
+        writer = InputSimulator.Writer(pipe: pipe, pattern: pattern, count: count)
+        self.reader = reader
+        reader.watcher = try loop.watch(pipe.readFD, for: .read, priority: .input) { _ in reader.readAvailable() }
+    }
+
+    func start() {
+        guard !hasStarted else { return }
+        hasStarted = true
+        let writer = self.writer
+        let thread = Thread { writer.run() }
+        thread.name = "mainspring.input-simulator"
+        thread.start()
+    }
+
+    func stop() {
+        writer.pipe.requestStop()
+        if !hasStarted {
+            hasStarted = true
+            writer.pipe.closeWrite()
+        }
+    }
+
+    func stopForDeinit() {
+        writer.pipe.requestStop()
+        if !hasStarted { writer.pipe.closeWrite() }
+    }
+
+    var latencies: LatencyHistogram { reader.latencies }
+    var received: Int { reader.received }
+    var sent: Int { writer.sent.load(ordering: .acquiring) }
+    var isFinished: Bool { reader.sawEnd }
+}
+
 /// `InputSimulator` on a simulated loop: the pattern's records on virtual time, read as an
 /// `.input` source at the first poll at or after each record's instant. Loop thread only.
-private final class SimulatedInputSource: DeadlineSource {
+final class SimulatedInputSource: DeadlineSource, InputDriver {
     private let pattern: InputSimulator.Pattern
     private let count: Int?
     private let cost: UInt64
     private let onEvent: ((InputSimulator.Event) -> Void)?
-    private var start: UInt64 = 0
+    private var startedAt: UInt64 = 0
     /// The next record's number and instant (virtual ns).
     private var sequence = 0
     private var nextInstant: UInt64 = 0
@@ -274,11 +292,16 @@ private final class SimulatedInputSource: DeadlineSource {
         super.init(loop: loop, priority: .input)
     }
 
+    func start() { startWriting() }
+    func stop() { stopWriting() }
+    func stopForDeinit() { stopWriting() }
+    var isFinished: Bool { sawEnd }
+
     func startWriting() {
         guard !isWriting, !sawEnd else { return }
         isWriting = true
-        start = loop.monotonicNow()
-        nextInstant = start
+        startedAt = loop.monotonicNow()
+        nextInstant = startedAt
         advanceToNextRecord()
         armOrEnd()
     }
@@ -304,11 +327,11 @@ private final class SimulatedInputSource: DeadlineSource {
     private func advanceToNextRecord() {
         switch pattern {
         case .steady(let every):
-            nextInstant = start &+ UInt64(sequence + 1) &* every.clampedNanoseconds
+            nextInstant = startedAt &+ UInt64(sequence + 1) &* every.clampedNanoseconds
         case .poisson(let rate):
             nextInstant = nextInstant &+ random.exponential(mean: 1e9 / rate)
         case .burst(let size, let every):
-            nextInstant = start &+ UInt64(sequence / max(1, size) + 1) &* every.clampedNanoseconds
+            nextInstant = startedAt &+ UInt64(sequence / max(1, size) + 1) &* every.clampedNanoseconds
         }
     }
 

@@ -27,6 +27,10 @@ protocol LoopWorld: AnyObject {
     func listen(_ socket: ListeningSocket, on loop: EventLoop, target: SocketListenerTarget) throws(EventLoopError)
         -> any ListeningPort
 
+    /// What writes an `InputSimulator`'s records and reads them on `loop`.
+    func makeInputDriver(on loop: EventLoop, pattern: InputSimulator.Pattern, count: Int?, cost: UInt64,
+                         onEvent: ((InputSimulator.Event) -> Void)?) throws(EventLoopError) -> any InputDriver
+
     /// Who opened the loop's sources, where programs of a simulation open them (see
     /// SimulatedOwnership.swift); nil in the kernel's world, whose processes are the kernel's.
     var ownership: SimulatedOwnerships? { get }
@@ -65,6 +69,12 @@ final class KernelWorld: LoopWorld {
     var ownership: SimulatedOwnerships? { nil }
     func sourceRegistered(_ source: Source) {}
     func sourceUnregistered(_ source: Source) {}
+
+    func makeInputDriver(on loop: EventLoop, pattern: InputSimulator.Pattern, count: Int?, cost: UInt64,
+                         onEvent: ((InputSimulator.Event) -> Void)?) throws(EventLoopError) -> any InputDriver
+    {
+        try PipeInputDriver(loop: loop, pattern: pattern, count: count, cost: cost, onEvent: onEvent)
+    }
 
     func startConnect(_ source: ConnectionSource, to host: String, port: UInt16, options: Connection.Options)
         throws(EventLoopError)

@@ -13,6 +13,14 @@ final class SimulatedWorld: LoopWorld {
         source.loop.setSimulatedOwner(owner, of: source)
     }
 
+    /// No pipe and no thread: one source of the loop, on the simulation's time.
+    func makeInputDriver(on loop: EventLoop, pattern: InputSimulator.Pattern, count: Int?, cost: UInt64,
+                         onEvent: ((InputSimulator.Event) -> Void)?) throws(EventLoopError) -> any InputDriver
+    {
+        guard loop.claimThread() else { throw .wrongThread(function: "InputSimulator.init") }
+        return SimulatedInputSource(loop: loop, pattern: pattern, count: count, cost: cost, onEvent: onEvent)
+    }
+
     func sourceUnregistered(_ source: Source) {
         guard let ownership, !ownership.records.isEmpty else { return }
         ownership.records[ObjectIdentifier(source)] = nil
