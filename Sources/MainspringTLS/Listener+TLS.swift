@@ -132,31 +132,39 @@ extension Connection {
 private func connectTLS(to host: String, port: UInt16, on loop: EventLoop, options: Connection.Options, tls: TLSClientContext,
                         serverName: String, completion: @escaping (Result<Connection, TLSError>) -> Void)
 {
-    if loop.isSimulated {
-        return connectSimulatedTLS(to: host, port: port, on: loop, options: options, tls: tls, serverName: serverName,
-                                   completion: completion)
-    }
-    loop.connectSocket(to: host, port: port, options: options) { result in
-        let fd: Int32
+    // A simulated program's connect: the connection its handshake makes is the program's too
+    // (read now: the connect's answer comes in a dispatch of the network, nobody's).
+    let owner = loop.currentSimulatedOwner
+    loop.connectStream(to: host, port: port, options: options) { result in
         switch result {
         case .failure(let error):
             completion(.failure(.connect(error)))
-            return
-        case .success(let connected):
-            fd = connected
+        case .success(.descriptor(let fd)):
+            handshake(overSocket: fd, host: host, port: port, on: loop, options: options, tls: tls,
+                      serverName: serverName, completion: completion)
+        case .success(.simulated(let end)):
+            handshake(overSimulated: end, owner: owner, host: host, port: port, on: loop, options: options, tls: tls,
+                      serverName: serverName, completion: completion)
         }
-        guard let session = SSLSession(client: tls.handle, fd: fd, serverName: serverName,
-                                       verification: tls.configuration.verification)
-        else {
-            closeSocket(fd)
-            completion(.failure(.handshakeFailed(reason: "OpenSSL could not make a session")))
-            return
-        }
-        let peer = hostAndPort(host, port)
-        TLSHandshake(loop: loop, session: session, timeout: tls.configuration.handshakeTimeout) { outcome in
-            completion(establishedConnection(for: outcome, peer: peer, on: loop, options: options))
-        }.start()
     }
+}
+
+/// The handshake over a connected socket: OpenSSL's bufferevent on the descriptor.
+private func handshake(overSocket fd: Int32, host: String, port: UInt16, on loop: EventLoop, options: Connection.Options,
+                       tls: TLSClientContext, serverName: String,
+                       completion: @escaping (Result<Connection, TLSError>) -> Void)
+{
+    guard let session = SSLSession(client: tls.handle, fd: fd, serverName: serverName,
+                                   verification: tls.configuration.verification)
+    else {
+        closeSocket(fd)
+        completion(.failure(.handshakeFailed(reason: "OpenSSL could not make a session")))
+        return
+    }
+    let peer = hostAndPort(host, port)
+    TLSHandshake(loop: loop, session: session, timeout: tls.configuration.handshakeTimeout) { outcome in
+        completion(establishedConnection(for: outcome, peer: peer, on: loop, options: options))
+    }.start()
 }
 
 extension Listener {
@@ -180,36 +188,31 @@ extension Listener {
     }
 }
 
-/// The client side on a simulated loop (`MainspringTesting`): a stream of the simulation's
-/// network, then the handshake over it (see SimulatedTLS.swift), then the connection. Loop thread.
-private func connectSimulatedTLS(to host: String, port: UInt16, on loop: EventLoop, options: Connection.Options,
-                                 tls: TLSClientContext, serverName: String,
-                                 completion: @escaping (Result<Connection, TLSError>) -> Void)
-{
-    // A simulated program's connect: the connection its handshake makes is the program's too.
-    let owner = loop.currentSimulatedOwner
-    loop.connectSimulatedStream(to: host, port: port, options: options) { result in
-        let layerSocket: SimulatedLayerSocket
-        do throws(EventLoopError) {
-            layerSocket = try SimulatedLayerSocket(on: loop, end: result.get())
-        } catch {
-            return completion(.failure(.connect(error)))
-        }
-        guard let session = SSLSession(client: tls.handle, fd: -1, serverName: serverName,
-                                       verification: tls.configuration.verification)
-        else {
-            layerSocket.discard()
-            return completion(.failure(.handshakeFailed(reason: "OpenSSL could not make a session")))
-        }
-        let peer = hostAndPort(host, port)
-        let handshake = SimulatedTLSHandshake(loop: loop, session: session, layerSocket: layerSocket,
-                                              timeout: tls.configuration.handshakeTimeout) { outcome in
-            let made = establishedConnection(for: outcome, peer: peer, on: loop, options: options, simulatedLayer: layerSocket)
-            if case .success(let connection) = made { loop.setSimulatedOwner(owner, of: connection) }
-            // The caller hears as a dispatch of the loop, not inside the network's delivery.
-            loop.executeNextTurn(priority: .input) { completion(made) }
-        }
-        // The handshake is the connecting program's: it ends with the program.
-        SimulatedOwnership.$current.withValue(owner) { handshake.start() }
+/// The handshake over a stream of a simulation's network (`MainspringTesting`): OpenSSL's
+/// filter over a simulated socket (see SimulatedTLS.swift). Loop thread.
+private func handshake(overSimulated end: any SimulatedStreamEnd, owner: (any SimulatedOwner)?, host: String,
+                       port: UInt16, on loop: EventLoop, options: Connection.Options, tls: TLSClientContext,
+                       serverName: String, completion: @escaping (Result<Connection, TLSError>) -> Void)
+{    let layerSocket: SimulatedLayerSocket
+    do throws(EventLoopError) {
+        layerSocket = try SimulatedLayerSocket(on: loop, end: end)
+    } catch {
+        return completion(.failure(.connect(error)))
     }
+    guard let session = SSLSession(client: tls.handle, fd: -1, serverName: serverName,
+                                   verification: tls.configuration.verification)
+    else {
+        layerSocket.discard()
+        return completion(.failure(.handshakeFailed(reason: "OpenSSL could not make a session")))
+    }
+    let peer = hostAndPort(host, port)
+    let handshake = SimulatedTLSHandshake(loop: loop, session: session, layerSocket: layerSocket,
+                                          timeout: tls.configuration.handshakeTimeout) { outcome in
+        let made = establishedConnection(for: outcome, peer: peer, on: loop, options: options, simulatedLayer: layerSocket)
+        if case .success(let connection) = made { loop.setSimulatedOwner(owner, of: connection) }
+        // The caller hears as a dispatch of the loop, not inside the network's delivery.
+        loop.executeNextTurn(priority: .input) { completion(made) }
+    }
+    // The handshake is the connecting program's: it ends with the program.
+    SimulatedOwnership.$current.withValue(owner) { handshake.start() }
 }

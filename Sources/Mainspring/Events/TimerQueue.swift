@@ -135,7 +135,7 @@ final class TimerQueue: NativeEventTarget {
     /// armed. Nothing to do when it already is, or on a simulated loop (whose simulation reads
     /// `nextDeadline` instead).
     private func updateNative() {
-        guard !rearmIsQueued, !loop.isSimulated else { return }
+        guard !rearmIsQueued, loop.world.armsNativeTimers else { return }
         guard let first = heap.first else {
             if nativeDeadline != nil {
                 native?.delete()

@@ -15,7 +15,14 @@ extension Subprocess {
     {
         configuration.pipeOptions.check("Subprocess.launch")
         try refuseNULs(configuration)
-        if loop.isSimulated { return try launchSimulated(configuration, on: loop) }
+        return try loop.world.spawn(configuration, on: loop, forcePolling: forcePolling)
+    }
+
+    /// The spawn of a real child: `posix_spawn`, its pipes, its exit watched by a pidfd (or
+    /// polled). On the loop's thread.
+    static func startChild(_ configuration: Configuration, on loop: EventLoop, forcePolling: Bool) throws(SubprocessError)
+        -> Subprocess
+    {
         let name = configuration.executable
         let path = try resolveExecutable(configuration)
         if let directory = configuration.workingDirectory, !spawnCanChangeDirectory {
@@ -123,7 +130,7 @@ extension Subprocess {
     /// end a connection as a real child's, the program's end given to the program; a merged
     /// standard error is the program's standard output; `.inherit` and `.null` give the
     /// program no stream there (what it writes to it is only recorded); a file is refused.
-    private static func launchSimulated(_ configuration: Configuration, on loop: EventLoop) throws(SubprocessError)
+    static func launchSimulated(_ configuration: Configuration, on loop: EventLoop) throws(SubprocessError)
         -> Subprocess
     {
         let name = configuration.executable

@@ -130,15 +130,14 @@ extension EventLoop {
             return
         }
         _ = requirePositive(timeout, "EventLoop.resolve's timeout")
-        if isSimulated {
-            // The simulation's table (`SimulatedNetwork.register(name:address:)`), at once.
-            guard let addresses = simulatedNetwork?.resolve(host, port: port), !addresses.isEmpty else {
-                done(.failure(.hostNotFound(host: host, reason: "no address registered with the simulation's network")))
-                return
-            }
-            done(.success(addresses))
-            return
-        }
+        world.resolve(host, port: port, timeout: timeout, on: self, done)
+    }
+
+    /// A name's lookup by the system's resolver (`getaddrinfo` on a resolver thread), within
+    /// `timeout`; `done` on this loop's thread.
+    func resolveWithSystem(_ host: String, port: UInt16, timeout: Duration,
+                           _ done: @escaping (Result<[SocketAddress], EventLoopError>) -> Void)
+    {
         let pending = PendingResolve(done)
         pending.timer = schedule(after: timeout) {
             pending.finish(.failure(.resolveTimedOut(host: host, timeout: timeout)))

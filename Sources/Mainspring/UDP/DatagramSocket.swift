@@ -174,34 +174,10 @@ public final class DatagramSocket: Sendable {
     private init(binding host: String, port: UInt16, on loop: EventLoop, options: Options) throws(EventLoopError) {
         guard loop.claimThread() else { throw .wrongThread(function: "DatagramSocket.init(bindingTo:port:on:options:)") }
         let address = try listeningAddress(for: host, port: port)
-        if loop.isSimulated {
-            let network = try loop.requireSimulatedDatagrams(for: "a UDP socket on \(host):\(port)")
-            let source = DatagramSource(simulatedOn: loop, family: address.family, options: options)
-            let bound: any SimulatedDatagramPort
-            do {
-                bound = try network.bindDatagram(on: loop, host: address.host, port: port) { [weak source] arrival in
-                    source?.simulatedArrival(arrival)
-                }
-            } catch {
-                source.close()
-                throw error
-            }
-            source.simulatedPort = bound
-            self.loop = loop
-            self.localAddress = bound.localAddress
-            self.state = UncheckedResult(source)
-            return
-        }
-        let fd: Int32
-        switch bindDatagramSocket(address, reusesAddress: options.reusesAddress, allowsBroadcast: options.allowsBroadcast,
-                                  receiveBufferSize: options.receiveBufferSize, sendBufferSize: options.sendBufferSize)
-        {
-        case .success(let made): fd = made
-        case .failure(let error): throw error
-        }
+        let (source, bound) = try loop.world.bindDatagram(address, port: port, on: loop, options: options)
         self.loop = loop
-        self.localAddress = boundAddress(of: fd) ?? address
-        self.state = UncheckedResult(try DatagramSource(loop: loop, fd: fd, family: address.family, options: options))
+        self.localAddress = bound
+        self.state = UncheckedResult(source)
     }
 
     /// `init(bindingTo:port:on:options:)` from any task: makes the socket on `loop` (no hop from

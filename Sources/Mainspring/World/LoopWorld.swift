@@ -27,6 +27,34 @@ protocol LoopWorld: AnyObject {
     func listen(_ socket: ListeningSocket, on loop: EventLoop, target: SocketListenerTarget) throws(EventLoopError)
         -> any ListeningPort
 
+    /// A UDP socket bound to `address` (its host; `port` as asked: 0 picks one) on `loop`, and
+    /// the address it is bound to.
+    func bindDatagram(_ address: SocketAddress, port: UInt16, on loop: EventLoop, options: DatagramSocket.Options)
+        throws(EventLoopError) -> (DatagramSource, SocketAddress)
+
+    /// A child process started as `configuration` says (a real program, or a simulation's).
+    func spawn(_ configuration: Subprocess.Configuration, on loop: EventLoop, forcePolling: Bool)
+        throws(SubprocessError) -> Subprocess
+
+    /// Looks `host` (a plausible name, not a literal) up: `done` on `loop`'s thread with its
+    /// addresses (each with `port`), or `.hostNotFound`, `.resolveTimedOut`.
+    func resolve(_ host: String, port: UInt16, timeout: Duration, on loop: EventLoop,
+                 _ done: @escaping (Result<[SocketAddress], EventLoopError>) -> Void)
+
+    /// Connects a stream to `host:port` for a layer that makes its own socket over it
+    /// (MainspringTLS): `done` on `loop`'s thread once, with the endpoint (now the caller's) or
+    /// the error a connect reports.
+    func connectStream(to host: String, port: UInt16, options: Connection.Options, on loop: EventLoop,
+                       _ done: @escaping (Result<StreamEndpoint, EventLoopError>) -> Void)
+
+    /// Whether the loop's timers arm libevent's own timer (a kernel's loop polls with it; a
+    /// simulation reads the timers' deadlines instead).
+    var armsNativeTimers: Bool { get }
+
+    /// Whether one listening socket can be shared by several loops (each accepting from its
+    /// own duplicate of it), as a kernel's can.
+    var sharesListeningSockets: Bool { get }
+
     /// What writes an `InputSimulator`'s records and reads them on `loop`.
     func makeInputDriver(on loop: EventLoop, pattern: InputSimulator.Pattern, count: Int?, cost: UInt64,
                          onEvent: ((InputSimulator.Event) -> Void)?) throws(EventLoopError) -> any InputDriver
@@ -74,6 +102,38 @@ final class KernelWorld: LoopWorld {
                          onEvent: ((InputSimulator.Event) -> Void)?) throws(EventLoopError) -> any InputDriver
     {
         try PipeInputDriver(loop: loop, pattern: pattern, count: count, cost: cost, onEvent: onEvent)
+    }
+
+    var armsNativeTimers: Bool { true }
+    var sharesListeningSockets: Bool { true }
+
+    func bindDatagram(_ address: SocketAddress, port: UInt16, on loop: EventLoop, options: DatagramSocket.Options)
+        throws(EventLoopError) -> (DatagramSource, SocketAddress)
+    {
+        let fd = try bindDatagramSocket(address, reusesAddress: options.reusesAddress,
+                                        allowsBroadcast: options.allowsBroadcast,
+                                        receiveBufferSize: options.receiveBufferSize,
+                                        sendBufferSize: options.sendBufferSize).get()
+        let bound = boundAddress(of: fd) ?? address
+        return (try DatagramSource(loop: loop, fd: fd, family: address.family, options: options), bound)
+    }
+
+    func spawn(_ configuration: Subprocess.Configuration, on loop: EventLoop, forcePolling: Bool)
+        throws(SubprocessError) -> Subprocess
+    {
+        try Subprocess.startChild(configuration, on: loop, forcePolling: forcePolling)
+    }
+
+    func resolve(_ host: String, port: UInt16, timeout: Duration, on loop: EventLoop,
+                 _ done: @escaping (Result<[SocketAddress], EventLoopError>) -> Void)
+    {
+        loop.resolveWithSystem(host, port: port, timeout: timeout, done)
+    }
+
+    func connectStream(to host: String, port: UInt16, options: Connection.Options, on loop: EventLoop,
+                       _ done: @escaping (Result<StreamEndpoint, EventLoopError>) -> Void)
+    {
+        loop.connectSocket(to: host, port: port, options: options) { result in done(result.map { .descriptor($0) }) }
     }
 
     func startConnect(_ source: ConnectionSource, to host: String, port: UInt16, options: Connection.Options)
@@ -146,4 +206,23 @@ final class KernelWorld: LoopWorld {
             return try SocketListener(base: loop.base, unixPath: path, mode: mode, backlog: backlog, target: target)
         }
     }
+}
+
+extension EventLoop {
+    /// Connects a stream to `host:port` through the loop's world, for a layer that makes its
+    /// own socket over what it gets (MainspringTLS's handshake): `done` runs once on this loop's
+    /// thread with the endpoint — a descriptor, or a simulated stream's end; now the caller's to
+    /// release — or the error a connect reports (a literal's errno, a name's `.connectFailed`,
+    /// `.hostNotFound`). Loop thread only.
+    package func connectStream(to host: String, port: UInt16, options: Connection.Options,
+                               _ done: @escaping (Result<StreamEndpoint, EventLoopError>) -> Void)
+    {
+        world.connectStream(to: host, port: port, options: options, on: self, done)
+    }
+
+    /// Whether loops like this one can share one listening socket (each accepting from its own
+    /// duplicate), as a kernel's can; a simulation's cannot (one listener spreads the
+    /// connections instead).
+    /// `package`: `HTTPServer` chooses how it accepts.
+    package var sharesListeningSockets: Bool { world.sharesListeningSockets }
 }

@@ -13,6 +13,50 @@ final class SimulatedWorld: LoopWorld {
         source.loop.setSimulatedOwner(owner, of: source)
     }
 
+    var armsNativeTimers: Bool { false }
+    var sharesListeningSockets: Bool { false }
+
+    func bindDatagram(_ address: SocketAddress, port: UInt16, on loop: EventLoop, options: DatagramSocket.Options)
+        throws(EventLoopError) -> (DatagramSource, SocketAddress)
+    {
+        let network = try loop.requireSimulatedDatagrams(for: "a UDP socket on \(address.host):\(port)")
+        let source = DatagramSource(simulatedOn: loop, family: address.family, options: options)
+        let bound: any SimulatedDatagramPort
+        do {
+            bound = try network.bindDatagram(on: loop, host: address.host, port: port) { [weak source] arrival in
+                source?.simulatedArrival(arrival)
+            }
+        } catch {
+            source.close()
+            throw error
+        }
+        source.simulatedPort = bound
+        return (source, bound.localAddress)
+    }
+
+    func spawn(_ configuration: Subprocess.Configuration, on loop: EventLoop, forcePolling: Bool)
+        throws(SubprocessError) -> Subprocess
+    {
+        try Subprocess.launchSimulated(configuration, on: loop)
+    }
+
+    /// The simulation's table (`SimulatedNetwork.register(name:address:)`), at once.
+    func resolve(_ host: String, port: UInt16, timeout: Duration, on loop: EventLoop,
+                 _ done: @escaping (Result<[SocketAddress], EventLoopError>) -> Void)
+    {
+        guard let addresses = simulation.network?.resolve(host, port: port), !addresses.isEmpty else {
+            done(.failure(.hostNotFound(host: host, reason: "no address registered with the simulation's network")))
+            return
+        }
+        done(.success(addresses))
+    }
+
+    func connectStream(to host: String, port: UInt16, options: Connection.Options, on loop: EventLoop,
+                       _ done: @escaping (Result<StreamEndpoint, EventLoopError>) -> Void)
+    {
+        loop.connectSimulatedStream(to: host, port: port, options: options) { result in done(result.map { .simulated($0) }) }
+    }
+
     /// No pipe and no thread: one source of the loop, on the simulation's time.
     func makeInputDriver(on loop: EventLoop, pattern: InputSimulator.Pattern, count: Int?, cost: UInt64,
                          onEvent: ((InputSimulator.Event) -> Void)?) throws(EventLoopError) -> any InputDriver

@@ -201,7 +201,7 @@ public final class HTTPServer: Sendable {
             bodyTimeout: max(floor, configuration.bodyTimeout), shedsBeforeBody: configuration.loadShedding != nil)
         let socket: ConnectionAcceptor
         var socketFile: UnixSocketFile?
-        if !loops.isEmpty, loops.allSatisfy(\.isSimulated) {
+        if !loops.isEmpty, !loops.allSatisfy(\.sharesListeningSockets) {
             let endpoint: Listener.Endpoint = if let path = configuration.unixPath {
                 .unix(path: path, mode: configuration.unixMode, backlog: configuration.backlog)
             } else {
