@@ -111,7 +111,7 @@ extension EventLoop {
         let me = currentThreadID()
         let owner = ownerThread.load(ordering: .acquiring)
         if owner == me { return true }
-        if isSimulated, let simulation {
+        if let simulation {
             // A simulated loop belongs to whichever thread drives its simulation: a test's body
             // may resume on another thread between two steps.
             guard !isOrphaned, simulation.adoptCallingThread(for: self) else { return false }

@@ -141,10 +141,7 @@ public final class EventLoop: @unchecked Sendable {
         target.descriptor = wakeup
         wakeupTarget = target
         actorExecutor.loop = self
-        // Only the loop's own eventfd is real on a simulated loop.
-        base.refusesDescriptors = isSimulated
-        // The simulation drives a simulated loop from the start: it waits for work.
-        if isSimulated { activityStamp.set(0) }
+        world.loopMade(self)
     }
 
     deinit {
@@ -448,9 +445,7 @@ public final class EventLoop: @unchecked Sendable {
         let dropped = scheduler.removeAll() + waiting
         scheduler.counters.droppedAtShutdown += dropped
         lifecycle.shutDown()
-        // A real loop's `run()` marks it not running as it returns; the simulation has no such
-        // moment, so a simulated loop is marked here.
-        if isSimulated && Self.runningLoop.value !== self { activityStamp.set(ActivityStamp.notRunning) }
+        world.loopShutDown(self)
         stop()
         _ = consume waitingQueue  // the dropped closures are released here, after the lock
         return (dropped, open.count)

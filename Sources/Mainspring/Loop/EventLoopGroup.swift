@@ -18,11 +18,11 @@ public final class EventLoopGroup: Sendable {
     /// The group's loops, in creation order.
     public let loops: [EventLoop]
     private let cursor = Atomic<Int>(0)
-    private let threads: ThreadsEnded
+    /// The group's own threads, one per loop; nil for loops driven by another's thread (a
+    /// simulation's, `MainspringTesting`), which the group does not run.
+    private let threads: ThreadsEnded?
     private let phase = Protected<Phase>(.running)
     private let result = ReportSlot()
-    /// Whether the loops are simulated (`MainspringTesting`): no threads of the group's own.
-    private let isSimulated: Bool
 
     private enum Phase {
         case running
@@ -77,7 +77,6 @@ public final class EventLoopGroup: Sendable {
             loops.append(try EventLoop(configuration: configuration))
         }
         self.loops = loops
-        self.isSimulated = false
         let threads = ThreadsEnded(count: count)
         self.threads = threads
         // Each thread binds its loop before anything else, then the loop's first callback says
@@ -112,8 +111,7 @@ public final class EventLoopGroup: Sendable {
     public init(simulatedLoops loops: [EventLoop]) {
         precondition(!loops.isEmpty && loops.allSatisfy(\.isSimulated), "a simulated group needs simulated loops")
         self.loops = loops
-        self.isSimulated = true
-        self.threads = ThreadsEnded(count: 0)
+        self.threads = nil
     }
 
     /// The next loop, round robin. Any thread.
@@ -149,7 +147,7 @@ public final class EventLoopGroup: Sendable {
         requireUsage(!isCallerOnOwnLoop,
                      "Mainspring: EventLoopGroup.shutdown must not be awaited on one of the group's own loops")
         guard let deadline = begin(gracePeriod: gracePeriod) else { return await result.value() }
-        if isSimulated { return finishSimulated() }
+        guard let threads else { return finishDriven() }
         let ended = await threads.waitAsync(untilMonotonic: deadline &+ Self.stuckAfter)
         return finish(ended: ended)
     }
@@ -162,7 +160,7 @@ public final class EventLoopGroup: Sendable {
         requireUsage(!isCallerOnOwnLoop,
                      "Mainspring: EventLoopGroup.shutdownBlocking must not be called from one of its own loops")
         guard let deadline = begin(gracePeriod: gracePeriod) else { return result.waitValue() }
-        if isSimulated { return finishSimulated() }
+        guard let threads else { return finishDriven() }
         let ended = threads.wait(untilMonotonic: deadline &+ Self.stuckAfter)
         return finish(ended: ended)
     }
@@ -178,7 +176,7 @@ public final class EventLoopGroup: Sendable {
     /// Whether the caller runs on one of the group's loops (for a simulated group, whose loops
     /// all belong to the driving thread: inside one of their dispatches).
     private var isCallerOnOwnLoop: Bool {
-        if isSimulated { return loops.contains { $0 === EventLoop.runningLoop.value } }
+        if threads == nil { return loops.contains { $0 === EventLoop.runningLoop.value } }
         return loops.contains { $0.isCurrent }
     }
 
@@ -217,7 +215,9 @@ public final class EventLoopGroup: Sendable {
 
     /// A simulated group: the simulation runs the loops' shutdowns now, on virtual time (each
     /// loop's grace period jumps ahead as its waits do), then the report is complete.
-    private func finishSimulated() -> ShutdownReport {
+    /// The shutdown of loops the group does not run: their driver (a simulation) runs each
+    /// loop's shutdown now, before the report.
+    private func finishDriven() -> ShutdownReport {
         loops[0].simulation?.driveUntilIdle()
         return finish(ended: loops.count)
     }
@@ -270,7 +270,7 @@ private final class ThreadsEnded: Sendable {
     func wait(untilMonotonic deadline: UInt64) -> Int {
         var waited = 0
         while waited < count {
-            // Real time: real threads ending (a simulated group has none: `finishSimulated`).
+            // Real time: real threads ending (a simulated group has none: `finishDriven`).
             let now = monotonicNanoseconds()
             let limit = DispatchTime.now() + .nanoseconds(Int(clamping: deadline > now ? deadline - now : 0))
             if semaphore.wait(timeout: limit) == .timedOut { break }

@@ -59,6 +59,12 @@ protocol LoopWorld: AnyObject {
     func makeInputDriver(on loop: EventLoop, pattern: InputSimulator.Pattern, count: Int?, cost: UInt64,
                          onEvent: ((InputSimulator.Event) -> Void)?) throws(EventLoopError) -> any InputDriver
 
+    /// `loop` was made, with this world (its base and clock are there).
+    func loopMade(_ loop: EventLoop)
+
+    /// `loop` was shut down for good, on its thread (`shutdownNow`).
+    func loopShutDown(_ loop: EventLoop)
+
     /// Who opened the loop's sources, where programs of a simulation open them (see
     /// SimulatedOwnership.swift); nil in the kernel's world, whose processes are the kernel's.
     var ownership: SimulatedOwnerships? { get }
@@ -95,6 +101,9 @@ extension EventLoop {
 /// The kernel's world: real sockets and descriptors.
 final class KernelWorld: LoopWorld {
     var ownership: SimulatedOwnerships? { nil }
+    func loopMade(_ loop: EventLoop) {}
+    /// (A real loop's `run()` marks it not running as it returns.)
+    func loopShutDown(_ loop: EventLoop) {}
     func sourceRegistered(_ source: Source) {}
     func sourceUnregistered(_ source: Source) {}
 

@@ -8,6 +8,20 @@ final class SimulatedWorld: LoopWorld {
 
     init(_ simulation: any LoopSimulating) { self.simulation = simulation }
 
+    func loopMade(_ loop: EventLoop) {
+        // Only the loop's own eventfd is real on a simulated loop: a watcher of a descriptor, a
+        // signal, a socket made by hand are refused (`EventLoopError.simulatedLoop`).
+        loop.base.refusesDescriptors = true
+        // The simulation drives a simulated loop from the start: it waits for work.
+        loop.activityStamp.set(0)
+    }
+
+    func loopShutDown(_ loop: EventLoop) {
+        // A real loop's `run()` marks it not running as it returns; the simulation has no such
+        // moment, so a simulated loop is marked here.
+        if EventLoop.runningLoop.value !== loop { loop.activityStamp.set(ActivityStamp.notRunning) }
+    }
+
     func sourceRegistered(_ source: Source) {
         guard let ownership, let owner = ownership.current else { return }
         source.loop.setSimulatedOwner(owner, of: source)
