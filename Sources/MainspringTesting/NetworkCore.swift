@@ -756,7 +756,8 @@ final class NetworkEnd: SimulatedStreamEnd {
 
     func socketChanged() { network.markDirty(self) }
 
-    func socketShutdownWrite() {
+    func socketShutdownWrite(remainingOutput: [UInt8]) {
+        if !remainingOutput.isEmpty, !isReset, peer != nil { network.sendRemaining(remainingOutput, from: self) }
         isWriteShut = true
         network.markDirty(self)
     }

@@ -57,6 +57,15 @@ public final class SimulatedSocket {
         bufferevent_setwatermark(raw, Int16(EV_WRITE), 0, 0)
     }
 
+    /// The connection half-closes: the network sends what a layer over this socket wrote last
+    /// (its close_notify, which the layer has sent as far as it knows), then the end.
+    func shutdownWrite() {
+        guard let raw, let end else { return }
+        let output = bufferevent_get_output(raw)
+        let remaining = ownedTarget == nil ? [] : Self.remove(evbuffer_get_length(output), from: output)
+        end.socketShutdownWrite(remainingOutput: remaining)
+    }
+
     /// Its `BufferedSocket` is being freed: the network hears of it, and nothing is called on
     /// the bufferevent from now on.
     func socketClosing() {

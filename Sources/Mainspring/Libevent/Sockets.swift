@@ -425,7 +425,7 @@ final class BufferedSocket {
     /// Half-closes the socket: the peer reads end of file once our output is sent.
     func shutdownWrite() {
         if let simulated {
-            simulated.end?.socketShutdownWrite()
+            simulated.shutdownWrite()
             return
         }
         shutdown(fd, Int32(SHUT_WR))

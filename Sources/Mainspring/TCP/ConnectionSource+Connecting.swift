@@ -22,7 +22,7 @@ extension ConnectionSource {
                 finish(.error(error.errnoCode))
                 return
             }
-            if shutdownWhenConnected, socket.outputLength == 0 { socket.shutdownWrite() }
+            if shutdownWhenConnected, socket.outputLength == 0 { halfClose(socket) }
             handle(.connected, errno: 0)
         case .failure(let error):
             connectFailed(error)
@@ -73,7 +73,7 @@ extension ConnectionSource {
                 return
             }
             socket.attach(simulated: end)
-            if shutdownWhenConnected, socket.outputLength == 0 { socket.shutdownWrite() }
+            if shutdownWhenConnected, socket.outputLength == 0 { halfClose(socket) }
             handle(.connected, errno: 0)
         case .failure(let error):
             connectFailed(error)

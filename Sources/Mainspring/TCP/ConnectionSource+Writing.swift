@@ -173,7 +173,7 @@ extension ConnectionSource {
             finish(closingReason)
             return
         }
-        if actions.contains(.shutdownWrite) { socket.shutdownWrite() }
+        if actions.contains(.shutdownWrite) { halfClose(socket) }
         if actions.contains(.resumeFlow) {
             socket.setWriteLowWatermark(0)
             outputPausedFlag.store(false, ordering: .relaxed)
@@ -301,8 +301,19 @@ extension ConnectionSource {
         guard let socket else { return }
         if state.shutdownOutputRequested(outputLength: socket.outputLength) {
             // Still connecting: the socket half-closes once it is there.
-            if state.isConnected { socket.shutdownWrite() } else { shutdownWhenConnected = true }
+            if state.isConnected { halfClose(socket) } else { shutdownWhenConnected = true }
         }
+    }
+
+    /// Ends the output, its layer's first (TLS's close_notify, which a TLS peer reads as the
+    /// end of the stream — OpenSSL 3 answers a bare end of TCP with a `decode_error` alert),
+    /// then the socket's write side.
+    func halfClose(_ socket: BufferedSocket) {
+        if let transport {
+            socket.simulated?.layerWillClose()
+            transport.willClose()
+        }
+        socket.shutdownWrite()
     }
 
     func closeGracefully() {

@@ -18,8 +18,9 @@ package protocol ConnectionTransport: AnyObject {
     /// input (a TLS peer that closed without close_notify), or `.error(errno)`.
     func interpretFailure(errno: Int32) -> TransportFailure
 
-    /// The connection closes gracefully, its output sent: the layer's last words (TLS's
-    /// close_notify). Not called when it closes for another reason.
+    /// The connection's output ends — it closes gracefully, or half-closes (`shutdownOutput()`),
+    /// its output sent: the layer's last words (TLS's close_notify). May come twice (a
+    /// half-close, then the close). Not called when it closes for another reason.
     func willClose()
 
     /// Writes `bytes` to the peer now, past the bufferevent's output buffer, which is empty (so

@@ -71,7 +71,10 @@ public protocol SimulatedStreamEnd: AnyObject {
     /// or disabled): the network may move bytes. Called inside the change: must only record.
     func socketChanged()
     /// The socket half-closed: the peer reads the end once the output is delivered.
-    func socketShutdownWrite()
+    /// `remainingOutput` is what a layer over it wrote last and the network has not taken yet
+    /// (TLS's close_notify) — sent before the end; empty for a connection's own socket, which
+    /// half-closes once its output is out.
+    func socketShutdownWrite(remainingOutput: [UInt8])
     /// The socket is gone (its connection closed), or was never attached: what it had not
     /// sent is dropped; `unreadInput` says whether input was left unread (a reset, as TCP does).
     func socketClosed(unreadInput: Bool)
