@@ -92,7 +92,7 @@ final class ResponseDeadline: @unchecked Sendable {
     var timeoutError: HTTPClientError? {
         switch firedKind.load(ordering: .acquiring) {
         case 1: return .responseTimeout(limit)
-        case 2: return request.failure(in: HTTPClientError.RequestPhase.allCases[firedPhase.load(ordering: .relaxed)])
+        case 2: return request.failure(in: HTTPClientError.RequestPhase(index: firedPhase.load(ordering: .relaxed)))
         default: return nil
         }
     }
@@ -101,11 +101,11 @@ final class ResponseDeadline: @unchecked Sendable {
     /// request's bytes wait for room in the connection's output), and by the request's
     /// deadline. Any thread.
     func beginPhase(_ current: HTTPClientError.RequestPhase, timed: Bool = true) {
-        let now = loop.clock.now.nanoseconds
-        let byLimit = timed ? loop.clock.now.advanced(by: limit).nanoseconds : UInt64.max
+        let now = loop.clock.now
+        let byLimit = timed ? now.advanced(by: limit).nanoseconds : UInt64.max
         let end = min(byLimit, request.instant)
-        phase.store(HTTPClientError.RequestPhase.allCases.firstIndex(of: current) ?? 0, ordering: .relaxed)
-        if request.instant <= now {
+        phase.store(current.index, ordering: .relaxed)
+        if request.instant <= now.nanoseconds {
             // Past the request's deadline already (a streamed body read late): over at once.
             fire(kind: 2)
             return
@@ -192,5 +192,28 @@ final class ResponseDeadline: @unchecked Sendable {
         firedPhase.store(phase.load(ordering: .relaxed), ordering: .relaxed)
         firedKind.store(kind, ordering: .releasing)
         connection.close()
+    }
+}
+
+extension HTTPClientError.RequestPhase {
+    /// The phase as a small number (an atomic's value).
+    var index: Int {
+        switch self {
+        case .waitingForConnection: 0
+        case .resolving: 1
+        case .connecting: 2
+        case .awaitingResponse: 3
+        case .readingBody: 4
+        }
+    }
+
+    init(index: Int) {
+        self = switch index {
+        case 0: .waitingForConnection
+        case 1: .resolving
+        case 2: .connecting
+        case 3: .awaitingResponse
+        default: .readingBody
+        }
     }
 }
