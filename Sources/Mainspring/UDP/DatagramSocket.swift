@@ -196,11 +196,7 @@ public final class DatagramSocket: Sendable {
     /// - Throws: `.closed`, `.system` with the connect's errno, `.loop(.wrongThread)`.
     public func connect(to address: SocketAddress) throws(DatagramError) {
         try checkUsable("DatagramSocket.connect(to:)")
-        if source.simulatedPort != nil {
-            source.peer = address  // the simulated network sends nothing for a connect either
-            return
-        }
-        let code = connectDatagramSocket(source.fd, to: address)
+        let code = source.transport.connect(to: address)
         guard code == 0 else { throw .system(function: "connect \(address)", errno: code) }
         source.peer = address
     }
@@ -365,7 +361,6 @@ public final class DatagramSocket: Sendable {
         guard let address = numericAddress(group, port: 0), isMulticast(address) else {
             throw .invalidAddress("'\(group)' is not a multicast address")
         }
-        if source.simulatedPort != nil { throw .loop(.simulatedLoop(refused: "multicast group \(group)")) }
         var index: UInt32 = 0
         if let interface {
             guard let found = interfaceIndex(named: interface) else {
@@ -373,7 +368,12 @@ public final class DatagramSocket: Sendable {
             }
             index = found
         }
-        let code = changeMulticastMembership(source.fd, group: address, interfaceIndex: index, join: join)
+        let code: Int32
+        do throws(EventLoopError) {
+            code = try source.transport.changeMembership(of: address, interfaceIndex: index, join: join)
+        } catch {
+            throw .loop(error)
+        }
         guard code == 0 else {
             throw .system(function: "\(join ? "join" : "leave") multicast group \(group)", errno: code)
         }

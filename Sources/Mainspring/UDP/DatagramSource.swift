@@ -2,18 +2,16 @@
 import Glibc
 #endif
 
-/// The loop side of a `DatagramSocket`: the descriptor, its read and write events, the
-/// receive buffers and the bounded send queue. Loop thread only.
-///
-/// On a simulated loop there is no descriptor (`fd` is -1): a port of the simulation's network
-/// (`simulatedPort`) takes what is sent, and what arrives waits in `inbox` — the kernel's
-/// receive buffer — until the consumer takes it.
+/// The loop side of a `DatagramSocket`: its transport (a kernel's socket, or a port of a
+/// simulation's network, as the loop's world made it), the consumer, the bounded send queue.
+/// Loop thread only.
 final class DatagramSource: Source {
     /// A waiting `send(_:)`: the loop's wait (`.cancelled`, `.loopClosed`) around the send's own
     /// outcome.
     typealias SendWait = ResumeOnce<Result<Result<Void, DatagramError>, EventLoopError>, Never>
 
-    let fd: Int32
+    /// Where the datagrams go and come from (`DatagramTransport`).
+    let transport: any DatagramTransport
     let family: SocketAddress.Family
     let options: DatagramSocket.Options
     var peer: SocketAddress?
@@ -21,40 +19,26 @@ final class DatagramSource: Source {
     var onClosed: (() -> Void)?
     private(set) var queue: [Datagram] = []
     private var queueStart = 0
-    private var handler: ((DatagramEvent) -> Void)?
-    private var receiveBuffers: DatagramReceiveBuffers?
-    private var isReadingPaused = false
+    private(set) var handler: ((DatagramEvent) -> Void)?
+    private(set) var isReadingPaused = false
     private var writeEvent: NativeEvent?
     private var isWriteArmed = false
     /// `send(_:)` calls waiting for room in the queue, in order. One whose task was cancelled has been
     /// resumed already: its datagram is skipped, never sent.
     private var waitingSenders: [(Datagram, SendWait)] = []
-    /// The simulated network's port (a simulated loop only).
-    var simulatedPort: (any SimulatedDatagramPort)?
-    /// What the simulated network delivered and the consumer has not taken, from `inboxStart`.
-    private var inbox: [DatagramEvent] = []
-    private var inboxStart = 0
-    private var inboxBytes = 0
-
-    init(loop: EventLoop, fd: Int32, family: SocketAddress.Family, options: DatagramSocket.Options) throws(EventLoopError) {
-        self.fd = fd
+    init(loop: EventLoop, transport: any DatagramTransport, family: SocketAddress.Family, options: DatagramSocket.Options)
+        throws(EventLoopError)
+    {
+        self.transport = transport
         self.family = family
         self.options = options
         super.init(loop: loop, priority: options.priority)
         do {
-            writeEvent = try NativeEvent(base: loop.base, fd: fd, readiness: .write, persistent: true, target: self)
+            writeEvent = try transport.makeWriteEvent(on: loop.base, target: self)
         } catch {
             close()
             throw error
         }
-    }
-
-    /// A socket of the simulated network on `loop` (bound by the caller: `simulatedPort`).
-    init(simulatedOn loop: EventLoop, family: SocketAddress.Family, options: DatagramSocket.Options) {
-        fd = -1
-        self.family = family
-        self.options = options
-        super.init(loop: loop, priority: options.priority)
     }
 
     override var keepsFiring: Bool { true }
@@ -71,14 +55,9 @@ final class DatagramSource: Source {
 
     func startReading(_ handler: @escaping (DatagramEvent) -> Void) throws(EventLoopError) {
         requireUsage(self.handler == nil, "Mainspring: DatagramSocket: the socket already has a consumer (onReceive or datagrams)")
-        if simulatedPort != nil {
-            self.handler = handler
-            if inboxStart < inbox.count { fire(.read) }
-            return
-        }
-        try addNativeEvent(fd: fd, readiness: .read, persistent: true)
+        try transport.startReading(for: self)
         self.handler = handler
-        receiveBuffers = DatagramReceiveBuffers(size: options.maximumDatagramSize, batch: options.receiveBatchSize)
+        transport.readerReady(self)
     }
 
     func pauseReading() {
@@ -90,11 +69,7 @@ final class DatagramSource: Source {
     func resumeReading() {
         guard isReadingPaused, !isClosed else { return }
         isReadingPaused = false
-        if simulatedPort != nil {
-            if inboxStart < inbox.count { fire(.read) }
-            return
-        }
-        resumeNative()
+        transport.resumeReading(for: self)
     }
 
     override func resumeNative() {
@@ -107,92 +82,19 @@ final class DatagramSource: Source {
         if readiness.contains(.read) { receive() }
     }
 
-    /// Up to `maximumDatagramsPerWakeup` datagrams, in batches; the rest wait for the next
-    /// poll (the event is level-triggered).
+    /// Up to `maximumDatagramsPerWakeup` datagrams, in batches (the transport's); the rest wait
+    /// for the next poll (the event is level-triggered) or turn.
     private func receive() {
-        if simulatedPort != nil { return receiveSimulated() }
-        guard let buffers = receiveBuffers else { return }
-        var handled = 0
-        let limit = max(1, options.maximumDatagramsPerWakeup)
-        while handled < limit, !isClosed, !isReadingPaused {
-            let wanted = min(buffers.batch, limit - handled)
-            switch buffers.receive(fd, limit: wanted) {
-            case .done(let count):
-                statistics.receiveBatches += 1
-                statistics.datagramsReceived += count
-                for index in 0..<count {
-                    let (bytes, isTruncated, length, sender) = buffers.datagram(at: index)
-                    if isTruncated { statistics.datagramsTruncated += 1 }
-                    handler?(.datagram(Datagram(received: bytes, from: sender, isTruncated: isTruncated, length: length)))
-                    if isClosed { return }
-                }
-                handled += count
-                if count < wanted { return }
-            case .wouldBlock:
-                return
-            case .failed(let code):
-                handler?(.error(errno: code))
-                handled += 1
-            }
-        }
+        transport.receive(for: self, limit: max(1, options.maximumDatagramsPerWakeup))
     }
 
-    // MARK: The simulated network
-
-    /// A datagram (or a port-unreachable) the simulated network delivered: into the inbox — or
-    /// dropped, as the kernel drops, when it is from another peer than the connected one, or the
-    /// inbox holds ``DatagramSocket/Options/receiveBufferSize`` bytes (default 212,992, Linux's
-    /// `rmem_default`) or 4,096 events (empty datagrams take room in a kernel's buffer too) —
-    /// and the consumer is told.
-    func simulatedArrival(_ arrival: SimulatedDatagramArrival) {
-        guard !isClosed, inbox.count - inboxStart < 4_096 else { return }
-        switch arrival {
-        case .datagram(let bytes, let sender):
-            if let peer, sender != peer { return }
-            guard inboxBytes + bytes.count <= options.receiveBufferSize ?? 212_992 else { return }
-            let size = max(0, options.maximumDatagramSize)
-            let datagram = bytes.count > size
-                ? Datagram(received: Array(bytes.prefix(size)), from: sender, isTruncated: true, length: bytes.count)
-                : Datagram(received: bytes, from: sender, isTruncated: false, length: bytes.count)
-            inbox.append(.datagram(datagram))
-            inboxBytes += bytes.count
-        case .unreachable(let address):
-            // Linux reports a port-unreachable only to a socket connected to that address.
-            guard address == peer else { return }
-            inbox.append(.error(errno: ECONNREFUSED))
+    /// One event for the consumer (a transport's delivery), counted.
+    func deliver(_ event: DatagramEvent) {
+        if case .datagram(let datagram) = event {
+            statistics.datagramsReceived += 1
+            if datagram.isTruncated { statistics.datagramsTruncated += 1 }
         }
-        if handler != nil, !isReadingPaused { fire(.read) }
-    }
-
-    /// Up to `maximumDatagramsPerWakeup` events from the inbox (one batch); the rest on the
-    /// loop's next turn.
-    private func receiveSimulated() {
-        let limit = max(1, options.maximumDatagramsPerWakeup)
-        var handled = 0
-        if inboxStart < inbox.count { statistics.receiveBatches += 1 }
-        while handled < limit, inboxStart < inbox.count, !isClosed, !isReadingPaused {
-            let event = inbox[inboxStart]
-            inboxStart += 1
-            handled += 1
-            if case .datagram(let datagram) = event {
-                inboxBytes -= datagram.length
-                statistics.datagramsReceived += 1
-                if datagram.isTruncated { statistics.datagramsTruncated += 1 }
-            }
-            handler?(event)
-        }
-        if inboxStart == inbox.count {
-            inbox.removeAll(keepingCapacity: inbox.capacity <= 1_024)
-            inboxStart = 0
-        } else if inboxStart > 256, inboxStart * 2 > inbox.count {
-            // A steady flow that never lets the inbox empty: drop what was taken, so the array
-            // stays as bounded as the bytes it holds.
-            inbox.removeFirst(inboxStart)
-            inboxStart = 0
-        }
-        if inboxStart < inbox.count, !isClosed, !isReadingPaused {
-            fire(.read)  // the rest next turn, as a level-triggered descriptor would
-        }
+        handler?(event)
     }
 
     func trySend(_ datagram: Datagram) throws(DatagramError) -> DatagramSocket.SendOutcome {
@@ -266,14 +168,7 @@ final class DatagramSource: Source {
             injectedFullBuffers -= 1
             return .wouldBlock
         }
-        if let port = simulatedPort {
-            // `check` made sure each has a destination (its own, or the connected peer).
-            for datagram in datagrams {
-                if let address = datagram.address ?? peer { port.send(datagram.bytes, to: address) }
-            }
-            return .done(datagrams.count)
-        }
-        return sendDatagramBatch(fd, datagrams)
+        return transport.send(datagrams, peer: peer)
     }
 
     func send(_ datagram: Datagram, resuming once: SendWait) {
@@ -382,15 +277,7 @@ final class DatagramSource: Source {
         let senders = waitingSenders
         waitingSenders = []
         for (_, once) in senders { once.resume(with: .success(.success(.failure(.closed)))) }
-        inbox = []
-        inboxStart = 0
-        inboxBytes = 0
-        if let port = simulatedPort {
-            simulatedPort = nil
-            port.close()
-        } else {
-            closeDescriptor(fd)
-        }
+        transport.close()
         let onClosed = self.onClosed
         self.onClosed = nil
         onClosed?()

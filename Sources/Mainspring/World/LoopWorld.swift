@@ -124,7 +124,8 @@ final class KernelWorld: LoopWorld {
                                         receiveBufferSize: options.receiveBufferSize,
                                         sendBufferSize: options.sendBufferSize).get()
         let bound = boundAddress(of: fd) ?? address
-        return (try DatagramSource(loop: loop, fd: fd, family: address.family, options: options), bound)
+        return (try DatagramSource(loop: loop, transport: KernelDatagramTransport(fd: fd), family: address.family,
+                                   options: options), bound)
     }
 
     func spawn(_ configuration: Subprocess.Configuration, on loop: EventLoop, forcePolling: Bool)

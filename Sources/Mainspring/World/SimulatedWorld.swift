@@ -34,17 +34,14 @@ final class SimulatedWorld: LoopWorld {
         throws(EventLoopError) -> (DatagramSource, SocketAddress)
     {
         let network = try loop.requireSimulatedDatagrams(for: "a UDP socket on \(address.host):\(port)")
-        let source = DatagramSource(simulatedOn: loop, family: address.family, options: options)
-        let bound: any SimulatedDatagramPort
-        do {
-            bound = try network.bindDatagram(on: loop, host: address.host, port: port) { [weak source] arrival in
-                source?.simulatedArrival(arrival)
-            }
-        } catch {
-            source.close()
-            throw error
+        let transport = SimulatedDatagramTransport()
+        let bound = try network.bindDatagram(on: loop, host: address.host, port: port) { [weak transport] arrival in
+            transport?.arrived(arrival)
         }
-        source.simulatedPort = bound
+        transport.port = bound
+        // (A source that cannot be made closes its transport: the port is free again.)
+        let source = try DatagramSource(loop: loop, transport: transport, family: address.family, options: options)
+        transport.source = source
         return (source, bound.localAddress)
     }
 
