@@ -4,73 +4,53 @@ import Glibc
 import Foundation
 import Synchronization
 
-/// What every thread may do to a child: signal it, reap it, wait for its exit. One lock guards
-/// the pidfd, the status and the waiters, and reaping happens under it: a signal sent under the
-/// same lock therefore never reaches a reaped child's number, reused or not.
-final class ProcessShared: Sendable {
+/// What a `Subprocess` reaches its child through, as the loop's world made it: a kernel's
+/// process (`KernelChild`: its pid, pidfd and group), or a simulation's program
+/// (`SimulatedChildHandle`). Every call is made under `ProcessShared`'s lock, so that a signal
+/// never reaches a reaped child's number.
+protocol ChildProcess: AnyObject, Sendable {
+    /// The pidfd the loop watches for the exit; -1: none (polled), or the exit is reported.
+    var exitDescriptor: Int32 { get }
+    /// Whether the child reports its own exit (a simulation's program), rather than being
+    /// watched and reaped (a kernel's process).
+    var reportsItsExit: Bool { get }
+    /// The exit, if the child ended (reaped now); nil while it runs.
+    func reapIfExited() -> Subprocess.ExitStatus?
+    /// Gives up the pidfd once the child is reaped, for the caller to close once nothing polls
+    /// it any more (-1: none).
+    func takeExitDescriptor() -> Int32
+    /// Sends `signal` to the child: 0 or the errno.
+    func signal(_ signal: Int32) -> Int32
+    /// Sends `signal` to the process group the child leads (if it leads one), even once reaped.
+    func signalGroup(_ signal: Int32)
+    /// Whether the group the child leads still has members.
+    var groupExists: Bool { get }
+}
+
+/// A kernel's process: signals by pidfd (or pid), reaped with `waitid`.
+final class KernelChild: ChildProcess, @unchecked Sendable {
     let pid: Int32
-    /// The child's process group when it leads one.
     let group: Int32?
-    /// The program that stands in for the child on a simulated loop (`MainspringTesting`):
-    /// signals go to it, and its exit is the child's. Nil for a real child.
-    let simulated: (any SimulatedChild)?
-    private let state: Protected<State>
+    /// The pidfd (-1: none, polling; or given up once reaped). Under `ProcessShared`'s lock.
+    private var descriptor: Int32
 
-    private struct State {
-        /// The pidfd (-1: none, polling; or closed once reaped).
-        var descriptor: Int32
-        var status: Subprocess.ExitStatus?
-        var waiters: [UnsafeContinuation<Subprocess.ExitStatus, Never>] = []
-        var timedOut = false
-        /// A simulated program's exit, until the loop reaps it.
-        var simulatedExit: Subprocess.ExitStatus?
-    }
-
-    /// A reap that found the child gone: its status, the tasks to resume (outside the lock) and
-    /// the pidfd to close once nothing polls it any more (-1: none).
-    struct Reaped {
-        let status: Subprocess.ExitStatus
-        let waiters: [UnsafeContinuation<Subprocess.ExitStatus, Never>]
-        let descriptor: Int32
-    }
-
-    init(pid: Int32, group: Int32?, descriptor: Int32, simulated: (any SimulatedChild)? = nil) {
+    init(pid: Int32, group: Int32?, descriptor: Int32) {
         self.pid = pid
         self.group = group
-        self.simulated = simulated
-        self.state = Protected(State(descriptor: descriptor))
+        self.descriptor = descriptor
     }
 
-    var status: Subprocess.ExitStatus? { state.withLock { $0.status } }
+    var exitDescriptor: Int32 { descriptor }
+    var reportsItsExit: Bool { false }
 
-    /// The pidfd while the child is not reaped (-1 when polling).
-    var descriptor: Int32 { state.withLock { $0.descriptor } }
-
-    var timedOut: Bool {
-        get { state.withLock { $0.timedOut } }
-        set { state.withLock { $0.timedOut = newValue } }
+    func takeExitDescriptor() -> Int32 {
+        defer { descriptor = -1 }
+        return descriptor
     }
 
-    /// Reaps the child if it has exited (without waiting). Returns nil while it runs, and once
-    /// it has been reaped already.
-    func reapIfExited() -> Reaped? {
-        state.withLock { state -> Reaped? in
-            guard state.status == nil else { return nil }
-            // A simulated program reports its exit; a real child is asked of the kernel.
-            guard let status = simulated != nil ? state.simulatedExit : reapFromKernel(descriptor: state.descriptor)
-            else { return nil }
-            state.status = status
-            let waiters = state.waiters
-            state.waiters = []
-            let descriptor = state.descriptor
-            state.descriptor = -1
-            return Reaped(status: status, waiters: waiters, descriptor: descriptor)
-        }
-    }
-
-    /// Reaps the real child through its pidfd (or by number without one): its status, or nil
-    /// while it runs. Called with the state's lock held.
-    private func reapFromKernel(descriptor: Int32) -> Subprocess.ExitStatus? {
+    /// Reaps the child through its pidfd (or by number without one): its status, or nil while
+    /// it runs.
+    func reapIfExited() -> Subprocess.ExitStatus? {
         var result = descriptor >= 0 ? reapExited(processDescriptor: descriptor) : reapExited(process: pid)
         if case .failed(let code) = result, code == EINVAL, descriptor >= 0 {
             // A kernel with pidfds but without waitid's P_PIDFD (5.3): by number, which is
@@ -89,34 +69,126 @@ final class ProcessShared: Sendable {
         }
     }
 
+    func signal(_ signal: Int32) -> Int32 {
+        descriptor >= 0 ? sendSignal(signal, toProcessDescriptor: descriptor) : sendSignal(signal, toProcess: pid)
+    }
+
+    func signalGroup(_ signal: Int32) {
+        if let group { _ = sendSignal(signal, toProcessGroup: group) }
+    }
+
+    var groupExists: Bool { group.map(processGroupExists) ?? false }
+}
+
+/// A simulation's program (`MainspringTesting`): signals go to it (never to `kill(2)`: its
+/// process ID is the simulation's), and it reports its own exit.
+final class SimulatedChildHandle: ChildProcess, @unchecked Sendable {
+    let program: any SimulatedChild
+    /// Its exit, once reported. Under `ProcessShared`'s lock.
+    private var exit: Subprocess.ExitStatus?
+
+    init(_ program: any SimulatedChild) { self.program = program }
+
+    var exitDescriptor: Int32 { -1 }
+    var reportsItsExit: Bool { true }
+    func takeExitDescriptor() -> Int32 { -1 }
+    func reapIfExited() -> Subprocess.ExitStatus? { exit }
+
+    /// The program ended with `status` (the loop reaps it at its next check).
+    func exited(_ status: Subprocess.ExitStatus) { exit = status }
+
+    func signal(_ signal: Int32) -> Int32 {
+        program.deliver(signal: signal)
+        return 0
+    }
+
+    /// A program is its own group (it starts no processes of its own): `ProcessShared.kill`
+    /// reaches it through `signal`.
+    func signalGroup(_ signal: Int32) {}
+    var groupExists: Bool { false }
+}
+
+/// What every thread may do to a child: signal it, reap it, wait for its exit. One lock guards
+/// the child's handle, the status and the waiters, and reaping happens under it: a signal sent
+/// under the same lock therefore never reaches a reaped child's number, reused or not.
+final class ProcessShared: Sendable {
+    let pid: Int32
+    /// The child's process group when it leads one.
+    let group: Int32?
+    /// How the child is reached (read and called under `state`'s lock only).
+    private let child: any ChildProcess
+    /// Whether the child reports its own exit (see `ChildProcess.reportsItsExit`).
+    let reportsItsExit: Bool
+    private let state: Protected<State>
+
+    private struct State {
+        var status: Subprocess.ExitStatus?
+        var waiters: [UnsafeContinuation<Subprocess.ExitStatus, Never>] = []
+        var timedOut = false
+    }
+
+    /// A reap that found the child gone: its status, the tasks to resume (outside the lock) and
+    /// the pidfd to close once nothing polls it any more (-1: none).
+    struct Reaped {
+        let status: Subprocess.ExitStatus
+        let waiters: [UnsafeContinuation<Subprocess.ExitStatus, Never>]
+        let descriptor: Int32
+    }
+
+    init(pid: Int32, group: Int32?, child: any ChildProcess) {
+        self.pid = pid
+        self.group = group
+        self.child = child
+        self.reportsItsExit = child.reportsItsExit
+        self.state = Protected(State())
+    }
+
+    var status: Subprocess.ExitStatus? { state.withLock { $0.status } }
+
+    /// The pidfd while the child is not reaped (-1 when polling, or when it reports its exit).
+    var descriptor: Int32 { state.withLock { _ in child.exitDescriptor } }
+
+    var timedOut: Bool {
+        get { state.withLock { $0.timedOut } }
+        set { state.withLock { $0.timedOut = newValue } }
+    }
+
+    /// Reaps the child if it has exited (without waiting). Returns nil while it runs, and once
+    /// it has been reaped already.
+    func reapIfExited() -> Reaped? {
+        state.withLock { state -> Reaped? in
+            guard state.status == nil, let status = child.reapIfExited() else { return nil }
+            state.status = status
+            let waiters = state.waiters
+            state.waiters = []
+            return Reaped(status: status, waiters: waiters, descriptor: child.takeExitDescriptor())
+        }
+    }
+
     /// Sends `signal` unless the child has been reaped. Returns 0 or the errno.
     @discardableResult
     func signal(_ signal: Int32) -> Int32 {
         state.withLock { state -> Int32 in
             guard state.status == nil else { return ESRCH }
-            if let simulated {
-                simulated.deliver(signal: signal)
-                return 0
-            }
-            return state.descriptor >= 0 ? sendSignal(signal, toProcessDescriptor: state.descriptor)
-                : sendSignal(signal, toProcess: pid)
+            return child.signal(signal)
         }
     }
 
-    /// Sends `signal` to the group when there is one (even once the child is reaped), otherwise
-    /// to the child.
+    /// Sends `signal` to the group the child leads, if it leads one (even once the child is
+    /// reaped), and to the child unless it is reaped.
     func kill(_ signal: Int32) {
-        if simulated != nil {
-            self.signal(signal)
-            return
+        state.withLock { state in
+            child.signalGroup(signal)
+            if state.status == nil { _ = child.signal(signal) }
         }
-        if let group { _ = sendSignal(signal, toProcessGroup: group) }
-        self.signal(signal)
     }
+
+    /// Whether the group the child leads still has members.
+    var groupExists: Bool { state.withLock { _ in child.groupExists } }
 
     /// A simulated program ended with `status`: the loop reaps it at its next check.
-    func simulatedProgramExited(_ status: Subprocess.ExitStatus) {
-        state.withLock { $0.simulatedExit = status }
+    func programExited(_ status: Subprocess.ExitStatus) {
+        state.withLock { _ in (child as? SimulatedChildHandle)?.exited(status) }
     }
 
     /// Resumes `continuation` with the status once the child is reaped (at once if it is).
@@ -152,7 +224,7 @@ final class ProcessSource: Source {
         self.shared = shared
         super.init(loop: loop, priority: .input)
         let descriptor = shared.descriptor
-        if shared.simulated != nil {
+        if shared.reportsItsExit {
             watch = .simulated  // the program reports its exit (`Subprocess.launchSimulated`)
         } else if descriptor >= 0 {
             do {
@@ -217,7 +289,7 @@ final class ProcessSource: Source {
     /// (and for a group, every member) is gone by then.
     func terminate(grace: Duration) {
         let shared = self.shared
-        guard shared.status == nil || shared.group.map(processGroupExists) == true else { return }
+        guard shared.status == nil || shared.groupExists else { return }
         shared.kill(SIGTERM)
         let delay = grace.clampedNanoseconds
         if delay == 0 {
@@ -232,8 +304,8 @@ final class ProcessSource: Source {
             self?.killDeadline = nil
             if shared.status == nil {
                 shared.kill(SIGKILL)
-            } else if let group = shared.group, processGroupExists(group) {
-                _ = sendSignal(SIGKILL, toProcessGroup: group)
+            } else if shared.groupExists {
+                shared.kill(SIGKILL)  // the group's members (the child is reaped)
             }
         }
     }
@@ -242,7 +314,7 @@ final class ProcessSource: Source {
         exitHandlers = []
         // Closed with the child still running: the loop is going away. Its timers go with it;
         // the reaper thread reaps the child when it exits.
-        if shared.status == nil && shared.simulated == nil { OrphanReaper.shared.adopt(shared) }
+        if shared.status == nil && !shared.reportsItsExit { OrphanReaper.shared.adopt(shared) }
     }
 }
 

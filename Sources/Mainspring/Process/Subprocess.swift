@@ -300,10 +300,10 @@ public final class Subprocess: @unchecked Sendable {
     /// reuses the number *and* makes itself a group leader could receive it (Linux does not
     /// reuse a number while a group of that number has members).
     public func signalGroup(_ signal: Int32) {
-        guard let group = processGroup else {
+        guard processGroup != nil else {
             usageFailure("Mainspring: Subprocess.signalGroup(_:) needs a child spawned with newProcessGroup")
         }
-        _ = sendSignal(signal, toProcessGroup: group)
+        shared.kill(signal)
     }
 
     /// Starts ending the child and returns at once: `SIGTERM` now — to its whole group when it

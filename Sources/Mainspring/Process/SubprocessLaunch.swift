@@ -97,7 +97,8 @@ extension Subprocess {
                 if code == ENOSYS || code == EPERM || code == EINVAL { pidfdSupport.store(2, ordering: .relaxed) }
             }
         }
-        let shared = ProcessShared(pid: pid, group: configuration.newProcessGroup ? pid : nil, descriptor: descriptor)
+        let group = configuration.newProcessGroup ? pid : nil
+        let shared = ProcessShared(pid: pid, group: group, child: KernelChild(pid: pid, group: group, descriptor: descriptor))
         let source = ProcessSource(loop: loop, shared: shared)
         if let timeout = configuration.timeout { source.startTimeout(timeout, grace: configuration.timeoutGrace) }
 
@@ -173,13 +174,13 @@ extension Subprocess {
             for case let connection? in pipes + programEnds { connection.source.close() }
             throw .loop(error)
         }
-        let shared = ProcessShared(pid: pid, group: configuration.newProcessGroup ? pid : nil, descriptor: -1,
-                                   simulated: child)
+        let shared = ProcessShared(pid: pid, group: configuration.newProcessGroup ? pid : nil,
+                                   child: SimulatedChildHandle(child))
         let source = ProcessSource(loop: loop, shared: shared)
         if let timeout = configuration.timeout { source.startTimeout(timeout, grace: configuration.timeoutGrace) }
         let checked = UncheckedProcessSource(source)
         child.start(standardStreams: programEnds) { status in
-            shared.simulatedProgramExited(status)
+            shared.programExited(status)
             loop.execute(priority: .input) { checked.value.check() }
         }
         return Subprocess(loop: loop, shared: shared, source: source, executablePath: name, exitWatch: .simulated,
