@@ -36,13 +36,13 @@ final class NetworkCore: SimulatedNetworking, SimulatedDatagramNetworking, @unch
     var nextDatagramPort: [String: UInt16] = [:]
 
     /// Each loop's host address.
-    private var hosts: [ObjectIdentifier: String] = [:]
+    var hosts: [ObjectIdentifier: String] = [:]
     /// Every host address a loop was given (connects to others time out).
-    private(set) var knownHosts: Set<String> = []
-    private var names: [String: [String]] = [:]
-    private var listeners: [HostPort: NetworkListener] = [:]
-    private var partitions: Set<HostPair> = []
-    private var nextPort: [String: UInt16] = [:]
+    var knownHosts: Set<String> = []
+    var names: [String: [String]] = [:]
+    var listeners: [HostPort: NetworkListener] = [:]
+    var partitions: Set<HostPair> = []
+    var nextPort: [String: UInt16] = [:]
 
     /// The ends whose sockets changed since the last step.
     private var dirty: [NetworkEnd] = []
@@ -50,12 +50,12 @@ final class NetworkCore: SimulatedNetworking, SimulatedDatagramNetworking, @unch
     private var sequence: UInt64 = 0
     /// Ends whose connection has not closed them yet (a leak check reads the count).
     private(set) var openEnds: Set<ObjectIdentifier> = []
-    private var ends: [ObjectIdentifier: NetworkEnd] = [:]
+    var ends: [ObjectIdentifier: NetworkEnd] = [:]
 
     /// Faults injected so far, by kind ("reset", "partition").
     var faults: [String: Int] = [:]
     /// Bytes of junk slipped in so far (every run of it).
-    private(set) var junkBytes = 0
+    var junkBytes = 0
 
     init(clock: VirtualClock, seed: UInt64) {
         self.clock = clock
@@ -63,60 +63,6 @@ final class NetworkCore: SimulatedNetworking, SimulatedDatagramNetworking, @unch
     }
 
     var now: UInt64 { clock.nanoseconds }
-
-    // MARK: Hosts and names
-
-    func setHost(_ host: String, for loop: EventLoop) {
-        hosts[ObjectIdentifier(loop)] = host
-        knownHosts.insert(host)
-    }
-
-    func host(of loop: EventLoop) -> String { hosts[ObjectIdentifier(loop)] ?? "127.0.0.1" }
-
-    func register(name: String, address: String) {
-        names[name.lowercased(), default: []].append(address)
-    }
-
-    func resolve(_ name: String, port: UInt16) -> [SocketAddress]? {
-        let key = name.lowercased()
-        let addresses = names[key] ?? (key == "localhost" ? ["127.0.0.1"] : nil)
-        // A registered address that is not an IP literal resolves to nothing (as a name
-        // without records does): `register` documents dotted IPv4 addresses.
-        return addresses?.compactMap { try? SocketAddress(ipAddress: $0, port: port) }
-    }
-
-    func isLoopback(_ address: String) -> Bool {
-        address == "127.0.0.1" || address == "::1" || address == "localhost"
-    }
-
-    private func takePort(on host: String, from first: UInt16) -> UInt16 {
-        takeFreePort(&nextPort, on: host, from: first) { listeners[HostPort(host: host, port: $0)] != nil }
-    }
-
-    /// The first port from `first` (or after the last one `next` handed out on `host`) that
-    /// `isTaken` says is free; `next` remembers it. TCP and UDP each keep their own `next`.
-    func takeFreePort(_ next: inout [String: UInt16], on host: String, from first: UInt16,
-                      isTaken: (UInt16) -> Bool) -> UInt16
-    {
-        var port = max(next[host] ?? first, first)
-        while isTaken(port) { port &+= 1 }
-        next[host] = port &+ 1
-        return port
-    }
-
-    /// The host `loop` binds on for a bind to `host` (a wildcard, a loopback address, or the
-    /// loop's own address); `EADDRNOTAVAIL`, naming `call`, for an address of another host.
-    func bindingHost(_ host: String, port: UInt16, on loop: EventLoop, call: String) throws(EventLoopError) -> String {
-        let own = self.host(of: loop)
-        let wildcard = host == "0.0.0.0" || host == "::" || host.isEmpty
-        guard wildcard || isLoopback(host) || host == own else {
-            throw .system(function: "\(call) \(host):\(port)", errno: EADDRNOTAVAIL)
-        }
-        return own
-    }
-
-    /// A uniform draw in [0, 1) from the seed.
-    func uniform() -> Double { Double(random.next() >> 11) / Double(UInt64(1) << 53) }
 
     // MARK: Listening
 
@@ -169,7 +115,7 @@ final class NetworkCore: SimulatedNetworking, SimulatedDatagramNetworking, @unch
         return client
     }
 
-    fileprivate func removeListener(_ listener: NetworkListener) {
+    func removeListener(_ listener: NetworkListener) {
         if listeners[listener.key] === listener { listeners[listener.key] = nil }
     }
 
@@ -255,7 +201,7 @@ final class NetworkCore: SimulatedNetworking, SimulatedDatagramNetworking, @unch
         return (client, server)
     }
 
-    fileprivate func ended(_ end: NetworkEnd) {
+    func ended(_ end: NetworkEnd) {
         openEnds.remove(ObjectIdentifier(end))
         if let peer = end.peer, !openEnds.contains(ObjectIdentifier(peer)) {
             ends[ObjectIdentifier(end)] = nil
@@ -265,128 +211,9 @@ final class NetworkCore: SimulatedNetworking, SimulatedDatagramNetworking, @unch
         }
     }
 
-    // MARK: Faults
-
-    func isPartitioned(_ one: String, _ other: String) -> Bool {
-        one != other && partitions.contains(HostPair(one, other))
-    }
-
-    func partition(_ one: String, _ other: String) {
-        if partitions.insert(HostPair(one, other)).inserted { faults["partition", default: 0] += 1 }
-    }
-
-    func heal(_ one: String, _ other: String) {
-        guard partitions.remove(HostPair(one, other)) != nil else { return }
-        for end in ends.values where end.outgoing.isStalledByPartition && HostPair(end.host, end.peer?.host ?? "") == HostPair(one, other) {
-            end.outgoing.isStalledByPartition = false
-            scheduleHead(of: end, notBefore: now &+ latency)
-        }
-    }
-
-    /// Fails every open stream between the two hosts at once: both ends see `ECONNRESET`.
-    func reset(_ one: String, _ other: String) {
-        let pair = HostPair(one, other)
-        let hit = ends.values.filter { end in
-            !end.isPipe && openEnds.contains(ObjectIdentifier(end)) && HostPair(end.host, end.peer?.host ?? "") == pair
-        }.sorted { $0.key < $1.key }
-        faults["reset", default: 0] += Set(hit.map { min($0.key, $0.peer?.key ?? $0.key) }).count  // streams
-        for end in hit { resetEnd(end) }
-    }
-
-    /// One end of a reset stream: what it had on its way is dropped, and its connection fails
-    /// with `ECONNRESET`.
-    private func resetEnd(_ end: NetworkEnd) {
-        end.outgoing.packets.removeAll()
-        end.outgoing.bytes = 0
-        end.isReset = true
-        end.socket?.deliverError(ECONNRESET)
-    }
-
-    // MARK: A random fault schedule
-
-    /// Injects faults at random (from the seed) until `until`: resets of one open stream
-    /// between `hosts`, and partitions between two of them that heal after about
-    /// `partitionDuration` (half to one and a half times it; every partition is healed by
-    /// `until`).
-    func injectFaults(resetsPerMinute: Double, partitionsPerMinute: Double, partitionDuration: UInt64,
-                      junkPerMinute: Double = 0, hosts: [String], until: UInt64)
-    {
-        let hosts = Array(Set(hosts)).sorted()
-        if junkPerMinute > 0 { scheduleRandomJunk(rate: junkPerMinute, hosts: Set(hosts), until: until) }
-        if resetsPerMinute > 0 { scheduleRandomReset(rate: resetsPerMinute, hosts: Set(hosts), until: until) }
-        if partitionsPerMinute > 0, hosts.count >= 2 {
-            scheduleRandomPartition(rate: partitionsPerMinute, duration: partitionDuration, hosts: hosts, until: until)
-        }
-    }
-
-    /// An exponentially distributed wait for a fault that comes `perMinute` times a minute.
-    private func randomWait(perMinute: Double) -> UInt64 {
-        UInt64(-log(1 - uniform()) * 60e9 / perMinute) + 1
-    }
-
-    private func scheduleRandomReset(rate: Double, hosts: Set<String>, until: UInt64) {
-        let at = now &+ randomWait(perMinute: rate)
-        guard at < until else { return }
-        schedule(at: at) { [unowned self] in
-            let candidates = ends.values.filter { end in
-                guard !end.isPipe, let peer = end.peer, end.key < peer.key, hosts.contains(end.host), hosts.contains(peer.host)
-                else { return false }
-                return openEnds.contains(ObjectIdentifier(end)) && openEnds.contains(ObjectIdentifier(peer))
-                    && !end.isReset && !peer.isReset
-            }.sorted { $0.key < $1.key }
-            if !candidates.isEmpty {
-                let end = candidates[Int(random.next() % UInt64(candidates.count))]
-                faults["reset", default: 0] += 1
-                for side in [end, end.peer!] { resetEnd(side) }
-            }
-            scheduleRandomReset(rate: rate, hosts: hosts, until: until)
-        }
-    }
-
-    /// Junk: 1 to 64 random bytes (any value: newlines, NULs, invalid UTF-8) slipped into one
-    /// direction of an open stream between `hosts`, between two of its segments, as if its
-    /// writer had sent them.
-    private func scheduleRandomJunk(rate: Double, hosts: Set<String>, until: UInt64) {
-        let at = now &+ randomWait(perMinute: rate)
-        guard at < until else { return }
-        schedule(at: at) { [unowned self] in
-            let candidates = ends.values.filter { end in
-                guard !end.isPipe, let peer = end.peer, hosts.contains(end.host), hosts.contains(peer.host) else { return false }
-                return end.socket != nil && !end.isReset && !end.finSent && !peer.isClosed
-            }.sorted { $0.key < $1.key }
-            if !candidates.isEmpty {
-                let end = candidates[Int(random.next() % UInt64(candidates.count))]
-                let junk = (0..<(1 + Int(random.next() % 64))).map { _ in UInt8(truncatingIfNeeded: random.next()) }
-                faults["junk", default: 0] += 1
-                junkBytes += junk.count
-                end.outgoing.packets.append(Packet(kind: .data(junk), arrival: now &+ latency))
-                end.outgoing.bytes += junk.count
-                scheduleHead(of: end)
-            }
-            scheduleRandomJunk(rate: rate, hosts: hosts, until: until)
-        }
-    }
-
-    private func scheduleRandomPartition(rate: Double, duration: UInt64, hosts: [String], until: UInt64) {
-        let at = now &+ randomWait(perMinute: rate)
-        guard at < until else { return }
-        schedule(at: at) { [unowned self] in
-            let first = Int(random.next() % UInt64(hosts.count))
-            var second = Int(random.next() % UInt64(hosts.count - 1))
-            if second >= first { second += 1 }
-            let (one, other) = (hosts[first], hosts[second])
-            if !isPartitioned(one, other) {
-                partition(one, other)
-                let length = UInt64(Double(duration) * (0.5 + uniform()))
-                schedule(at: min(now &+ max(1, length), until)) { [unowned self] in heal(one, other) }
-            }
-            scheduleRandomPartition(rate: rate, duration: duration, hosts: hosts, until: until)
-        }
-    }
-
     // MARK: Moving bytes
 
-    fileprivate func markDirty(_ end: NetworkEnd) {
+    func markDirty(_ end: NetworkEnd) {
         guard !end.isDirty else { return }
         end.isDirty = true
         dirty.append(end)
@@ -477,7 +304,7 @@ final class NetworkCore: SimulatedNetworking, SimulatedDatagramNetworking, @unch
 
     /// What a layer's socket had written when it closed: onto the link (past the window, as a
     /// kernel's send buffer), before the end.
-    fileprivate func sendRemaining(_ bytes: [UInt8], from end: NetworkEnd) {
+    func sendRemaining(_ bytes: [UInt8], from end: NetworkEnd) {
         end.lastWrite = now
         send(bytes, from: end)
     }
@@ -498,10 +325,10 @@ final class NetworkCore: SimulatedNetworking, SimulatedDatagramNetworking, @unch
     }
 
     /// How long what `end` sends travels: the link's latency; nothing through a pipe.
-    private func latency(of end: NetworkEnd) -> UInt64 { end.isPipe ? 0 : latency }
+    func latency(of end: NetworkEnd) -> UInt64 { end.isPipe ? 0 : latency }
 
     /// Schedules the delivery of `end`'s outgoing head, if not scheduled already.
-    private func scheduleHead(of end: NetworkEnd, notBefore: UInt64 = 0) {
+    func scheduleHead(of end: NetworkEnd, notBefore: UInt64 = 0) {
         let direction = end.outgoing
         guard !direction.isHeadScheduled, let head = direction.packets.first else { return }
         direction.isHeadScheduled = true
@@ -584,334 +411,5 @@ final class NetworkCore: SimulatedNetworking, SimulatedDatagramNetworking, @unch
             socket.deliverError(receiver.isPipe ? EPIPE : ECONNRESET)
         }
         scheduleHead(of: sender)
-    }
-
-    // MARK: End-side events
-
-    fileprivate func attached(_ end: NetworkEnd) {
-        if end.isReset {
-            // Reset before its connection took it (still connecting, or accepted and on its
-            // way to a loop): the connection fails at once, as a connect that meets an RST.
-            end.socket?.deliverError(ECONNRESET)
-            return
-        }
-        end.wasReading = false
-        markDirty(end)
-        if let peer = end.peer, peer.outgoing.isStalledOnReader {
-            peer.outgoing.isStalledOnReader = false
-            scheduleHead(of: peer)
-        }
-    }
-
-    fileprivate func closed(_ end: NetworkEnd, unreadInput: Bool) {
-        // Input left unread (in the socket, or arrived and waiting for it) makes the close a
-        // reset, as TCP's does; otherwise the peer reads the end after what was sent.
-        let unread = unreadInput || end.peer?.outgoing.isStalledOnReader == true
-        if !end.isReset, end.peer != nil {
-            if unread {
-                if !end.rstSent {
-                    end.rstSent = true
-                    end.outgoing.packets.append(Packet(kind: .reset, arrival: now &+ latency(of: end)))
-                }
-            } else if !end.finSent {
-                end.finSent = true
-                end.outgoing.packets.append(Packet(kind: .end, arrival: now &+ latency(of: end)))
-            }
-            scheduleHead(of: end)
-        }
-        if let peer = end.peer, peer.outgoing.isStalledOnReader {
-            // What waited for this reader now meets a closed end (and gets a reset back).
-            peer.outgoing.isStalledOnReader = false
-            scheduleHead(of: peer)
-        }
-        ended(end)
-    }
-
-    private func armReadTimeout(_ end: NetworkEnd) {
-        guard let timeout = end.readTimeout, !end.readCheckScheduled else { return }
-        end.readCheckScheduled = true
-        schedule(at: end.lastRead &+ timeout) { [unowned self] in
-            end.readCheckScheduled = false
-            guard let socket = end.socket, let timeout = end.readTimeout, socket.isReading else { return }
-            if now >= end.lastRead &+ timeout {
-                end.wasReading = false
-                socket.deliverTimeout(reading: true)
-            } else {
-                armReadTimeout(end)
-            }
-        }
-    }
-
-    private func armWriteTimeout(_ end: NetworkEnd) {
-        guard let timeout = end.writeTimeout, !end.writeCheckScheduled else { return }
-        end.writeCheckScheduled = true
-        schedule(at: end.lastWrite &+ timeout) { [unowned self] in
-            end.writeCheckScheduled = false
-            guard let socket = end.socket, let timeout = end.writeTimeout, socket.isWritePending else { return }
-            if now >= end.lastWrite &+ timeout {
-                socket.deliverTimeout(reading: false)
-            } else {
-                armWriteTimeout(end)
-            }
-        }
-    }
-
-    fileprivate func timeoutsChanged(_ end: NetworkEnd) {
-        end.lastRead = now
-        end.lastWrite = now
-        if end.socket?.isReading == true { armReadTimeout(end) }
-        if end.socket?.isWritePending == true { armWriteTimeout(end) }
-    }
-
-    /// Open streams and listeners, for a deadlock report.
-    var summary: String? {
-        let streams = openEnds.count
-        let listening = listeners.count
-        let bound = datagramPorts.count
-        guard streams + listening + bound > 0 else { return nil }
-        var parts = ["\(streams) open stream end\(streams == 1 ? "" : "s")", "\(listening) listener\(listening == 1 ? "" : "s")"]
-        if bound > 0 { parts.append("\(bound) UDP port\(bound == 1 ? "" : "s")") }
-        return "network: " + parts.joined(separator: ", ")
-    }
-}
-
-/// A host address and a port.
-struct HostPort: Hashable {
-    let host: String
-    let port: UInt16
-}
-
-/// Two hosts, unordered.
-struct HostPair: Hashable {
-    let low: String
-    let high: String
-    init(_ one: String, _ other: String) {
-        (low, high) = one <= other ? (one, other) : (other, one)
-    }
-}
-
-/// What travels on a direction of a stream.
-struct Packet {
-    enum Kind {
-        case data([UInt8])
-        /// The sender's end of the stream (a FIN).
-        case end
-        /// A reset (an RST).
-        case reset
-    }
-    var kind: Kind
-    var arrival: UInt64
-}
-
-/// One direction of a stream: what is on its way or waits for the reader.
-final class Direction {
-    var packets: [Packet] = []
-    /// Data bytes in `packets` (bounded by the window).
-    var bytes = 0
-    var isHeadScheduled = false
-    var isStalledOnReader = false
-    var isStalledByPartition = false
-}
-
-/// One end of a simulated stream: the network's side of a connection's socket.
-final class NetworkEnd: SimulatedStreamEnd {
-    unowned let network: NetworkCore
-    let host: String
-    let port: UInt16
-    /// Orders this end's deliveries against others' at one instant (from the seed).
-    let key: UInt64
-    /// Whether the stream is a pipe to a simulated program (`makePipe`): no latency, no faults.
-    let isPipe: Bool
-    /// The other end (cleared once both are closed).
-    var peer: NetworkEnd?
-    let outgoing = Direction()
-    private(set) var socket: SimulatedSocket?
-    private(set) var isClosed = false
-    var isDirty = false
-    var isWriteShut = false
-    var finSent = false
-    var rstSent = false
-    var isReset = false
-    var wasReading = false
-    var readTimeout: UInt64?
-    var writeTimeout: UInt64?
-    var lastRead: UInt64 = 0
-    var lastWrite: UInt64 = 0
-    var readCheckScheduled = false
-    var writeCheckScheduled = false
-
-    init(network: NetworkCore, host: String, port: UInt16, key: UInt64, isPipe: Bool = false) {
-        self.network = network
-        self.host = host
-        self.port = port
-        self.key = key
-        self.isPipe = isPipe
-    }
-
-    func attach(_ socket: SimulatedSocket) {
-        guard !isClosed else { return }
-        self.socket = socket
-        network.attached(self)
-    }
-
-    func socketChanged() { network.markDirty(self) }
-
-    func socketShutdownWrite(remainingOutput: [UInt8]) {
-        if !remainingOutput.isEmpty, !isReset, peer != nil { network.sendRemaining(remainingOutput, from: self) }
-        isWriteShut = true
-        network.markDirty(self)
-    }
-
-    func socketClosed(unreadInput: Bool) {
-        guard !isClosed else { return }
-        isClosed = true
-        socket = nil
-        network.closed(self, unreadInput: unreadInput)
-    }
-
-    func socketClosed(unreadInput: Bool, remainingOutput: [UInt8]) {
-        guard !isClosed else { return }
-        if !remainingOutput.isEmpty, !isReset, peer != nil { network.sendRemaining(remainingOutput, from: self) }
-        socketClosed(unreadInput: unreadInput)
-    }
-
-    func socketSetTimeouts(read: UInt64?, write: UInt64?) {
-        readTimeout = read
-        writeTimeout = write
-        network.timeoutsChanged(self)
-    }
-}
-
-/// A connect on its way: finished once (connected, refused, timed out).
-final class ConnectAttempt {
-    let from: String
-    let port: UInt16
-    let to: String
-    let address: SocketAddress
-    private var done: ((Result<any SimulatedStreamEnd, EventLoopError>) -> Void)?
-
-    init(from: String, port: UInt16, to: String, address: SocketAddress,
-         done: @escaping (Result<any SimulatedStreamEnd, EventLoopError>) -> Void)
-    {
-        self.from = from
-        self.port = port
-        self.to = to
-        self.address = address
-        self.done = done
-    }
-
-    var isFinished: Bool { done == nil }
-
-    func finish(_ result: Result<any SimulatedStreamEnd, EventLoopError>, network: NetworkCore) {
-        guard let done else { return }
-        self.done = nil
-        done(result)
-    }
-}
-
-/// A listening port of the simulated network.
-final class NetworkListener: SimulatedListening {
-    unowned let network: NetworkCore
-    let key: HostPort
-    let backlog: Int
-    private let accepted: (any SimulatedStreamEnd, String) -> Void
-    private var isAccepting = true
-    private var waiting: [(NetworkEnd, String)] = []
-    private var isClosed = false
-
-    /// A Unix listener's path (nil: a TCP listener).
-    let name: String?
-
-    init(network: NetworkCore, key: HostPort, backlog: Int, accepted: @escaping (any SimulatedStreamEnd, String) -> Void,
-         name: String? = nil)
-    {
-        self.network = network
-        self.key = key
-        self.backlog = backlog
-        self.accepted = accepted
-        self.name = name
-    }
-
-    var port: UInt16 { key.port }
-    var localAddress: String { name ?? "\(key.host):\(key.port)" }
-
-    /// Whether a new connection fits (accepting, or room in the backlog).
-    var hasRoom: Bool { !isClosed && (isAccepting || waiting.count < backlog) }
-
-    func enqueue(_ end: NetworkEnd, peer: String) {
-        if isAccepting {
-            accepted(end, peer)
-        } else {
-            waiting.append((end, peer))
-        }
-    }
-
-    func setAccepting(_ accepting: Bool) {
-        isAccepting = accepting
-        while isAccepting, !isClosed, !waiting.isEmpty {
-            let (end, peer) = waiting.removeFirst()
-            accepted(end, peer)
-        }
-    }
-
-    func close() {
-        guard !isClosed else { return }
-        isClosed = true
-        network.removeListener(self)
-        let left = waiting
-        waiting = []
-        for (end, _) in left { end.socketClosed(unreadInput: true) }  // the client sees a reset
-    }
-}
-
-/// A network event: `action` at `time`; at one instant, by `key` (from the seed), then in the
-/// order scheduled.
-struct NetworkEvent {
-    let time: UInt64
-    let key: UInt64
-    let sequence: UInt64
-    let action: () -> Void
-
-    func precedes(_ other: NetworkEvent) -> Bool {
-        (time, key, sequence) < (other.time, other.key, other.sequence)
-    }
-}
-
-/// A binary min-heap of network events.
-struct EventHeap {
-    private var items: [NetworkEvent] = []
-
-    var first: NetworkEvent? { items.first }
-    var count: Int { items.count }
-
-    mutating func insert(_ event: NetworkEvent) {
-        items.append(event)
-        var child = items.count - 1
-        while child > 0 {
-            let parent = (child - 1) / 2
-            guard items[child].precedes(items[parent]) else { break }
-            items.swapAt(child, parent)
-            child = parent
-        }
-    }
-
-    mutating func removeFirst() -> NetworkEvent {
-        let top = items[0]
-        let last = items.removeLast()
-        if !items.isEmpty {
-            items[0] = last
-            var parent = 0
-            while true {
-                let left = 2 * parent + 1
-                let right = left + 1
-                var smallest = parent
-                if left < items.count, items[left].precedes(items[smallest]) { smallest = left }
-                if right < items.count, items[right].precedes(items[smallest]) { smallest = right }
-                if smallest == parent { break }
-                items.swapAt(parent, smallest)
-                parent = smallest
-            }
-        }
-        return top
     }
 }
