@@ -81,7 +81,7 @@ public final class EventLoop: @unchecked Sendable {
     @exclusivity(unchecked) var pollStamp: UInt64 = 0
     /// How many `run`/`spin` calls are on the stack.
     @exclusivity(unchecked) private var runDepth = 0
-    private(set) var sources: [ObjectIdentifier: Source] = [:]
+    var sources: [ObjectIdentifier: Source] = [:]
     /// Open sources with `keepsLoopBusy`, plus in-flight work of `LoopAttachment`s (see
     /// `isQuiescent`).
     var busySources = 0
@@ -406,63 +406,6 @@ public final class EventLoop: @unchecked Sendable {
         swap(&prePollParticipants, &preparingParticipants)
         for participant in preparingParticipants { participant.prepareForPoll() }
         preparingParticipants.removeAll(keepingCapacity: true)
-    }
-
-    // MARK: Sources
-
-    func register(_ source: Source) {
-        sources[ObjectIdentifier(source)] = source
-        if source.keepsLoopBusy { busySources += 1 }
-        world.sourceRegistered(source)
-    }
-
-    func unregister(_ source: Source) {
-        if sources.removeValue(forKey: ObjectIdentifier(source)) != nil, source.keepsLoopBusy { busySources -= 1 }
-        world.sourceUnregistered(source)
-    }
-
-    /// The number of open sources (timers, watchers, readers) on this loop.
-    var sourceCount: Int { sources.count }
-
-    /// The open sources (a copy). Loop thread only.
-    var openSources: [Source] { Array(sources.values) }
-
-    /// Whether the loop has nothing left to do: no ready work, no cross-thread posts waiting, no
-    /// in-flight sources (connections, one-shot timers). Standing sources (fd watchers,
-    /// repeating timers, listeners) do not count. Loop thread only.
-    var isQuiescent: Bool {
-        busySources == 0 && !scheduler.hasReadyWork && remote.withLock { $0.isEmpty }
-    }
-
-    /// Ends the loop for good, on its thread: closes every source (handlers are dropped, not
-    /// called), drops the queued work, and from now on counts posts as dropped instead of
-    /// queueing them. Returns (work dropped, sources closed). `run()` returns afterwards.
-    func shutdownNow() -> (droppedWork: Int, closedSources: Int) {
-        let waitingQueue = remote.withLock { $0.close() }
-        let waiting = waitingQueue.count
-        let open = Array(sources.values)
-        for source in open { source.close() }
-        let dropped = scheduler.removeAll() + waiting
-        scheduler.counters.droppedAtShutdown += dropped
-        lifecycle.shutDown()
-        world.loopShutDown(self)
-        stop()
-        _ = consume waitingQueue  // the dropped closures are released here, after the lock
-        return (dropped, open.count)
-    }
-
-    // MARK: Metrics
-
-    /// A snapshot of what the loop has done so far: a copy of its counters and its queue-wait
-    /// histograms (about 60 KB with metrics on). Read it on the loop's thread, or once no thread
-    /// runs the loop any more (precondition).
-    public var metrics: LoopMetrics {
-        requireUsage(
-            isCurrent || !isBoundToLiveThread,
-            "Mainspring: EventLoop.metrics must be read on the loop's own thread; use submit { loop.metrics } to get there")
-        var snapshot = scheduler.counters.snapshot()
-        snapshot.droppedAtShutdown += remote.withLock { $0.droppedWhileClosed }
-        return snapshot
     }
 }
 
