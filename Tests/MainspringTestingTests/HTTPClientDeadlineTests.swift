@@ -4,6 +4,17 @@ import MainspringTestSupport
 import MainspringTesting
 import Testing
 
+/// What a request ended with — its status and body text, or its error — and when, on the
+/// simulation's clock (the deadline and retry tests').
+func requestOutcome(_ client: HTTPClient, _ request: HTTPClientRequest, _ simulation: Simulation) async -> (String, Duration) {
+    do throws(HTTPClientError) {
+        let response = try await client.execute(request)
+        return ("\(response.status) \(response.text)", simulation.now)
+    } catch {
+        return ("\(error)", simulation.now)
+    }
+}
+
 /// One deadline per request (`HTTPClient.Configuration.requestTimeout`, a request's own
 /// `timeout` or `deadline`): it covers the wait for a pooled connection, resolving, connecting,
 /// sending and the whole response, and its error names where the request was — each to the
@@ -20,16 +31,6 @@ import Testing
         }
     }
 
-    /// What a request ended with: "ok" or its error, and when.
-    static func outcome(_ client: HTTPClient, _ request: HTTPClientRequest, _ simulation: Simulation) async -> (String, Duration) {
-        do throws(HTTPClientError) {
-            _ = try await client.execute(request)
-            return ("ok", simulation.now)
-        } catch {
-            return ("\(error)", simulation.now)
-        }
-    }
-
     /// The user's case: 10 requests at once to an upstream that takes 5 s, 8 connections, a 2 s
     /// request timeout. Before, 8 failed at 2 s and the other 2 — who waited 2 s for a connection
     /// first — at 4 s. Now all 10 fail at 2 s: 8 waiting for the response, 2 for a connection.
@@ -41,7 +42,7 @@ import Testing
         let outcomes = try await simulation.run { () async -> [(String, Duration)] in
             await withTaskGroup(of: (String, Duration).self) { group in
                 for _ in 0..<10 {
-                    group.addTask { await Self.outcome(client, HTTPClientRequest(url: "http://10.0.0.2/"), simulation) }
+                    group.addTask { await requestOutcome(client, HTTPClientRequest(url: "http://10.0.0.2/"), simulation) }
                 }
                 return await group.reduce(into: []) { $0.append($1) }
             }
@@ -64,12 +65,12 @@ import Testing
         let listener = try Self.slowUpstream(simulation, answerAfter: .zero)
         simulation.network.partition("127.0.0.1", "10.0.0.2")  // the simulation's own loop is 127.0.0.1
         let client = HTTPClient(loop: simulation.loop, configuration: .init(requestTimeout: .seconds(2)))
-        let (failure, at) = try await simulation.run { await Self.outcome(client, HTTPClientRequest(url: "http://10.0.0.2/"), simulation) }
+        let (failure, at) = try await simulation.run { await requestOutcome(client, HTTPClientRequest(url: "http://10.0.0.2/"), simulation) }
         #expect(failure == "\(HTTPClientError.requestTimeout(.seconds(2), phase: .connecting))")
         #expect(at == .seconds(2))
         // A connect timeout shorter than what is left of the request still has its own error.
         let short = HTTPClient(loop: simulation.loop, configuration: .init(requestTimeout: .seconds(2), connectTimeout: .milliseconds(500)))
-        let (own, ownAt) = try await simulation.run { await Self.outcome(short, HTTPClientRequest(url: "http://10.0.0.2/"), simulation) }
+        let (own, ownAt) = try await simulation.run { await requestOutcome(short, HTTPClientRequest(url: "http://10.0.0.2/"), simulation) }
         #expect(own == "\(HTTPClientError.connectTimeout(host: "10.0.0.2", port: 80, .milliseconds(500)))")
         #expect(ownAt == .seconds(2) + .milliseconds(500))
         client.shutdown()
@@ -87,7 +88,7 @@ import Testing
             return "10.0.0.2"
         }
         let client = HTTPClient(loop: loop, configuration: configuration)
-        let (failure, at) = try await simulation.run { await Self.outcome(client, HTTPClientRequest(url: "http://registry.test/"), simulation) }
+        let (failure, at) = try await simulation.run { await requestOutcome(client, HTTPClientRequest(url: "http://registry.test/"), simulation) }
         #expect(failure == "\(HTTPClientError.requestTimeout(.milliseconds(750), phase: .resolving))")
         #expect(at == .milliseconds(750))
         client.shutdown()
@@ -131,7 +132,7 @@ import Testing
             let start = simulation.now
             let request = HTTPClientRequest(url: "http://10.0.0.2/", timeout: .seconds(1),
                                             deadline: loop.clock.now.advanced(by: .milliseconds(3)))
-            let (failure, at) = await Self.outcome(client, request, simulation)
+            let (failure, at) = await requestOutcome(client, request, simulation)
             return (failure, at - start)
         }
         #expect(deadlineFailure == "\(HTTPClientError.requestTimeout(.milliseconds(3), phase: .awaitingResponse))")
@@ -154,7 +155,7 @@ import Testing
         let client = HTTPClient(loop: simulation.loop, configuration: .init(requestTimeout: .seconds(1)))
         let body = [UInt8](repeating: 0x61, count: 4 << 20)
         let (failure, at) = try await simulation.run {
-            await Self.outcome(client, HTTPClientRequest(method: .post, url: "http://10.0.0.2/", body: body), simulation)
+            await requestOutcome(client, HTTPClientRequest(method: .post, url: "http://10.0.0.2/", body: body), simulation)
         }
         #expect(failure == "\(HTTPClientError.requestTimeout(.seconds(1), phase: .awaitingResponse))")
         #expect(at == .seconds(1))

@@ -33,15 +33,6 @@ import Testing
         }
     }
 
-    static func outcome(_ client: HTTPClient, _ request: HTTPClientRequest, _ simulation: Simulation) async -> (String, Duration) {
-        do throws(HTTPClientError) {
-            let response = try await client.execute(request)
-            return ("\(response.status) \(response.text)", simulation.now)
-        } catch {
-            return ("\(error)", simulation.now)
-        }
-    }
-
     /// Exact backoff (no jitter): 100 ms, then 200 ms.
     static let exact = HTTPClient.RetryPolicy(maxRetries: 3, initialBackoff: .milliseconds(100), jitter: 0)
 
@@ -64,7 +55,7 @@ import Testing
             }
         }
         let (result, at) = try await simulation.run {
-            await Self.outcome(client, HTTPClientRequest(method: .post, url: "http://10.0.0.2/", body: [1]), simulation)
+            await requestOutcome(client, HTTPClientRequest(method: .post, url: "http://10.0.0.2/", body: [1]), simulation)
         }
         #expect(result == "200 up")
         // Refused at 2 ms (a round trip), again at 104 ms; the third connect, at 304 ms, is
@@ -82,7 +73,7 @@ import Testing
             n == 1 ? Upstream.response(503, "Retry-After: 1\r\n", body: "busy") : Upstream.response(200, body: "fine")
         }
         let client = HTTPClient(loop: simulation.loop, configuration: .init(retryPolicy: Self.exact))
-        let (result, at) = try await simulation.run { await Self.outcome(client, HTTPClientRequest(url: "http://10.0.0.2/"), simulation) }
+        let (result, at) = try await simulation.run { await requestOutcome(client, HTTPClientRequest(url: "http://10.0.0.2/"), simulation) }
         #expect(result == "200 fine")
         // The 503 at 4 ms; one second; the retry reuses the connection: a round trip.
         #expect(at == .milliseconds(1_006))
@@ -97,7 +88,7 @@ import Testing
         simulation.network.latency = .milliseconds(1)
         let upstream = try Upstream(simulation) { _ in Upstream.response(503, "Retry-After: 10\r\n", body: "later") }
         let client = HTTPClient(loop: simulation.loop, configuration: .init(requestTimeout: .seconds(2), retryPolicy: Self.exact))
-        let (result, at) = try await simulation.run { await Self.outcome(client, HTTPClientRequest(url: "http://10.0.0.2/"), simulation) }
+        let (result, at) = try await simulation.run { await requestOutcome(client, HTTPClientRequest(url: "http://10.0.0.2/"), simulation) }
         #expect(result == "503 later")
         #expect(at == .milliseconds(4))
         #expect(upstream.requests.value == 1)
@@ -114,18 +105,18 @@ import Testing
         let upstream = try Upstream(simulation) { n in n == 1 ? "" : Upstream.response(200, body: "late") }
         let client = HTTPClient(loop: simulation.loop, configuration: .init(responseTimeout: .milliseconds(500), retryPolicy: Self.exact))
         let (post, _) = try await simulation.run {
-            await Self.outcome(client, HTTPClientRequest(method: .post, url: "http://10.0.0.2/", body: [1]), simulation)
+            await requestOutcome(client, HTTPClientRequest(method: .post, url: "http://10.0.0.2/", body: [1]), simulation)
         }
         #expect(post == "\(HTTPClientError.responseTimeout(.milliseconds(500)))")
         #expect(upstream.requests.value == 1)
-        let (get, _) = try await simulation.run { await Self.outcome(client, HTTPClientRequest(url: "http://10.0.0.2/"), simulation) }
+        let (get, _) = try await simulation.run { await requestOutcome(client, HTTPClientRequest(url: "http://10.0.0.2/"), simulation) }
         #expect(get == "200 late")
         var policy = Self.exact
         policy.retriesNonIdempotentRequests = true
         let allowing = policy
         upstream.requests.withLock { $0 = 0 }
         let (allowed, _) = try await simulation.run {
-            await Self.outcome(client, HTTPClientRequest(method: .post, url: "http://10.0.0.2/", body: [1], retryPolicy: allowing), simulation)
+            await requestOutcome(client, HTTPClientRequest(method: .post, url: "http://10.0.0.2/", body: [1], retryPolicy: allowing), simulation)
         }
         #expect(allowed == "200 late")
         #expect(upstream.requests.value == 2)
@@ -144,7 +135,7 @@ import Testing
             retryPolicy: Self.exact, retryBudget: .init(ratio: 0.1, minimumPerSecond: 0, window: .seconds(3_600))))
         let statuses = try await simulation.run { () async -> [String] in
             var statuses: [String] = []
-            for _ in 0..<105 { statuses.append(await Self.outcome(client, HTTPClientRequest(url: "http://10.0.0.2/"), simulation).0) }
+            for _ in 0..<105 { statuses.append(await requestOutcome(client, HTTPClientRequest(url: "http://10.0.0.2/"), simulation).0) }
             return statuses
         }
         #expect(statuses.allSatisfy { $0 == "503 down" })
@@ -167,7 +158,7 @@ import Testing
                 var times: [Duration] = []
                 for _ in 0..<5 {
                     let start = simulation.now
-                    _ = await Self.outcome(client, HTTPClientRequest(url: "http://10.0.0.2/"), simulation)
+                    _ = await requestOutcome(client, HTTPClientRequest(url: "http://10.0.0.2/"), simulation)
                     times.append(simulation.now - start)
                 }
                 return times

@@ -62,6 +62,9 @@ final class TimerQueue: NativeEventTarget {
     }
 
     private unowned(unsafe) let loop: EventLoop
+    /// Whether libevent's timer stands for the queue (a real loop's); a simulation reads
+    /// `nextDeadline` instead. The loop's world, asked once.
+    private let armsNativeTimer: Bool
     @exclusivity(unchecked) private var heap: [Entry] = []
     private var lastSequence: UInt64 = 0
     /// libevent's timer, made on first use.
@@ -74,6 +77,7 @@ final class TimerQueue: NativeEventTarget {
     /// - Parameter loop: the loop that owns the queue (and outlives it).
     init(loop: EventLoop) {
         self.loop = loop
+        armsNativeTimer = loop.world.armsNativeTimers
     }
 
     /// The next creation sequence number.
@@ -135,7 +139,7 @@ final class TimerQueue: NativeEventTarget {
     /// armed. Nothing to do when it already is, or on a simulated loop (whose simulation reads
     /// `nextDeadline` instead).
     private func updateNative() {
-        guard !rearmIsQueued, loop.world.armsNativeTimers else { return }
+        guard !rearmIsQueued, armsNativeTimer else { return }
         guard let first = heap.first else {
             if nativeDeadline != nil {
                 native?.delete()

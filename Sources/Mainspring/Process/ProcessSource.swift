@@ -82,20 +82,20 @@ final class KernelChild: ChildProcess, @unchecked Sendable {
 
 /// A simulation's program (`MainspringTesting`): signals go to it (never to `kill(2)`: its
 /// process ID is the simulation's), and it reports its own exit.
-final class SimulatedChildHandle: ChildProcess, @unchecked Sendable {
+final class SimulatedChildHandle: ChildProcess, Sendable {
     let program: any SimulatedChild
-    /// Its exit, once reported. Under `ProcessShared`'s lock.
-    private var exit: Subprocess.ExitStatus?
+    /// Its exit, once reported (by the program, on the loop; read under `ProcessShared`'s lock).
+    private let exit = Protected<Subprocess.ExitStatus?>(nil)
 
     init(_ program: any SimulatedChild) { self.program = program }
 
     var exitDescriptor: Int32 { -1 }
     var reportsItsExit: Bool { true }
     func takeExitDescriptor() -> Int32 { -1 }
-    func reapIfExited() -> Subprocess.ExitStatus? { exit }
+    func reapIfExited() -> Subprocess.ExitStatus? { exit.withLock { $0 } }
 
     /// The program ended with `status` (the loop reaps it at its next check).
-    func exited(_ status: Subprocess.ExitStatus) { exit = status }
+    func exited(_ status: Subprocess.ExitStatus) { exit.withLock { $0 = status } }
 
     func signal(_ signal: Int32) -> Int32 {
         program.deliver(signal: signal)
@@ -185,11 +185,6 @@ final class ProcessShared: Sendable {
 
     /// Whether the group the child leads still has members.
     var groupExists: Bool { state.withLock { _ in child.groupExists } }
-
-    /// A simulated program ended with `status`: the loop reaps it at its next check.
-    func programExited(_ status: Subprocess.ExitStatus) {
-        state.withLock { _ in (child as? SimulatedChildHandle)?.exited(status) }
-    }
 
     /// Resumes `continuation` with the status once the child is reaped (at once if it is).
     func awaitExit(_ continuation: UnsafeContinuation<Subprocess.ExitStatus, Never>) {

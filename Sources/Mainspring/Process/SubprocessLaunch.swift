@@ -174,13 +174,13 @@ extension Subprocess {
             for case let connection? in pipes + programEnds { connection.source.close() }
             throw .loop(error)
         }
-        let shared = ProcessShared(pid: pid, group: configuration.newProcessGroup ? pid : nil,
-                                   child: SimulatedChildHandle(child))
+        let handle = SimulatedChildHandle(child)
+        let shared = ProcessShared(pid: pid, group: configuration.newProcessGroup ? pid : nil, child: handle)
         let source = ProcessSource(loop: loop, shared: shared)
         if let timeout = configuration.timeout { source.startTimeout(timeout, grace: configuration.timeoutGrace) }
         let checked = UncheckedProcessSource(source)
         child.start(standardStreams: programEnds) { status in
-            shared.programExited(status)
+            handle.exited(status)
             loop.execute(priority: .input) { checked.value.check() }
         }
         return Subprocess(loop: loop, shared: shared, source: source, executablePath: name, exitWatch: .simulated,

@@ -309,11 +309,17 @@ extension ConnectionSource {
     /// end of the stream — OpenSSL 3 answers a bare end of TCP with a `decode_error` alert),
     /// then the socket's write side.
     func halfClose(_ socket: BufferedSocket) {
-        if let transport {
-            socket.simulated?.layerWillClose()
-            transport.willClose()
-        }
+        endLayerOutput(socket)
         socket.shutdownWrite()
+    }
+
+    /// The layer's last words (TLS's close_notify), if there is a layer: before a half-close,
+    /// and before a graceful close. (Over a simulated stream the send buffer is lifted first, so
+    /// that the record goes whole.)
+    func endLayerOutput(_ socket: BufferedSocket) {
+        guard let transport else { return }
+        socket.simulated?.layerWillClose()
+        transport.willClose()
     }
 
     func closeGracefully() {

@@ -320,10 +320,7 @@ final class ConnectionSource: Source {
     func finish(_ reason: Connection.CloseReason) {
         let graceful = state.isClosing && reason == closingReason
         guard state.finish(reason) else { return }
-        if graceful, let socket, let transport {
-            socket.simulated?.layerWillClose()
-            transport.willClose()
-        }
+        if graceful, let socket { endLayerOutput(socket) }
         closedFlag.store(true, ordering: .releasing)
         outputPausedFlag.store(true, ordering: .relaxed)
         pendingOutput = []

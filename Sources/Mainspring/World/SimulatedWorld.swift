@@ -4,7 +4,8 @@
 final class SimulatedWorld: LoopWorld {
     let simulation: any LoopSimulating
     /// Who opened the loop's sources (its simulated programs' descriptors, as a kernel keeps them).
-    let ownership: SimulatedOwnerships? = SimulatedOwnerships()
+    private let owners = SimulatedOwnerships()
+    var ownership: SimulatedOwnerships? { owners }
 
     init(_ simulation: any LoopSimulating) { self.simulation = simulation }
 
@@ -23,7 +24,7 @@ final class SimulatedWorld: LoopWorld {
     }
 
     func sourceRegistered(_ source: Source) {
-        guard let ownership, let owner = ownership.current else { return }
+        guard let owner = owners.current else { return }
         source.loop.setSimulatedOwner(owner, of: source)
     }
 
@@ -77,14 +78,8 @@ final class SimulatedWorld: LoopWorld {
     }
 
     func sourceUnregistered(_ source: Source) {
-        guard let ownership, !ownership.records.isEmpty else { return }
-        ownership.records[ObjectIdentifier(source)] = nil
-    }
-
-    /// The simulation's network, or `.simulatedLoop` naming `what` when it has none.
-    private func network(for what: @autoclosure () -> String) throws(EventLoopError) -> any SimulatedNetworking {
-        guard let network = simulation.network else { throw .simulatedLoop(refused: what()) }
-        return network
+        guard !owners.records.isEmpty else { return }
+        owners.records[ObjectIdentifier(source)] = nil
     }
 
     func startConnect(_ source: ConnectionSource, to host: String, port: UInt16, options: Connection.Options)
@@ -94,11 +89,11 @@ final class SimulatedWorld: LoopWorld {
     }
 
     func connect(unixPath path: String, from loop: EventLoop) throws(EventLoopError) -> StreamEndpoint {
-        .simulated(try network(for: "a connection to \(path)").connect(unixPath: path, from: loop))
+        .simulated(try loop.requireSimulatedNetwork(for: "a connection to \(path)").connect(unixPath: path, from: loop))
     }
 
     func makePair(on loop: EventLoop) throws(EventLoopError) -> (StreamEndpoint, StreamEndpoint) {
-        let (first, second) = try network(for: "Connection.makePair").makePair(on: loop)
+        let (first, second) = try loop.requireSimulatedNetwork(for: "Connection.makePair").makePair(on: loop)
         return (.simulated(first), .simulated(second))
     }
 
@@ -118,12 +113,12 @@ final class SimulatedWorld: LoopWorld {
         }
         switch socket {
         case .binding(let host, let port, let backlog):
-            let network = try network(for: "a TCP listener on \(host):\(port)")
+            let network = try loop.requireSimulatedNetwork(for: "a TCP listener on \(host):\(port)")
             return SimulatedListeningPort(try network.listen(on: loop, host: host, port: port, backlog: backlog,
                                                              accepted: accepted))
         case .unix(let path, _, let backlog):
             // No file on a simulated host: `mode` has nothing to apply to.
-            let network = try network(for: "a Unix listener at \(path)")
+            let network = try loop.requireSimulatedNetwork(for: "a Unix listener at \(path)")
             return SimulatedListeningPort(try network.listen(unixPath: path, on: loop, backlog: backlog, accepted: accepted))
         case .adopting(let fd):
             throw .simulatedLoop(refused: "a listener adopting descriptor \(fd)")

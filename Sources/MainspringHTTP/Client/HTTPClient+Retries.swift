@@ -61,6 +61,8 @@ extension HTTPClient {
         -> Duration?
     {
         let loop = self.loop
+        // Drawn on the loop (a simulation's stream is the driving thread's). `submit` fails only
+        // when the loop is gone: no jitter then — the pause that follows fails the request anyway.
         let random = loop.isCurrent ? loop.randomUnit() : ((try? await loop.submit { loop.randomUnit() }) ?? 0)
         var wait = policy.backoff(beforeRetry: retries + 1, random: random)
         if let atLeast { wait = max(wait, atLeast) }
