@@ -29,7 +29,8 @@ deps:
 ## And the KV server's oracles: redis-server and redis-cli/redis-benchmark (redis-server,
 ## redis-tools) and a Python virtual environment with redis-py, pytest and websockets (kv-venv).
 test-tools:
-	@./scripts/install-deps.sh curl python3-prometheus-client prometheus openssl redis-server redis-tools strace
+	@./scripts/install-deps.sh curl python3-prometheus-client prometheus openssl redis-server redis-tools strace \
+		nghttp2-client nghttp2-server
 	@./scripts/install-tools.sh
 	@$(MAKE) --no-print-directory kv-venv
 
@@ -46,7 +47,7 @@ kv-venv:
 		|| echo "note: could not make $(KV_VENV); the KV server's pytest tests and the WebSocket interop tests will be skipped." >&2
 
 bench-tools:
-	@./scripts/install-deps.sh wrk redis-server redis-tools nginx-light
+	@./scripts/install-deps.sh wrk redis-server redis-tools nginx-light nghttp2-client nghttp2-server
 
 build: deps
 	$(SWIFT) build

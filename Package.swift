@@ -102,12 +102,20 @@ let package = Package(
             pkgConfig: "zlib",
             providers: [.apt(["zlib1g-dev"])]
         ),
-        // HTTP for daemons, HTTP/1.1 in Swift over the core's connections: routes, streaming,
-        // Prometheus metrics, health, WebSockets. It imports no CLibevent; only its Deflate/
-        // folder imports CZlib.
+        // nghttp2 through pkg-config, for HTTP/2 (server and client); `make` installs
+        // libnghttp2-dev when it is missing.
+        .systemLibrary(
+            name: "CNGHTTP2",
+            path: "Sources/CNGHTTP2",
+            pkgConfig: "libnghttp2",
+            providers: [.apt(["libnghttp2-dev"])]
+        ),
+        // HTTP for daemons, HTTP/1.1 in Swift and HTTP/2 on nghttp2 over the core's connections:
+        // routes, streaming, Prometheus metrics, health, WebSockets. It imports no CLibevent; only
+        // its Deflate/ folder imports CZlib, only its NGHTTP2/ folder CNGHTTP2.
         .target(
             name: "MainspringHTTP",
-            dependencies: ["MainspringCore", "CZlib"],
+            dependencies: ["MainspringCore", "CZlib", "CNGHTTP2"],
             path: "Sources/MainspringHTTP"
         ),
         // Plain-C TLS peers for the `tls` benchmark (libevent + bufferevent_openssl), and a

@@ -42,3 +42,5 @@ extension Connection {
     /// connect), nil for a plain one. Any thread; fixed once the connection exists.
     public var tls: TLSSession? { transportDetails as? TLSSession }
 }
+
+extension TLSSession: ApplicationProtocolDetails {}

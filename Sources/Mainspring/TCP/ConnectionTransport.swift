@@ -58,4 +58,16 @@ extension Connection {
     /// The layer's details (`ConnectionTransport.details`), if the connection has a layer. Any
     /// thread.
     package var transportDetails: (any Sendable)? { source.transportDetails }
+
+    /// The application protocol the layer agreed on with the peer (TLS's ALPN: `h2`,
+    /// `http/1.1`), nil without one. Any thread.
+    package var negotiatedApplicationProtocol: String? {
+        (source.transportDetails as? any ApplicationProtocolDetails)?.applicationProtocol
+    }
+}
+
+/// A layer's details that name the application protocol agreed on (MainspringTLS's
+/// `TLSSession`): how HTTP learns of ALPN without depending on TLS.
+package protocol ApplicationProtocolDetails: Sendable {
+    var applicationProtocol: String? { get }
 }

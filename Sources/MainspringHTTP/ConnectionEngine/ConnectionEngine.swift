@@ -267,6 +267,8 @@ final class ConnectionEngine: ServerEngine {
     private(set) weak var delegate: (any ServerEngineDelegate)?
     private let acceptor: ConnectionAcceptor
     private var connections: [ObjectIdentifier: EngineConnection] = [:]
+    /// The connections that speak HTTP/2 (HTTP2ServerConnection.swift).
+    private var http2Connections: [ObjectIdentifier: HTTP2ServerConnection] = [:]
     private var isAccepting = true
     private var isPausedForLimit = false
     private var held: [Connection] = []
@@ -283,7 +285,7 @@ final class ConnectionEngine: ServerEngine {
         try acceptor.register(self)
     }
 
-    var connectionCount: Int { connections.count }
+    var connectionCount: Int { connections.count + http2Connections.count }
 
     func accept(_ connection: Connection) {
         guard isAccepting else {
@@ -315,6 +317,7 @@ final class ConnectionEngine: ServerEngine {
         let waiting = held
         held = []
         for connection in waiting { connection.abort() }
+        for served in http2Connections.values { served.drain() }
     }
 
     func resumeAfterLimit() {
@@ -335,13 +338,23 @@ final class ConnectionEngine: ServerEngine {
             served.connection.close()
             delegate?.closedConnection(timedOut: false)
         }
+        let open2 = http2Connections.values
+        http2Connections = [:]
+        for served in open2 {
+            for request in served.detach() { delegate?.finished(request, written: false) }
+            served.connection.close()
+            delegate?.closedConnection(timedOut: false)
+        }
     }
 
     // MARK: What the connections report
 
-    func received(_ request: ConnectionExchange) { delegate?.received(request) }
+    func received(_ request: any ServerExchange) { delegate?.received(request) }
 
     func completed(_ request: ConnectionExchange) { delegate?.finished(request, written: true) }
+
+    /// A request handed over by an HTTP/2 connection is over.
+    func finished(_ request: HTTP2Exchange, written: Bool) { delegate?.finished(request, written: written) }
 
     func answeredByGuard(status: Int) { delegate?.answeredByGuard(status: status) }
 
@@ -352,6 +365,25 @@ final class ConnectionEngine: ServerEngine {
     func removed(_ served: EngineConnection, lost request: ConnectionExchange?, timedOut: Bool) {
         guard connections.removeValue(forKey: ObjectIdentifier(served)) != nil else { return }
         if let request { delegate?.finished(request, written: false) }
+        delegate?.closedConnection(timedOut: timedOut)
+    }
+
+    /// `served` speaks HTTP/2 from now on (its client sent the preface, or agreed on `h2` by
+    /// ALPN), with `input` what it has read so far: it leaves the HTTP/1.1 reader for an
+    /// HTTP/2 connection, and stays one connection of the engine's.
+    func switchToHTTP2(_ served: EngineConnection, input: [UInt8]) {
+        guard let options = limits.http2, connections.removeValue(forKey: ObjectIdentifier(served)) != nil else { return }
+        _ = served.detach()
+        let http2 = HTTP2ServerConnection(engine: self, connection: served.connection, options: options)
+        http2Connections[ObjectIdentifier(http2)] = http2
+        http2.begin(with: input)
+        if !isAccepting { http2.drain() }
+    }
+
+    /// An HTTP/2 connection closed: its requests still with the server finished unwritten.
+    func removed(_ served: HTTP2ServerConnection, lost: [HTTP2Exchange], timedOut: Bool) {
+        guard http2Connections.removeValue(forKey: ObjectIdentifier(served)) != nil else { return }
+        for request in lost { delegate?.finished(request, written: false) }
         delegate?.closedConnection(timedOut: timedOut)
     }
 }

@@ -28,6 +28,7 @@ final class ConnectionExchange: ServerExchange {
 
     var isConnectionOpen: Bool { !isDone && owner.isOpen }
     var method: HTTPMethod { head.method }
+    var version: HTTPVersion { head.minorVersion == 0 ? .http1_0 : .http1_1 }
     var uri: String { head.target }
     var pathAndQuery: (path: String, rawPath: String, query: [(name: String, value: String)]) { head.pathAndQuery }
     var headers: [(name: String, value: String)] { head.fields }

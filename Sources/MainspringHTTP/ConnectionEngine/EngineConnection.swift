@@ -77,8 +77,15 @@ final class EngineConnection {
         scan = RequestHeadScan(maxHeaderBytes: engine.limits.maxHeaderBytes, keepsTargetPath: engine.limits.shedsBeforeBody)
     }
 
-    /// Starts reading (the connection is the engine's from now on).
+    /// No request was read yet: the connection may still turn out to speak HTTP/2.
+    private var isFirstRequest = true
+
+    /// Starts reading (the connection is the engine's from now on) — or, when the client agreed
+    /// on `h2` by ALPN, hands the connection to HTTP/2.
     func begin() {
+        if engine.limits.http2 != nil, connection.negotiatedApplicationProtocol == "h2" {
+            return engine.switchToHTTP2(self, input: [])
+        }
         connection.onClose { [self] reason in
             closed(timedOut: timedOut || reason == .idleTimeout)
         }
@@ -122,6 +129,17 @@ final class EngineConnection {
                         connection.close()
                     }
                     return
+                }
+                if isFirstRequest, engine.limits.http2 != nil, input[start] == 0x50 {  // "P": HTTP/2's preface?
+                    switch prefaceMatch() {
+                    case .some(true):
+                        return engine.switchToHTTP2(self, input: Array(input[start...]))
+                    case .none:
+                        if peerEnded { connection.close() }
+                        return  // too few bytes to tell
+                    case .some(false):
+                        break
+                    }
                 }
                 phase = .head
                 scan.reset()
@@ -223,9 +241,18 @@ final class EngineConnection {
         return true
     }
 
+    /// Whether the input starts with HTTP/2's client preface (h2c with prior knowledge): nil
+    /// while what arrived is a prefix of it.
+    private func prefaceMatch() -> Bool? {
+        let count = min(input.count - start, http2ClientPreface.count)
+        guard input[start..<(start + count)].elementsEqual(http2ClientPreface[..<count]) else { return false }
+        return count == http2ClientPreface.count ? true : nil
+    }
+
     /// The request is read: it goes to the server; what arrives meanwhile waits for its
     /// response (up to `maxPipelinedBytes`).
     private func dispatch(_ head: RequestHead, body: [UInt8]) {
+        isFirstRequest = false
         phase = .inFlight
         if start == input.count {
             input.removeAll(keepingCapacity: true)

@@ -181,6 +181,11 @@ struct RequestHead {
     /// wants it reads the target itself (`uri`). An absolute target (`http://host/path`) is read
     /// from its path.
     var pathAndQuery: (path: String, rawPath: String, query: [(name: String, value: String)]) {
+        Self.pathAndQuery(of: target)
+    }
+
+    /// `pathAndQuery` of a request target (HTTP/2's `:path` too).
+    static func pathAndQuery(of target: String) -> (path: String, rawPath: String, query: [(name: String, value: String)]) {
         // The usual target, a path with nothing to decode and no query: itself, three times.
         if target.utf8.first == 0x2F, !target.utf8.contains(where: { $0 == 0x25 || $0 == 0x3F || $0 == 0x23 }) {
             return (target, target, [])

@@ -8,6 +8,10 @@ import MainspringCore
 public struct HTTPRequest: Sendable {
     /// The method. A `HEAD` request is routed to the `GET` handler (its body is not sent).
     public var method: HTTPMethod
+    /// The protocol the request came in: HTTP/1.0, HTTP/1.1 or HTTP/2. The only difference a
+    /// handler can see: an HTTP/2 request's header field names are lower case (lookups ignore
+    /// case anyway) and its `:authority` is its `host` field.
+    public var version: HTTPVersion
     /// The path, percent-decoded (`/files/a b` for `/files/a%20b`).
     public var path: String
     /// The path as sent, still percent-encoded.
@@ -40,6 +44,24 @@ public struct HTTPRequest: Sendable {
     public func decode<T: Decodable>(_ type: T.Type, decoder: JSONDecoder = JSONDecoder()) throws -> T {
         try decoder.decode(type, from: Data(body))
     }
+}
+
+/// An HTTP protocol version.
+public struct HTTPVersion: Sendable, Hashable, CustomStringConvertible {
+    public var major: Int
+    public var minor: Int
+
+    public init(major: Int, minor: Int) {
+        self.major = major
+        self.minor = minor
+    }
+
+    public static let http1_0 = HTTPVersion(major: 1, minor: 0)
+    public static let http1_1 = HTTPVersion(major: 1, minor: 1)
+    public static let http2 = HTTPVersion(major: 2, minor: 0)
+
+    /// `HTTP/1.1`, `HTTP/2`.
+    public var description: String { major >= 2 && minor == 0 ? "HTTP/\(major)" : "HTTP/\(major).\(minor)" }
 }
 
 /// A response: status, header fields, body.

@@ -107,6 +107,10 @@ public final class HTTPServer: Sendable {
         /// queue wait (see ``HTTPServer/LoadShedding``); nil serves every request however late.
         /// Default nil.
         public var loadShedding: LoadShedding? = nil
+        /// HTTP/2 beside HTTP/1.1 on the same port (h2c with prior knowledge, and `h2` by ALPN
+        /// over TLS) with its settings and flood limits; nil serves HTTP/1.1 only. Default on,
+        /// with ``HTTPServer/HTTP2Options``' defaults.
+        public var http2: HTTP2Options? = HTTP2Options()
 
         public init(host: String = "127.0.0.1", port: UInt16 = 0, maxHeaderBytes: Int = 8 * 1024,
                     maxBodyBytes: Int = 1 << 20, maxConnections: Int = 10_000, idleTimeout: Duration = .seconds(60),
@@ -198,7 +202,14 @@ public final class HTTPServer: Sendable {
         let limits = ServerLimits(
             maxHeaderBytes: max(256, configuration.maxHeaderBytes), maxBodyBytes: max(0, configuration.maxBodyBytes),
             idleTimeout: max(floor, configuration.idleTimeout), headerTimeout: max(floor, configuration.headerTimeout),
-            bodyTimeout: max(floor, configuration.bodyTimeout), shedsBeforeBody: configuration.loadShedding != nil)
+            bodyTimeout: max(floor, configuration.bodyTimeout), shedsBeforeBody: configuration.loadShedding != nil,
+            http2: configuration.http2.map { options in
+                var options = options
+                options.maxConcurrentStreams = max(1, options.maxConcurrentStreams)
+                options.maxResetsPerSecond = max(1, options.maxResetsPerSecond)
+                options.maxControlFramesPerSecond = max(1, options.maxControlFramesPerSecond)
+                return options
+            })
         let socket: ConnectionAcceptor
         var socketFile: UnixSocketFile?
         if !loops.isEmpty, !loops.allSatisfy(\.sharesListeningSockets) {

@@ -156,7 +156,8 @@ final class LoopEndpoint: ServerEngineDelegate, @unchecked Sendable {
         }
         let (path, rawPath, query) = raw.pathAndQuery
         let method = raw.method
-        let request = HTTPRequest(method: method, path: path, rawPath: rawPath, uri: raw.uri, queryItems: query,
+        let request = HTTPRequest(method: method, version: raw.version, path: path, rawPath: rawPath, uri: raw.uri,
+                                  queryItems: query,
                                   headers: HTTPHeaders(fields: raw.headers), body: raw.body,
                                   remoteAddress: raw.remoteAddress, loop: loop, server: statistics)
         switch routes.resolve(method, path) {

@@ -3,9 +3,10 @@
 // responses back: `ServerEngine` (one loop's accepting, its connections, stopping and resuming at
 // the connection limit) and `ServerExchange` (one request read in full, and its answer, whole or
 // streamed). One engine serves it, on real and simulated loops alike: the connection engine
-// (ConnectionEngine/), HTTP/1.1 in Swift over Mainspring's own `Connection`s; what it reads and
-// answers is described at the top of ConnectionEngine.swift. The seam stays so that a second
-// kind of exchange (HTTP/2) can serve the same routes beside it.
+// (ConnectionEngine/), HTTP/1.1 in Swift over Mainspring's own `Connection`s, and HTTP/2 on the
+// same connections (HTTP2/, on nghttp2); what each reads and answers is described at the top of
+// ConnectionEngine.swift and HTTP2ServerConnection.swift. Both kinds of exchange serve the same
+// routes through this seam.
 import MainspringCore
 
 /// Limits one loop's engine enforces (see `HTTPServer.Configuration`).
@@ -22,10 +23,13 @@ struct ServerLimits {
     /// Whether the engine asks the delegate, when a head that announces a body is complete,
     /// whether to shed it before its body is read (load shedding is on).
     var shedsBeforeBody: Bool
+    /// HTTP/2's limits; nil: HTTP/1.1 only (a client's HTTP/2 preface is refused as a bad request).
+    var http2: HTTPServer.HTTP2Options?
 
     init(maxHeaderBytes: Int, maxBodyBytes: Int, idleTimeout: Duration, headerTimeout: Duration, bodyTimeout: Duration,
-         shedsBeforeBody: Bool = false)
+         shedsBeforeBody: Bool = false, http2: HTTPServer.HTTP2Options? = nil)
     {
+        self.http2 = http2
         self.maxHeaderBytes = maxHeaderBytes
         self.maxBodyBytes = maxBodyBytes
         self.idleTimeout = idleTimeout
@@ -83,6 +87,8 @@ protocol ServerExchange: AnyObject {
     /// unwritten, and is done.
     var isTakenOver: Bool { get }
     var method: HTTPMethod { get }
+    /// The protocol version the request came in.
+    var version: HTTPVersion { get }
     /// The request target as sent.
     var uri: String { get }
     /// The path, percent-decoded ("+" stays "+"), the path as sent, and the decoded query items.

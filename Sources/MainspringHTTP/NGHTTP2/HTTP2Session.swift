@@ -1,0 +1,388 @@
+// nghttp2 — the library behind curl's and nginx's HTTP/2 — for MainspringHTTP's HTTP/2 server and
+// client. Every nghttp2 call and raw pointer of the module is in this folder: `HTTP2Session`
+// wraps one `nghttp2_session` (server or client side) fed with bytes and drained of bytes
+// (`nghttp2_session_mem_recv` / `mem_send`), so that it runs over any `Connection` — TCP, TLS,
+// or the simulated network — and reports what it reads to its delegate in Swift terms.
+import CNGHTTP2
+
+/// A frame's header as it begins to arrive (before its payload is read).
+struct HTTP2FrameHead {
+    let type: HTTP2FrameKind
+    let flags: UInt8
+    let streamID: Int32
+    let length: Int
+}
+
+/// The frame types the connections act on (RFC 9113 §6); others are `.other`.
+enum HTTP2FrameKind: Equatable {
+    case data, headers, priority, resetStream, settings, pushPromise, ping, goAway, windowUpdate, continuation
+    case other(UInt8)
+
+    init(_ raw: UInt8) {
+        switch raw {
+        case 0: self = .data
+        case 1: self = .headers
+        case 2: self = .priority
+        case 3: self = .resetStream
+        case 4: self = .settings
+        case 5: self = .pushPromise
+        case 6: self = .ping
+        case 7: self = .goAway
+        case 8: self = .windowUpdate
+        case 9: self = .continuation
+        default: self = .other(raw)
+        }
+    }
+}
+
+/// HTTP/2 error codes (RFC 9113 §7) the library sends.
+enum HTTP2Error: UInt32 {
+    case noError = 0x0
+    case protocolError = 0x1
+    case internalError = 0x2
+    case flowControlError = 0x3
+    case streamClosed = 0x5
+    case refusedStream = 0x7
+    case cancel = 0x8
+    case enhanceYourCalm = 0xB
+}
+
+/// A frame read in full, as the connections act on it.
+struct HTTP2ReceivedFrame {
+    let type: HTTP2FrameKind
+    let streamID: Int32
+    /// END_STREAM (DATA, HEADERS).
+    let endsStream: Bool
+    /// ACK (SETTINGS, PING).
+    let isAck: Bool
+    /// HEADERS that open a request (server) or carry a response (client), as nghttp2 classed
+    /// them.
+    let headersCategory: HTTP2HeadersCategory?
+    /// RST_STREAM's or GOAWAY's error code.
+    let errorCode: UInt32
+    /// GOAWAY's last stream.
+    let lastStreamID: Int32
+    /// DATA's payload length.
+    let length: Int
+}
+
+/// What a HEADERS frame is to the session.
+enum HTTP2HeadersCategory {
+    case request, response, pushResponse, trailers
+}
+
+/// What a stream's data source gives nghttp2 when it asks for a DATA frame's payload.
+enum HTTP2DataRead {
+    /// `count` bytes were copied; `end`: the body ends with them.
+    case bytes(Int, end: Bool)
+    /// Nothing now: the stream waits until `HTTP2Session.resume(stream:)`.
+    case deferred
+}
+
+/// What a session reports as it reads (inside `HTTP2Session.receive(_:)`, and, for data
+/// sources, inside `HTTP2Session.send(to:)`). Loop thread only.
+protocol HTTP2SessionDelegate: AnyObject {
+    /// A frame's header arrived. False ends the session (a flood: `HTTP2Session.terminate`
+    /// has been called).
+    func http2Begins(_ frame: HTTP2FrameHead) -> Bool
+    /// A header block opens on `streamID`.
+    func http2BeginsHeaders(streamID: Int32, category: HTTP2HeadersCategory)
+    /// One header field of `streamID`'s block, decoded (valid only during the call). False
+    /// resets the stream (nghttp2 sends RST_STREAM and reports no more of it).
+    func http2Header(streamID: Int32, name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) -> Bool
+    /// A frame was read in full.
+    func http2Received(_ frame: HTTP2ReceivedFrame)
+    /// Body bytes of `streamID` (valid only during the call).
+    func http2Data(streamID: Int32, _ bytes: UnsafeRawBufferPointer)
+    /// `streamID` is closed (both sides, or reset), with its error code.
+    func http2Closed(streamID: Int32, errorCode: UInt32)
+    /// nghttp2 wants up to `buffer.count` bytes of `streamID`'s body.
+    func http2ReadBody(streamID: Int32, into buffer: UnsafeMutableRawBufferPointer) -> HTTP2DataRead
+}
+
+/// A header list to submit: names (lower case) and values in one buffer. Pseudo-header fields
+/// first.
+struct HTTP2Fields {
+    fileprivate var bytes: [UInt8] = []
+    fileprivate var spans: [(name: Int, nameCount: Int, value: Int, valueCount: Int)] = []
+
+    init() {
+        bytes.reserveCapacity(256)
+        spans.reserveCapacity(8)
+    }
+
+    var count: Int { spans.count }
+
+    mutating func append(_ name: some Collection<UInt8>, _ value: some Collection<UInt8>) {
+        let nameStart = bytes.count
+        bytes.append(contentsOf: name)
+        let valueStart = bytes.count
+        bytes.append(contentsOf: value)
+        spans.append((nameStart, valueStart - nameStart, valueStart, bytes.count - valueStart))
+    }
+
+    /// Appends `name` (lower-cased: HTTP/2 field names are) and `value`.
+    mutating func append(lowercasing name: String, _ value: String) {
+        let nameStart = bytes.count
+        for byte in name.utf8 { bytes.append(byte >= 0x41 && byte <= 0x5A ? byte | 0x20 : byte) }
+        let valueStart = bytes.count
+        bytes.append(contentsOf: value.utf8)
+        spans.append((nameStart, valueStart - nameStart, valueStart, bytes.count - valueStart))
+    }
+
+    /// Appends every field of `other`.
+    mutating func append(contentsOf other: HTTP2Fields) {
+        let base = bytes.count
+        bytes.append(contentsOf: other.bytes)
+        for span in other.spans {
+            spans.append((span.name + base, span.nameCount, span.value + base, span.valueCount))
+        }
+    }
+}
+
+/// One nghttp2 session over a connection's bytes. Loop thread only; not reentrant (a delegate
+/// call may submit frames, but not `receive` or `send`).
+final class HTTP2Session {
+    private var session: OpaquePointer?
+    private unowned(unsafe) let delegate: any HTTP2SessionDelegate
+
+    /// Settings the session sends first: (RFC 9113 §6.5.2 identifier, value).
+    struct Settings {
+        var maxConcurrentStreams: UInt32?
+        var initialWindowSize: UInt32?
+        var maxHeaderListSize: UInt32?
+        var enablePush: Bool?
+    }
+
+    /// A server session (`server`) or a client one, reporting to `delegate` (which must outlive
+    /// it), sending `settings` first (a client also sends its connection preface).
+    init(server: Bool, delegate: any HTTP2SessionDelegate, settings: Settings) {
+        self.delegate = delegate
+        var callbacks: OpaquePointer?
+        nghttp2_session_callbacks_new(&callbacks)
+        nghttp2_session_callbacks_set_on_begin_frame_callback(callbacks, onBeginFrame)
+        nghttp2_session_callbacks_set_on_begin_headers_callback(callbacks, onBeginHeaders)
+        nghttp2_session_callbacks_set_on_header_callback(callbacks, onHeader)
+        nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks, onFrameReceived)
+        nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks, onDataChunk)
+        nghttp2_session_callbacks_set_on_stream_close_callback(callbacks, onStreamClose)
+        var options: OpaquePointer?
+        nghttp2_option_new(&options)
+        // The connections keep their own limits (HTTP2ServerConnection.swift); nghttp2's peer
+        // SETTINGS limit stays as a backstop.
+        nghttp2_option_set_max_settings(options, 64)
+        let context = Unmanaged.passUnretained(self).toOpaque()
+        if server {
+            nghttp2_session_server_new2(&session, callbacks, context, options)
+        } else {
+            nghttp2_session_client_new2(&session, callbacks, context, options)
+        }
+        nghttp2_option_del(options)
+        nghttp2_session_callbacks_del(callbacks)
+        var entries: [nghttp2_settings_entry] = []
+        if let value = settings.maxConcurrentStreams {
+            entries.append(nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS.rawValue), value: value))
+        }
+        if let value = settings.initialWindowSize {
+            entries.append(nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue), value: value))
+        }
+        if let value = settings.maxHeaderListSize {
+            entries.append(nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE.rawValue), value: value))
+        }
+        if let push = settings.enablePush {
+            entries.append(nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_ENABLE_PUSH.rawValue), value: push ? 1 : 0))
+        }
+        nghttp2_submit_settings(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), entries, entries.count)
+    }
+
+    deinit {
+        nghttp2_session_del(session)
+    }
+
+    fileprivate static func from(_ context: UnsafeMutableRawPointer?) -> HTTP2Session {
+        Unmanaged<HTTP2Session>.fromOpaque(context!).takeUnretainedValue()
+    }
+
+    fileprivate var reporter: any HTTP2SessionDelegate { delegate }
+
+    /// Feeds `bytes` read from the peer. False when the session failed (a protocol error or a
+    /// flood: a GOAWAY with its code is queued, and the connection should close once it is
+    /// sent).
+    func receive(_ bytes: [UInt8]) -> Bool {
+        let read = bytes.withUnsafeBufferPointer { nghttp2_session_mem_recv(session, $0.baseAddress, $0.count) }
+        return read >= 0
+    }
+
+    /// Appends what the session has to send (frames, and the bodies its data sources give)
+    /// to `output`. False when the session failed.
+    func send(to output: inout [UInt8]) -> Bool {
+        while true {
+            var data: UnsafePointer<UInt8>?
+            let count = nghttp2_session_mem_send(session, &data)
+            if count < 0 { return false }
+            if count == 0 { return true }
+            output.append(contentsOf: UnsafeBufferPointer(start: data, count: count))
+        }
+    }
+
+    /// Whether the session still reads (it does not once both sides have sent GOAWAY and no
+    /// stream is open, or after a fatal error).
+    var wantsRead: Bool { nghttp2_session_want_read(session) != 0 }
+
+    /// Whether the session has something to send.
+    var wantsWrite: Bool { nghttp2_session_want_write(session) != 0 }
+
+    /// Submits a response on `streamID`: `fields` (`:status` first) and, when `hasBody`, a body
+    /// the delegate's `http2ReadBody` gives. False when the stream is gone.
+    @discardableResult
+    func submitResponse(streamID: Int32, fields: HTTP2Fields, hasBody: Bool) -> Bool {
+        withNameValues(fields) { nameValues in
+            if hasBody {
+                var provider = nghttp2_data_provider(source: nghttp2_data_source(ptr: nil), read_callback: readBody)
+                return nghttp2_submit_response(session, streamID, nameValues.baseAddress, nameValues.count, &provider) == 0
+            }
+            return nghttp2_submit_response(session, streamID, nameValues.baseAddress, nameValues.count, nil) == 0
+        }
+    }
+
+    /// Submits a request (client); returns its stream, or nil when the session takes no more
+    /// streams (after GOAWAY, or out of stream identifiers).
+    func submitRequest(fields: HTTP2Fields, hasBody: Bool) -> Int32? {
+        let stream = withNameValues(fields) { nameValues in
+            if hasBody {
+                var provider = nghttp2_data_provider(source: nghttp2_data_source(ptr: nil), read_callback: readBody)
+                return nghttp2_submit_request(session, nil, nameValues.baseAddress, nameValues.count, &provider, nil)
+            }
+            return nghttp2_submit_request(session, nil, nameValues.baseAddress, nameValues.count, nil, nil)
+        }
+        return stream > 0 ? stream : nil
+    }
+
+    private func withNameValues<T>(_ fields: HTTP2Fields, _ body: (UnsafeBufferPointer<nghttp2_nv>) -> T) -> T {
+        var bytes = fields.bytes
+        return bytes.withUnsafeMutableBufferPointer { storage in
+            let base = storage.baseAddress!
+            let nameValues = fields.spans.map { span in
+                nghttp2_nv(name: base + span.name, value: base + span.value, namelen: span.nameCount,
+                           valuelen: span.valueCount, flags: UInt8(NGHTTP2_NV_FLAG_NONE.rawValue))
+            }
+            return nameValues.withUnsafeBufferPointer(body)
+        }
+    }
+
+    /// A stream whose data source said `.deferred` has more to give.
+    func resume(streamID: Int32) {
+        nghttp2_session_resume_data(session, streamID)
+    }
+
+    /// Resets `streamID` with `code`.
+    func reset(streamID: Int32, code: HTTP2Error) {
+        nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), streamID, code.rawValue)
+    }
+
+    /// The first step of a graceful GOAWAY (a server's): tells the client that no new stream
+    /// will be taken, with the last stream as the largest possible; `goAway()` follows.
+    func shutdownNotice() {
+        nghttp2_submit_shutdown_notice(session)
+    }
+
+    /// A GOAWAY with `code` naming the last stream the session has processed: streams the peer
+    /// opens after it are not served. The session keeps serving those opened before.
+    func goAway(code: HTTP2Error) {
+        nghttp2_submit_goaway(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), nghttp2_session_get_last_proc_stream_id(session),
+                              code.rawValue, nil, 0)
+    }
+
+    /// Ends the session with a GOAWAY of `code`: nothing more is read, every stream closes.
+    func terminate(code: HTTP2Error) {
+        nghttp2_session_terminate_session(session, code.rawValue)
+    }
+
+    /// The peer's advertised limit on concurrent streams (client).
+    var peerMaxConcurrentStreams: Int {
+        Int(nghttp2_session_get_remote_settings(session, NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS))
+    }
+
+    /// Whether the session's window towards the peer has room for `streamID`'s body.
+    func sendWindow(streamID: Int32) -> Int {
+        Int(min(nghttp2_session_get_stream_remote_window_size(session, streamID),
+                nghttp2_session_get_remote_window_size(session)))
+    }
+}
+
+// MARK: - nghttp2's callbacks (C function pointers: the session comes back as user_data)
+
+private let onBeginFrame: nghttp2_on_begin_frame_callback = { _, head, context in
+    guard let head = head?.pointee else { return 0 }
+    let frame = HTTP2FrameHead(type: HTTP2FrameKind(head.type), flags: head.flags, streamID: head.stream_id,
+                               length: head.length)
+    return HTTP2Session.from(context).reporter.http2Begins(frame) ? 0 : NGHTTP2_ERR_CALLBACK_FAILURE.rawValue
+}
+
+private func category(_ raw: nghttp2_headers_category) -> HTTP2HeadersCategory {
+    switch raw {
+    case NGHTTP2_HCAT_REQUEST: .request
+    case NGHTTP2_HCAT_RESPONSE: .response
+    case NGHTTP2_HCAT_PUSH_RESPONSE: .pushResponse
+    default: .trailers
+    }
+}
+
+private let onBeginHeaders: nghttp2_on_begin_headers_callback = { _, frame, context in
+    guard let frame = frame?.pointee, frame.hd.type == UInt8(NGHTTP2_HEADERS.rawValue) else { return 0 }
+    HTTP2Session.from(context).reporter.http2BeginsHeaders(streamID: frame.hd.stream_id,
+                                                           category: category(frame.headers.cat))
+    return 0
+}
+
+private let onHeader: nghttp2_on_header_callback = { _, frame, name, nameLength, value, valueLength, _, context in
+    guard let frame = frame?.pointee else { return 0 }
+    let keep = HTTP2Session.from(context).reporter.http2Header(
+        streamID: frame.hd.stream_id, name: UnsafeRawBufferPointer(start: name, count: nameLength),
+        value: UnsafeRawBufferPointer(start: value, count: valueLength))
+    return keep ? 0 : NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue
+}
+
+private let onFrameReceived: nghttp2_on_frame_recv_callback = { _, frame, context in
+    guard let frame = frame?.pointee else { return 0 }
+    let type = HTTP2FrameKind(frame.hd.type)
+    var code: UInt32 = 0
+    var last: Int32 = 0
+    var headersCategory: HTTP2HeadersCategory?
+    switch type {
+    case .resetStream: code = frame.rst_stream.error_code
+    case .goAway:
+        code = frame.goaway.error_code
+        last = frame.goaway.last_stream_id
+    case .headers: headersCategory = category(frame.headers.cat)
+    default: break
+    }
+    let flags = frame.hd.flags
+    let received = HTTP2ReceivedFrame(
+        type: type, streamID: frame.hd.stream_id, endsStream: flags & UInt8(NGHTTP2_FLAG_END_STREAM.rawValue) != 0,
+        isAck: flags & UInt8(NGHTTP2_FLAG_ACK.rawValue) != 0, headersCategory: headersCategory, errorCode: code,
+        lastStreamID: last, length: frame.hd.length)
+    HTTP2Session.from(context).reporter.http2Received(received)
+    return 0
+}
+
+private let onDataChunk: nghttp2_on_data_chunk_recv_callback = { _, _, streamID, data, length, context in
+    HTTP2Session.from(context).reporter.http2Data(streamID: streamID, UnsafeRawBufferPointer(start: data, count: length))
+    return 0
+}
+
+private let onStreamClose: nghttp2_on_stream_close_callback = { _, streamID, errorCode, context in
+    HTTP2Session.from(context).reporter.http2Closed(streamID: streamID, errorCode: errorCode)
+    return 0
+}
+
+private let readBody: nghttp2_data_source_read_callback = { _, streamID, buffer, length, flags, _, context in
+    switch HTTP2Session.from(context).reporter.http2ReadBody(streamID: streamID,
+                                                              into: UnsafeMutableRawBufferPointer(start: buffer, count: length)) {
+    case .deferred:
+        return Int(NGHTTP2_ERR_DEFERRED.rawValue)
+    case .bytes(let count, let end):
+        if end { flags?.pointee |= NGHTTP2_DATA_FLAG_EOF.rawValue }
+        return count
+    }
+}
