@@ -27,11 +27,11 @@
 // the loop's clock, so what the RFC allows at a human rate passes):
 // - Rapid Reset (CVE-2023-44487): streams the client resets before their response has ended,
 //   past `HTTP2Options.maxResetsPerSecond` (a burst of ten times that);
-// - a CONTINUATION flood (CVE-2024-27316 and kin): more than 16 CONTINUATION frames after one
+// - a CONTINUATION flood (CVE-2024-27316 and kin): more than 8 CONTINUATION frames after one
 //   HEADERS, or a header block past `maxHeaderBytes` plus 16 KiB on the wire;
 // - SETTINGS, PING, PRIORITY and empty-DATA floods: past `HTTP2Options.maxControlFramesPerSecond`
-//   (a burst of ten times that) of those frames (nghttp2 also ends a session whose peer leaves
-//   its ACKs unread).
+//   (a burst of five times that) of those frames. nghttp2's own limits (a peer that leaves a
+//   thousand ACKs unread; its CONTINUATION limit) end the session the same way.
 //
 // Closing: stopping accepting sends GOAWAY (NO_ERROR) naming the last stream taken; the
 // streams before it finish, then the connection closes. Freed, it ends at once (its requests
@@ -80,7 +80,7 @@ final class HTTP2ServerConnection: HTTP2SessionDelegate {
     private var timerAt: UInt64 = 0
 
     /// More CONTINUATION frames than this after one HEADERS is a flood.
-    private static let maxContinuations = 16
+    private static let maxContinuations = 8
 
     init(engine: ConnectionEngine, connection: Connection, options: HTTPServer.HTTP2Options) {
         self.engine = engine
@@ -88,7 +88,7 @@ final class HTTP2ServerConnection: HTTP2SessionDelegate {
         self.options = options
         limits = engine.limits
         resetTokens = Double(options.maxResetsPerSecond) * 10
-        controlTokens = Double(options.maxControlFramesPerSecond) * 10
+        controlTokens = Double(options.maxControlFramesPerSecond) * 5
         let now = engine.loop.monotonicNow()
         tokensFilledAt = now
         idleSince = now
@@ -120,9 +120,15 @@ final class HTTP2ServerConnection: HTTP2SessionDelegate {
 
     private func receive(_ bytes: [UInt8]) {
         guard !isDetached, !isTerminated else { return }
-        let ok = session.receive(bytes)
-        flush()
-        if !ok { end() }
+        switch session.receive(bytes) {
+        case .read:
+            flush()
+        case .flooded:
+            calm()  // nghttp2's own limits (ACKs left unread, its CONTINUATION limit) came first
+            flush()
+        case .failed:
+            end()
+        }
     }
 
     /// The client ended its side: the streams with the server finish, then the connection
@@ -359,7 +365,8 @@ final class HTTP2ServerConnection: HTTP2SessionDelegate {
 
     private enum Bucket { case resets, controlFrames }
 
-    /// Takes a token from `bucket`, refilled at its rate per second up to ten times that; false
+    /// Takes a token from `bucket`, refilled at its rate per second up to ten times that (resets)
+    /// or five times (control frames: below nghttp2's limit of a thousand ACKs queued); false
     /// when there is none.
     private func spend(_ bucket: Bucket) -> Bool {
         let at = now
@@ -367,7 +374,7 @@ final class HTTP2ServerConnection: HTTP2SessionDelegate {
         tokensFilledAt = at
         let resets = Double(options.maxResetsPerSecond), control = Double(options.maxControlFramesPerSecond)
         resetTokens = min(resets * 10, resetTokens + elapsed * resets)
-        controlTokens = min(control * 10, controlTokens + elapsed * control)
+        controlTokens = min(control * 5, controlTokens + elapsed * control)
         switch bucket {
         case .resets:
             guard resetTokens >= 1 else { return false }

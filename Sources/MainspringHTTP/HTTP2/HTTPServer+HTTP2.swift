@@ -17,7 +17,7 @@ extension HTTPServer {
         /// Reset, CVE-2023-44487). Default 100.
         public var maxResetsPerSecond: Int
         /// SETTINGS, PING, PRIORITY and empty DATA frames a client may send per second, with a
-        /// burst of ten times that: past it the connection ends with GOAWAY ENHANCE_YOUR_CALM
+        /// burst of five times that: past it the connection ends with GOAWAY ENHANCE_YOUR_CALM
         /// (the floods of CVE-2019-9512 and kin). Default 100.
         public var maxControlFramesPerSecond: Int
 

@@ -205,12 +205,24 @@ final class HTTP2Session {
 
     fileprivate var reporter: any HTTP2SessionDelegate { delegate }
 
-    /// Feeds `bytes` read from the peer. False when the session failed (a protocol error or a
-    /// flood: a GOAWAY with its code is queued, and the connection should close once it is
-    /// sent).
-    func receive(_ bytes: [UInt8]) -> Bool {
+    /// How feeding bytes went.
+    enum Received {
+        /// Read (a protocol error nghttp2 answers with GOAWAY itself counts here too: its GOAWAY
+        /// is queued and the session ends once it is sent).
+        case read
+        /// nghttp2's own flood limits tripped (a peer that leaves its ACKs unread, too many
+        /// CONTINUATION frames): the session is over, with no GOAWAY queued.
+        case flooded
+        /// Not HTTP/2, or nghttp2 failed: the session is over, with no GOAWAY queued.
+        case failed
+    }
+
+    /// Feeds `bytes` read from the peer.
+    func receive(_ bytes: [UInt8]) -> Received {
         let read = bytes.withUnsafeBufferPointer { nghttp2_session_mem_recv(session, $0.baseAddress, $0.count) }
-        return read >= 0
+        if read >= 0 { return .read }
+        // -905 is NGHTTP2_ERR_TOO_MANY_CONTINUATIONS, which older headers do not name.
+        return read == Int(NGHTTP2_ERR_FLOODED.rawValue) || read == -905 ? .flooded : .failed
     }
 
     /// Appends what the session has to send (frames, and the bodies its data sources give)
