@@ -22,7 +22,8 @@ let usage = """
                              ("@name": abstract namespace) — instead of TCP, or beside it when
                              --port is given too; a stale socket file there is replaced, the
                              file is removed at exit
-      --http-port <n>        also serve HTTP (/metrics, /healthz, POST /echo, /work?n=, and
+      --http-port <n>        also serve HTTP/1.1 and HTTP/2 (h2c with prior knowledge; h2 by ALPN
+                         with --tls-*): /metrics, /healthz, POST /echo, /work?n=, and
                              GET /ws/echo, a WebSocket echo) on this port (0: any free port;
                              the bound one is printed)
       --http-unix <path>     also serve HTTP on a Unix stream socket at this path (beside
@@ -115,7 +116,10 @@ case (nil, nil):
     tls = nil
 case (let certificate?, let key?):
     do {
-        tls = try TLSServerContext(configuration: .init(certificateFile: certificate, keyFile: key))
+        // ALPN: an HTTPS client that offers h2 speaks HTTP/2 on the HTTP port; one that offers
+        // neither (the line protocol's clients) is served without a protocol.
+        tls = try TLSServerContext(configuration: .init(certificates: [.init(certificateFile: certificate, keyFile: key)],
+                                                        applicationProtocols: ["h2", "http/1.1"]))
     } catch {
         log(.error, "mainspring-daemon: \(error)")
         exit(1)

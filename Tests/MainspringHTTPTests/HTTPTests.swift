@@ -530,7 +530,7 @@ struct HTTPTests {
         #expect(healthyAgain)
     }
 
-    @Test("mainspring-daemon --http-port 0: prints the bound port, serves /healthz, /echo, /work and /metrics, exits 0 on SIGTERM")
+    @Test("mainspring-daemon --http-port 0: prints the bound port, serves /healthz, /echo (HTTP/1.1 and h2c), /work and /metrics, exits 0 on SIGTERM")
     func daemonHTTPSide() async throws {
         let daemon = try startExecutable("mainspring-daemon", arguments: ["--port", "0", "--http-port", "0", "--loops", "2"])
         _ = await daemon.readLine(timeout: .seconds(30))
@@ -540,6 +540,9 @@ struct HTTPTests {
         let base = "http://127.0.0.1:\(port)"
         #expect(try await curl(["\(base)/healthz"]).stdout == "ok\n")
         #expect(try await curl(["-d", "ping", "\(base)/echo"]).stdout == "ping")
+        // HTTP/2 on the same port: h2c with prior knowledge.
+        let h2 = try await curl(["--http2-prior-knowledge", "-w", " %{http_version}", "-d", "ping", "\(base)/echo"])
+        #expect(h2.stdout == "ping 2", "\(h2.summary)")
         let work = try await curl(["\(base)/work?n=50"])
         #expect(work.stdout.hasSuffix("result 50 \(WorkUnit.checksum(chunks: 50))\n"), "\(work.stdout)")
         let metrics = try await curl(["\(base)/metrics"])

@@ -823,6 +823,10 @@ struct HTTPSTests {
         #expect(echoed == .line("over TLS"))
         let health = try await runProgram("curl", arguments: ["-sS", "--cacert", certs.caCertificate, "https://localhost:\(httpsPort)/healthz"])
         #expect(health.stdout == "ok\n", "\(health.summary)")
+        // ALPN: a client that offers h2 speaks HTTP/2 on the HTTPS port.
+        let h2 = try await runProgram("curl", arguments: ["-sS", "--http2", "-w", " %{http_version}", "--cacert", certs.caCertificate,
+                                                          "https://localhost:\(httpsPort)/healthz"])
+        #expect(h2.stdout == "ok\n 2", "\(h2.summary)")
         // Replace the files, SIGHUP: new handshakes present the new certificate.
         try FileManager.default.removeItem(atPath: certificate)
         try FileManager.default.removeItem(atPath: key)
