@@ -33,6 +33,7 @@ let scenarios: [Scenario] = [
     resolveScenario,
     simulationScenario,
     shutdownScenario,
+    http2Scenario,
 ]
 
 /// Scenarios that run only when named (minutes long).

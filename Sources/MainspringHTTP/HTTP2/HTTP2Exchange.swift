@@ -4,7 +4,10 @@ import MainspringCore
 /// the server as the engine's `ServerExchange` — its response, whole or streamed, as DATA frames
 /// the stream's flow-control window lets out. Loop thread only.
 final class HTTP2Exchange: ServerExchange {
-    unowned let owner: HTTP2ServerConnection
+    /// Held strongly, as an HTTP/1.1 exchange holds its connection: a handler may answer after
+    /// the connection is gone (replying then does nothing). No cycle outlives the stream: the
+    /// connection lets go of its streams as they close.
+    let owner: HTTP2ServerConnection
     let streamID: Int32
 
     // MARK: The request, as it arrives
@@ -41,6 +44,7 @@ final class HTTP2Exchange: ServerExchange {
         self.owner = owner
         self.streamID = streamID
         phaseStartedAt = now
+        fields.reserveCapacity(8)
     }
 
     // MARK: ServerExchange: what the server reads
@@ -64,7 +68,7 @@ final class HTTP2Exchange: ServerExchange {
 
     // MARK: The response
 
-    /// The response's header list: `:status` is added when it is submitted.
+    /// The response's header list (`:status` goes before it when it is submitted).
     private var responseFields = HTTP2Fields()
     /// Body bytes not taken by nghttp2 yet (from `outputStart` on).
     private var output: [UInt8] = []
@@ -88,50 +92,38 @@ final class HTTP2Exchange: ServerExchange {
     var pendingOutputBytes: Int { output.count - outputStart }
 
     func addResponseHeader(_ name: String, _ value: String) {
-        guard !isDone, Self.isAllowedInHTTP2(name), !Self.breaksField(value) else { return }
-        responseFields.append(lowercasing: name, value)
+        guard !isDone else { return }
+        var name = name, value = value
+        name.withUTF8 { name in
+            value.withUTF8 { value in
+                guard Self.isAllowedInHTTP2(name), !value.contains(where: { $0 == 0x0D || $0 == 0x0A || $0 == 0 }) else { return }
+                responseFields.append(lowercasing: name, value)
+            }
+        }
     }
 
     func addContentLength(_ length: Int) {
         guard !isDone else { return }
-        var digits: [UInt8] = []
-        appendDecimal(length, to: &digits)
-        responseFields.append(Self.contentLengthName, digits)
+        responseFields.appendContentLength(length)
     }
 
-    private static let contentLengthName = Array("content-length".utf8)
-
     /// Whether a field named `name` may travel in HTTP/2: not the connection-specific ones
-    /// (RFC 9113 §8.2.2), not an empty or invalid name.
-    private static func isAllowedInHTTP2(_ name: String) -> Bool {
-        guard !name.isEmpty, !breaksField(name), !name.utf8.contains(where: { $0 == 0x3A || $0 == 0x20 }) else {
-            return false
+    /// (RFC 9113 §8.2.2), not an empty name or one with a space, colon, CR, LF or NUL.
+    private static func isAllowedInHTTP2(_ name: UnsafeBufferPointer<UInt8>) -> Bool {
+        guard !name.isEmpty, !name.contains(where: { $0 <= 0x20 || $0 == 0x3A }) else { return false }
+        func named(_ text: StaticString) -> Bool {
+            name.count == text.utf8CodeUnitCount
+                && zip(name, UnsafeBufferPointer(start: text.utf8Start, count: text.utf8CodeUnitCount))
+                .allSatisfy { ($0 | 0x20) == $1 }
         }
-        switch name.utf8.count {
-        case 7: return !name.caseInsensitiveEquals("upgrade")
-        case 10: return !name.caseInsensitiveEquals("connection") && !name.caseInsensitiveEquals("keep-alive")
-        case 16: return !name.caseInsensitiveEquals("proxy-connection")
-        case 17: return !name.caseInsensitiveEquals("transfer-encoding")
+        switch name.count {
+        case 7: return !named("upgrade")
+        case 10: return !named("connection") && !named("keep-alive")
+        case 16: return !named("proxy-connection")
+        case 17: return !named("transfer-encoding")
         default: return true
         }
     }
-
-    /// Whether `text` holds a CR, LF or NUL (a field that would be refused on the wire: dropped).
-    private static func breaksField(_ text: String) -> Bool {
-        text.utf8.contains { $0 == 0x0D || $0 == 0x0A || $0 == 0 }
-    }
-
-    /// The response's header list with `:status` first.
-    private func statusFields(_ status: Int) -> HTTP2Fields {
-        var fields = HTTP2Fields()
-        var digits: [UInt8] = []
-        appendDecimal(status, to: &digits)
-        fields.append(Self.statusName, digits)
-        fields.append(contentsOf: responseFields)
-        return fields
-    }
-
-    private static let statusName = Array(":status".utf8)
 
     func sendReply(status: Int, reason: String, body: [UInt8]) {
         guard !isDone, !hasResponded else { return }
@@ -141,7 +133,7 @@ final class HTTP2Exchange: ServerExchange {
         output = body
         outputEnded = true
         outputMovedAt = owner.now
-        owner.submit(self, fields: statusFields(status), hasBody: !body.isEmpty && method != .head)
+        owner.submit(self, status: status, fields: responseFields, hasBody: !body.isEmpty && method != .head)
     }
 
     func startChunked(status: Int, reason: String) {
@@ -150,7 +142,7 @@ final class HTTP2Exchange: ServerExchange {
         dropsBody = method == .head || status < 200 || status == 204 || status == 304
         outputMovedAt = owner.now
         guard !isClosed, owner.isOpen else { return }
-        owner.submit(self, fields: statusFields(status), hasBody: !dropsBody)
+        owner.submit(self, status: status, fields: responseFields, hasBody: !dropsBody)
     }
 
     func sendChunk(_ bytes: [UInt8], whenDrained: (() -> Void)?) {

@@ -45,8 +45,10 @@ import Glibc
 /// first.
 let http2ClientPreface: [UInt8] = Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8)
 
-/// One HTTP/2 connection of the engine. Loop thread only.
-final class HTTP2ServerConnection: HTTP2SessionDelegate {
+/// One HTTP/2 connection of the engine. Loop thread only (`@unchecked Sendable` only so that its
+/// flush can be posted to its own loop with `execute`, which takes a `@Sendable` closure: it runs
+/// on that same thread).
+final class HTTP2ServerConnection: HTTP2SessionDelegate, @unchecked Sendable {
     unowned let engine: ConnectionEngine
     let connection: Connection
     private let limits: ServerLimits
@@ -122,7 +124,7 @@ final class HTTP2ServerConnection: HTTP2SessionDelegate {
         guard !isDetached, !isTerminated else { return }
         switch session.receive(bytes) {
         case .read:
-            flush()
+            scheduleFlush()
         case .flooded:
             calm()  // nghttp2's own limits (ACKs left unread, its CONTINUATION limit) came first
             flush()
@@ -184,6 +186,7 @@ final class HTTP2ServerConnection: HTTP2SessionDelegate {
         connection.stopReading()
         let open = streams.values
         streams = [:]
+        lastLookedUp = nil
         var lost: [HTTP2Exchange] = []
         for exchange in open where exchange.phase == .withServer {
             _ = exchange.closed(cleanly: false)
@@ -200,17 +203,31 @@ final class HTTP2ServerConnection: HTTP2SessionDelegate {
 
     // MARK: What the streams ask
 
-    func submit(_ exchange: HTTP2Exchange, fields: HTTP2Fields, hasBody: Bool) {
+    func submit(_ exchange: HTTP2Exchange, status: Int, fields: HTTP2Fields, hasBody: Bool) {
         guard !isDetached else { return }
-        session.submitResponse(streamID: exchange.streamID, fields: fields, hasBody: hasBody)
+        session.submitResponse(streamID: exchange.streamID, status: status, fields: fields, hasBody: hasBody)
         if hasBody { note(deadline: now &+ limits.idleNanoseconds) }
-        flush()
+        scheduleFlush()
     }
 
     func resume(_ exchange: HTTP2Exchange) {
         guard !isDetached else { return }
         session.resume(streamID: exchange.streamID)
-        flush()
+        scheduleFlush()
+    }
+
+    /// A flush is posted and has not run yet.
+    private var isFlushScheduled = false
+
+    /// Flushes once the work already posted to the loop has run: the answers of the requests
+    /// read together (each dispatched in a turn of its own) leave in one write.
+    private func scheduleFlush() {
+        guard !isFlushScheduled, !isDetached else { return }
+        isFlushScheduled = true
+        engine.loop.execute(priority: .input) { [self] in
+            isFlushScheduled = false
+            flush()
+        }
     }
 
     /// `exchange`'s body has all been taken: its writers hear once it has left.
@@ -243,21 +260,24 @@ final class HTTP2ServerConnection: HTTP2SessionDelegate {
     func http2BeginsHeaders(streamID: Int32, category: HTTP2HeadersCategory) {
         guard !isTerminated, category == .request else { return }
         let at = now
-        streams[streamID] = HTTP2Exchange(owner: self, streamID: streamID, now: at)
+        let exchange = HTTP2Exchange(owner: self, streamID: streamID, now: at)
+        streams[streamID] = exchange
+        lastLookedUp = exchange
         note(deadline: at &+ limits.headerNanoseconds)
     }
 
     func http2Header(streamID: Int32, name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) -> Bool {
-        guard let exchange = streams[streamID] else { return true }
+        guard let exchange = stream(streamID) else { return true }
         exchange.headerListBytes += name.count + value.count + 32
         guard exchange.phase == .headers, exchange.headerListBytes <= limits.maxHeaderBytes else { return true }
-        if name.first == 0x3A {  // a pseudo-header field
+        if name.first == 0x3A {
+            // A pseudo-header field: nghttp2 has checked that a request has only these, once each.
             let text = String(decoding: value, as: UTF8.self)
-            switch name.count {
-            case 5 where name.elementsEqual(":path".utf8): exchange.path = text
-            case 7 where name.elementsEqual(":method".utf8): exchange.methodName = text
-            case 7 where name.elementsEqual(":scheme".utf8): exchange.scheme = text
-            case 10 where name.elementsEqual(":authority".utf8): exchange.authority = text
+            switch (name.count, name[1]) {
+            case (5, 0x70): exchange.path = text  // :path
+            case (7, 0x6D): exchange.methodName = text  // :method
+            case (7, 0x73): exchange.scheme = text  // :scheme
+            case (10, 0x61): exchange.authority = text  // :authority
             default: break
             }
             return true
@@ -269,11 +289,22 @@ final class HTTP2ServerConnection: HTTP2SessionDelegate {
         return true
     }
 
+    /// The stream `streamID`, if open: the last one looked up is kept (a header block's fields
+    /// come one callback each).
+    private func stream(_ streamID: Int32) -> HTTP2Exchange? {
+        if let last = lastLookedUp, last.streamID == streamID, !last.isClosed { return last }
+        let found = streams[streamID]
+        lastLookedUp = found
+        return found
+    }
+
+    private var lastLookedUp: HTTP2Exchange?
+
     func http2Received(_ frame: HTTP2ReceivedFrame) {
         guard !isTerminated else { return }
         switch frame.type {
         case .headers:
-            guard let exchange = streams[frame.streamID] else { return }
+            guard let exchange = stream(frame.streamID) else { return }
             if exchange.phase == .headers {
                 headEnded(exchange, endsStream: frame.endsStream)
             } else if exchange.phase == .body, frame.endsStream {
@@ -292,7 +323,7 @@ final class HTTP2ServerConnection: HTTP2SessionDelegate {
     }
 
     func http2Data(streamID: Int32, _ bytes: UnsafeRawBufferPointer) {
-        guard let exchange = streams[streamID], exchange.phase == .body else { return }
+        guard let exchange = stream(streamID), exchange.phase == .body else { return }
         guard exchange.requestBody.count + bytes.count <= limits.maxBodyBytes else {
             return refuse(exchange, 413, "request body larger than \(limits.maxBodyBytes) bytes\n")
         }
@@ -301,6 +332,7 @@ final class HTTP2ServerConnection: HTTP2SessionDelegate {
 
     func http2Closed(streamID: Int32, errorCode: UInt32) {
         guard let exchange = streams.removeValue(forKey: streamID) else { return }
+        if lastLookedUp === exchange { lastLookedUp = nil }
         let written = exchange.closed(cleanly: errorCode == 0)
         if exchange.phase == .withServer { engine.finished(exchange, written: written) }
         if streams.isEmpty {
@@ -310,7 +342,7 @@ final class HTTP2ServerConnection: HTTP2SessionDelegate {
     }
 
     func http2ReadBody(streamID: Int32, into buffer: UnsafeMutableRawBufferPointer) -> HTTP2DataRead {
-        streams[streamID]?.readBody(into: buffer, now: now) ?? .bytes(0, end: true)
+        stream(streamID)?.readBody(into: buffer, now: now) ?? .bytes(0, end: true)
     }
 
     // MARK: Requests
@@ -406,7 +438,9 @@ final class HTTP2ServerConnection: HTTP2SessionDelegate {
         timer?.cancel()
         timerAt = at
         let delay = at > now ? at &- now : 1
-        timer = engine.loop.schedule(after: .nanoseconds(Int64(clamping: delay))) { [weak self] in self?.timerFired() }
+        // Held strongly: the timer is cancelled when the connection is detached (no weak
+        // reference, whose side table would make every retain of the connection slow).
+        timer = engine.loop.schedule(after: .nanoseconds(Int64(clamping: delay))) { [self] in timerFired() }
     }
 
     private func cancelTimer() {

@@ -122,13 +122,26 @@ struct HTTP2Fields {
     }
 
     /// Appends `name` (lower-cased: HTTP/2 field names are) and `value`.
-    mutating func append(lowercasing name: String, _ value: String) {
+    mutating func append(lowercasing name: UnsafeBufferPointer<UInt8>, _ value: UnsafeBufferPointer<UInt8>) {
         let nameStart = bytes.count
-        for byte in name.utf8 { bytes.append(byte >= 0x41 && byte <= 0x5A ? byte | 0x20 : byte) }
+        bytes.append(contentsOf: name)
+        for index in nameStart..<bytes.count where bytes[index] >= 0x41 && bytes[index] <= 0x5A { bytes[index] |= 0x20 }
         let valueStart = bytes.count
-        bytes.append(contentsOf: value.utf8)
+        bytes.append(contentsOf: value)
         spans.append((nameStart, valueStart - nameStart, valueStart, bytes.count - valueStart))
     }
+
+    /// Appends `content-length: length`.
+    mutating func appendContentLength(_ length: Int) {
+        let nameStart = bytes.count
+        bytes.append(contentsOf: UnsafeBufferPointer(start: Self.contentLengthName.utf8Start,
+                                                     count: Self.contentLengthName.utf8CodeUnitCount))
+        let valueStart = bytes.count
+        appendDecimal(max(0, length), to: &bytes)
+        spans.append((nameStart, valueStart - nameStart, valueStart, bytes.count - valueStart))
+    }
+
+    private static let contentLengthName: StaticString = "content-length"
 
     /// Appends every field of `other`.
     mutating func append(contentsOf other: HTTP2Fields) {
@@ -244,11 +257,11 @@ final class HTTP2Session {
     /// Whether the session has something to send.
     var wantsWrite: Bool { nghttp2_session_want_write(session) != 0 }
 
-    /// Submits a response on `streamID`: `fields` (`:status` first) and, when `hasBody`, a body
+    /// Submits a response on `streamID`: `:status` and `fields` and, when `hasBody`, a body
     /// the delegate's `http2ReadBody` gives. False when the stream is gone.
     @discardableResult
-    func submitResponse(streamID: Int32, fields: HTTP2Fields, hasBody: Bool) -> Bool {
-        withNameValues(fields) { nameValues in
+    func submitResponse(streamID: Int32, status: Int, fields: HTTP2Fields, hasBody: Bool) -> Bool {
+        withNameValues(fields, status: status) { nameValues in
             if hasBody {
                 var provider = nghttp2_data_provider(source: nghttp2_data_source(ptr: nil), read_callback: readBody)
                 return nghttp2_submit_response(session, streamID, nameValues.baseAddress, nameValues.count, &provider) == 0
@@ -270,17 +283,39 @@ final class HTTP2Session {
         return stream > 0 ? stream : nil
     }
 
-    private func withNameValues<T>(_ fields: HTTP2Fields, _ body: (UnsafeBufferPointer<nghttp2_nv>) -> T) -> T {
-        var bytes = fields.bytes
-        return bytes.withUnsafeMutableBufferPointer { storage in
-            let base = storage.baseAddress!
-            let nameValues = fields.spans.map { span in
-                nghttp2_nv(name: base + span.name, value: base + span.value, namelen: span.nameCount,
-                           valuelen: span.valueCount, flags: UInt8(NGHTTP2_NV_FLAG_NONE.rawValue))
+    /// `fields` as nghttp2's name-value pairs (`:status` first when given), valid during
+    /// `body`. nghttp2 copies them when it submits a frame (and never writes to them).
+    private func withNameValues<T>(_ fields: HTTP2Fields, status: Int? = nil,
+                                   _ body: (UnsafeBufferPointer<nghttp2_nv>) -> T) -> T
+    {
+        var statusDigits: (UInt8, UInt8, UInt8) = (0, 0, 0)
+        let code = min(999, max(100, status ?? 200))
+        statusDigits = (0x30 + UInt8(code / 100), 0x30 + UInt8(code / 10 % 10), 0x30 + UInt8(code % 10))
+        return withUnsafeMutableBytes(of: &statusDigits) { digits in
+            fields.bytes.withUnsafeBufferPointer { storage in
+                let base = UnsafeMutablePointer(mutating: storage.baseAddress ?? UnsafePointer(Self.statusName.baseAddress!))
+                let extra = status == nil ? 0 : 1
+                return withUnsafeTemporaryAllocation(of: nghttp2_nv.self, capacity: fields.spans.count + extra) { pairs in
+                    if status != nil {
+                        pairs[0] = nghttp2_nv(name: Self.statusName.baseAddress!, value: digits.baseAddress!.assumingMemoryBound(to: UInt8.self),
+                                              namelen: 7, valuelen: 3, flags: UInt8(NGHTTP2_NV_FLAG_NONE.rawValue))
+                    }
+                    for (index, span) in fields.spans.enumerated() {
+                        pairs[index + extra] = nghttp2_nv(name: base + span.name, value: base + span.value, namelen: span.nameCount,
+                                                          valuelen: span.valueCount, flags: UInt8(NGHTTP2_NV_FLAG_NONE.rawValue))
+                    }
+                    return body(UnsafeBufferPointer(pairs))
+                }
             }
-            return nameValues.withUnsafeBufferPointer(body)
         }
     }
+
+    /// `:status`, in memory that lives as long as the program (never written after it is made).
+    nonisolated(unsafe) private static let statusName: UnsafeMutableBufferPointer<UInt8> = {
+        let name = UnsafeMutableBufferPointer<UInt8>.allocate(capacity: 7)
+        _ = name.initialize(from: ":status".utf8)
+        return name
+    }()
 
     /// A stream whose data source said `.deferred` has more to give.
     func resume(streamID: Int32) {

@@ -1,0 +1,148 @@
+import Foundation
+import Mainspring
+import MainspringHTTP
+
+/// http2: `h2load` on `GET /hello` against Mainspring's HTTP/2 (h2c with prior knowledge, one
+/// loop) and against `nghttpd --no-tls` (one worker, serving a file `hello`), 32 connections of
+/// 16 streams each; and Mainspring's HTTP/1.1 on the same server with the same 32 connections,
+/// one request at a time each (`h2load --h1`, no pipelining: how HTTP/1.1 clients talk), so that
+/// the two Mainspring variants say what multiplexing buys. `requests_per_s` from h2load's own
+/// count over a fixed duration after a warm-up; `cpu_us_per_request` the server's CPU time
+/// (Mainspring's loop thread; nghttpd's whole process).
+let http2Scenario = Scenario(
+    name: "http2",
+    summary: "HTTP/2: h2load -c 32 -m 16 on /hello vs nghttpd (h2c), and Mainspring's HTTP/1.1 with the same 32 connections"
+) { runs in
+    guard let h2load = findExecutable("h2load") else {
+        throw BenchError.usage("the http2 scenario needs h2load (make bench-tools installs nghttp2-client)")
+    }
+    var samples = Samples()
+    let load = ["-c", "32", "-t", "1", "--warm-up-time=1", "-D", "3"]
+    for _ in 0..<runs {
+        samples.add("mainspring", measureMainspring(h2load, load + ["-m", "16"]))
+        samples.add("mainspring-http1", measureMainspring(h2load, load + ["--h1", "-m", "1"]))
+        samples.add("nghttpd", {
+            guard let nghttpd = NghttpdPeer() else {
+                FileHandle.standardError.write(Data("http2: nghttpd did not start (make bench-tools installs nghttp2-server)\n".utf8))
+                return []
+            }
+            let cpuBefore = nghttpd.cpuMicroseconds
+            let result = runH2load(h2load, load + ["-m", "16", "http://127.0.0.1:\(nghttpd.port)/hello"])
+            let cpu = Double(nghttpd.cpuMicroseconds &- cpuBefore) / result.requests
+            nghttpd.stop()
+            return [("requests_per_s", result.rate), ("cpu_us_per_request", cpu)]
+        }())
+    }
+    return samples.records(scenario: "http2")
+}
+
+/// Mainspring's server on one loop, `/hello`, under `h2load` with `arguments`.
+private func measureMainspring(_ h2load: String, _ arguments: [String]) -> [(String, Double)] {
+    let group = try! EventLoopGroup(loopCount: 1)
+    var routes = HTTPRoutes()
+    routes.get("/hello") { _ in .text("hello\n") }
+    let server = try! HTTPServer(group: group, routes: routes)
+    let loop = group.loops[0]
+    let cpuBefore = threadCPUNanoseconds(of: loop)
+    let result = runH2load(h2load, arguments + ["http://127.0.0.1:\(server.port)/hello"])
+    let cpu = Double(threadCPUNanoseconds(of: loop) &- cpuBefore) / 1_000 / result.requests
+    server.close()
+    group.shutdownBlocking(gracePeriod: .seconds(2))
+    return [("requests_per_s", result.rate), ("cpu_us_per_request", cpu)]
+}
+
+/// What h2load measured: requests per second over its duration, and requests that succeeded
+/// (warm-up included: the CPU figure divides by all of them).
+struct H2loadResult {
+    var rate: Double
+    var requests: Double
+}
+
+/// Runs h2load and reads its summary ("finished in 3.00s, 41234.50 req/s, …", "requests: …
+/// succeeded, …"). Prints h2load's output and stops the benchmark if a request failed.
+func runH2load(_ path: String, _ arguments: [String]) -> H2loadResult {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: path)
+    process.arguments = arguments
+    let output = Pipe()
+    process.standardOutput = output
+    process.standardError = FileHandle.nullDevice
+    try! process.run()
+    let data = output.fileHandleForReading.readDataToEndOfFile()
+    process.waitUntilExit()
+    let text = String(decoding: data, as: UTF8.self)
+    func number(after marker: String, in line: Substring) -> Double? {
+        guard let range = line.range(of: marker) else { return nil }
+        return Double(line[range.upperBound...].prefix { $0.isNumber || $0 == "." })
+    }
+    var rate = 0.0, succeeded = 0.0, failed = 0.0
+    for line in text.split(separator: "\n") {
+        if line.hasPrefix("finished in"), let comma = line.range(of: "s, ") {
+            rate = Double(line[comma.upperBound...].prefix { $0.isNumber || $0 == "." }) ?? 0
+        }
+        if line.hasPrefix("requests:") {
+            succeeded = number(after: "done, ", in: line) ?? 0
+            failed = number(after: "succeeded, ", in: line) ?? 0
+        }
+    }
+    guard rate > 0, failed == 0 else {
+        FileHandle.standardError.write(Data("h2load \(arguments.joined(separator: " ")) failed:\n\(text)\n".utf8))
+        exit(1)
+    }
+    return H2loadResult(rate: rate, requests: max(1, succeeded))
+}
+
+/// nghttpd (Debian's `nghttp2-server`) as the http2 scenario's outside peer: h2c (`--no-tls`),
+/// one worker, serving `hello` (6 bytes) from `.build/bench-nghttpd`. Like nginx it cannot pick
+/// a free port itself: ports below the ephemeral range are tried until one binds.
+final class NghttpdPeer {
+    let port: UInt16
+    private let process: Process
+
+    init?() {
+        guard let nghttpd = findExecutable("nghttpd") ?? ["/usr/sbin/nghttpd", "/usr/bin/nghttpd"]
+            .first(where: { FileManager.default.isExecutableFile(atPath: $0) })
+        else { return nil }
+        let folder = URL(fileURLWithPath: FileManager.default.currentDirectoryPath).appendingPathComponent(".build/bench-nghttpd")
+        try? FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        try? "hello\n".write(to: folder.appendingPathComponent("hello"), atomically: true, encoding: .utf8)
+        var generator = SystemRandomNumberGenerator()
+        for _ in 0..<20 {
+            let candidate = UInt16.random(in: 20_000...29_999, using: &generator)
+            let process = Process()
+            process.executableURL = URL(fileURLWithPath: nghttpd)
+            process.arguments = ["--no-tls", "-n", "1", "-a", "127.0.0.1", "-d", folder.path, String(candidate)]
+            process.standardOutput = FileHandle.nullDevice
+            process.standardError = FileHandle.nullDevice
+            guard (try? process.run()) != nil else { return nil }
+            for _ in 0..<200 where process.isRunning {
+                if let client = BenchClient(port: candidate) {
+                    _ = client
+                    self.port = candidate
+                    self.process = process
+                    return
+                }
+                usleep(10_000)
+            }
+            if process.isRunning { process.terminate() }
+            process.waitUntilExit()
+        }
+        return nil
+    }
+
+    /// CPU time (user and system, µs) nghttpd has used so far, from `/proc`.
+    var cpuMicroseconds: UInt64 {
+        let ticks = UInt64(sysconf(Int32(_SC_CLK_TCK)))
+        guard let stat = try? String(contentsOfFile: "/proc/\(process.processIdentifier)/stat", encoding: .utf8),
+              let close = stat.lastIndex(of: ")")
+        else { return 0 }
+        let fields = stat[stat.index(after: close)...].split(separator: " ")
+        guard fields.count > 13, let user = UInt64(fields[11]), let system = UInt64(fields[12]) else { return 0 }
+        return (user + system) * 1_000_000 / ticks
+    }
+
+    func stop() {
+        process.terminate()
+        process.waitUntilExit()
+    }
+}
