@@ -173,4 +173,74 @@ struct HTTP2InteropTests {
         #expect(result.stdout.contains("status codes: 4000 2xx"))
         #expect(server.server.statistics.snapshot.responses["2xx"] == 4000)
     }
+
+    @Test("the client speaks h2c with prior knowledge to nghttpd: files, a missing one, several requests on one connection")
+    func clientAgainstNghttpd() async throws {
+        guard hasProgram("nghttpd") else { return }
+        let folder = uniqueTestPath("nghttpd-www")
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        try "hello from nghttpd\n".write(toFile: folder + "/hello", atomically: true, encoding: .utf8)
+        let big = (0..<200_000).map { UInt8(truncatingIfNeeded: $0 &* 13) }
+        try Data(big).write(to: URL(fileURLWithPath: folder + "/big"))
+        // nghttpd cannot pick a free port: ports below the ephemeral range until one serves.
+        var port: UInt16 = 0
+        var peer: ChildProcess?
+        for _ in 0..<20 {
+            let candidate = UInt16.random(in: 20_000...29_999)
+            let started = try startProgram("/usr/sbin/nghttpd", arguments: ["--no-tls", "-a", "127.0.0.1", "-d", folder, String(candidate)])
+            if await eventually(timeout: .seconds(2), { (try? TestClient(port: candidate)) != nil }) {
+                port = candidate
+                peer = started
+                break
+            }
+            started.send(SIGKILL)
+        }
+        let nghttpd = try #require(peer, "nghttpd did not start")
+        defer { nghttpd.send(SIGKILL) }
+        let group = try EventLoopGroup(loopCount: 1)
+        defer { group.shutdownBlocking(gracePeriod: .seconds(1)) }
+        var configuration = HTTPClient.Configuration()
+        configuration.http2PriorKnowledge = true
+        let client = HTTPClient(loop: group.loops[0], configuration: configuration)
+        defer { client.shutdown() }
+        let base = "http://127.0.0.1:\(port)"
+        let hello = try await client.get(base + "/hello")
+        #expect(hello.status == 200 && hello.text == "hello from nghttpd\n")
+        #expect(hello.headers["server"]?.hasPrefix("nghttpd") == true, "\(hello.headers)")
+        let missing = try await client.get(base + "/missing")
+        #expect(missing.status == 404)
+        let many = try await withThrowingTaskGroup(of: [UInt8].self) { tasks in
+            for _ in 0..<8 { tasks.addTask { try await client.get(base + "/big").body } }
+            return try await tasks.reduce(into: [[UInt8]]()) { $0.append($1) }
+        }
+        #expect(many.count == 8 && many.allSatisfy { $0 == big })
+    }
+
+    @Test("the client and server agree on h2 by ALPN over TLS; a client that offers only http/1.1 gets HTTP/1.1")
+    func clientALPN() async throws {
+        guard let certificates = TestCertificates.shared else { return }
+        let context = try TLSServerContext(configuration: TLSServerConfiguration(
+            certificates: [TLSCertificate(certificateFile: certificates.serverCertificate, keyFile: certificates.serverKey)],
+            applicationProtocols: ["h2", "http/1.1"]))
+        let server = try await HTTP2TestServer(tls: context)
+        defer { server.stop() }
+        let group = try EventLoopGroup(loopCount: 1)
+        defer { group.shutdownBlocking(gracePeriod: .seconds(1)) }
+        func client(offering protocols: [String]) throws -> HTTPClient {
+            let tls = try TLSClientContext(configuration: .init(trustRoots: .file(certificates.caCertificate),
+                                                                applicationProtocols: protocols))
+            return HTTPClient(loop: group.loops[0], configuration: .init(secureConnector: .tls(tls)))
+        }
+        let url = "https://localhost:\(server.server.port)/version"
+        let h2 = try client(offering: ["h2", "http/1.1"])
+        defer { h2.shutdown() }
+        let answers = try await withThrowingTaskGroup(of: String.self) { tasks in
+            for _ in 0..<4 { tasks.addTask { try await h2.get(url).text } }
+            return try await tasks.reduce(into: [String]()) { $0.append($1) }
+        }
+        #expect(answers == Array(repeating: "HTTP/2 host=localhost:\(server.server.port) ua=true\n", count: 4))
+        let h1 = try client(offering: ["http/1.1"])
+        defer { h1.shutdown() }
+        #expect(try await h1.get(url).text == "HTTP/1.1 host=localhost:\(server.server.port) ua=true\n")
+    }
 }

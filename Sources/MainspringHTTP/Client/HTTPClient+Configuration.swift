@@ -54,6 +54,11 @@ extension HTTPClient {
         public var retryPolicy: RetryPolicy?
         /// How many retries the client makes in all (see ``RetryBudget``).
         public var retryBudget: RetryBudget
+        /// Speak HTTP/2 to every host without asking first (h2c on `http` URLs; over TLS,
+        /// whatever ALPN agreed): one connection a host, its requests side by side. Default
+        /// false: HTTP/2 only where TLS's ALPN agreed on `h2` (a `TLSClientContext` whose
+        /// `applicationProtocols` offer it), HTTP/1.1 otherwise.
+        public var http2PriorKnowledge = false
 
         /// The defaults: 8 connections a host, 30 s a request, 10 s connect, 30 s response, 60 s
         /// idle, 64 KiB of head, 16 MiB of body, no redirects, host names through the system's

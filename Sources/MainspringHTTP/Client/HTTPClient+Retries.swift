@@ -6,7 +6,7 @@ import Synchronization
 extension HTTPClient {
     /// Sends `request` (following redirects, and trying again as its retry policy says) and
     /// reads the final response's head.
-    func send(_ request: HTTPClientRequest) async throws(HTTPClientError) -> (ResponseHead, ResponseReader) {
+    func send(_ request: HTTPClientRequest) async throws(HTTPClientError) -> (ResponseHead, any ResponseBody) {
         let deadline = RequestDeadline(timeout: request.timeout ?? configuration.requestTimeout, deadline: request.deadline,
                                        now: loop.clock.now)
         let policy = request.retryPolicy ?? configuration.retryPolicy ?? .none

@@ -56,6 +56,8 @@ public final class HTTPClient: Sendable {
     private let leased = ClientLock<(connections: [ObjectIdentifier: Connection], isShutDown: Bool)>(([:], false))
     /// The last URL a request named, and its parse.
     private let lastTarget = ClientLock<(url: String, target: HTTPTarget)?>(nil)
+    /// The HTTP/2 connections, one a host (HTTPClient+HTTP2.swift).
+    let http2 = HTTP2Connections()
 
     /// A client whose connections live on `loop`. Makes no connection yet. Any thread.
     public init(loop: EventLoop, configuration: Configuration = .init()) {
@@ -76,6 +78,7 @@ public final class HTTPClient: Sendable {
     /// use ``shutdown(gracePeriod:)``.)
     public func shutdown() {
         for connection in pool.shutdown() { connection.close() }
+        for connection in http2.shutdown() { connection.close() }
         let busy = leased.withLock { state -> [Connection] in
             state.isShutDown = true
             defer { state.connections = [:] }
@@ -90,14 +93,18 @@ public final class HTTPClient: Sendable {
     /// request is in flight any more. Waits on the client's loop's clock.
     public func shutdown(gracePeriod: Duration) async {
         for connection in pool.shutdown() { connection.close() }
+        let multiplexed = http2.shutdownGracefully()
         let deadline = loop.clock.now.advanced(by: gracePeriod)
-        while leased.withLock({ !$0.connections.isEmpty }) && loop.clock.now < deadline {
+        while (leased.withLock({ !$0.connections.isEmpty }) || multiplexed.contains { $0.activeStreams > 0 })
+            && loop.clock.now < deadline
+        {
             // Polled every few milliseconds: a shutdown is rare, and a lease's end has no waiter.
             // The sleep fails only when the calling task is cancelled or the loop is gone:
             // either way, stop waiting and fail what is left now.
             guard (try? await loop.sleep(for: .milliseconds(5))) != nil else { break }
         }
         shutdown()
+        for connection in multiplexed { connection.close() }
     }
 
     /// Whether ``shutdown()`` was called. Any thread.
@@ -193,7 +200,7 @@ public final class HTTPClient: Sendable {
 
     /// Sends `request` (following redirects) and reads the final response's head: one attempt.
     func sendFollowingRedirects(_ request: HTTPClientRequest, deadline: RequestDeadline) async throws(HTTPClientError)
-        -> (ResponseHead, ResponseReader)
+        -> (ResponseHead, any ResponseBody)
     {
         var target = try target(of: request.url)
         var method = request.method
@@ -226,17 +233,49 @@ public final class HTTPClient: Sendable {
     /// One request and its response's head on one connection (a second try on a new one when a
     /// reused connection turns out closed).
     private func exchange(method: HTTPMethod, target: HTTPTarget, headers: HTTPHeaders, body: [UInt8],
-                          deadline: RequestDeadline) async throws(HTTPClientError) -> (ResponseHead, ResponseReader)
+                          deadline: RequestDeadline) async throws(HTTPClientError) -> (ResponseHead, any ResponseBody)
     {
-        let bytes = requestBytes(method: method, target: target, headers: headers, body: body)
         let idempotent = method.isIdempotent
+        var bytes: [UInt8]?
         var attempt = 0
         while true {
             attempt += 1
             if Task.isCancelled { throw .cancelled }
+            if let multiplexed = try await http2Connection(for: target, deadline: deadline) {
+                do throws(HTTPClientError) {
+                    let stream = try await multiplexed.request(
+                        method: method, target: target, headers: headers, body: body, userAgent: configuration.userAgent,
+                        deadline: deadline, responseTimeout: configuration.responseTimeout,
+                        maxHeaderBytes: configuration.maxHeaderBytes)
+                    do throws(HTTPClientError) {
+                        return (try await stream.awaitHead(), stream)
+                    } catch {
+                        // A stream the server refused (or cut by its GOAWAY) never reached its
+                        // processing: it goes once more, on another connection.
+                        if attempt == 1, stream.wasRefused, !isShutDown { continue }
+                        throw error
+                    }
+                } catch {
+                    if isShutDown { throw .clientClosed }
+                    if attempt == 1, !multiplexed.isUsable { continue }
+                    throw error
+                }
+            }
             let lease = try await acquire(target, deadline: deadline)
+            if lease.connection.negotiatedApplicationProtocol == "h2" {
+                // ALPN agreed on HTTP/2: the connection leaves the HTTP/1.1 pool for the host's
+                // HTTP/2 connection, and the request goes on it.
+                unlend(lease)
+                pool.discard(lease.key)
+                try await adoptHTTP2(lease.connection, key: lease.key)
+                attempt -= 1
+                continue
+            }
+            let requestBytes = bytes ?? requestBytes(method: method, target: target, headers: headers, body: body)
+            bytes = requestBytes
             do {
-                let head = try await sendAndReadHead(bytes, method: method, target: target, lease: lease, deadline: deadline)
+                let head = try await sendAndReadHead(requestBytes, method: method, target: target, lease: lease,
+                                                     deadline: deadline)
                 return head
             } catch let failure {
                 if isShutDown { throw .clientClosed }
@@ -254,7 +293,7 @@ public final class HTTPClient: Sendable {
     }
 
     private func sendAndReadHead(_ bytes: [UInt8], method: HTTPMethod, target: HTTPTarget, lease: Lease,
-                                 deadline: RequestDeadline) async throws(Failure) -> (ResponseHead, ResponseReader)
+                                 deadline: RequestDeadline) async throws(Failure) -> (ResponseHead, any ResponseBody)
     {
         let reader = ResponseReader(client: self, lease: lease, method: method, request: deadline)
         do {
@@ -353,6 +392,11 @@ public final class HTTPClient: Sendable {
         let idle: @Sendable () -> Bool = { connection.isOpen && !connection.peerHasEnded && connection.bufferedInputBytes == 0 }
         if loop.isCurrent { return idle() }
         return (try? await loop.submit(idle)) ?? false
+    }
+
+    /// Forgets a lent connection without closing it (it became an HTTP/2 connection).
+    private func unlend(_ lease: Lease) {
+        leased.withLock { _ = $0.connections.removeValue(forKey: ObjectIdentifier(lease.connection)) }
     }
 
     /// A response read to its end (`reusable`: the connection may take another request), or

@@ -60,7 +60,11 @@ final class ResponseDeadline: @unchecked Sendable {
     private let loop: EventLoop
     private let limit: Duration
     private let request: RequestDeadline
-    private let connection: Connection
+    /// What a limit that runs out ends: an HTTP/1.1 exchange's connection, or an HTTP/2
+    /// exchange's stream (the connection serves the others).
+    private let connection: Connection?
+    /// Weak: the stream holds its deadline (set once, in `init`).
+    private weak var stream: HTTP2ClientStream?
     /// The loop-clock instant (ns) by which the current phase must end; `idle` between phases,
     /// `settled` once the exchange has ended (the timer is then cancelled or fires for nothing).
     private let deadline = Atomic<UInt64>(ResponseDeadline.idle)
@@ -78,7 +82,18 @@ final class ResponseDeadline: @unchecked Sendable {
     private static let idle: UInt64 = 0
     private static let settled: UInt64 = .max - 1
 
-    init(loop: EventLoop, limit: Duration, request: RequestDeadline, connection: Connection) {
+    convenience init(loop: EventLoop, limit: Duration, request: RequestDeadline, connection: Connection) {
+        self.init(loop: loop, limit: limit, request: request, connection: connection, stream: nil)
+    }
+
+    convenience init(loop: EventLoop, limit: Duration, request: RequestDeadline, stream: HTTP2ClientStream) {
+        self.init(loop: loop, limit: limit, request: request, connection: nil, stream: stream)
+    }
+
+    private init(loop: EventLoop, limit: Duration, request: RequestDeadline, connection: Connection?,
+                 stream: HTTP2ClientStream?)
+    {
+        self.stream = stream
         self.loop = loop
         self.limit = limit
         self.request = request
@@ -187,11 +202,13 @@ final class ResponseDeadline: @unchecked Sendable {
         }
     }
 
-    /// A limit ran out: recorded, and the connection closed (the read in progress ends).
+    /// A limit ran out: recorded, and the connection closed (the read in progress ends), or
+    /// the HTTP/2 stream reset.
     private func fire(kind: Int) {
         firedPhase.store(phase.load(ordering: .relaxed), ordering: .relaxed)
         firedKind.store(kind, ordering: .releasing)
-        connection.close()
+        connection?.close()
+        stream?.timedOut()
     }
 }
 

@@ -19,9 +19,9 @@ public struct HTTPClientStreamingResponse: Sendable {
     public let headers: HTTPHeaders
     /// The URL this response came from (after redirects).
     public let url: String
-    let reader: ResponseReader
+    let reader: any ResponseBody
 
-    init(status: Int, reason: String, headers: HTTPHeaders, url: String, reader: ResponseReader) {
+    init(status: Int, reason: String, headers: HTTPHeaders, url: String, reader: any ResponseBody) {
         self.status = status
         self.reason = reason
         self.headers = headers
@@ -45,13 +45,13 @@ public struct HTTPClientStreamingResponse: Sendable {
     public struct Body: AsyncSequence, Sendable {
         public typealias Element = [UInt8]
         public typealias Failure = HTTPClientError
-        let reader: ResponseReader
+        let reader: any ResponseBody
 
         public func makeAsyncIterator() -> Iterator { Iterator(reader: reader) }
 
         /// The iterator: use it from one task.
         public struct Iterator: AsyncIteratorProtocol {
-            let reader: ResponseReader
+            let reader: any ResponseBody
 
             public mutating func next() async throws(HTTPClientError) -> [UInt8]? { try await reader.next() }
 
@@ -65,7 +65,7 @@ public struct HTTPClientStreamingResponse: Sendable {
 /// Reads one response from a leased connection: the head, then the body by its framing, under
 /// the response timeout; gives the connection back (or closes it) when done. Used by one task
 /// at a time; `abandon` from anywhere.
-final class ResponseReader: @unchecked Sendable {
+final class ResponseReader: ResponseBody, @unchecked Sendable {
     private enum Framing {
         case none
         case length(remaining: Int)

@@ -131,6 +131,12 @@ struct HTTP2Fields {
         spans.append((nameStart, valueStart - nameStart, valueStart, bytes.count - valueStart))
     }
 
+    /// Appends `name` (lower-cased) and `value`.
+    mutating func append(lowercasing name: String, _ value: String) {
+        var name = name, value = value
+        name.withUTF8 { name in value.withUTF8 { value in append(lowercasing: name, value) } }
+    }
+
     /// Appends `content-length: length`.
     mutating func appendContentLength(_ length: Int) {
         let nameStart = bytes.count
@@ -168,8 +174,10 @@ final class HTTP2Session {
     }
 
     /// A server session (`server`) or a client one, reporting to `delegate` (which must outlive
-    /// it), sending `settings` first (a client also sends its connection preface).
-    init(server: Bool, delegate: any HTTP2SessionDelegate, settings: Settings) {
+    /// it), sending `settings` first (a client also sends its connection preface). With
+    /// `consumesManually`, the windows reopen only as the delegate calls `consume` (the reader's
+    /// backpressure); otherwise as soon as nghttp2 has handed the bytes over.
+    init(server: Bool, delegate: any HTTP2SessionDelegate, settings: Settings, consumesManually: Bool = false) {
         self.delegate = delegate
         var callbacks: OpaquePointer?
         nghttp2_session_callbacks_new(&callbacks)
@@ -184,6 +192,7 @@ final class HTTP2Session {
         // The connections keep their own limits (HTTP2ServerConnection.swift); nghttp2's peer
         // SETTINGS limit stays as a backstop.
         nghttp2_option_set_max_settings(options, 64)
+        if consumesManually { nghttp2_option_set_no_auto_window_update(options, 1) }
         let context = Unmanaged.passUnretained(self).toOpaque()
         if server {
             nghttp2_session_server_new2(&session, callbacks, context, options)
@@ -316,6 +325,18 @@ final class HTTP2Session {
         _ = name.initialize(from: ":status".utf8)
         return name
     }()
+
+    /// `count` bytes of `streamID`'s body were taken by its reader: its window (and the
+    /// connection's) may reopen by that much.
+    func consume(streamID: Int32, count: Int) {
+        nghttp2_session_consume(session, streamID, count)
+    }
+
+    /// `count` bytes of a closed stream's body were taken by its reader: the connection's window
+    /// may reopen by that much.
+    func consumeConnection(count: Int) {
+        nghttp2_session_consume_connection(session, count)
+    }
 
     /// A stream whose data source said `.deferred` has more to give.
     func resume(streamID: Int32) {
