@@ -14,6 +14,12 @@ import MainspringHTTP
 /// - `libevent-c`: 32 evhttp_connections on one event_base, each re-issuing its request from the
 ///   completion callback (`ms_baseline_http_client`).
 ///
+/// And HTTP/2 against HTTP/1.1, both against Mainspring's own server (one loop, on a thread of
+/// its own; it speaks both), 32 tasks each:
+///
+/// - `mainspring-http1-pool8`: `HTTPClient` with its default pool, 8 connections.
+/// - `mainspring-h2`: `HTTPClient` with `http2PriorKnowledge`: one connection, 32 streams.
+///
 /// Each counts the responses completed in 3 s after a 300 ms warm-up (wrk: its own 3 s run,
 /// connects included). `server_busy_pct`: the server thread's CPU time over the measured time —
 /// near 100 the server is the limit, not the client.
@@ -44,6 +50,14 @@ let httpClientScenario = Scenario(
             return (failures == 0 && count > 0 ? Double(count) / seconds : .nan,
                     Double(clientWarmupMilliseconds + clientMilliseconds) / 1e3)
         })
+        samples.add("mainspring-http1-pool8", againstMainspringServer { port in
+            httpClientRequests(port: port, configuration: .init(maxConnectionsPerHost: 8))
+        })
+        samples.add("mainspring-h2", againstMainspringServer { port in
+            var configuration = HTTPClient.Configuration()
+            configuration.http2PriorKnowledge = true
+            return httpClientRequests(port: port, configuration: configuration)
+        })
     }
     return samples.records(scenario: "http-client")
 }
@@ -64,13 +78,31 @@ private func againstCServer(_ client: (UInt16) -> (rate: Double, seconds: Double
     return [("requests_per_s", rate), ("server_busy_pct", busy)]
 }
 
+/// Mainspring's server on one loop of its own (HTTP/1.1 and h2c), `/hello`, for `client`: the
+/// figures and the server loop's share of one core meanwhile.
+private func againstMainspringServer(_ client: (UInt16) -> (rate: Double, seconds: Double)) -> [(String, Double)] {
+    let group = try! EventLoopGroup(loopCount: 1)
+    var routes = HTTPRoutes()
+    routes.get("/hello") { _ in .text("hello\n") }
+    let server = try! HTTPServer(group: group, routes: routes)
+    let loop = group.loops[0]
+    let cpuBefore = threadCPUNanoseconds(of: loop)
+    let (rate, seconds) = client(server.port)
+    let busy = Double(threadCPUNanoseconds(of: loop) &- cpuBefore) / 1e9 / seconds * 100
+    server.close()
+    group.shutdownBlocking(gracePeriod: .seconds(2))
+    return [("requests_per_s", rate), ("server_busy_pct", busy)]
+}
+
 /// HTTPClient: `clientConcurrency` tasks on the client's loop, `get` after `get`; the responses
 /// completed after the warm-up and before the end, per second. Nan if any request failed.
-private func httpClientRequests(port: UInt16) -> (rate: Double, seconds: Double) {
+private func httpClientRequests(port: UInt16, configuration: HTTPClient.Configuration? = nil)
+    -> (rate: Double, seconds: Double)
+{
     let group = try! EventLoopGroup(loopCount: 1)
     defer { group.shutdownBlocking(gracePeriod: .seconds(2)) }
     let loop = group.loops[0]
-    let client = HTTPClient(loop: loop, configuration: .init(maxConnectionsPerHost: clientConcurrency))
+    let client = HTTPClient(loop: loop, configuration: configuration ?? .init(maxConnectionsPerHost: clientConcurrency))
     let url = "http://127.0.0.1:\(port)/hello"
     let started = nowNanoseconds()
     let measuredFrom = started + UInt64(clientWarmupMilliseconds) * 1_000_000
