@@ -21,6 +21,8 @@ extension HTTPServer {
         /// (the floods of CVE-2019-9512 and kin). Default 100.
         public var maxControlFramesPerSecond: Int
 
+        /// The defaults: 100 streams at once, 100 resets and 100 control frames a second.
+        /// Values below 1 count as 1.
         public init(maxConcurrentStreams: Int = 100, maxResetsPerSecond: Int = 100, maxControlFramesPerSecond: Int = 100) {
             self.maxConcurrentStreams = maxConcurrentStreams
             self.maxResetsPerSecond = maxResetsPerSecond

@@ -46,18 +46,24 @@ public struct HTTPRequest: Sendable {
     }
 }
 
-/// An HTTP protocol version.
+/// An HTTP protocol version: what ``HTTPRequest/version`` says a request came in.
 public struct HTTPVersion: Sendable, Hashable, CustomStringConvertible {
+    /// The major version: 1 or 2.
     public var major: Int
+    /// The minor version: 0 or 1 for HTTP/1, 0 for HTTP/2.
     public var minor: Int
 
+    /// The version `major.minor`.
     public init(major: Int, minor: Int) {
         self.major = major
         self.minor = minor
     }
 
+    /// HTTP/1.0.
     public static let http1_0 = HTTPVersion(major: 1, minor: 0)
+    /// HTTP/1.1.
     public static let http1_1 = HTTPVersion(major: 1, minor: 1)
+    /// HTTP/2.
     public static let http2 = HTTPVersion(major: 2, minor: 0)
 
     /// `HTTP/1.1`, `HTTP/2`.
