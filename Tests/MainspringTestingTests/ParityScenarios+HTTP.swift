@@ -153,7 +153,52 @@ extension ParityScenario {
         return reply
     }
 
-    static var http: [ParityScenario] { httpExchanges + [deadlines] }
+    static var http: [ParityScenario] { httpExchanges + http2 + [deadlines] }
+
+    /// HTTP/2 (h2c with prior knowledge) between `HTTPClient` and `HTTPServer`: the same
+    /// answers, streams and connection counts in both worlds.
+    static let http2: [ParityScenario] = [
+        ParityScenario("HTTP/2 (h2c): GET, POST, HEAD, a 404, a 405 and six requests at once on one connection") { world in
+            try await world.withHTTPServer { world in
+                var configuration = HTTPClient.Configuration()
+                configuration.http2PriorKnowledge = true
+                let client = HTTPClient(loop: world.clientLoop, configuration: configuration)
+                let base = "http://\(world.serverHost):\(world.port)"
+                for (method, path, body) in [("GET", "/hello", ""), ("POST", "/echo", "payload"), ("HEAD", "/hello", ""),
+                                             ("GET", "/nowhere", ""), ("POST", "/hello", "")]
+                {
+                    let request = HTTPClientRequest(method: HTTPMethod(rawValue: method)!, url: base + path, body: Array(body.utf8))
+                    world.client.add("> \(method) \(path)")
+                    for line in ParityHTTP.lines(of: try await client.execute(request)) { world.client.add(line) }
+                }
+                let texts = try await withThrowingTaskGroup(of: String.self) { tasks in
+                    for index in 0..<6 {
+                        tasks.addTask { try await client.post(base + "/echo", body: Array("n\(index)".utf8)).text }
+                    }
+                    return try await tasks.reduce(into: [String]()) { $0.append($1) }
+                }
+                world.client.add("side by side: \(texts.sorted())")
+                client.shutdown()
+            }
+        },
+
+        ParityScenario("HTTP/2 (h2c): a streamed download read as it comes") { world in
+            try await world.withHTTPServer { world in
+                var configuration = HTTPClient.Configuration()
+                configuration.http2PriorKnowledge = true
+                let client = HTTPClient(loop: world.clientLoop, configuration: configuration)
+                let response = try await client.stream(HTTPClientRequest(url: "http://\(world.serverHost):\(world.port)/chunks"))
+                world.client.add("status \(response.status) \(response.reason)")
+                for field in response.headers.fields where field.name.lowercased() != "date" {
+                    world.client.add("header \(field.name): \(field.value)")
+                }
+                var body: [UInt8] = []
+                for try await piece in response.body { body += piece }
+                world.client.add("body \(String(decoding: body, as: UTF8.self).debugDescription)")
+                client.shutdown()
+            }
+        },
+    ]
 
     static let httpExchanges: [ParityScenario] = [
         ParityScenario("HTTPClient, keep-alive: GET, POST, HEAD, a 404 and a 405 on one connection") { world in
