@@ -67,13 +67,8 @@ final class HTTP2ServerConnection: HTTP2SessionDelegate, @unchecked Sendable {
     private var timedOut = false
     /// Streams whose body has all been taken, whose writers wait for it to leave.
     private var drainedStreams: [HTTP2Exchange] = []
-    /// The flood limits' buckets and when they were last filled (the loop's clock, ns).
-    private var resetTokens: Double
-    private var controlTokens: Double
-    private var tokensFilledAt: UInt64
-    /// The header block being read: its CONTINUATION frames and its bytes on the wire.
-    private var continuations = 0
-    private var headerBlockBytes = 0
+    /// The flood limits (HTTP2FloodGuard.swift).
+    private var floods: HTTP2FloodGuard
     /// When the connection last had no stream, and when it last wrote (the loop's clock, ns).
     private var idleSince: UInt64
     private var lastWriteAt: UInt64 = 0
@@ -81,18 +76,13 @@ final class HTTP2ServerConnection: HTTP2SessionDelegate, @unchecked Sendable {
     private var timer: TimerHandle?
     private var timerAt: UInt64 = 0
 
-    /// More CONTINUATION frames than this after one HEADERS is a flood.
-    private static let maxContinuations = 8
-
     init(engine: ConnectionEngine, connection: Connection, options: HTTPServer.HTTP2Options) {
         self.engine = engine
         self.connection = connection
         self.options = options
         limits = engine.limits
-        resetTokens = Double(options.maxResetsPerSecond) * 10
-        controlTokens = Double(options.maxControlFramesPerSecond) * 5
         let now = engine.loop.monotonicNow()
-        tokensFilledAt = now
+        floods = HTTP2FloodGuard(options: options, maxHeaderBytes: engine.limits.maxHeaderBytes, now: now)
         idleSince = now
         session = HTTP2Session(server: true, delegate: self, settings: HTTP2Session.Settings(
             maxConcurrentStreams: UInt32(clamping: max(1, options.maxConcurrentStreams)),
@@ -237,23 +227,7 @@ final class HTTP2ServerConnection: HTTP2SessionDelegate, @unchecked Sendable {
 
     func http2Begins(_ frame: HTTP2FrameHead) -> Bool {
         guard !isTerminated else { return true }
-        switch frame.type {
-        case .headers:
-            continuations = 0
-            headerBlockBytes = frame.length
-        case .continuation:
-            continuations += 1
-            headerBlockBytes += frame.length
-            if continuations > Self.maxContinuations || headerBlockBytes > limits.maxHeaderBytes + 16_384 { calm() }
-        case .ping, .settings:
-            if frame.flags & 0x1 == 0 { spendControl() }
-        case .priority:
-            spendControl()
-        case .data:
-            if frame.length == 0, frame.flags & 0x1 == 0 { spendControl() }
-        default:
-            break
-        }
+        if !floods.allows(frame, now: now) { calm() }
         return true
     }
 
@@ -314,7 +288,7 @@ final class HTTP2ServerConnection: HTTP2SessionDelegate, @unchecked Sendable {
             if frame.endsStream, let exchange = streams[frame.streamID], exchange.phase == .body { dispatch(exchange) }
         case .resetStream:
             // Rapid Reset: a stream reset before its response ended.
-            if let exchange = streams[frame.streamID], !exchange.isDone, !spend(.resets) {
+            if let exchange = streams[frame.streamID], !exchange.isDone, !floods.allowsReset(now: now) {
                 calm()
             }
         default:
@@ -394,33 +368,6 @@ final class HTTP2ServerConnection: HTTP2SessionDelegate, @unchecked Sendable {
     }
 
     // MARK: Floods
-
-    private enum Bucket { case resets, controlFrames }
-
-    /// Takes a token from `bucket`, refilled at its rate per second up to ten times that (resets)
-    /// or five times (control frames: below nghttp2's limit of a thousand ACKs queued); false
-    /// when there is none.
-    private func spend(_ bucket: Bucket) -> Bool {
-        let at = now
-        let elapsed = Double(at &- tokensFilledAt) / 1e9
-        tokensFilledAt = at
-        let resets = Double(options.maxResetsPerSecond), control = Double(options.maxControlFramesPerSecond)
-        resetTokens = min(resets * 10, resetTokens + elapsed * resets)
-        controlTokens = min(control * 5, controlTokens + elapsed * control)
-        switch bucket {
-        case .resets:
-            guard resetTokens >= 1 else { return false }
-            resetTokens -= 1
-        case .controlFrames:
-            guard controlTokens >= 1 else { return false }
-            controlTokens -= 1
-        }
-        return true
-    }
-
-    private func spendControl() {
-        if !spend(.controlFrames) { calm() }
-    }
 
     /// A flood: GOAWAY ENHANCE_YOUR_CALM, nothing more read, the connection closes.
     private func calm() {
