@@ -31,43 +31,43 @@ final class Demo {
     /// Bad input lines reported in a row before the rest are only counted.
     static let junkShown = 10
 
-    private let options: DemoOptions
-    private let console: Console
-    private let loop = EventLoop.main
-    private let clock = ContinuousClock()
+    let options: DemoOptions
+    let console: Console
+    let loop = EventLoop.main
+    let clock = ContinuousClock()
 
     // The job.
-    private var sieve: PrimeSieve
+    var sieve: PrimeSieve
     /// Numbers per chunk for the chunks still to come (fed mode).
-    private var chunkSize: Int
-    private var job: FeedJob?
-    private var flood: Flood?
-    private var outcome: FeedOutcome?
-    private var startedAt: ContinuousClock.Instant
-    private var finishedAt: ContinuousClock.Instant?
-    private var pausedSince: ContinuousClock.Instant?
+    var chunkSize: Int
+    var job: FeedJob?
+    var flood: Flood?
+    var outcome: FeedOutcome?
+    var startedAt: ContinuousClock.Instant
+    var finishedAt: ContinuousClock.Instant?
+    var pausedSince: ContinuousClock.Instant?
     /// Time spent paused, in all.
-    private var pausedTotal = Duration.zero
+    var pausedTotal = Duration.zero
     /// Time spent in pauses that ended with `resume` after the first chunk: it lies between two
     /// chunks, inside the work's elapsed time, and the report leaves it out.
-    private var resumedPauses = Duration.zero
+    var resumedPauses = Duration.zero
 
     // Input.
-    private var stdinReader: Watcher?
+    var stdinReader: Watcher?
     /// Simulated input, or (when typing) the probe whose latencies `stats` reports.
-    private var input: InputSimulator?
-    private var inputEnded = false
-    private var interruptWatcher: Watcher?
-    private var interrupted = false
-    private var junkInARow = 0
-    private var junkHidden = 0
+    var input: InputSimulator?
+    var inputEnded = false
+    var interruptWatcher: Watcher?
+    var interrupted = false
+    var junkInARow = 0
+    var junkHidden = 0
 
     // Progress.
-    private var ticker: TimerHandle?
-    private var lastTick: ContinuousClock.Instant?
-    private var longestTickGap = Duration.zero
-    private var ticks = 0
-    private var lastDecile = 0
+    var ticker: TimerHandle?
+    var lastTick: ContinuousClock.Instant?
+    var longestTickGap = Duration.zero
+    var ticks = 0
+    var lastDecile = 0
 
     /// The process exit status once the demo is over: 0, or 130 after Ctrl-C.
     private(set) var exitStatus: Int32 = 0
@@ -134,7 +134,7 @@ final class Demo {
         console.lines(lines)
     }
 
-    private func announce() {
+    func announce() {
         var lines = ["Counting the primes below \(grouped(sieve.limit)) on the main thread's event loop,"]
         if options.naive {
             lines.append("every chunk of \(grouped(chunkSize)) numbers posted at once with execute (--naive).")
@@ -159,7 +159,7 @@ final class Demo {
 
     /// Feeds the sieve to the loop one chunk at a time, for as long as it has numbers left. Each
     /// chunk reads `chunkSize` when it runs, so `chunk <n>` applies from the next chunk on.
-    private func startFeeding() {
+    func startFeeding() {
         let feeder = Feeder(loop: loop, pacing: options.pacing)
         // One element per chunk still needed: the feeder asks for the next one after each chunk.
         let chunks = AnyIterator { [self] in sieve.isDone ? nil : () }
@@ -170,7 +170,7 @@ final class Demo {
 
     /// `--naive`: cuts the job into chunks and posts them all at once with `execute`, the way a
     /// program without a feeder would.
-    private func startFlood() {
+    func startFlood() {
         let size = chunkSize
         let count = max(1, (sieve.limit - sieve.position + size - 1) / size)
         flood = Flood(posted: count)
@@ -181,7 +181,7 @@ final class Demo {
         }
     }
 
-    private func runFloodChunk(_ size: Int) {
+    func runFloodChunk(_ size: Int) {
         guard var flood else { return }
         if !flood.isCancelled {
             let start = clock.now
@@ -193,7 +193,7 @@ final class Demo {
         if flood.remaining == 0 { jobFinished(flood.isCancelled ? .cancelled : .completed) }
     }
 
-    private func jobFinished(_ outcome: FeedOutcome) {
+    func jobFinished(_ outcome: FeedOutcome) {
         self.outcome = outcome
         let now = clock.now
         finishedAt = now
@@ -212,15 +212,15 @@ final class Demo {
     }
 
     /// Stops the loop once the job is over and no more input is expected.
-    private func stopWhenDone() {
+    func stopWhenDone() {
         if outcome != nil && (inputEnded || options.mode == .simulate) { loop.stop() }
     }
 
-    private enum Phase: String {
+    enum Phase: String {
         case running, paused, completed, cancelled
     }
 
-    private var phase: Phase {
+    var phase: Phase {
         switch outcome {
         case .completed?: return .completed
         case .cancelled?: return .cancelled
@@ -228,13 +228,13 @@ final class Demo {
         }
     }
 
-    private var chunksRun: Int { job?.progress.completed ?? flood?.chunks ?? 0 }
+    var chunksRun: Int { job?.progress.completed ?? flood?.chunks ?? 0 }
 
-    private var elapsed: Duration { (finishedAt ?? clock.now) - startedAt }
+    var elapsed: Duration { (finishedAt ?? clock.now) - startedAt }
 
     // MARK: Input
 
-    private func handle(_ event: LineEvent) {
+    func handle(_ event: LineEvent) {
         switch event {
         case .line(let text):
             console.inputLineEntered()
@@ -261,7 +261,7 @@ final class Demo {
         showProgress()
     }
 
-    private func perform(_ command: DemoCommand) {
+    func perform(_ command: DemoCommand) {
         switch command {
         case .status: console.lines(statusLines())
         case .pause: pause()
@@ -284,7 +284,7 @@ final class Demo {
         }
     }
 
-    private func pause() {
+    func pause() {
         if let outcome { return console.line("pause: the job has already \(outcome)") }
         guard let job else {
             return console.line("pause: impossible with --naive: every chunk is queued already (a Feeder avoids that)")
@@ -295,7 +295,7 @@ final class Demo {
         console.line("paused at \(formatPercent(sieve.progress)); input is still answered ('resume' goes on)")
     }
 
-    private func resume() {
+    func resume() {
         if let outcome { return console.line("resume: the job has already \(outcome)") }
         guard let job else { return console.line("resume: nothing to resume with --naive (it cannot pause)") }
         guard job.isPaused, let pausedSince else { return console.line("resume: not paused") }
@@ -310,7 +310,7 @@ final class Demo {
     }
 
     /// Cancels the job: no chunk runs after this (the chunks `--naive` queued run as no-ops).
-    private func cancel(because reason: String) {
+    func cancel(because reason: String) {
         if let outcome { return console.line("\(reason): the job has already \(outcome)") }
         if let job {
             if job.isPaused, let pausedSince {
@@ -324,7 +324,7 @@ final class Demo {
         console.line("\(reason): cancelling the job at \(formatPercent(sieve.progress))")
     }
 
-    private func setChunkSize(_ size: Int) {
+    func setChunkSize(_ size: Int) {
         if let outcome { return console.line("chunk: the job has already \(outcome)") }
         guard job != nil else {
             return console.line("chunk: impossible with --naive: the chunks were cut when they were posted")
@@ -334,7 +334,7 @@ final class Demo {
         console.line("chunk size: \(grouped(size)) numbers (was \(grouped(old))), from the next chunk on")
     }
 
-    private func endOfInput(_ what: String) {
+    func endOfInput(_ what: String) {
         reportHiddenJunk()
         inputEnded = true
         stdinReader = nil  // the reader cancels itself after the end of file or an error
@@ -349,7 +349,7 @@ final class Demo {
     }
 
     /// Ctrl-C: cancels the job and ends the demo (with the summary); a second Ctrl-C exits at once.
-    private func interrupt() {
+    func interrupt() {
         if interrupted { exit(130) }
         interrupted = true
         exitStatus = 130
@@ -361,7 +361,7 @@ final class Demo {
 
     /// Reports bad input in one line; after `junkShown` in a row, only counts it until the next
     /// good command, so a binary file piped in cannot flood the screen.
-    private func complain(_ message: String) {
+    func complain(_ message: String) {
         junkInARow += 1
         if junkInARow < Self.junkShown {
             console.line("error: " + printable(message))
@@ -372,7 +372,7 @@ final class Demo {
         }
     }
 
-    private func reportHiddenJunk() {
+    func reportHiddenJunk() {
         if junkHidden > 0 { console.line("(ignored \(grouped(junkHidden)) more bad lines)") }
         junkInARow = 0
         junkHidden = 0
@@ -380,7 +380,7 @@ final class Demo {
 
     // MARK: Progress
 
-    private func tick() {
+    func tick() {
         if outcome == nil { recordTick(at: clock.now) }
         ticks += 1
         showProgress()
@@ -388,13 +388,13 @@ final class Demo {
 
     /// Tracks the longest gap between two progress ticks while the job runs (the last one ends
     /// when the job does): a timer at `.normal` priority shows how long other work waited.
-    private func recordTick(at now: ContinuousClock.Instant) {
+    func recordTick(at now: ContinuousClock.Instant) {
         longestTickGap = max(longestTickGap, now - (lastTick ?? startedAt))
         lastTick = now
     }
 
     /// The bar on a terminal; otherwise a line every 10% while the job runs.
-    private func showProgress() {
+    func showProgress() {
         guard !options.json else { return }
         if console.isTerminal {
             console.showBar(barText())
@@ -407,7 +407,7 @@ final class Demo {
         }
     }
 
-    private func barText() -> String {
+    func barText() -> String {
         let cells = 20
         let fraction = sieve.progress
         let filled = min(cells, Int(fraction * Double(cells)))
@@ -415,124 +415,5 @@ final class Demo {
         let spinner = ["|", "/", "-", "\\"][ticks % 4]
         let state = phase == .running ? spinner : phase.rawValue
         return "\(bar) \(formatPercent(fraction))  \(grouped(sieve.count)) primes  \(state)"
-    }
-
-    // MARK: Reports
-
-    private func statusLines() -> [String] {
-        switch phase {
-        case .running, .paused:
-            let numbers = job == nil ? "" : ", \(grouped(chunkSize)) numbers per chunk"
-            return [
-                "status: \(phase.rawValue), \(formatPercent(sieve.progress)) in \(formatSeconds(elapsed.seconds)): "
-                    + "\(grouped(sieve.count)) primes below \(grouped(sieve.position))",
-                "        \(grouped(chunksRun)) chunks so far\(numbers)",
-            ]
-        case .completed, .cancelled:
-            return ["status: \(phase.rawValue)"] + resultLines()
-        }
-    }
-
-    /// What the job found, and what it took:
-    /// ```
-    /// result: 98,222,287 primes below 2,000,000,000 (completed)
-    /// job: 20,000 chunks in 5.63 s
-    /// ```
-    private func resultLines() -> [String] {
-        let how = phase == .completed ? "completed" : "\(phase.rawValue) at \(formatPercent(sieve.progress))"
-        let paused = pausedTotal >= .milliseconds(10) ? ", \(formatSeconds(pausedTotal.seconds)) of it paused" : ""
-        return [
-            "result: \(grouped(sieve.count)) primes below \(grouped(sieve.position)) (\(how))",
-            "job: \(grouped(chunksRun)) chunks in \(formatSeconds(elapsed.seconds))\(paused)",
-        ]
-    }
-
-    private func fairnessReport() -> FairnessReport {
-        var metrics = loop.metrics
-        let work: FeedJob.Statistics
-        if let flood {
-            work = flood.statistics
-            // The flood's chunks ran as .normal callbacks: they are the work, not other work.
-            metrics.busyTime[.normal] = max(.zero, (metrics.busyTime[.normal] ?? .zero) - work.chunkTime)
-        } else if let statistics = job?.statistics {
-            // A pause is neither the work's time nor the loop's: leave it out of the elapsed time.
-            work = FeedJob.Statistics(
-                chunks: statistics.chunks, elapsed: max(statistics.chunkTime, statistics.elapsed - resumedPauses),
-                chunkTime: statistics.chunkTime, longestGap: statistics.longestGap, turns: statistics.turns)
-        } else {
-            work = FeedJob.Statistics(chunks: 0, elapsed: .zero, chunkTime: .zero, longestGap: .zero, turns: 0)
-        }
-        return FairnessReport(metrics: metrics, input: input?.latencies ?? LatencyHistogram(), work: work)
-    }
-
-    private func fairnessSummary(_ report: FairnessReport) -> [String] {
-        let latency = report.inputLatency
-        return [
-            "fairness: input p50 \(formatMilliseconds(latency.p50.milliseconds)), p99 "
-                + "\(formatMilliseconds(latency.p99.milliseconds)), max \(formatMilliseconds(latency.max.milliseconds))"
-                + " (\(grouped(latency.count)) probe records),",
-            "          work share \(String(format: "%.3f", report.workShare)), longest starvation "
-                + "\(formatMilliseconds(report.starvation.milliseconds)), stalls \(report.stalls)",
-        ]
-    }
-
-    private func tickSummary() -> String {
-        "progress timer: asked every \(Int(Self.tickInterval.milliseconds)) ms, longest gap while the job ran "
-            + formatMilliseconds(longestTickGap.milliseconds)
-    }
-
-    /// The fairness report's JSON object, with the job's own figures under `"job"`.
-    private func json(_ report: FairnessReport) -> String {
-        var object = (try? JSONSerialization.jsonObject(with: Data(report.json.utf8))) as? [String: Any] ?? [:]
-        object["job"] = [
-            "limit": sieve.limit,
-            "primes": sieve.count,
-            "sieved_below": sieve.position,
-            "outcome": outcome?.description ?? "unfinished",
-            "mode": options.naive ? "naive" : "feeder",
-            "pacing": options.naive ? "none" : options.pacing.flagValue,
-            "chunk_size": chunkSize,
-            "elapsed_ms": elapsed.milliseconds,
-            "tick_interval_ms": Self.tickInterval.milliseconds,
-            "longest_tick_gap_ms": longestTickGap.milliseconds,
-        ] as [String: Any]
-        object["input"] = "steady every 10 ms"
-        guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) else {
-            return report.json
-        }
-        return String(decoding: data, as: UTF8.self)
-    }
-}
-
-/// `--naive`: every chunk posted up front; what ran, timed the way `FeedJob.statistics` is.
-private struct Flood {
-    let posted: Int
-    /// Posted chunks that have not run yet.
-    var remaining: Int
-    /// Set by `cancel`: the chunks still queued run, but do nothing.
-    var isCancelled = false
-    private(set) var chunks = 0
-    private var firstStart: ContinuousClock.Instant?
-    private var lastEnd: ContinuousClock.Instant?
-    private var chunkTime = Duration.zero
-    private var longestGap = Duration.zero
-
-    init(posted: Int) {
-        self.posted = posted
-        remaining = posted
-    }
-
-    mutating func record(start: ContinuousClock.Instant, end: ContinuousClock.Instant) {
-        if let lastEnd { longestGap = max(longestGap, start - lastEnd) }
-        if firstStart == nil { firstStart = start }
-        lastEnd = end
-        chunkTime += end - start
-        chunks += 1
-    }
-
-    var statistics: FeedJob.Statistics {
-        let elapsed = firstStart.flatMap { first in lastEnd.map { $0 - first } } ?? .zero
-        return FeedJob.Statistics(chunks: chunks, elapsed: elapsed, chunkTime: chunkTime, longestGap: longestGap,
-                                  turns: chunks)
     }
 }

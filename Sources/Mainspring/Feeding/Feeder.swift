@@ -68,7 +68,7 @@ public final class Feeder: Sendable {
     /// Set by `FeedJob.cancel`: the next turn finishes cancelled jobs.
     private let sweepRequested = Atomic<Bool>(false)
     private let shared = Protected<Shared>(Shared())
-    private let local = LoopBound(Local())
+    private let local = LoopBound(FeederQueue())
 
     /// Submissions not yet taken by the loop, and whether a turn is scheduled.
     private struct Shared {
@@ -82,61 +82,7 @@ public final class Feeder: Sendable {
         var epoch = 0
     }
 
-    private enum Item: Sendable {
-        case chunk(@Sendable () -> Void)
-        case job(FeedJob)
-    }
-
-    /// The line of work, on the loop's thread.
-    private final class Local {
-        var items: [Item?] = []
-        var head = 0
-        var epoch = 0
-
-        var isEmpty: Bool { head == items.count }
-
-        func append(contentsOf more: [Item]) {
-            if head > 0 && head == items.count {
-                items.removeAll(keepingCapacity: true)
-                head = 0
-            }
-            for item in more { items.append(item) }
-        }
-
-        /// The first item that can run now (a paused job steps aside), or nil.
-        func firstRunnable() -> Int? {
-            var index = head
-            while index < items.count {
-                switch items[index] {
-                case .chunk?: return index
-                case .job(let job)?: if job.isRunnable { return index }
-                case nil: break
-                }
-                index += 1
-            }
-            return nil
-        }
-
-        func remove(at index: Int) {
-            if index == head {
-                items[index] = nil
-                head += 1
-                if head == items.count || (head >= 1_024 && head * 2 >= items.count) {
-                    items.removeSubrange(0..<head)
-                    head = 0
-                }
-            } else {
-                items.remove(at: index)
-            }
-        }
-
-        func removeAll() -> [Item] {
-            let removed = items[head...].compactMap { $0 }
-            items.removeAll(keepingCapacity: true)
-            head = 0
-            return removed
-        }
-    }
+    private typealias Item = FeederItem
 
     /// Creates a feeder for `loop`. Any thread; it does not bind the loop.
     ///
@@ -454,7 +400,7 @@ public final class Feeder: Sendable {
     }
 
     /// Moves the inbox into the line; after a `cancelAll`, first drops what the line held.
-    private func takeSubmissions(_ line: Local) {
+    private func takeSubmissions(_ line: FeederQueue) {
         let (items, epoch) = shared.withLock { state -> ([Item], Int) in
             let items = state.inbox
             if !items.isEmpty { state.inbox = [] }
@@ -467,7 +413,7 @@ public final class Feeder: Sendable {
         if !items.isEmpty { line.append(contentsOf: items) }
     }
 
-    private func finishCancelledJobs(_ line: Local) {
+    private func finishCancelledJobs(_ line: FeederQueue) {
         var index = line.head
         while index < line.items.count {
             if case .job(let job)? = line.items[index], job.isCancelled {
