@@ -68,7 +68,7 @@ import Testing
         let (outcome, afterwards) = try await simulation.run { () async throws -> (String, LineEvent?) in
             let connection = try await Connection.connect(to: "10.0.0.1", port: 7000, on: loop)
             try await connection.send(line: "SLEEP 1000")
-            loop.schedule(after: .milliseconds(500)) { network.reset("127.0.0.1", "10.0.0.1") }
+            loop.execute(after: .milliseconds(500)) { network.reset("127.0.0.1", "10.0.0.1") }
             var outcome = ""
             do {
                 outcome = "read \(String(describing: try await connection.readLine()))"

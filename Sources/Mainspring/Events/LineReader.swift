@@ -111,6 +111,7 @@ extension EventLoop {
     /// does not close `fd`. Loop thread only.
     /// - Throws: `EventLoopError.badDescriptor` when `fd` is not open, `.wrongThread` off the
     ///   loop's thread.
+    @available(*, noasync, message: "loop thread only; in async code iterate `lines(from:)`")
     public func readLines(from fd: Int32, maxLineLength: Int = 65_536,
                           _ handler: @escaping (LineEvent) -> Void) throws(EventLoopError) -> Watcher
     {

@@ -256,6 +256,7 @@ extension EventLoop {
     /// - Throws: `EventLoopError.signalInUse` when another loop watches `signal`, `.system`
     ///   (`sigaction`, `EINVAL`) when it cannot be caught (`SIGKILL`, `SIGSTOP`, a number that is
     ///   no signal), `.wrongThread`.
+    @available(*, noasync, message: "loop thread only; in async code iterate `signals(_:)`")
     public func onSignal(_ signal: Int32, _ handler: @escaping () -> Void) throws(EventLoopError) -> Watcher {
         guard claimThread() else { throw .wrongThread(function: "EventLoop.onSignal(_:_:)") }
         if signal > 0 && signal < 65 { unblockSignalInCurrentThread(signal) }

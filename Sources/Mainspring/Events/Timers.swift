@@ -104,6 +104,7 @@ extension EventLoop {
     /// an idle loop. Costs one allocation and O(log n) in the loop's pending timers (the same to
     /// cancel).
     /// - Returns: a handle to cancel the timer; the loop keeps the timer alive without it.
+    @available(*, noasync, message: "loop thread only; in async code use `execute(after:_:)` (any thread; at once on the loop's own) or `sleep(for:)`")
     @discardableResult
     public func schedule(after delay: Duration, _ work: @escaping () -> Void) -> TimerHandle {
         preconditionOnLoop("EventLoop.schedule(after:_:)", elsewhereUse: "execute(after:_:)")
@@ -133,6 +134,7 @@ extension EventLoop {
     /// `interval` is a period: it must be positive (zero or negative stops the program with a
     /// message), and one shorter than ``minimumRepeatInterval`` is raised to it, so that no
     /// repeating timer can keep its loop from sleeping.
+    @available(*, noasync, message: "loop thread only; in async code use `execute(every:_:)` (any thread; at once on the loop's own)")
     @discardableResult
     public func schedule(every interval: Duration, _ work: @escaping (TimerHandle) -> Void) -> TimerHandle {
         preconditionOnLoop("EventLoop.schedule(every:_:)", elsewhereUse: "execute(every:_:)")

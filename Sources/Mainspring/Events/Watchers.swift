@@ -111,6 +111,7 @@ extension EventLoop {
     /// - Returns: the watcher, to `cancel()` it; the loop keeps it alive without the handle.
     /// - Throws: `EventLoopError.badDescriptor` when `fd` is not open, `.wrongThread` off the
     ///   loop's thread, `.libevent` when libevent refuses the fd.
+    @available(*, noasync, message: "loop thread only; in async code watch from the loop: `try await loop.submit { try loop.watch(…) }`")
     public func watch(_ fd: Int32, for events: IOEvents, priority: Priority = .input,
                       _ handler: @escaping (IOEvents) -> Void) throws(EventLoopError) -> Watcher
     {

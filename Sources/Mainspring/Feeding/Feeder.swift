@@ -119,6 +119,7 @@ public final class Feeder: Sendable {
     /// Must be called on the loop's thread (precondition): `body` need not be `Sendable`. From
     /// another thread, ``enqueue(chunks:_:)`` takes a `Sendable` body.
     /// - Returns: the job: progress, pause, resume, cancel, outcome.
+    @available(*, noasync, message: "loop thread only; in async code use `enqueue(chunks:_:)` (any thread; at once on the loop's own)")
     @discardableResult
     public func feed(chunks: Int, _ body: @escaping (Int) -> Void) -> FeedJob {
         loop.preconditionOnLoop("Feeder.feed(chunks:_:)", elsewhereUse: "enqueue(chunks:_:)")
@@ -131,6 +132,7 @@ public final class Feeder: Sendable {
     ///
     /// Must be called on the loop's thread (precondition; from another thread,
     /// ``enqueue(_:_:)``).
+    @available(*, noasync, message: "loop thread only; in async code use `enqueue(_:_:)` (any thread; at once on the loop's own)")
     @discardableResult
     public func feed<S: Sequence>(_ items: S, _ body: @escaping (S.Element) -> Void) -> FeedJob {
         loop.preconditionOnLoop("Feeder.feed(_:_:)", elsewhereUse: "enqueue(_:_:)")

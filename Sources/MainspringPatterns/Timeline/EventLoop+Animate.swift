@@ -24,6 +24,7 @@ extension EventLoop {
     /// With no steps, `completion(true)` runs at once, inside this call. Loop thread only
     /// (precondition); `steps` and `completion` run on it.
     /// - Returns: the running timeline, to `cancel()` it (then `completion(false)`).
+    @available(*, noasync, message: "loop thread only; in async code build a `Timeline` and `await timeline.run()`")
     @discardableResult
     public func animate(eachStepDuration duration: Duration, eachStepDelay delay: Duration = .zero,
                         curve: Curve = .easeInOut, steps: ((Double) -> Void)...,
