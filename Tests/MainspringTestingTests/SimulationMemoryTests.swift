@@ -112,6 +112,35 @@ struct SimulationMemoryTests {
         return (max(0, smallest) / runs, (residentBefore, residentBytes()), wrong)
     }
 
+    /// A simulation whose loops ran a simulated program — registered with a body that uses its
+    /// loop, spawned on a group's loop, ended — lets go of its loops once it is released, as one
+    /// that spawned nothing does. (They were kept: each spawned program holds its loop, the loop
+    /// its simulation's core, and the core the record of its programs.)
+    @Test func aSimulationThatRanAProgramLetsGoOfItsLoops() async throws {
+        let (released, status) = try await onPlainThread { () throws -> (Bool, Subprocess.ExitStatus) in
+            weak var first: EventLoop?
+            weak var member: EventLoop?
+            let status = try { () throws -> Subprocess.ExitStatus in
+                let simulation = try Simulation(seed: 7)
+                let group = try simulation.makeGroup(loopCount: 1, host: "10.0.0.1")
+                let loop = group.loops[0]
+                simulation.register(program: "worker") { process in
+                    try await loop.sleep(for: .seconds(1))
+                    process.write(line: "done")
+                    return 0
+                }
+                first = simulation.loop
+                member = loop
+                return try simulation.runSynchronously {
+                    await (try Subprocess.launch(.init(executable: "worker"), on: loop)).exit
+                }
+            }()
+            return (first == nil && member == nil, status)
+        }
+        #expect(status == .exited(0))
+        #expect(released, "a finished simulation that ran a program kept its loops")
+    }
+
     /// 640 small whole programs (40 to warm up, then three rounds of 200) keep under 7 KB of
     /// heap each. (Each kept about 106 KB when a simulated group, released with its simulation,
     /// posted its loops a shutdown that nothing would ever run: the posted closure held the
