@@ -62,6 +62,14 @@ final class NetworkCore: SimulatedNetworking, SimulatedDatagramNetworking, @unch
         random = SplitMix64(seed: seed ^ 0x6E65_7477_6F72_6B21)
     }
 
+    deinit {
+        // A stream whose two ends did not both close (its connect still on its way when the
+        // simulation ended, an end in a backlog, a connection left open) is a cycle of two ends,
+        // each the other's `peer`, which `ended` breaks only once both have closed: broken here,
+        // as nothing can close them any more.
+        for end in ends.values { end.peer = nil }
+    }
+
     var now: UInt64 { clock.nanoseconds }
 
     // MARK: Listening

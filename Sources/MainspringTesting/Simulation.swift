@@ -78,6 +78,12 @@ public final class Simulation: @unchecked Sendable {
     /// and on virtual time, with its latency, segments and faults.
     public let network: SimulatedNetwork
 
+    deinit {
+        // What only this simulation reads (its programs, the record of those spawned) held its
+        // loops and core in a cycle: let go (see `SimulationCore.simulationReleased`).
+        core.simulationReleased()
+    }
+
     /// Virtual time since the simulation started.
     public var now: Duration { Duration(nanoseconds: core.clock.elapsed) }
 

@@ -95,6 +95,15 @@ final class SimulationCore: LoopSimulating, @unchecked Sendable {
     /// Runs `body` as the simulation's driver on the calling thread: every loop is bound to it
     /// for the duration. One thread at a time (precondition); nested calls are fine.
     func withDriving<T>(_ body: () throws -> T) rethrows -> T {
+        let claimed = claimDriver()
+        precondition(claimed, "MainspringTesting: a simulation is driven by one thread at a time; another thread is driving it now")
+        defer { releaseDriver() }
+        return try body()
+    }
+
+    /// Makes the calling thread the driver (one level deeper, if it is already), and every loop
+    /// its own; false, and nothing done, when another thread is driving.
+    private func claimDriver() -> Bool {
         let me = currentThreadID()
         let (claimed, outermost) = driver.withLock { driver -> (Bool, Bool) in
             guard driver.thread == 0 || driver.thread == me else { return (false, false) }
@@ -102,15 +111,29 @@ final class SimulationCore: LoopSimulating, @unchecked Sendable {
             driver.depth += 1
             return (true, driver.depth == 1)
         }
-        precondition(claimed, "MainspringTesting: a simulation is driven by one thread at a time; another thread is driving it now")
         if outermost { for (_, loop) in liveLoops { loop.adoptCallingThreadForSimulation() } }
-        defer {
-            driver.withLock { driver in
-                driver.depth -= 1
-                if driver.depth == 0 { driver.thread = 0 }
-            }
+        return claimed
+    }
+
+    /// Ends one level of `claimDriver`: the outermost frees the simulation for any thread.
+    private func releaseDriver() {
+        driver.withLock { driver in
+            driver.depth -= 1
+            if driver.depth == 0 { driver.thread = 0 }
         }
-        return try body()
+    }
+
+    /// The `Simulation` was released: lets go of what only it reads — the programs registered
+    /// with it and the record of those spawned (`Simulation.processes`). Kept, they held the
+    /// core, and with it every loop, for ever: a spawned program holds its loop
+    /// (`SimulatedProcess.loop`), the loop its core, the core the program — a cycle; a registered
+    /// body that captures a loop makes another. Nothing is let go while another thread drives
+    /// the simulation (through a loop it still holds): that thread may be reading them.
+    func simulationReleased() {
+        guard claimDriver() else { return }
+        defer { releaseDriver() }
+        programs = [:]
+        processes = []
     }
 
     func driveUntilIdle() {

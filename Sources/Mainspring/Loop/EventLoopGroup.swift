@@ -106,7 +106,8 @@ public final class EventLoopGroup: Sendable {
 
     /// A group of simulated loops (`MainspringTesting`): they run on the thread that drives
     /// their simulation, so the group starts no threads; `shutdown` has the simulation run each
-    /// loop's shutdown, on virtual time, before it returns its report.
+    /// loop's shutdown, on virtual time, before it returns its report. Released without a
+    /// shutdown, it leaves each loop to shut itself down once released too (see `deinit`).
     @_spi(Simulation)
     public init(simulatedLoops loops: [EventLoop]) {
         precondition(!loops.isEmpty && loops.allSatisfy(\.isSimulated), "a simulated group needs simulated loops")
@@ -234,6 +235,12 @@ public final class EventLoopGroup: Sendable {
         // Never blocks: a group released without a shutdown ends its loops at once, and their
         // threads end on their own.
         guard phase.withLock({ if case .running = $0 { return true } else { return false } }) else { return }
+        // A group of loops it does not run (a simulation's, `MainspringTesting`) posts nothing:
+        // its simulation releases it only as it ends itself, so nothing would ever run the
+        // posted shutdown, whose closure holds its loop — loop, queue, closure, loop: a cycle
+        // that kept each such loop, and through it its whole simulation (clock, network,
+        // trace), for ever. Released, each loop shuts itself down in its `deinit`.
+        guard threads != nil else { return }
         for loop in loops {
             loop.execute { _ = loop.shutdownNow() }
         }
