@@ -62,7 +62,10 @@ import Testing
         let loop = simulation.loop
         let times = try await simulation.run { () async throws -> [Duration] in
             let runs = Locked<[Duration]>([])
-            loop.schedule(after: .milliseconds(7)) { runs.withLock { $0.append(simulation.now) } }
+            // The loop-only form from a synchronous function on the loop (the compiler refuses it
+            // in async code); the any-thread form beside it.
+            func loopOnly() { loop.schedule(after: .milliseconds(7)) { runs.withLock { $0.append(simulation.now) } } }
+            loopOnly()
             let handle = loop.execute(after: .milliseconds(7)) { runs.withLock { $0.append(simulation.now) } }
             let cancelled = loop.execute(after: .milliseconds(3)) { runs.withLock { $0.append(.seconds(-1)) } }
             cancelled.cancel()

@@ -372,7 +372,7 @@ import Testing
             let connection = try await Connection.connect(to: "10.0.0.1", port: 80, on: simulation.loop)
             let sent = simulation.now
             try await connection.send("GET /big HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
-            _ = simulation.loop.schedule(after: .seconds(3)) {
+            _ = simulation.loop.execute(after: .seconds(3)) {
                 inFlight.withLock { $0.append(server.statistics.snapshot.requestsInFlight) }
             }
             let response = try await Self.readResponse(connection)

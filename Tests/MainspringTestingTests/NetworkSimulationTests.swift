@@ -295,7 +295,7 @@ import Testing
         let loop = simulation.loop
         let network = simulation.network
         let outcome = try await simulation.run { () async -> String in
-            loop.schedule(after: .milliseconds(15)) { network.reset("127.0.0.1", "10.0.0.6") }
+            loop.execute(after: .milliseconds(15)) { network.reset("127.0.0.1", "10.0.0.6") }
             do throws(EventLoopError) {
                 _ = try await Connection.connect(to: "10.0.0.6", port: 80, on: loop)
                 return "connected"

@@ -213,7 +213,7 @@ import Glibc
         let ticks = Box(0)
         simulation.register(program: "ticker") { process in
             let connection = try await Connection.connect(to: "127.0.0.1", port: 7200, on: process.loop)
-            _ = process.loop.schedule(every: .milliseconds(100)) { _ in
+            _ = process.loop.execute(every: .milliseconds(100)) { _ in
                 ticks.value += 1
                 connection.writeLine("tick")
             }

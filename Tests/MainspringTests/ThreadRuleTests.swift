@@ -181,18 +181,40 @@ struct ThreadRuleTests {
             _ = socket.connectedPeer
             _ = socket.isClosed
             _ = queue.waitUntilAllOperationsAreFinished(spinning: loop)
+            // One rule: every loop-only call, each naming its twin.
+            let handle = loop.schedule(after: .seconds(1)) {}
+            handle.cancel()
+            _ = loop.schedule(every: .seconds(1)) { _ in }
+            let job = feeder.feed(chunks: 3) { _ in }
+            job.onCompletion { _ in }
+            _ = feeder.feed([1, 2, 3]) { _ in }
+            _ = try? loop.watch(0, for: .read) { _ in }
+            _ = try? loop.readLines(from: 0) { _ in }
+            _ = try? loop.onSignal(SIGUSR1) {}
+            _ = try? loop.observeFile(at: "/tmp") { _ in }
+            _ = loop.spin(until: { true })
+            _ = loop.runOnce(blocking: false)
+            _ = loop.animate(eachStepDuration: .seconds(1), steps: { _ in })
+            let timeline = Timeline(loop: loop)
+            timeline.start { _ in }
         }
         """
         let refused = try await typecheck(misuse)
         let lines = refused.split(separator: "\n").filter { $0.contains(": error:") }
-        #expect(lines.count == 14, "\(refused)")
+        #expect(lines.count == 28, "\(refused)")
         #expect(lines.allSatisfy { $0.contains("unavailable from asynchronous contexts") }, "\(refused)")
         #expect(refused.contains("in async code await `closed`"), "\(refused)")
         #expect(refused.contains("in async code await `exit`"), "\(refused)")
+        for twin in ["`execute(after:_:)`", "`execute(every:_:)`", "`enqueue(chunks:_:)`", "`enqueue(_:_:)`", "`await job.outcome`",
+                     "`ScheduledTimer`", "`lines(from:)`", "`signals(_:)`", "`fileChanges(at:)`", "`await timeline.run()`"]
+        {
+            #expect(refused.contains(twin), "no error names \(twin)")
+        }
 
         let fine = """
         import Mainspring
         func onTheLoop(_ connection: Connection, _ loop: EventLoop, _ child: Subprocess) {
+            _ = loop.schedule(after: .seconds(1)) {}
             connection.readLines { _ in }
             connection.onClose { _ in }
             child.onExit { _ in }
@@ -204,10 +226,8 @@ struct ThreadRuleTests {
             connection.stopReading()
             _ = try await loop.submit { connection.bufferedOutputBytes }
             await socket.close()
-            // Names a simulation's body (async, on its loop) uses as they are: not refused.
-            _ = loop.schedule(after: .seconds(1)) {}
             _ = EventLoop.current
-            // The any-thread forms.
+            // The any-thread forms: what async code, a simulation's body included, uses.
             let timer = loop.execute(after: .seconds(1)) {}
             timer.cancel()
             _ = loop.execute(every: .seconds(1)) { $0.cancel() }

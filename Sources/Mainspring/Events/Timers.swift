@@ -15,6 +15,7 @@ public final class TimerHandle: Cancellable {
 
     /// Cancels the timer: once this returns (on the loop's thread) its handler never runs again,
     /// even if it was already due. Idempotent; a no-op after a one-shot timer fired.
+    @available(*, noasync, message: "loop thread only; in async code use a `ScheduledTimer` (`execute(after:_:)`), which any thread may cancel")
     public func cancel() {
         guard !source.isClosed else { return }
         source.loop.preconditionOnLoop("TimerHandle.cancel()")

@@ -177,6 +177,7 @@ public final class FeedJob: Sendable {
     /// job has already finished, `handler` runs in a later loop turn, never inside this call.
     ///
     /// Must be called on the feeder's loop thread (precondition); elsewhere, `await outcome`.
+    @available(*, noasync, message: "loop thread only; in async code `await job.outcome`")
     public func onCompletion(_ handler: @escaping (FeedOutcome) -> Void) {
         feeder.loop.preconditionOnLoop("FeedJob.onCompletion(_:)", elsewhereUse: "await job.outcome")
         if let outcome = finished.withLock({ $0.outcome }) {

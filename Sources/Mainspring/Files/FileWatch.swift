@@ -97,6 +97,7 @@ extension EventLoop {
     /// - Throws: ``FileWatchError/cannotWatch(path:errno:)`` naming the path: `ENOENT` when it
     ///   does not exist, `EACCES`, `ENOSPC` (the kernel's limit of watches, `max_user_watches`),
     ///   `EMFILE` (of inotify instances); `.loop(.wrongThread)` off the loop's thread.
+    @available(*, noasync, message: "loop thread only; in async code iterate `fileChanges(at:)`")
     public func observeFile(at path: String, _ handler: @escaping (FileEvent) -> Void) throws(FileWatchError) -> Watcher {
         guard claimThread() else { throw .loop(.wrongThread(function: "EventLoop.observeFile(at:_:)")) }
         let source = try FileWatchSource.start(path: path, on: self, handler: handler)

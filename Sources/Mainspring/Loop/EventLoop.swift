@@ -185,6 +185,7 @@ public final class EventLoop: @unchecked Sendable {
     /// error (`run()` throws it instead).
     /// - Returns: how many callbacks ran (0 when nothing was ready).
     @discardableResult
+    @available(*, noasync, message: "loop thread only, and it would run the loop inside a task; in async code await what you wait for (`sleep(for:)`, a read)")
     public func runOnce(blocking: Bool = true) -> Int {
         preconditionOnLoop("EventLoop.runOnce(blocking:)")
         installMainQueueBridgeOrDie()
@@ -208,6 +209,7 @@ public final class EventLoop: @unchecked Sendable {
     /// - Returns: whether `condition` holds on return (`false` after a timeout or a `stop()`).
     ///   A `stop()` ends every nested spin; the outermost `run` or `spin` consumes it.
     @discardableResult
+    @available(*, noasync, message: "loop thread only, and it would run the loop inside a task; in async code await what you wait for (`sleep(for:)`, a read, `job.outcome`)")
     public func spin(until condition: () -> Bool, timeout: Duration? = nil) -> Bool {
         preconditionOnLoop("EventLoop.spin(until:timeout:)")
         installMainQueueBridgeOrDie()

@@ -112,6 +112,7 @@ public final class Timeline {
     /// `update(1.0)` before `start` returns.
     ///
     /// Loop thread only (precondition); a timeline starts once (precondition).
+    @available(*, noasync, message: "loop thread only; in async code `await timeline.run()`")
     public func start(completion: @escaping (Bool) -> Void) {
         loop.preconditionOnLoop("Timeline.start(completion:)")
         switch state {
