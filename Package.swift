@@ -28,6 +28,9 @@ let package = Package(
         .executable(name: "mainspring-supervise", targets: ["mainspring-supervise"]),
     ],
     targets: [
+        // ---- The library products (Sources/): the core, its three siblings, the umbrella,
+        // HTTP, TLS, Testing, and the C modules they link (one folder of C calls each).
+
         // libevent 2.1 through pkg-config; `make` installs libevent-dev when it is missing.
         .systemLibrary(
             name: "CLibevent",
@@ -118,18 +121,23 @@ let package = Package(
             dependencies: ["MainspringCore", "CZlib", "CNGHTTP2"],
             path: "Sources/MainspringHTTP"
         ),
+        // ---- Not products: what the examples, the benchmarks and the fuzzer are made of. Each
+        // lives beside what uses it (Examples/Libraries, Benchmarks/, Fuzz/), and no library
+        // product depends on any of it (`make check-dependents` checks that a dependent compiles
+        // only library targets).
+
         // Plain-C TLS peers for the `tls` benchmark (libevent + bufferevent_openssl), and a
         // blocking OpenSSL client for its load generators (CBaselines: the region `--counts` counts).
         .target(
             name: "CTLSBaselines",
             dependencies: ["CLibevent", "CMainspringTLS", "CBaselines"],
-            path: "Sources/CTLSBaselines"
+            path: "Benchmarks/CTLSBaselines"
         ),
         // Plain-C libevent loops: the baselines `mainspring-bench` compares against.
         .target(
             name: "CBaselines",
             dependencies: ["CLibevent"],
-            path: "Sources/CBaselines"
+            path: "Benchmarks/CBaselines"
         ),
         // What the examples serve (command parsers, the demo's job, the daemon's line service):
         // a library, so the benchmark, the fuzzer and the tests use the very same code.
@@ -137,17 +145,17 @@ let package = Package(
             name: "ExampleServices",
             dependencies: ["Mainspring", "MainspringCore", "MainspringHTTP", "MainspringTLS", "MainspringTesting",
                            "KVService"],
-            path: "Sources/ExampleServices"
+            path: "Examples/Libraries/ExampleServices"
         ),
         // The `--flag value` command line that mainspring-daemon and mainspring-kv share: a target
         // of its own, without dependencies, so that the KV server does not build TLS to have it.
-        .target(name: "ExampleCommandLine", path: "Sources/ExampleCommandLine"),
+        .target(name: "ExampleCommandLine", path: "Examples/Libraries/ExampleCommandLine"),
         // The pure logic of a Redis-protocol server (RESP2 parser, reply encoder, keyspace,
         // commands, sliced slow commands): no dependencies, so the network side wires it up.
-        .target(name: "KVCore", path: "Sources/KVCore"),
+        .target(name: "KVCore", path: "Examples/Libraries/KVCore"),
         // The network side of mainspring-kv (KVCore's commands on Mainspring's loops): a library,
         // so the tests and the reliability benchmark run the very same server on simulated loops.
-        .target(name: "KVService", dependencies: ["Mainspring", "MainspringCore", "KVCore"], path: "Sources/KVService"),
+        .target(name: "KVService", dependencies: ["Mainspring", "MainspringCore", "KVCore"], path: "Examples/Libraries/KVService"),
         .executableTarget(
             name: "mainspring-demo",
             dependencies: ["Mainspring", "ExampleServices"],
@@ -158,13 +166,13 @@ let package = Package(
         .target(
             name: "MainspringFuzzing",
             dependencies: ["Mainspring", "MainspringHTTP", "ExampleServices"],
-            path: "Sources/MainspringFuzzing"
+            path: "Fuzz/Harnesses"
         ),
         .executableTarget(
             name: "mainspring-fuzz",
             dependencies: ["MainspringFuzzing"],
             path: "Fuzz",
-            exclude: ["Corpus"]
+            exclude: ["Corpus", "Harnesses"]
         ),
         .executableTarget(
             name: "mainspring-daemon",
@@ -214,6 +222,7 @@ let package = Package(
             dependencies: ["Mainspring", "MainspringHTTP", "MainspringTLS", "MainspringTesting", "CBaselines", "CTLSBaselines",
                            "ExampleServices"],
             path: "Benchmarks",
+            exclude: ["CBaselines", "CTLSBaselines"],
             swiftSettings: experimentalMainExecutor
         ),
         // Programs the tests start as subprocesses: scenarios that need the process main thread

@@ -11,7 +11,7 @@ import MainspringTLS
 // Deterministic per-item costs: instructions, reference-counting calls and heap allocations,
 // counted by valgrind's callgrind rather than timed. Each variant runs in a child process
 // (`--child counts <scenario> <variant> <items>`) under callgrind twice, with N1 and N2 items;
-// only code inside `ms_counted_region` (Sources/CBaselines) is counted, per thread, and
+// only code inside `ms_counted_region` (Benchmarks/CBaselines) is counted, per thread, and
 //
 //     per item = (count with N2 items − count with N1 items) / (N2 − N1)
 //

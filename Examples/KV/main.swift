@@ -5,7 +5,7 @@ import Mainspring
 import MainspringHTTP
 
 // mainspring-kv: a Redis-protocol (RESP2 and inline) server on Mainspring, its commands run by
-// KVCore. The server itself is the KVService library (Sources/KVService): KVServer.swift holds
+// KVCore. The server itself is the KVService library (Examples/Libraries/KVService): KVServer.swift holds
 // the keyspace's side (the core, the feeders for slow commands, freeing and expiry, INFO),
 // KVClient.swift a connection's side; this file is the command line around it.
 //

@@ -16,7 +16,7 @@ import Synchronization
 
 let usage = """
     usage: mainspring-supervise [--http-port <n>] [--http-host <address>] CONFIG
-      CONFIG               the JSON file of programs (see SupervisorConfig in Sources/ExampleServices)
+      CONFIG               the JSON file of programs (see SupervisorConfig in Examples/Libraries/ExampleServices)
       --http-port <n>      port of /metrics and /healthz (default 0: any free port; printed as
                            "listening on HOST:PORT")
       --http-host <addr>   address of the HTTP side (default 127.0.0.1)
