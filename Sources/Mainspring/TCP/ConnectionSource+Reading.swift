@@ -46,6 +46,22 @@ extension ConnectionSource {
     }
 
     /// After a reader took input: a full input buffer that held reading back has room.
+    /// Puts the bytes a reader gathered but did not take back in front of the input, for the
+    /// next reader. When the socket refuses them the connection finishes with its errno,
+    /// which is returned.
+    func returnGathered(to socket: BufferedSocket) -> Int32? {
+        guard !gathered.isEmpty else { return nil }
+        let bytes = gathered
+        gathered = []
+        do {
+            try socket.unreadInput(bytes)
+            return nil
+        } catch {
+            finish(.error(error.errnoCode))
+            return error.errnoCode
+        }
+    }
+
     func releaseInputHold(_ socket: BufferedSocket) {
         if state.isInputFull && socket.inputLength < readLimit && state.inputDrained() { applyReadChange() }
     }
@@ -156,16 +172,7 @@ extension ConnectionSource {
         rawBytesTaken()
         releaseInputHold(socket)
         guard state.peerEnded else { return }
-        if !gathered.isEmpty {
-            do {
-                try socket.unreadInput(gathered)
-            } catch {
-                gathered = []
-                finish(.error(error.errnoCode))
-                return
-            }
-            gathered = []
-        }
+        if returnGathered(to: socket) != nil { return }
         callbackReader = nil
         readerGeneration &+= 1
         if socket.inputLength == 0 { endDelivered() }
@@ -297,17 +304,8 @@ extension ConnectionSource {
             }
         }
         if state.peerEnded {
-            if !gathered.isEmpty {
-                // Short: the bytes go back, for the next reader.
-                do {
-                    try socket.unreadInput(gathered)
-                } catch {
-                    gathered = []
-                    finish(.error(error.errnoCode))
-                    return .failed(.error(error.errnoCode))
-                }
-                gathered = []
-            }
+            // Short: the bytes go back, for the next reader.
+            if let failure = returnGathered(to: socket) { return .failed(.error(failure)) }
             if socket.inputLength == 0 { endDelivered() }
             return .end
         }

@@ -339,18 +339,25 @@ final class ResponseReader: ResponseBody, @unchecked Sendable {
         }
     }
 
+    /// Up to `remaining` bytes of the body (64 KiB at most), counted; the server closing first
+    /// ends the response (`closedMidResponse`).
+    private func bodyPiece(upTo remaining: Int) async throws(HTTPClientError) -> [UInt8] {
+        let piece = try await read(upTo: min(remaining, 65_536))
+        guard let piece, !piece.isEmpty else {
+            let what = progress
+            abandon()
+            throw .closedMidResponse(what)
+        }
+        bodyReceived += piece.count
+        return piece
+    }
+
     private func nextPiece() async throws(HTTPClientError) -> [UInt8]? {
         switch framing {
         case .none, .done:
             return nil
         case .length(let remaining):
-            let piece = try await read(upTo: min(remaining, 65_536))
-            guard let piece, !piece.isEmpty else {
-                let what = progress
-                abandon()
-                throw .closedMidResponse(what)
-            }
-            bodyReceived += piece.count
+            let piece = try await bodyPiece(upTo: remaining)
             if piece.count == remaining {
                 await finish()
             } else {
@@ -395,13 +402,7 @@ final class ResponseReader: ResponseBody, @unchecked Sendable {
                 }
                 remaining = size
             }
-            let piece = try await read(upTo: min(remaining, 65_536))
-            guard let piece, !piece.isEmpty else {
-                let what = progress
-                abandon()
-                throw .closedMidResponse(what)
-            }
-            bodyReceived += piece.count
+            let piece = try await bodyPiece(upTo: remaining)
             framing = .chunked(remainingInChunk: remaining - piece.count, started: true)
             return piece
         }

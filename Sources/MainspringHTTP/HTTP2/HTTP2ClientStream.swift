@@ -202,22 +202,7 @@ final class HTTP2ClientStream: ResponseBody, @unchecked Sendable {
                 if case .failure = outcome { settle() }
                 return try outcome.get()
             }
-            if Task.isCancelled {
-                abandon()
-                throw .cancelled
-            }
-            await withTaskCancellationHandler {
-                await withCheckedContinuation { continuation in
-                    let ready = state.withLock { state -> Bool in
-                        if state.head != nil || state.failure != nil || Task.isCancelled { return true }
-                        state.headWaiter = continuation
-                        return false
-                    }
-                    if ready { continuation.resume() }
-                }
-            } onCancel: {
-                fail(.cancelled)
-            }
+            try await waitForChange(\.headWaiter) { $0.head != nil || $0.failure != nil }
         }
     }
 
@@ -244,22 +229,31 @@ final class HTTP2ClientStream: ResponseBody, @unchecked Sendable {
             case nil:
                 break
             }
-            if Task.isCancelled {
-                abandon()
-                throw .cancelled
-            }
-            await withTaskCancellationHandler {
-                await withCheckedContinuation { continuation in
-                    let ready = state.withLock { state -> Bool in
-                        if !state.chunks.isEmpty || state.ended || state.failure != nil || Task.isCancelled { return true }
-                        state.bodyWaiter = continuation
-                        return false
-                    }
-                    if ready { continuation.resume() }
+            try await waitForChange(\.bodyWaiter) { !$0.chunks.isEmpty || $0.ended || $0.failure != nil }
+        }
+    }
+
+    /// Waits until `ready` holds of the state (checked under the lock, then each time the loop's
+    /// side changes it), or the task is cancelled — which abandons the response and throws.
+    private func waitForChange(_ waiter: WritableKeyPath<State, CheckedContinuation<Void, Never>?>,
+                               until ready: @escaping @Sendable (State) -> Bool) async throws(HTTPClientError)
+    {
+        if Task.isCancelled {
+            abandon()
+            throw .cancelled
+        }
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                let isReady = state.withLock { state -> Bool in
+                    if ready(state) || Task.isCancelled { return true }
+                    state[keyPath: waiter] = continuation
+                    return false
                 }
-            } onCancel: {
-                fail(.cancelled)
+                if isReady { continuation.resume() }
             }
+        } onCancel: {
+            fail(.cancelled)
+            abandon()  // the stream is reset: the server stops working on it
         }
     }
 

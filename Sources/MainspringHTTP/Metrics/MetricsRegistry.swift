@@ -145,12 +145,15 @@ final class SeriesTable<Series: Sendable & AnyObject>: Sendable {
     private let make: @Sendable () -> Series
     let labelNames: [String]
     let family: String
+    /// The family's help text.
+    let help: String
 
     /// The series of a metric without labels (nil with labels): no lookup per update.
     let unlabelled: Series?
 
-    init(family: String, labelNames: [String], make: @escaping @Sendable () -> Series) {
+    init(family: String, help: String, labelNames: [String], make: @escaping @Sendable () -> Series) {
         self.family = family
+        self.help = help
         self.labelNames = labelNames
         self.make = make
         unlabelled = labelNames.isEmpty ? make() : nil
@@ -202,16 +205,14 @@ public final class Counter: MetricFamily {
         public var value: Int { count.load(ordering: .relaxed) }
     }
 
-    public let name: String
-    public let help: String
-    public let labelNames: [String]
+    /// The family's name, help text and label names.
+    public var name: String { table.family }
+    public var help: String { table.help }
+    public var labelNames: [String] { table.labelNames }
     private let table: SeriesTable<Series>
 
     init(name: String, help: String, labelNames: [String]) {
-        self.name = name
-        self.help = help
-        self.labelNames = labelNames
-        table = SeriesTable(family: name, labelNames: labelNames) { Series() }
+        table = SeriesTable(family: name, help: help, labelNames: labelNames) { Series() }
     }
 
     /// The series for these label values, in the order of the counter's labels (the count of
@@ -240,16 +241,14 @@ public final class Gauge: MetricFamily {
         public var value: Double { Double(bitPattern: bits.load(ordering: .relaxed)) }
     }
 
-    public let name: String
-    public let help: String
-    public let labelNames: [String]
+    /// The family's name, help text and label names.
+    public var name: String { table.family }
+    public var help: String { table.help }
+    public var labelNames: [String] { table.labelNames }
     private let table: SeriesTable<Series>
 
     init(name: String, help: String, labelNames: [String]) {
-        self.name = name
-        self.help = help
-        self.labelNames = labelNames
-        table = SeriesTable(family: name, labelNames: labelNames) { Series() }
+        table = SeriesTable(family: name, help: help, labelNames: labelNames) { Series() }
     }
 
     /// The series for these label values (see ``Counter/series(_:)``).
@@ -311,19 +310,17 @@ public final class Histogram: MetricFamily {
         }
     }
 
-    public let name: String
-    public let help: String
-    public let labelNames: [String]
+    /// The family's name, help text and label names.
+    public var name: String { table.family }
+    public var help: String { table.help }
+    public var labelNames: [String] { table.labelNames }
     /// The upper bounds (`+Inf` implied).
     public let bounds: [Double]
     private let table: SeriesTable<Series>
 
     init(name: String, help: String, labelNames: [String], bounds: [Double]) {
-        self.name = name
-        self.help = help
-        self.labelNames = labelNames
         self.bounds = bounds
-        table = SeriesTable(family: name, labelNames: labelNames) { Series(bounds: bounds) }
+        table = SeriesTable(family: name, help: help, labelNames: labelNames) { Series(bounds: bounds) }
     }
 
     func sameShape(as other: Histogram) -> Bool { bounds == other.bounds }
