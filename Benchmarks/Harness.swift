@@ -66,6 +66,16 @@ struct Samples {
     }
 }
 
+/// The records as `--json` prints them: one JSON array, keys sorted. A record whose figures are
+/// not all finite numbers (JSON has none for NaN or infinity) is left out — `Samples` never
+/// makes one, and a figure that does not exist must not fail the whole run.
+func jsonText(_ records: [BenchRecord]) throws -> String {
+    let encoder = JSONEncoder()
+    encoder.outputFormatting = [.sortedKeys]
+    let finite = records.filter { $0.min.isFinite && $0.median.isFinite && $0.max.isFinite }
+    return String(decoding: try encoder.encode(finite), as: UTF8.self)
+}
+
 func median(of sorted: [Double]) -> Double {
     guard !sorted.isEmpty else { return .nan }
     let mid = sorted.count / 2
@@ -204,9 +214,18 @@ func runChildJSON(_ arguments: [String], wrappedIn wrapper: [String] = []) throw
     return object
 }
 
-/// Prints a child's result (figures and series) as one JSON line and exits.
+/// Prints a child's result (figures and series) as one JSON line and exits. A figure that is
+/// not a finite number is left out (the parent reads it as missing), and so is such a value in
+/// a series: JSON has no NaN, and the child must still report the rest.
 func childReportJSON(_ object: [String: Any]) -> Never {
-    let data = try! JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])
+    let finite = object.compactMapValues { value -> Any? in
+        switch value {
+        case let number as Double: return number.isFinite ? number : nil
+        case let series as [Double]: return series.filter(\.isFinite)
+        default: return value
+        }
+    }
+    let data = try! JSONSerialization.data(withJSONObject: finite, options: [.sortedKeys])
     FileHandle.standardOutput.write(Data((String(decoding: data, as: UTF8.self) + "\n").utf8))
     exit(0)
 }

@@ -141,9 +141,7 @@ func main() throws {
         records += try scenario.run(runs)
     }
     if json {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys]
-        print(String(decoding: try encoder.encode(records), as: UTF8.self))
+        print(try jsonText(records))
     } else {
         print("$ mainspring-bench \(CommandLine.arguments.dropFirst().joined(separator: " "))")
         print(table(records))
