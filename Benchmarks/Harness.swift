@@ -36,6 +36,16 @@ func variantEnabled(_ variant: String) -> Bool {
     return list.split(separator: ",").contains { $0 == variant }
 }
 
+/// A smoke run (`--smoke`): every scenario once, its durations and counts scaled down (a tenth
+/// of a second where it measured seconds, hundreds of items where it counted millions, one
+/// seed) — enough to run its code and print every record it has, not a measurement.
+let smokeRun = Atomic<Bool>(false)
+
+/// `full`, or `smoke` in a smoke run (`--smoke`): the size of a scenario's run.
+func sized<T>(_ full: T, smoke: T) -> T {
+    smokeRun.load(ordering: .relaxed) ? smoke : full
+}
+
 /// Collects samples per (variant, metric) and summarises them as min / median / max.
 struct Samples {
     private var values: [String: [String: [Double]]] = [:]
