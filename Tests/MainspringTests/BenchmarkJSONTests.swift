@@ -8,10 +8,12 @@ import MainspringTestSupport
 /// numbers — a figure that does not exist in a run (the p99 of 503s when nothing was shed) is
 /// left out, never a `nan` that fails the whole run after minutes of measuring.
 ///
-/// The bench is the build under test (debug under `make test`). Scenarios that need an outside
-/// tool skip their variants when it is missing, so a scenario with none of its tools may give no
-/// record. Skipped under sanitizers: the benchmark's load (wrk, 32-thread clients, a C server)
-/// under a sanitizer takes minutes and measures the sanitizer, and its JSON does not depend on it.
+/// The bench is the build under test (debug under `make test`: about 12 s on an idle 2-core
+/// machine, three processes at once; under a minute amid the parallel suite). Scenarios that
+/// need an outside tool skip their variants when it is missing, so a scenario with none of its
+/// tools may give no record. Skipped under sanitizers: the benchmark's load (wrk, 32-thread
+/// clients, a C server) under a sanitizer takes minutes and measures the sanitizer, and its JSON
+/// does not depend on it.
 @Suite("mainspring-bench --json (smoke runs)", .serialized,
        .enabled(if: ProcessInfo.processInfo.environment["MAINSPRING_SANITIZER"] == nil,
                 "a sanitizer build runs the benchmarks' load for minutes; their JSON does not depend on it"))
@@ -73,9 +75,13 @@ struct BenchmarkJSONTests {
         let (defaults, namedOnly) = try await Self.listedScenarios()
         try #require(defaults.contains("shedding") && namedOnly.contains("soak"), "\(defaults) \(namedOnly)")
         let listed = defaults + namedOnly
-        // With no name every default scenario runs, as `make bench` does; the named-only ones
-        // (soak, kv, simulation-faults, simulation-junk) run in a second process.
-        let records = try await Self.smokeRecords([]) + Self.smokeRecords(namedOnly)
+        // Three processes at once (much of a smoke run is waiting: wrk's one-second runs, timers,
+        // pauses): every other default scenario in each of two, the named-only ones in the third.
+        let halves = [0, 1].map { half in defaults.indices.filter { $0 % 2 == half }.map { defaults[$0] } }
+        async let firstHalf = Self.smokeRecords(halves[0])
+        async let secondHalf = Self.smokeRecords(halves[1])
+        async let namedRecords = Self.smokeRecords(namedOnly)
+        let records = try await firstHalf + secondHalf + namedRecords
         let scenarios = Set(records.compactMap { $0["scenario"] as? String })
         for scenario in listed {
             let missing = (Self.requiredTools[scenario] ?? []).filter { Self.tool($0) == nil }
