@@ -38,8 +38,9 @@ let connectionsScenario = Scenario(
     ]
     let missing = servers.filter { !FileManager.default.isExecutableFile(atPath: $0.executable.path) }
     for server in missing where variantEnabled(server.variant) {
+        let name = server.executable.lastPathComponent
         FileHandle.standardError.write(Data(
-            "connections: \(server.executable.lastPathComponent) is not built next to mainspring-bench: \(server.variant) is skipped\n".utf8))
+            "connections: \(name) is not built next to mainspring-bench: \(server.variant) is skipped\n".utf8))
     }
     for _ in 0..<runs {
         for server in servers where variantEnabled(server.variant) && !missing.contains(where: { $0.variant == server.variant }) {

@@ -58,8 +58,9 @@ let fairnessScenario = Scenario(
     }
     if let directory = plotDirectory.withLock({ $0 }) {
         let path = URL(fileURLWithPath: directory).appendingPathComponent("fairness-cdf.svg").path
+        let chunkCount = sized("2,000", smoke: "\(chunks)")
         let svg = cdfPlot(
-            title: "fairness: input latency CDF (\(sized("2,000", smoke: "\(chunks)")) × 1 ms chunks, input every 10 ms, \(runs) runs pooled)",
+            title: "fairness: input latency CDF (\(chunkCount) × 1 ms chunks, input every 10 ms, \(runs) runs pooled)",
             series: pooled)
         try svg.write(toFile: path, atomically: true, encoding: .utf8)
         FileHandle.standardError.write(Data("wrote \(path)\n".utf8))

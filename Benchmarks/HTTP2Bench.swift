@@ -15,7 +15,8 @@ let http2Scenario = Scenario(
     summary: "HTTP/2: h2load -c 32 -m 16 on /hello vs nghttpd (h2c), and Mainspring's HTTP/1.1 with the same 32 connections"
 ) { runs in
     guard let h2load = findExecutable("h2load") else {
-        FileHandle.standardError.write(Data("http2: h2load is missing (make bench-tools installs nghttp2-client): every variant is skipped\n".utf8))
+        FileHandle.standardError.write(Data(
+            "http2: h2load is missing (make bench-tools installs nghttp2-client): every variant is skipped\n".utf8))
         return []
     }
     var samples = Samples()

@@ -23,7 +23,8 @@ let tlsScenario = Scenario(
     summary: "TLS line service and HTTPS vs C bufferevent_openssl: handshakes/s, echo, wrk https, echo p99 in a handshake storm"
 ) { runs in
     guard let openssl = findExecutable("openssl") else {
-        FileHandle.standardError.write(Data("tls: the openssl command is missing (apt-get install openssl): every variant is skipped\n".utf8))
+        FileHandle.standardError.write(Data(
+            "tls: the openssl command is missing (apt-get install openssl): every variant is skipped\n".utf8))
         return []
     }
     let wrk = findExecutable("wrk")
