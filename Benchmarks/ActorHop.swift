@@ -28,7 +28,7 @@ let actorHopScenario = Scenario(
     name: "actor-hop",
     summary: "200k round trips @MainActor <-> actor on a background loop vs on a DispatchQueue"
 ) { runs in
-    let count = 200_000
+    let count = sized(200_000, smoke: 500)
     var samples = Samples()
     for _ in 0..<runs {
         for variant in actorHopVariants where variantEnabled(variant) {

@@ -24,7 +24,7 @@ let connectionsScenario = Scenario(
     name: "connections",
     summary: "server RSS per idle connection (10,000, one ECHO or GET each): line services and HTTPServer vs C bufferevent and evhttp"
 ) { runs in
-    let count = Int(ProcessInfo.processInfo.environment["CONNECTIONS"] ?? "") ?? 10_000
+    let count = Int(ProcessInfo.processInfo.environment["CONNECTIONS"] ?? "") ?? sized(10_000, smoke: 100)
     raiseDescriptorLimit(to: count + 1_000)
     var samples = Samples()
     let selfURL = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
@@ -36,8 +36,14 @@ let connectionsScenario = Scenario(
         ("http-mainspring", selfURL, ["--child", "http-server", "\(count + 1_000)"]),
         ("http-libevent-c", selfURL, ["--child", "http-c", "\(count + 1_000)"]),
     ]
+    let missing = servers.filter { !FileManager.default.isExecutableFile(atPath: $0.executable.path) }
+    for server in missing where variantEnabled(server.variant) {
+        let name = server.executable.lastPathComponent
+        FileHandle.standardError.write(Data(
+            "connections: \(name) is not built next to mainspring-bench: \(server.variant) is skipped\n".utf8))
+    }
     for _ in 0..<runs {
-        for server in servers where variantEnabled(server.variant) {
+        for server in servers where variantEnabled(server.variant) && !missing.contains(where: { $0.variant == server.variant }) {
             let bytes = try bytesPerConnection(count: count, http: server.variant.hasPrefix("http-")) {
                 let process = Process()
                 process.executableURL = server.executable
@@ -162,7 +168,7 @@ private func bytesPerConnection(count: Int, http: Bool = false, _ makeServer: ()
     // the baseline.
     guard let warm = BenchClient(port: port) else { throw BenchError.usage("connections: cannot connect") }
     try echo(warm)
-    usleep(100_000)
+    usleep(sized(100_000, smoke: 20_000))
     let before = residentBytes(of: server.processIdentifier)
     var clients: [BenchClient] = []
     clients.reserveCapacity(count)
@@ -173,7 +179,7 @@ private func bytesPerConnection(count: Int, http: Bool = false, _ makeServer: ()
         try echo(client)
         clients.append(client)
     }
-    usleep(200_000)
+    usleep(sized(200_000, smoke: 20_000))
     let after = residentBytes(of: server.processIdentifier)
     withExtendedLifetime((warm, clients)) {}
     return Double(after - before) / Double(count)

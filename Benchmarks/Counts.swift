@@ -296,9 +296,7 @@ func runCounts(names: [String], runs: Int, json: Bool, callers: Bool, keep: Stri
     let seconds = Double(nowNanoseconds() - started) / 1e9
 
     if json {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys]
-        print(String(decoding: try encoder.encode(records), as: UTF8.self))
+        print(try jsonText(records))
         return
     }
     print("$ mainspring-bench \(CommandLine.arguments.dropFirst().joined(separator: " "))")

@@ -13,7 +13,7 @@ let daemonScenario = Scenario(
     summary: "line service vs C bufferevent echo: 32 loopback clients, pipelined; ECHO p99 under WORK"
 ) { runs in
     var samples = Samples()
-    let duration = Duration.milliseconds(1_500)
+    let duration = Duration.milliseconds(sized(1_500, smoke: 100))
     for _ in 0..<runs {
         samples.add("mainspring", {
             let group = try! EventLoopGroup(loopCount: 1)

@@ -17,7 +17,7 @@ let fairnessScenario = Scenario(
     name: "fairness",
     summary: "2,000 × 1 ms chunks, input every 10 ms: input latency and overhead, 5 ways"
 ) { runs in
-    let chunks = 2_000
+    let chunks = sized(2_000, smoke: 50)
     let chunkNs: UInt64 = 1_000_000
     let everyNs: UInt64 = 10_000_000
     var samples = Samples()
@@ -58,8 +58,9 @@ let fairnessScenario = Scenario(
     }
     if let directory = plotDirectory.withLock({ $0 }) {
         let path = URL(fileURLWithPath: directory).appendingPathComponent("fairness-cdf.svg").path
+        let chunkCount = sized("2,000", smoke: "\(chunks)")
         let svg = cdfPlot(
-            title: "fairness: input latency CDF (2,000 × 1 ms chunks, input every 10 ms, \(runs) runs pooled)",
+            title: "fairness: input latency CDF (\(chunkCount) × 1 ms chunks, input every 10 ms, \(runs) runs pooled)",
             series: pooled)
         try svg.write(toFile: path, atomically: true, encoding: .utf8)
         FileHandle.standardError.write(Data("wrote \(path)\n".utf8))

@@ -37,7 +37,7 @@ let httpClientScenario = Scenario(
         if let wrk {
             samples.add("wrk", againstCServer { port in
                 let started = nowNanoseconds()
-                let result = runWrk(wrk, ["-t1", "-c\(clientConcurrency)", "-d\(clientMilliseconds / 1000)s",
+                let result = runWrk(wrk, ["-t1", "-c\(clientConcurrency)", "-d\(max(1, clientMilliseconds / 1000))s",
                                           "http://127.0.0.1:\(port)/hello"])
                 return (result.rate, Double(nowNanoseconds() - started) / 1e9)
             })
@@ -63,8 +63,8 @@ let httpClientScenario = Scenario(
 }
 
 private let clientConcurrency = 32
-private let clientWarmupMilliseconds = 300
-private let clientMilliseconds = 3_000
+private var clientWarmupMilliseconds: Int { sized(300, smoke: 20) }
+private var clientMilliseconds: Int { sized(3_000, smoke: 100) }
 
 /// Starts the C server, runs `client` against its port (which returns its rate and the seconds
 /// it ran), stops the server: the figures and the server's share of one core meanwhile.

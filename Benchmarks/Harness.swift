@@ -36,6 +36,16 @@ func variantEnabled(_ variant: String) -> Bool {
     return list.split(separator: ",").contains { $0 == variant }
 }
 
+/// A smoke run (`--smoke`): every scenario once, its durations and counts scaled down (a tenth
+/// of a second where it measured seconds, hundreds of items where it counted millions, one
+/// seed) — enough to run its code and print every record it has, not a measurement.
+let smokeRun = Atomic<Bool>(false)
+
+/// `full`, or `smoke` in a smoke run (`--smoke`): the size of a scenario's run.
+func sized<T>(_ full: T, smoke: T) -> T {
+    smokeRun.load(ordering: .relaxed) ? smoke : full
+}
+
 /// Collects samples per (variant, metric) and summarises them as min / median / max.
 struct Samples {
     private var values: [String: [String: [Double]]] = [:]
@@ -64,6 +74,16 @@ struct Samples {
                                median: median(of: sorted), max: sorted.last!, runs: sorted.count)
         }
     }
+}
+
+/// The records as `--json` prints them: one JSON array, keys sorted. A record whose figures are
+/// not all finite numbers (JSON has none for NaN or infinity) is left out — `Samples` never
+/// makes one, and a figure that does not exist must not fail the whole run.
+func jsonText(_ records: [BenchRecord]) throws -> String {
+    let encoder = JSONEncoder()
+    encoder.outputFormatting = [.sortedKeys]
+    let finite = records.filter { $0.min.isFinite && $0.median.isFinite && $0.max.isFinite }
+    return String(decoding: try encoder.encode(finite), as: UTF8.self)
 }
 
 func median(of sorted: [Double]) -> Double {
@@ -204,9 +224,18 @@ func runChildJSON(_ arguments: [String], wrappedIn wrapper: [String] = []) throw
     return object
 }
 
-/// Prints a child's result (figures and series) as one JSON line and exits.
+/// Prints a child's result (figures and series) as one JSON line and exits. A figure that is
+/// not a finite number is left out (the parent reads it as missing), and so is such a value in
+/// a series: JSON has no NaN, and the child must still report the rest.
 func childReportJSON(_ object: [String: Any]) -> Never {
-    let data = try! JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])
+    let finite = object.compactMapValues { value -> Any? in
+        switch value {
+        case let number as Double: return number.isFinite ? number : nil
+        case let series as [Double]: return series.filter(\.isFinite)
+        default: return value
+        }
+    }
+    let data = try! JSONSerialization.data(withJSONObject: finite, options: [.sortedKeys])
     FileHandle.standardOutput.write(Data((String(decoding: data, as: UTF8.self) + "\n").utf8))
     exit(0)
 }

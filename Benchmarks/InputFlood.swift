@@ -11,7 +11,7 @@ let inputFloodScenario = Scenario(
 ) { runs in
     var samples = Samples()
     for _ in 0..<runs {
-        let report = inputFlood(chunks: 4_000, chunkNs: 100_000)
+        let report = inputFlood(chunks: sized(4_000, smoke: 500), chunkNs: 100_000)
         samples.add("budget", [
             ("work_share", report.workShare),
             ("max_starvation_ms", report.starvation.inMilliseconds),

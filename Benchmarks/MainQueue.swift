@@ -11,7 +11,7 @@ let mainQueueScenario = Scenario(
     name: "main-queue",
     summary: "1M DispatchQueue.main.async from a thread: EventLoop.main vs RunLoop.main vs dispatchMain()"
 ) { runs in
-    let count = 1_000_000
+    let count = sized(1_000_000, smoke: 1_000)
     var samples = Samples()
     for _ in 0..<runs {
         for variant in ["mainspring", "runloop-main", "dispatch-main"] where variantEnabled(variant) {

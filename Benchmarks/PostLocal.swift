@@ -8,8 +8,8 @@ let postLocalScenario = Scenario(
     name: "post-local",
     summary: "5M self-posts on the loop's thread vs C libevent event_active vs DispatchQueue"
 ) { runs in
-    let count = 5_000_000
-    let dispatchCount = 1_000_000  // Dispatch is ~20x slower; fewer items keep the run short
+    let count = sized(5_000_000, smoke: 2_000)
+    let dispatchCount = sized(1_000_000, smoke: 2_000)  // Dispatch is ~20x slower; fewer items keep the run short
     var samples = Samples()
     for _ in 0..<runs {
         samples.add("mainspring", "ops_per_s", Double(count) / mainspringPostLocal(count))

@@ -8,8 +8,8 @@ let postRemoteScenario = Scenario(
     name: "post-remote",
     summary: "2M posts from another thread vs C eventfd-coalesced queue vs DispatchQueue"
 ) { runs in
-    let count = 2_000_000
-    let dispatchCount = 1_000_000
+    let count = sized(2_000_000, smoke: 2_000)
+    let dispatchCount = sized(1_000_000, smoke: 2_000)
     var samples = Samples()
     for _ in 0..<runs {
         samples.add("mainspring", {

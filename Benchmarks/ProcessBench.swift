@@ -17,7 +17,7 @@ let spawnScenario = Scenario(
     summary: "spawn + wait of /bin/true, one at a time: Subprocess (callbacks, async) vs Foundation Process vs C posix_spawn"
 ) { runs in
     var samples = Samples()
-    let milliseconds = 2_000
+    let milliseconds = sized(2_000, smoke: 50)
     let nanoseconds = UInt64(milliseconds) * 1_000_000
     for _ in 0..<runs {
         samples.add("mainspring", [
@@ -149,8 +149,8 @@ let childOutputScenario = Scenario(
 
 private let yesProgram = "/usr/bin/yes"
 private let yesLine = String(repeating: "y", count: 99)
-/// Bytes of lines each run reads.
-private let childOutputVolume = 256 << 20
+/// Bytes of lines each run reads (1 MiB in a smoke run).
+private var childOutputVolume: Int { sized(256 << 20, smoke: 1 << 20) }
 
 private struct OutputRun {
     var rate: Double

@@ -13,7 +13,8 @@ let resolveScenario = Scenario(
     var samples = Samples()
     let names = hostsFileNames()
     for _ in 0..<runs {
-        samples.add("mainspring", resolveUnderInput(names: names, inFlight: 1_000, duration: .milliseconds(1_500)))
+        samples.add("mainspring", resolveUnderInput(names: names, inFlight: sized(1_000, smoke: 100),
+                                                    duration: .milliseconds(sized(1_500, smoke: 100))))
     }
     return samples.records(scenario: "resolve")
 }
@@ -41,7 +42,7 @@ private func resolveUnderInput(names: [String], inFlight: Int, duration: Duratio
     onFreshThread {
         let loop = EventLoop.current
         // Idle: the input alone.
-        let idle = try! InputSimulator(loop: loop, pattern: .steady(every: .milliseconds(1)), count: 500)
+        let idle = try! InputSimulator(loop: loop, pattern: .steady(every: .milliseconds(1)), count: sized(500, smoke: 50))
         idle.start()
         loop.spin(until: { idle.isFinished }, timeout: .seconds(30))
         let idleP99 = idle.latencies.percentile(0.99).inMilliseconds

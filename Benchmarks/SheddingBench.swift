@@ -52,9 +52,11 @@ private enum SheddingMode: CaseIterable {
     }
 }
 
-private let sheddingWorkChunks = 400  // WorkUnit ≈ 50 µs: about 20 ms per request
-private let sheddingSeconds = 5.0
-private let sheddingRequestBudget: Duration = .seconds(1)
+// A smoke run: 2 ms requests, 0.2 s of capacity and of overload, a budget of 250 ms.
+private var sheddingWorkChunks: Int { sized(400, smoke: 40) }  // WorkUnit ≈ 50 µs: about 20 ms per request
+private var sheddingCapacitySeconds: Double { sized(2, smoke: 0.2) }
+private var sheddingSeconds: Double { sized(5, smoke: 0.2) }
+private var sheddingRequestBudget: Duration { .milliseconds(sized(1_000, smoke: 250)) }
 
 /// One arrival's end: its status (0: no answer — a timeout or another failure) and its latency
 /// from the arrival, in ms.
@@ -97,7 +99,7 @@ private func sheddingRun(_ mode: SheddingMode) -> [(String, Double)] {
     let capacity = blockingAwait { () async -> Double in
         let client = HTTPClient(loop: loop, configuration: .init(maxConnectionsPerHost: 2))
         defer { client.shutdown() }
-        let end = nowNanoseconds() + 2_000_000_000
+        let end = nowNanoseconds() + UInt64(sheddingCapacitySeconds * 1e9)
         let done = await withTaskGroup(of: Int.self) { tasks in
             for _ in 0..<2 {
                 tasks.addTask(executorPreference: loop) {
@@ -110,7 +112,7 @@ private func sheddingRun(_ mode: SheddingMode) -> [(String, Double)] {
             }
             return await tasks.reduce(0, +)
         }
-        return Double(done) / 2
+        return Double(done) / sheddingCapacitySeconds
     }
     guard capacity > 0 else { return [("capacity_per_s", 0)] }
 
@@ -121,7 +123,7 @@ private func sheddingRun(_ mode: SheddingMode) -> [(String, Double)] {
                                                             responseTimeout: sheddingRequestBudget))
     let prober = HTTPClient(loop: loop, configuration: .init(maxConnectionsPerHost: 4))
     let tally = Tally()
-    let budgetNanoseconds = Double(sheddingRequestBudget.components.seconds) * 1e9
+    let budgetNanoseconds = sheddingRequestBudget.inMilliseconds * 1e6
     final class Timers: @unchecked Sendable { var work: TimerHandle?; var probe: TimerHandle? }
     let timers = Timers()
     let started = nowNanoseconds()

@@ -20,7 +20,7 @@ let shutdownScenario = Scenario(
     summary: "HTTPServer.shutdown(gracePeriod:) with 1,000 requests in flight: aborted, client errors, stop after the last response"
 ) { runs in
     var samples = Samples()
-    for _ in 0..<runs { samples.add("mainspring", shutdownRun(requests: 1_000)) }
+    for _ in 0..<runs { samples.add("mainspring", shutdownRun(requests: sized(1_000, smoke: 20))) }
     return samples.records(scenario: "shutdown")
 }
 

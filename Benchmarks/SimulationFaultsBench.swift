@@ -15,15 +15,18 @@ import Synchronization
 /// ignored (each seed is one run). The record's counts are the two services' totals, with each
 /// service's own requests, faults and misses beside them (`line_*`, `kv_*`). A failure prints the
 /// service and the seed that replays it (`FaultSoak.run(_:seed:)`). Not a timing benchmark:
-/// `virtual_per_real` says how much faster than real time the simulation ran.
+/// `virtual_per_real` says how much faster than real time the simulation ran. A smoke run: one
+/// seed (unless `--seeds`), 10 clients, 10 simulated seconds.
 let simulationFaultsScenario = Scenario(
     name: "simulation-faults",
     summary: "line service and KV server, 200 clients each, random resets and partitions for a simulated minute per seed (--seeds N): lost/duplicated/reordered replies"
 ) { _ in
-    let seeds = simulationFaultSeeds.withLock { $0 }
+    let seeds = simulationFaultSeeds.withLock { $0 } ?? sized(100, smoke: 1)
+    let clients = sized(200, smoke: 10)
+    let duration = sized(Duration.seconds(60), smoke: .seconds(10))
     var byService: [FaultSoak.Service: FaultSoak.Result] = [:]
     let (crashes, real) = forEachSeed(seeds, of: FaultSoak.Service.allCases, scenario: "simulation-faults") { service, seed in
-        byService[service, default: FaultSoak.Result()].add(try FaultSoak.run(service, seed: seed, clients: 200, duration: .seconds(60)))
+        byService[service, default: FaultSoak.Result()].add(try FaultSoak.run(service, seed: seed, clients: clients, duration: duration))
     }
     var total = FaultSoak.Result()
     for service in FaultSoak.Service.allCases { total.add(byService[service] ?? FaultSoak.Result()) }
@@ -62,8 +65,8 @@ let simulationFaultsScenario = Scenario(
     return samples.records(scenario: "simulation-faults")
 }
 
-/// `--seeds N` for simulation-faults.
-let simulationFaultSeeds = Mutex(100)
+/// `--seeds N` for simulation-faults and simulation-junk; nil: 100 (1 in a smoke run).
+let simulationFaultSeeds = Mutex<Int?>(nil)
 
 /// Runs `body` for each of `cases` with seeds 0 to `seeds` - 1, in that order; a run that throws
 /// is counted and printed with its case and seed (which replay it), and progress goes to standard

@@ -12,12 +12,14 @@ import Synchronization
 ///
 /// `--seeds N` (default 100; shared with simulation-faults) seeds, 0 to N-1, each against every
 /// parser (or those `--parsers lines,http_server` names); `--runs` is ignored. A failure prints the parser and the seed that replays it
-/// (`JunkSoak.run(_:seed:)`). Not a timing benchmark.
+/// (`JunkSoak.run(_:seed:)`). Not a timing benchmark. A smoke run: one seed (unless `--seeds`),
+/// 10 simulated seconds of junk (about five runs of it per parser).
 let simulationJunkScenario = Scenario(
     name: "simulation-junk",
     summary: "lines, frames, RESP, HTTP (client and server) and TLS under random junk bytes for a simulated minute per seed (--seeds N): failures"
 ) { _ in
-    let seeds = simulationFaultSeeds.withLock { $0 }
+    let seeds = simulationFaultSeeds.withLock { $0 } ?? sized(100, smoke: 1)
+    let duration = sized(Duration.seconds(60), smoke: .seconds(10))
     var parsers = simulationJunkParsers.withLock { $0 }
     // TLS's server certificate (self-signed, for localhost) comes from the openssl command.
     var certificate: BenchCertificate?
@@ -31,7 +33,7 @@ let simulationJunkScenario = Scenario(
     let files = certificate.map { JunkSoak.Certificate(certificateFile: $0.certificate, keyFile: $0.key) }
     var byParser: [JunkSoak.Parser: JunkSoak.Result] = [:]
     let (crashes, real) = forEachSeed(seeds, of: parsers, scenario: "simulation-junk") { parser, seed in
-        byParser[parser, default: JunkSoak.Result()].add(try JunkSoak.run(parser, seed: seed, certificate: files))
+        byParser[parser, default: JunkSoak.Result()].add(try JunkSoak.run(parser, seed: seed, duration: duration, certificate: files))
     }
     var total = JunkSoak.Result()
     for parser in parsers { total.add(byParser[parser] ?? JunkSoak.Result()) }

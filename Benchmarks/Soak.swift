@@ -6,15 +6,16 @@ import Foundation
 /// cycles and one client that never reads, all at once, repeated for `SOAK_ROUNDS` rounds (30).
 /// Counts lost and reordered replies, samples the daemon's resident memory (after the first
 /// round and at the end: a leak grows between them), and reports the healthy clients' p99
-/// reply latency. Sizes: `SOAK_CONNECTIONS`, `SOAK_LINES`, `SOAK_CYCLES`, `SOAK_ROUNDS`.
+/// reply latency. Sizes: `SOAK_CONNECTIONS`, `SOAK_LINES`, `SOAK_CYCLES`, `SOAK_ROUNDS` (a smoke
+/// run: 4 × 100 lines, 20 cycles, one round).
 let soakScenario = Scenario(
     name: "soak",
     summary: "the daemon under 100 × 10,000 lines, 1,000 connection cycles and a non-reading client (minutes)"
 ) { _ in
-    let connections = Int(ProcessInfo.processInfo.environment["SOAK_CONNECTIONS"] ?? "") ?? 100
-    let lines = Int(ProcessInfo.processInfo.environment["SOAK_LINES"] ?? "") ?? 10_000
-    let cycles = Int(ProcessInfo.processInfo.environment["SOAK_CYCLES"] ?? "") ?? 1_000
-    let rounds = max(1, Int(ProcessInfo.processInfo.environment["SOAK_ROUNDS"] ?? "") ?? 30)
+    let connections = Int(ProcessInfo.processInfo.environment["SOAK_CONNECTIONS"] ?? "") ?? sized(100, smoke: 4)
+    let lines = Int(ProcessInfo.processInfo.environment["SOAK_LINES"] ?? "") ?? sized(10_000, smoke: 100)
+    let cycles = Int(ProcessInfo.processInfo.environment["SOAK_CYCLES"] ?? "") ?? sized(1_000, smoke: 20)
+    let rounds = max(1, Int(ProcessInfo.processInfo.environment["SOAK_ROUNDS"] ?? "") ?? sized(30, smoke: 1))
     let daemon = Process()
     daemon.executableURL = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
         .deletingLastPathComponent().appendingPathComponent("mainspring-daemon")

@@ -7,7 +7,7 @@ let timersScenario = Scenario(
     summary: "1 ms repeating timer for 2 s: firings and lateness vs plain libevent"
 ) { runs in
     let intervalMicroseconds = 1_000
-    let durationMilliseconds = 2_000
+    let durationMilliseconds = sized(2_000, smoke: 50)
     var samples = Samples()
     for _ in 0..<runs {
         samples.add("mainspring", lateness(mainspringTimers(

@@ -15,9 +15,9 @@ let tinyChunksScenario = Scenario(
     summary: "1 µs chunks: Feeder throughput vs a plain for loop and the Dispatch feeding recipe"
 ) { runs in
     let chunkNs: UInt64 = 1_000
-    let count = 1_000_000
-    let oneChunkCount = 200_000
-    let dispatchCount = 200_000
+    let count = sized(1_000_000, smoke: 2_000)
+    let oneChunkCount = sized(200_000, smoke: 1_000)
+    let dispatchCount = sized(200_000, smoke: 1_000)
     var samples = Samples()
     for _ in 0..<runs {
         samples.add("for-loop", "chunks_per_s", Double(count) / straightChunks(count, chunkNs))

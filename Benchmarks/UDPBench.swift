@@ -15,7 +15,7 @@ let udpScenario = Scenario(
     summary: "UDP echo datagrams/s: DatagramSocket vs C libevent recvfrom/sendto vs recvmmsg/sendmmsg"
 ) { runs in
     var samples = Samples()
-    let durationMs: Int32 = 1_500
+    let durationMs: Int32 = sized(1_500, smoke: 100)
     let window: Int32 = 64
     let payload: Int32 = 64
     func drive(_ port: UInt16) -> [(String, Double)] {

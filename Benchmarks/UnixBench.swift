@@ -15,7 +15,7 @@ let unixScenario = Scenario(
     summary: "daemon ECHO over a Unix socket vs TCP loopback vs C bufferevent echo on a Unix socket"
 ) { runs in
     var samples = Samples()
-    let duration = Duration.milliseconds(1_500)
+    let duration = Duration.milliseconds(sized(1_500, smoke: 100))
     let directory = NSTemporaryDirectory() + "mainspring-bench-unix-\(getpid())"
     try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
     defer { try? FileManager.default.removeItem(atPath: directory) }

@@ -50,11 +50,11 @@ let webSocketScenario = Scenario(
     name: "websocket",
     summary: "WebSocket echo vs the library's line echo: messages/s (64 B, 16 KiB; 32 C clients, one loop), bytes per idle connection, permessage-deflate ratio and cost"
 ) { runs in
-    let idleCount = Int(ProcessInfo.processInfo.environment["CONNECTIONS"] ?? "") ?? 10_000
+    let idleCount = Int(ProcessInfo.processInfo.environment["CONNECTIONS"] ?? "") ?? sized(10_000, smoke: 100)
     raiseDescriptorLimit(to: idleCount + 1_000)
     let small = echoPayload(64)
     let large = echoPayload(16_384)
-    let stream = jsonStream(count: 10_000)
+    let stream = jsonStream(count: sized(10_000, smoke: 200))
     let echoVariants: [(variant: String, kind: Int32)] = [
         ("mainspring", Int32(MS_ECHO_WS_TEXT)),
         ("mainspring-binary", Int32(MS_ECHO_WS_BINARY)),
@@ -90,8 +90,9 @@ let webSocketScenario = Scenario(
 }
 
 private let echoClients: Int32 = 32
-private let warmupMilliseconds: Int32 = 300
-private let measuredMilliseconds: Int32 = 2_000
+// A smoke run: 20 ms of warm-up, 100 ms measured.
+private var warmupMilliseconds: Int32 { sized(300, smoke: 20) }
+private var measuredMilliseconds: Int32 { sized(2_000, smoke: 100) }
 private let webSocketPath = "/ws/echo"
 
 /// `count` bytes of printable ASCII (no newline, valid UTF-8).
@@ -256,11 +257,11 @@ private func idleBytesPerConnection(child: String, kind: Int32, count: Int) thro
     }
     // One connection first, so that what the server allocates once is in the baseline.
     try open()
-    usleep(100_000)
+    usleep(sized(100_000, smoke: 20_000))
     let before = residentBytes(of: server.processIdentifier)
     descriptors.reserveCapacity(count + 1)
     for _ in 0..<count { try open() }
-    usleep(200_000)
+    usleep(sized(200_000, smoke: 20_000))
     let after = residentBytes(of: server.processIdentifier)
     return Double(after - before) / Double(count)
 }

@@ -1,9 +1,11 @@
 import Foundation
 
-// mainspring-bench [scenario …] [--runs N] [--json] [--svg DIR]
+// mainspring-bench [scenario …] [--runs N] [--json] [--svg DIR] [--smoke]
 // Runs each named scenario (all when none is named), every variant side by side in this run,
 // and prints an aligned table, or with --json one JSON array of records (`BenchRecord`).
 // --svg DIR: scenarios with a plot (fairness) write it there as SVG.
+// --smoke: each scenario's smallest form (`smokeRun`): one run, sizes scaled down; a test runs
+// every scenario so with --json.
 //
 // mainspring-bench --counts [scenario …] [--runs N] [--json] [--callers] [--keep DIR]
 // Deterministic per-item counts under valgrind's callgrind instead (see Counts.swift).
@@ -94,6 +96,8 @@ func main() throws {
             try chooseJunkParsers(value)
         case "--json":
             json = true
+        case "--smoke":
+            smokeRun.store(true, ordering: .relaxed)
         case "--counts":
             counts = true
         case "--callers":
@@ -107,9 +111,23 @@ func main() throws {
             arguments.removeFirst()
             plotDirectory.withLock { $0 = directory }
         case "--help", "-h":
-            print("usage: mainspring-bench [scenario …] [--runs N] [--json] [--svg DIR] [--seeds N] [--parsers a,b]\n\nscenarios:")
-            for scenario in scenarios + namedOnlyScenarios { print("  \(scenario.name.padding(toLength: 12, withPad: " ", startingAt: 0))  \(scenario.summary)") }
+            let width = (scenarios + namedOnlyScenarios).map(\.name.count).max() ?? 0
+            func list(_ group: [Scenario]) {
+                for scenario in group {
+                    print("  \(scenario.name.padding(toLength: width, withPad: " ", startingAt: 0))  \(scenario.summary)")
+                }
+            }
+            print("usage: mainspring-bench [scenario …] [--runs N] [--json] [--svg DIR] [--seeds N] [--parsers a,b] [--smoke]")
+            print("\nscenarios (all of them when none is named):")
+            list(scenarios)
+            print("\nnamed-only scenarios (minutes long: they run only when named):")
+            list(namedOnlyScenarios)
             print("""
+
+                --smoke: each scenario's smallest form, to see that it runs and what it prints (not a
+                  measurement): one run unless --runs, tenths of a second where it measures seconds, hundreds
+                  or thousands of items where millions, one seed unless --seeds. Every scenario, the named-only
+                  ones too, in about half a minute in a debug build (mostly wrk's shortest runs, a second each).
 
                 mainspring-bench --counts [scenario …] [--runs N] [--json] [--callers] [--keep DIR]
                   per-item instructions, retains/releases and heap allocations counted under valgrind's
@@ -124,11 +142,12 @@ func main() throws {
         }
     }
     if counts {
+        if smokeRun.load(ordering: .relaxed) { throw BenchError.usage("--smoke goes with the timed scenarios, not --counts") }
         try runCounts(names: names, runs: requestedRuns ?? 2, json: json, callers: callers, keep: keep)
         return
     }
     if callers || keep != nil { throw BenchError.usage("--callers and --keep go with --counts") }
-    let runs = requestedRuns ?? 5
+    let runs = requestedRuns ?? sized(5, smoke: 1)
     let selected = try names.isEmpty ? scenarios : names.map { name in
         guard let scenario = (scenarios + namedOnlyScenarios).first(where: { $0.name == name }) else {
             throw BenchError.unknownScenario(name)
@@ -141,9 +160,7 @@ func main() throws {
         records += try scenario.run(runs)
     }
     if json {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys]
-        print(String(decoding: try encoder.encode(records), as: UTF8.self))
+        print(try jsonText(records))
     } else {
         print("$ mainspring-bench \(CommandLine.arguments.dropFirst().joined(separator: " "))")
         print(table(records))
