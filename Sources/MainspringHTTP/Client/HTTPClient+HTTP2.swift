@@ -1,4 +1,5 @@
 import MainspringCore
+import Synchronization
 
 /// A client's HTTP/2 connections, one a host and port (and scheme), and the hosts whose first
 /// one is being made (the requests that come meanwhile wait for it rather than make their own).
@@ -11,6 +12,12 @@ final class HTTP2Connections: Sendable {
     }
 
     private let state = ClientLock(State())
+    /// How many connections the table holds (a lock-free look for the common case: none).
+    private let held = Atomic<Int>(0)
+
+    /// Whether the client has no HTTP/2 connection (a moment's answer): then a request needs
+    /// no lookup at all.
+    var isEmpty: Bool { held.load(ordering: .relaxed) == 0 }
 
     /// What a request finds for `key`.
     enum Lookup {
@@ -58,7 +65,7 @@ final class HTTP2Connections: Sendable {
             let waiters = state.connecting.removeValue(forKey: connection.key) ?? []
             if state.isShutDown { return (waiters, connection) }
             if let current = state.connections[connection.key], current.isUsable { return (waiters, connection) }
-            state.connections[connection.key] = connection
+            if state.connections.updateValue(connection, forKey: connection.key) == nil { held.add(1, ordering: .relaxed) }
             return (waiters, nil)
         }
         for waiter in waiters { waiter.resume() }
@@ -74,7 +81,10 @@ final class HTTP2Connections: Sendable {
     /// `connection` takes no more requests: forgotten.
     func retired(_ connection: HTTP2ClientConnection) {
         state.withLock { state in
-            if state.connections[connection.key] === connection { state.connections[connection.key] = nil }
+            if state.connections[connection.key] === connection {
+                state.connections[connection.key] = nil
+                held.subtract(1, ordering: .relaxed)
+            }
         }
     }
 
@@ -85,6 +95,7 @@ final class HTTP2Connections: Sendable {
             defer {
                 state.connections = [:]
                 state.connecting = [:]
+                held.store(0, ordering: .relaxed)
             }
             return (Array(state.connections.values), state.connecting.values.flatMap { $0 })
         }
@@ -111,6 +122,8 @@ extension HTTPClient {
     func http2Connection(for target: HTTPTarget, deadline: RequestDeadline) async throws(HTTPClientError)
         -> HTTP2ClientConnection?
     {
+        // The common case, HTTP/1.1 with no HTTP/2 connection anywhere: no key, no lock.
+        if http2.isEmpty && !configuration.http2PriorKnowledge { return nil }
         let key = PoolKey(target)
         if let existing = http2.existing(key) { return existing }
         guard configuration.http2PriorKnowledge else { return nil }

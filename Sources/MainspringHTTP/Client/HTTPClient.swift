@@ -143,6 +143,17 @@ public final class HTTPClient: Sendable {
     /// says. Any task; cancelling it closes the connection in use and throws.
     public func execute(_ request: HTTPClientRequest) async throws(HTTPClientError) -> HTTPClientResponse {
         let (head, reader) = try await send(request)
+        // The HTTP/1.1 reader read through its own type: its calls are direct (and may be
+        // inlined), where a protocol's async call costs a frame of its own each time.
+        if let http1 = reader as? ResponseReader { return try await readWhole(head, http1) }
+        return try await readWhole(head, reader)
+    }
+
+    /// The response of `head` with its body read to the end from `reader` (up to
+    /// ``Configuration/maxBodyBytes``).
+    private func readWhole<Body: ResponseBody>(_ head: ResponseHead, _ reader: Body) async throws(HTTPClientError)
+        -> HTTPClientResponse
+    {
         var body: [UInt8] = []
         while let chunk = try await reader.next() {
             if body.count + chunk.count > configuration.maxBodyBytes {
@@ -241,7 +252,10 @@ public final class HTTPClient: Sendable {
         while true {
             attempt += 1
             if Task.isCancelled { throw .cancelled }
-            if let multiplexed = try await http2Connection(for: target, deadline: deadline) {
+            // (Checked here first: the common case, no HTTP/2 anywhere, makes no async call.)
+            if !http2.isEmpty || configuration.http2PriorKnowledge,
+               let multiplexed = try await http2Connection(for: target, deadline: deadline)
+            {
                 do throws(HTTPClientError) {
                     let stream = try await multiplexed.request(
                         method: method, target: target, headers: headers, body: body, userAgent: configuration.userAgent,
@@ -262,7 +276,7 @@ public final class HTTPClient: Sendable {
                 }
             }
             let lease = try await acquire(target, deadline: deadline)
-            if lease.connection.negotiatedApplicationProtocol == "h2" {
+            if target.secure, lease.connection.negotiatedApplicationProtocol == "h2" {
                 // ALPN agreed on HTTP/2: the connection leaves the HTTP/1.1 pool for the host's
                 // HTTP/2 connection, and the request goes on it.
                 unlend(lease)

@@ -341,6 +341,7 @@ final class ResponseReader: ResponseBody, @unchecked Sendable {
 
     /// Up to `remaining` bytes of the body (64 KiB at most), counted; the server closing first
     /// ends the response (`closedMidResponse`).
+    @inline(__always)
     private func bodyPiece(upTo remaining: Int) async throws(HTTPClientError) -> [UInt8] {
         let piece = try await read(upTo: min(remaining, 65_536))
         guard let piece, !piece.isEmpty else {
