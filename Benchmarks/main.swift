@@ -109,6 +109,12 @@ func main() throws {
         case "--svg":
             guard let directory = arguments.first else { throw BenchError.usage("--svg needs a directory") }
             arguments.removeFirst()
+            // Made (or refused) now, before anything is measured: a plot never fails a run.
+            do {
+                try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+            } catch {
+                throw BenchError.usage("--svg: cannot make the directory \(directory): \(error.localizedDescription)")
+            }
             plotDirectory.withLock { $0 = directory }
         case "--help", "-h":
             let width = (scenarios + namedOnlyScenarios).map(\.name.count).max() ?? 0
