@@ -28,7 +28,7 @@ let http2Scenario = Scenario(
         samples.add("mainspring", measureMainspring(h2load, multiplexed))
         samples.add("mainspring-http1", measureMainspring(h2load, oneAtATime))
         samples.add("nghttpd", {
-            guard let nghttpd = NghttpdPeer() else {
+            guard let nghttpd = OutsidePeer.nghttpd() else {
                 FileHandle.standardError.write(Data("http2: nghttpd did not start (make bench-tools installs nghttp2-server)\n".utf8))
                 return []
             }
@@ -97,57 +97,17 @@ func runH2load(_ path: String, _ arguments: [String]) -> H2loadResult {
     return H2loadResult(rate: rate, requests: max(1, succeeded))
 }
 
-/// nghttpd (Debian's `nghttp2-server`) as the http2 scenario's outside peer: h2c (`--no-tls`),
-/// one worker, serving `hello` (6 bytes) from `.build/bench-nghttpd`. Like nginx it cannot pick
-/// a free port itself: ports below the ephemeral range are tried until one binds.
-final class NghttpdPeer {
-    let port: UInt16
-    private let process: Process
-
-    init?() {
-        guard let nghttpd = findExecutable("nghttpd") ?? ["/usr/sbin/nghttpd", "/usr/bin/nghttpd"]
-            .first(where: { FileManager.default.isExecutableFile(atPath: $0) })
-        else { return nil }
+extension OutsidePeer {
+    /// nghttpd (Debian's `nghttp2-server`) as the http2 scenario's peer: h2c (`--no-tls`), one
+    /// worker, serving `hello` (6 bytes) from `.build/bench-nghttpd`. Nil when nghttpd is not
+    /// installed or does not start.
+    static func nghttpd() -> OutsidePeer? {
+        guard let nghttpd = find("nghttpd", in: ["/usr/sbin/nghttpd", "/usr/bin/nghttpd"]) else { return nil }
         let folder = URL(fileURLWithPath: FileManager.default.currentDirectoryPath).appendingPathComponent(".build/bench-nghttpd")
         try? FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
         try? "hello\n".write(to: folder.appendingPathComponent("hello"), atomically: true, encoding: .utf8)
-        var generator = SystemRandomNumberGenerator()
-        for _ in 0..<20 {
-            let candidate = UInt16.random(in: 20_000...29_999, using: &generator)
-            let process = Process()
-            process.executableURL = URL(fileURLWithPath: nghttpd)
-            process.arguments = ["--no-tls", "-n", "1", "-a", "127.0.0.1", "-d", folder.path, String(candidate)]
-            process.standardOutput = FileHandle.nullDevice
-            process.standardError = FileHandle.nullDevice
-            guard (try? process.run()) != nil else { return nil }
-            for _ in 0..<200 where process.isRunning {
-                if let client = BenchClient(port: candidate) {
-                    _ = client
-                    self.port = candidate
-                    self.process = process
-                    return
-                }
-                usleep(10_000)
-            }
-            if process.isRunning { process.terminate() }
-            process.waitUntilExit()
+        return OutsidePeer(executable: nghttpd) { port in
+            ["--no-tls", "-n", "1", "-a", "127.0.0.1", "-d", folder.path, String(port)]
         }
-        return nil
-    }
-
-    /// CPU time (user and system, µs) nghttpd has used so far, from `/proc`.
-    var cpuMicroseconds: UInt64 {
-        let ticks = UInt64(sysconf(Int32(_SC_CLK_TCK)))
-        guard let stat = try? String(contentsOfFile: "/proc/\(process.processIdentifier)/stat", encoding: .utf8),
-              let close = stat.lastIndex(of: ")")
-        else { return 0 }
-        let fields = stat[stat.index(after: close)...].split(separator: " ")
-        guard fields.count > 13, let user = UInt64(fields[11]), let system = UInt64(fields[12]) else { return 0 }
-        return (user + system) * 1_000_000 / ticks
-    }
-
-    func stop() {
-        process.terminate()
-        process.waitUntilExit()
     }
 }

@@ -44,7 +44,7 @@ let httpScenario = Scenario(
             return figures
         }())
         samples.add("nginx", {
-            guard let nginx = NginxPeer() else {
+            guard let nginx = OutsidePeer.nginx() else {
                 FileHandle.standardError.write(Data("http: nginx did not start (make bench-tools installs nginx-light)\n".utf8))
                 return []
             }

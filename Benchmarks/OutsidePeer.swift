@@ -1,35 +1,27 @@
 import Foundation
 
-/// nginx (Debian's `nginx-light`) as the http scenario's outside peer: one worker process,
-/// `return 200 "hello\n"` on `/hello`, access log off, its configuration, pid file and temporary
-/// folders under `.build/bench-nginx`. nginx cannot be told to pick a free port, so this tries
-/// ports below the ephemeral range until one binds (never a port another process may be given).
-final class NginxPeer {
+/// An outside server the benchmarks compare against (nginx, nghttpd), started as a process of
+/// its own. Neither can be told to pick a free port, so ports below the ephemeral range are
+/// tried until one binds (never a port another process may be given).
+final class OutsidePeer {
     let port: UInt16
     private let process: Process
-    private let folder: URL
 
-    /// Starts nginx and returns once it accepts connections; nil when nginx is not installed or
-    /// does not start.
-    init?() {
-        guard let nginx = findExecutable("nginx") ?? ["/usr/sbin/nginx", "/usr/local/sbin/nginx"]
-            .first(where: { FileManager.default.isExecutableFile(atPath: $0) })
-        else { return nil }
-        folder = URL(fileURLWithPath: FileManager.default.currentDirectoryPath).appendingPathComponent(".build/bench-nginx")
-        try? FileManager.default.createDirectory(at: folder.appendingPathComponent("tmp"), withIntermediateDirectories: true)
+    /// Starts `executable` with `arguments(port)` (after `prepare(port)`, for a configuration
+    /// file that names it) and returns once it accepts connections on that port; tries up to 20
+    /// ports, each for up to 2 s (one the peer cannot bind makes it exit). Nil when it never
+    /// serves.
+    init?(executable: String, prepare: (UInt16) -> Void = { _ in }, arguments: (UInt16) -> [String]) {
         var generator = SystemRandomNumberGenerator()
         for _ in 0..<20 {
             let candidate = UInt16.random(in: 20_000...29_999, using: &generator)
-            let configuration = folder.appendingPathComponent("nginx.conf")
-            try? Self.configuration(folder: folder.path, port: candidate)
-                .write(to: configuration, atomically: true, encoding: .utf8)
+            prepare(candidate)
             let process = Process()
-            process.executableURL = URL(fileURLWithPath: nginx)
-            process.arguments = ["-p", folder.path, "-c", configuration.path, "-e", folder.appendingPathComponent("error.log").path]
+            process.executableURL = URL(fileURLWithPath: executable)
+            process.arguments = arguments(candidate)
             process.standardOutput = FileHandle.nullDevice
             process.standardError = FileHandle.nullDevice
             guard (try? process.run()) != nil else { return nil }
-            // Up to 2 s for it to listen, or to exit (the port was taken: try another).
             for _ in 0..<200 where process.isRunning {
                 if let client = BenchClient(port: candidate) {
                     _ = client
@@ -45,8 +37,13 @@ final class NginxPeer {
         return nil
     }
 
-    /// CPU time (user and system, µs) nginx's processes have used so far (its one worker and
-    /// the master, which does nothing meanwhile), from `/proc`.
+    /// The path of `name` on the PATH or in one of `places`, if it is installed.
+    static func find(_ name: String, in places: [String]) -> String? {
+        findExecutable(name) ?? places.first { FileManager.default.isExecutableFile(atPath: $0) }
+    }
+
+    /// CPU time (user and system, µs) the peer's process and its children (nginx's worker) have
+    /// used so far, from `/proc`.
     var cpuMicroseconds: UInt64 {
         var total: UInt64 = 0
         let ticks = UInt64(sysconf(Int32(_SC_CLK_TCK)))
@@ -70,8 +67,25 @@ final class NginxPeer {
         process.terminate()
         process.waitUntilExit()
     }
+}
 
-    private static func configuration(folder: String, port: UInt16) -> String {
+extension OutsidePeer {
+    /// nginx (Debian's `nginx-light`) as the http scenario's peer: one worker process, `return
+    /// 200 "hello\n"` on `/hello`, access log off, its configuration, pid file and temporary
+    /// folders under `.build/bench-nginx`. Nil when nginx is not installed or does not start.
+    static func nginx() -> OutsidePeer? {
+        guard let nginx = find("nginx", in: ["/usr/sbin/nginx", "/usr/local/sbin/nginx"]) else { return nil }
+        let folder = URL(fileURLWithPath: FileManager.default.currentDirectoryPath).appendingPathComponent(".build/bench-nginx")
+        try? FileManager.default.createDirectory(at: folder.appendingPathComponent("tmp"), withIntermediateDirectories: true)
+        let configuration = folder.appendingPathComponent("nginx.conf")
+        return OutsidePeer(executable: nginx, prepare: { port in
+            try? nginxConfiguration(folder: folder.path, port: port).write(to: configuration, atomically: true, encoding: .utf8)
+        }, arguments: { _ in
+            ["-p", folder.path, "-c", configuration.path, "-e", folder.appendingPathComponent("error.log").path]
+        })
+    }
+
+    private static func nginxConfiguration(folder: String, port: UInt16) -> String {
         """
         worker_processes 1;
         daemon off;
