@@ -89,25 +89,23 @@ final class HTTP2Connections: Sendable {
     }
 
     /// No more connections: returns those there were (to close), and wakes every waiter.
-    func shutdown() -> [HTTP2ClientConnection] {
+    func shutdown() -> [HTTP2ClientConnection] { end(forgettingConnections: true) }
+
+    /// No more requests, but those in flight may finish: returns the connections.
+    func shutdownGracefully() -> [HTTP2ClientConnection] { end(forgettingConnections: false) }
+
+    /// Takes no more requests: the connections (forgotten, or kept until they are closed) and
+    /// the requests waiting for one being made, woken (they find the table shut).
+    private func end(forgettingConnections: Bool) -> [HTTP2ClientConnection] {
         let (connections, waiters) = state.withLock { state in
             state.isShutDown = true
             defer {
-                state.connections = [:]
                 state.connecting = [:]
-                held.store(0, ordering: .relaxed)
+                if forgettingConnections {
+                    state.connections = [:]
+                    held.store(0, ordering: .relaxed)
+                }
             }
-            return (Array(state.connections.values), state.connecting.values.flatMap { $0 })
-        }
-        for waiter in waiters { waiter.resume() }
-        return connections
-    }
-
-    /// No more requests, but those in flight may finish: returns the connections.
-    func shutdownGracefully() -> [HTTP2ClientConnection] {
-        let (connections, waiters) = state.withLock { state in
-            state.isShutDown = true
-            defer { state.connecting = [:] }
             return (Array(state.connections.values), state.connecting.values.flatMap { $0 })
         }
         for waiter in waiters { waiter.resume() }

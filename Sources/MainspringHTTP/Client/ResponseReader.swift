@@ -420,16 +420,4 @@ final class ResponseReader: ResponseBody, @unchecked Sendable {
         }
     }
 
-    /// Reads and drops the rest of the body (a redirect's), up to `limit` bytes; past that the
-    /// connection is closed instead.
-    func discard(upTo limit: Int) async throws(HTTPClientError) {
-        var dropped = 0
-        while let piece = try await next() {
-            dropped += piece.count
-            if dropped > limit {
-                abandon()
-                return
-            }
-        }
-    }
 }

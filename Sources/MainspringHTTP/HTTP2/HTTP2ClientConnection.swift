@@ -110,7 +110,14 @@ final class HTTP2ClientConnection: HTTP2SessionDelegate, @unchecked Sendable {
         if !headers.contains("content-length"), !body.isEmpty || method == .post || method == .put || method == .patch {
             fields.appendContentLength(body.count)
         }
-        for (name, value) in headers where Self.travels(name) { fields.append(lowercasing: name, value) }
+        for (name, value) in headers where !name.caseInsensitiveEquals("host") {  // the `:authority`
+            var name = name, value = value
+            name.withUTF8 { name in
+                value.withUTF8 { value in
+                    if !HTTP2Fields.isConnectionSpecific(name) { fields.append(lowercasing: name, value) }
+                }
+            }
+        }
         let submitted = try await onLoop { [fields] () -> Bool in
             guard self.isUsable, let id = self.session.submitRequest(fields: fields, hasBody: !body.isEmpty) else { return false }
             stream.streamID = id
@@ -126,13 +133,6 @@ final class HTTP2ClientConnection: HTTP2SessionDelegate, @unchecked Sendable {
             throw .closedMidResponse("the HTTP/2 connection takes no more requests")
         }
         return stream
-    }
-
-    /// Whether a request's field named `name` goes out over HTTP/2: not `host` (it is the
-    /// `:authority`) nor the connection-specific ones.
-    private static func travels(_ name: String) -> Bool {
-        let lower = name.lowercased()
-        return !["host", "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade"].contains(lower)
     }
 
     /// Resets `stream` (CANCEL) unless it has closed. Any thread.
@@ -212,18 +212,12 @@ final class HTTP2ClientConnection: HTTP2SessionDelegate, @unchecked Sendable {
     func http2Begins(_ frame: HTTP2FrameHead) -> Bool { true }
 
     func http2BeginsHeaders(streamID: Int32, category: HTTP2HeadersCategory) {
-        currentCategory[streamID] = category
-        guard category != .trailers else { return }
-        streams[streamID]?.beginsHeaders()
+        streams[streamID]?.beginsHeaders(trailers: category == .trailers)
     }
 
     func http2Header(streamID: Int32, name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) -> Bool {
-        guard let stream = streams[streamID] else { return true }
-        return stream.header(name: name, value: value, trailer: currentCategory[streamID] == .trailers)
+        streams[streamID]?.header(name: name, value: value) ?? true
     }
-
-    /// The category of the header block each stream is reading (trailers go elsewhere).
-    private var currentCategory: [Int32: HTTP2HeadersCategory] = [:]
 
     func http2Received(_ frame: HTTP2ReceivedFrame) {
         switch frame.type {
@@ -252,7 +246,6 @@ final class HTTP2ClientConnection: HTTP2SessionDelegate, @unchecked Sendable {
     }
 
     func http2Closed(streamID: Int32, errorCode: UInt32) {
-        currentCategory[streamID] = nil
         guard let stream = streams.removeValue(forKey: streamID) else { return }
         active.subtract(1, ordering: .relaxed)
         if errorCode == 0 {

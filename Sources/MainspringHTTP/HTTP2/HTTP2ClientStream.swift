@@ -10,9 +10,22 @@ protocol ResponseBody: AnyObject, Sendable {
     var trailers: HTTPHeaders { get }
     /// Stops reading: what is left of the response is dropped.
     func abandon()
-    /// Reads the rest of the body and drops it (up to `limit` bytes; past it the response is
-    /// abandoned), so that what carried it can serve another request.
-    func discard(upTo limit: Int) async throws(HTTPClientError)
+}
+
+extension ResponseBody {
+    /// Reads the rest of the body and drops it (a redirect's, a retried answer's), up to `limit`
+    /// bytes; past that the response is abandoned instead. So that what carried it can serve
+    /// another request.
+    func discard(upTo limit: Int) async throws(HTTPClientError) {
+        var dropped = 0
+        while let piece = try await next() {
+            dropped += piece.count
+            if dropped > limit {
+                abandon()
+                return
+            }
+        }
+    }
 }
 
 /// One request of an HTTP/2 client connection (HTTP2ClientConnection.swift): its body as nghttp2
@@ -80,14 +93,19 @@ final class HTTP2ClientStream: ResponseBody, @unchecked Sendable {
         return .bytes(count, end: requestSent >= requestBody.count)
     }
 
-    /// A header block begins (a response's, an interim one's, or the trailers').
-    func beginsHeaders() {
+    /// A header block begins: a response's or an interim one's, or (`trailers`) the trailers'.
+    func beginsHeaders(trailers: Bool) {
+        readingTrailers = trailers
+        guard !trailers else { return }
         status = 0
         fields.removeAll(keepingCapacity: true)
     }
 
+    /// The header block being read is the trailers (its fields go to `trailerFields`).
+    private var readingTrailers = false
+
     /// One field of the block; false (the stream is reset) past `maxHeaderBytes`.
-    func header(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, trailer: Bool) -> Bool {
+    func header(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) -> Bool {
         headerBytes += name.count + value.count + 32
         guard headerBytes <= maxHeaderBytes else {
             fail(.headersTooLarge(limit: maxHeaderBytes))
@@ -99,7 +117,7 @@ final class HTTP2ClientStream: ResponseBody, @unchecked Sendable {
         }
         guard name.first != 0x3A else { return true }
         let field = (String(decoding: name, as: UTF8.self), String(decoding: value, as: UTF8.self))
-        if trailer { trailerFields.append(field) } else { fields.append(field) }
+        if readingTrailers { trailerFields.append(field) } else { fields.append(field) }
         return true
     }
 
@@ -267,17 +285,6 @@ final class HTTP2ClientStream: ResponseBody, @unchecked Sendable {
         deadline.settle()
         guard !wasSettled else { return }
         connection.reset(self)
-    }
-
-    func discard(upTo limit: Int) async throws(HTTPClientError) {
-        var read = 0
-        while let chunk = try await next() {
-            read += chunk.count
-            if read > limit {
-                abandon()
-                return
-            }
-        }
     }
 
     /// The exchange is over: its deadline's timer goes.

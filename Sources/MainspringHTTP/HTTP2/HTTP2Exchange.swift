@@ -107,22 +107,11 @@ final class HTTP2Exchange: ServerExchange {
         responseFields.appendContentLength(length)
     }
 
-    /// Whether a field named `name` may travel in HTTP/2: not the connection-specific ones
-    /// (RFC 9113 §8.2.2), not an empty name or one with a space, colon, CR, LF or NUL.
+    /// Whether a field named `name` may travel in HTTP/2: not an empty name or one with a
+    /// space, colon, CR, LF or NUL, nor a connection-specific one.
     private static func isAllowedInHTTP2(_ name: UnsafeBufferPointer<UInt8>) -> Bool {
         guard !name.isEmpty, !name.contains(where: { $0 <= 0x20 || $0 == 0x3A }) else { return false }
-        func named(_ text: StaticString) -> Bool {
-            name.count == text.utf8CodeUnitCount
-                && zip(name, UnsafeBufferPointer(start: text.utf8Start, count: text.utf8CodeUnitCount))
-                .allSatisfy { ($0 | 0x20) == $1 }
-        }
-        switch name.count {
-        case 7: return !named("upgrade")
-        case 10: return !named("connection") && !named("keep-alive")
-        case 16: return !named("proxy-connection")
-        case 17: return !named("transfer-encoding")
-        default: return true
-        }
+        return !HTTP2Fields.isConnectionSpecific(name)
     }
 
     func sendReply(status: Int, reason: String, body: [UInt8]) {

@@ -55,4 +55,22 @@ struct HTTP2Fields {
             spans.append((span.name + base, span.nameCount, span.value + base, span.valueCount))
         }
     }
+
+    /// Whether `name` is one of the connection-specific fields HTTP/2 forbids (RFC 9113
+    /// §8.2.2): `Connection`, `Keep-Alive`, `Proxy-Connection`, `Transfer-Encoding`,
+    /// `Upgrade`, in any case. The server's responses and the client's requests leave them out.
+    static func isConnectionSpecific(_ name: UnsafeBufferPointer<UInt8>) -> Bool {
+        func named(_ text: StaticString) -> Bool {
+            name.count == text.utf8CodeUnitCount
+                && zip(name, UnsafeBufferPointer(start: text.utf8Start, count: text.utf8CodeUnitCount))
+                .allSatisfy { ($0 | 0x20) == $1 }
+        }
+        switch name.count {
+        case 7: return named("upgrade")
+        case 10: return named("connection") || named("keep-alive")
+        case 16: return named("proxy-connection")
+        case 17: return named("transfer-encoding")
+        default: return false
+        }
+    }
 }

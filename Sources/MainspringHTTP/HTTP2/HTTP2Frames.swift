@@ -32,13 +32,9 @@ enum HTTP2FrameKind: Equatable {
     }
 }
 
-/// HTTP/2 error codes (RFC 9113 §7) the library sends.
+/// HTTP/2 error codes (RFC 9113 §7) the library sends, or acts on when it receives them.
 enum HTTP2Error: UInt32 {
     case noError = 0x0
-    case protocolError = 0x1
-    case internalError = 0x2
-    case flowControlError = 0x3
-    case streamClosed = 0x5
     case refusedStream = 0x7
     case cancel = 0x8
     case enhanceYourCalm = 0xB
@@ -50,17 +46,9 @@ struct HTTP2ReceivedFrame {
     let streamID: Int32
     /// END_STREAM (DATA, HEADERS).
     let endsStream: Bool
-    /// ACK (SETTINGS, PING).
-    let isAck: Bool
-    /// HEADERS that open a request (server) or carry a response (client), as nghttp2 classed
-    /// them.
+    /// HEADERS that open a request (server) or carry a response or trailers (client), as
+    /// nghttp2 classed them.
     let headersCategory: HTTP2HeadersCategory?
-    /// RST_STREAM's or GOAWAY's error code.
-    let errorCode: UInt32
-    /// GOAWAY's last stream.
-    let lastStreamID: Int32
-    /// DATA's payload length.
-    let length: Int
 }
 
 /// What a HEADERS frame is to the session.

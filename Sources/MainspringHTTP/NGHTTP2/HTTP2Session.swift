@@ -194,12 +194,6 @@ final class HTTP2Session {
         nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), streamID, code.rawValue)
     }
 
-    /// The first step of a graceful GOAWAY (a server's): tells the client that no new stream
-    /// will be taken, with the last stream as the largest possible; `goAway()` follows.
-    func shutdownNotice() {
-        nghttp2_submit_shutdown_notice(session)
-    }
-
     /// A GOAWAY with `code` naming the last stream the session has processed: streams the peer
     /// opens after it are not served. The session keeps serving those opened before.
     func goAway(code: HTTP2Error) {
@@ -210,17 +204,6 @@ final class HTTP2Session {
     /// Ends the session with a GOAWAY of `code`: nothing more is read, every stream closes.
     func terminate(code: HTTP2Error) {
         nghttp2_session_terminate_session(session, code.rawValue)
-    }
-
-    /// The peer's advertised limit on concurrent streams (client).
-    var peerMaxConcurrentStreams: Int {
-        Int(nghttp2_session_get_remote_settings(session, NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS))
-    }
-
-    /// Whether the session's window towards the peer has room for `streamID`'s body.
-    func sendWindow(streamID: Int32) -> Int {
-        Int(min(nghttp2_session_get_stream_remote_window_size(session, streamID),
-                nghttp2_session_get_remote_window_size(session)))
     }
 }
 
@@ -260,22 +243,10 @@ private let onHeader: nghttp2_on_header_callback = { _, frame, name, nameLength,
 private let onFrameReceived: nghttp2_on_frame_recv_callback = { _, frame, context in
     guard let frame = frame?.pointee else { return 0 }
     let type = HTTP2FrameKind(frame.hd.type)
-    var code: UInt32 = 0
-    var last: Int32 = 0
-    var headersCategory: HTTP2HeadersCategory?
-    switch type {
-    case .resetStream: code = frame.rst_stream.error_code
-    case .goAway:
-        code = frame.goaway.error_code
-        last = frame.goaway.last_stream_id
-    case .headers: headersCategory = category(frame.headers.cat)
-    default: break
-    }
-    let flags = frame.hd.flags
     let received = HTTP2ReceivedFrame(
-        type: type, streamID: frame.hd.stream_id, endsStream: flags & UInt8(NGHTTP2_FLAG_END_STREAM.rawValue) != 0,
-        isAck: flags & UInt8(NGHTTP2_FLAG_ACK.rawValue) != 0, headersCategory: headersCategory, errorCode: code,
-        lastStreamID: last, length: frame.hd.length)
+        type: type, streamID: frame.hd.stream_id,
+        endsStream: frame.hd.flags & UInt8(NGHTTP2_FLAG_END_STREAM.rawValue) != 0,
+        headersCategory: type == .headers ? category(frame.headers.cat) : nil)
     HTTP2Session.from(context).reporter.http2Received(received)
     return 0
 }
