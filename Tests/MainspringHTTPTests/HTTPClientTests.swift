@@ -659,13 +659,14 @@ struct HTTPClientTLSTests {
         #expect(first.text == third.text, "one TLS connection for localhost's requests")
         let untrusting = HTTPClient(loop: group.loops[1], configuration: .init(secureConnector: .tls(try TLSClientContext())))
         let refused = await clientError { _ = try await untrusting.get("https://localhost:\(server.port)/peer") }
-        guard case .securityFailed(let host, let port, let reason)? = refused else {
+        guard case .tlsFailed(let host, let port, let tlsError)? = refused else {
             Issue.record("\(String(describing: refused))")
             return
         }
         #expect(host == "localhost" && port == server.port)
-        #expect(reason == "TLS handshake failed: the server's certificate did not verify: unable to get local issuer certificate")
-        #expect(refused?.description == "connect to localhost:\(server.port) failed: \(reason)")
+        #expect(tlsError == .handshakeFailed(reason: "the server's certificate did not verify: unable to get local issuer certificate"))
+        #expect(refused?.description == "connect to localhost:\(server.port) failed: TLS handshake failed: "
+                + "the server's certificate did not verify: unable to get local issuer certificate")
         // A TCP connect that fails under TLS is the same error as over http, not a TLS one.
         let nowhere = await clientError { _ = try await untrusting.get("https://127.0.0.1:1/peer") }
         guard case .connectFailed(_, 1, .system(_, ECONNREFUSED))? = nowhere else {

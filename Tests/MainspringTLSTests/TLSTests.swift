@@ -586,11 +586,11 @@ struct TLSTests {
     // request right behind its Finished, gets no answer from evhttp's OpenSSL bufferevent (one
     // sent half a second later, or over TLS 1.2, does). A defect of the HTTPS layer, open.
 
-    @Test("Python's ssl module as the server: a Mainspring client connects, verifies and talks")
+    @Test("Python's ssl module as the server: a Mainspring client connects, verifies and talks; a forged record closes it with TLSError.protocolError")
     func pythonServer() async throws {
         let certs = try #require(certificates)
         let script = """
-        import socket, ssl, sys
+        import os, socket, ssl, sys
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(sys.argv[1], sys.argv[2])
         with socket.create_server(("127.0.0.1", 0)) as server:
@@ -599,6 +599,12 @@ struct TLSTests {
             with context.wrap_socket(raw, server_side=True) as tls:
                 line = tls.recv(4096)
                 tls.sendall(b"python says " + line)
+                # Then an application-data record that no key made, straight to the socket.
+                os.write(tls.fileno(), bytes([0x17, 0x03, 0x03, 0x00, 0x20]) + bytes(32))
+                try:
+                    tls.recv(4096)
+                except (ssl.SSLError, OSError):
+                    pass
         """
         let python = try startProgram("/usr/bin/python3", arguments: ["-c", script, certs.serverCertificate, certs.serverKey])
         defer { python.send(SIGKILL) }
@@ -608,12 +614,26 @@ struct TLSTests {
         let client = try TLSClientContext(configuration: .init(trustRoots: .file(certs.caCertificate)))
         let connection = try await Connection.connect(to: "localhost", port: port, on: loop, tls: client)
         #expect(connection.tls?.peerCertificate?.subject == "CN=localhost")
-        let reply = try await Task(executorPreference: loop) { () async throws -> LineEvent? in
+        let (reply, forged) = try await Task(executorPreference: loop) { () async throws -> (LineEvent?, Connection.CloseReason?) in
             try await connection.send(line: "hi")
             defer { connection.close() }
-            return try await connection.readLine()
+            let reply = try await connection.readLine()
+            do throws(Connection.CloseReason) {
+                _ = try await connection.readLine()
+                return (reply, nil)
+            } catch {
+                return (reply, error)
+            }
         }.value
         #expect(reply == .line("python says hi"))
+        // The one TLS error, in the close reason: OpenSSL's account of the record it refused.
+        guard case .tlsFailed(.protocolError(let reason))? = forged else {
+            Issue.record("the forged record was not a TLS failure: \(String(describing: forged))")
+            return
+        }
+        #expect(reason.contains("bad record mac") || reason.contains("decrypt"), "\(reason)")
+        #expect(await connection.closed == forged)
+        #expect(forged?.description == "TLS: \(reason)")
         await group.shutdown(gracePeriod: .seconds(2))
     }
 }

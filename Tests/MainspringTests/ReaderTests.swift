@@ -169,42 +169,18 @@ struct ReaderTests {
         await group.shutdown(gracePeriod: .seconds(2))
     }
 
-    /// A length read from the input is input: a negative one (`LEN -5`) is thrown as an error
-    /// that the reader can answer, not a trap that ends the process; nothing is read and the
-    /// connection goes on.
-    @Test("read(exactly:) with a negative count throws, reads nothing, and the connection stays usable")
+    /// A negative count is a usage error, as `prefix(-5)` is: the program stops with a message
+    /// that names the call and the count (a length from the input is the reader's to check
+    /// first). Before, it was thrown as `CloseReason.invalidCount`, a "close" that was none.
+    @Test("read(exactly:) with a negative count stops the program, naming the call and the count")
     func negativeExactCount() async throws {
-        let group = try EventLoopGroup(loopCount: 1)
-        let listener = try await Listener(.tcp(), on: group.loops[0], group: group)
-        let server = Task(executorPreference: group.loops[0]) {
-            for try await connection in listener.connections {
-                guard case .line(let header)? = try await connection.readLine(),
-                      let size = Int(header.dropFirst(4)) else { break }
-                let reply: String
-                do {
-                    let body = try await connection.read(exactly: size)
-                    reply = "read \(body?.count ?? -1) bytes"
-                } catch {
-                    reply = error as? Connection.CloseReason == .invalidCount(size) ? "refused: \(error)" : "failed: \(error)"
-                }
-                try await connection.send(line: reply)
-                if case .line(let next)? = try await connection.readLine() { try await connection.send(line: "then \(next)") }
-                connection.close()
-                break
-            }
+        let result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+            let group = try EventLoopGroup(loopCount: 1)
+            let (one, _) = try await Connection.makePair(on: group.loops[0])
+            _ = try await one.read(exactly: -5)
         }
-        let port = listener.port
-        let replies = try await onPlainThread { () -> [String?] in
-            let client = try TestClient(port: port)
-            client.send("LEN -5\r\nafter\r\n")
-            return [client.readLine(), client.readLine()]
-        }
-        #expect(replies.count == 2 && replies[0]?.hasPrefix("refused: ") == true && replies[0]?.contains("-5") == true,
-                "\(replies)")
-        #expect(replies.last == "then after", "\(replies)")
-        listener.close()
-        _ = try? await server.value
-        await group.shutdown(gracePeriod: .seconds(2))
+        let message = String(decoding: result?.standardErrorContent ?? [], as: UTF8.self)
+        #expect(message.contains("Connection.read(exactly:) needs a count of at least 0, not -5"), "\(message)")
     }
 
     @Test("a short read(exactly:) at the end leaves its bytes; read(until:) over its limit consumes nothing")

@@ -377,13 +377,13 @@ public enum JunkSoak {
     /// the plain reason.
     static func kind(of reason: Connection.CloseReason) -> String {
         switch reason {
-        case .tls(let text): "tls: \(text)"
+        case .tlsFailed(.protocolError(let text)): "tls: \(text)"
         case .error(ECONNRESET): "reset"
         case .error(let code): "error \(code)"
         case .idleTimeout: "idle timeout"
         case .closed: "end of input"
         case .cancelled: "cancelled"
-        case .connectFailed, .invalidCount: "other: \(reason)"
+        default: "other: \(reason)"
         }
     }
 

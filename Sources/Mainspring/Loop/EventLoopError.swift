@@ -38,10 +38,10 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
     /// A descriptor given to ``Connection/adopting(descriptor:on:options:)`` is not a connected
     /// stream socket; `reason` says what it is instead.
     case notConnectedSocket(descriptor: Int32, reason: String)
-    /// A TLS handshake failed: no longer thrown — `MainspringTLS`'s connect throws
-    /// `TLSError.handshakeFailed(reason:)`, and `HTTPClient` reports it as
-    /// `HTTPClientError.securityFailed`.
-    @available(*, deprecated, message: "a TLS connect throws TLSError.handshakeFailed (MainspringTLS)")
+    /// A TLS handshake failed: no longer thrown — a TLS connect throws
+    /// ``TLSError/handshakeFailed(reason:)``, and `HTTPClient` reports it as
+    /// `HTTPClientError.tlsFailed`.
+    @available(*, deprecated, message: "a TLS connect throws TLSError.handshakeFailed")
     case tls(reason: String)
     /// A child process could not be started (the deprecated `Subprocess.spawn(_:on:)`; its
     /// successor `Subprocess.launch(_:on:)` throws ``SubprocessError/cannotStart(executable:path:errno:)``).

@@ -179,11 +179,14 @@ extension Connection {
     /// arrived; a longer read gathers them into its result as they arrive, so a body of any
     /// size costs its own size once — check a declared length against your protocol's limit
     /// before asking for it.
-    /// - Throws: ``CloseReason/invalidCount(_:)`` when `count` is negative (a length from the
-    ///   input is input, not a programming error): nothing is read and the connection stays
-    ///   open. Otherwise the rules of `readLine()`.
+    ///
+    /// `count` must be at least 0: a negative count stops the program with a message naming it,
+    /// as `prefix(_:)` does. A length taken from the input is input — check it (at least 0, at
+    /// most your protocol's limit) before asking for that many bytes, and answer the peer when
+    /// it is not.
+    /// - Throws: the rules of `readLine()`.
     public nonisolated(nonsending) func read(exactly count: Int) async throws(CloseReason) -> [UInt8]? {
-        if count < 0 { throw .invalidCount(count) }
+        requireUsage(count >= 0, "Mainspring: Connection.read(exactly:) needs a count of at least 0, not \(count) (check a length taken from the input before reading it)")
         if loop.isCurrent && !Task.isCancelled, let outcome = source.pullExactly(count).outcome { return try outcome.get() }
         let result: Result<[UInt8]?, CloseReason> = await suspend(isolation: #isolation) { source, continuation in
             if let outcome = source.pullExactly(count).outcome {

@@ -49,9 +49,9 @@ extension Connection {
     }
 
     /// Why a connection closed. Delivered once, to `onClose`; returned by `await closed`; and
-    /// thrown by the async operations that the close interrupted. One case is not a close:
-    /// ``invalidCount(_:)``, thrown by `read(exactly:)` for a negative count, with the
-    /// connection left open.
+    /// thrown by the async operations that the close interrupted. Every case is a close: the
+    /// connection is closed when one is reported. (Two deprecated cases are never reported:
+    /// `tls(_:)`, now ``tlsFailed(_:)``, and `invalidCount(_:)`, now a usage error.)
     public enum CloseReason: Error, Sendable, Equatable, CustomStringConvertible {
         /// `close()` was called (and the output was sent, or `closeTimeout` passed), or the last
         /// handle went away.
@@ -66,11 +66,15 @@ extension Connection {
         /// (`EventLoopGroup.shutdown` after its grace period): those two close at once, output
         /// not yet sent dropped.
         case cancelled
-        /// The connection's TLS layer failed (`MainspringTLS`): a handshake refused or timed out,
-        /// a certificate that did not verify, a record that did not decrypt. `reason` is
-        /// OpenSSL's account, naming the check that failed. A TLS peer that goes away is not
-        /// this: as over plain TCP, a socket that ends (with or without close_notify) is the end
-        /// of the input, and one that fails (a reset) is `.error(errno)`.
+        /// The connection's TLS layer failed (`MainspringTLS`): a record that did not decrypt, an
+        /// alert from the peer — ``TLSError/protocolError(reason:)`` with OpenSSL's account. A
+        /// TLS peer that goes away is not this: as over plain TCP, a socket that ends (with or
+        /// without close_notify) is the end of the input, and one that fails (a reset) is
+        /// `.error(errno)`. (Boxed, as ``connectFailed(_:)`` is.)
+        indirect case tlsFailed(TLSError)
+        /// No longer reported: a connection whose TLS fails closes with ``tlsFailed(_:)``,
+        /// carrying the one TLS error, ``TLSError``.
+        @available(*, deprecated, renamed: "tlsFailed", message: "a TLS failure closes with tlsFailed(TLSError.protocolError(reason:))")
         case tls(String)
         /// A connect by name failed before the connection was established: the name did not
         /// resolve (`EventLoopError.hostNotFound`, `.resolveTimedOut`), or every address refused
@@ -78,17 +82,27 @@ extension Connection {
         /// (Boxed: it keeps `CloseReason` the size of a `String`, which every async read and
         /// send carries in its frame as the error it may throw.)
         indirect case connectFailed(EventLoopError)
-        /// Not a close: `read(exactly:)` was asked for this negative number of bytes — a
-        /// length taken from the input, most likely. Nothing was read and the connection is
-        /// open as it was: answer the peer, or close it.
+        /// No longer reported (it was not a close): `read(exactly:)` with a negative count is a
+        /// usage error, as `prefix(_:)` with one is — check a length taken from the input first.
+        @available(*, deprecated, message: "read(exactly:) requires a count of at least 0; check a length from the input before reading")
         case invalidCount(Int)
 
         public var description: String {
+            // Through a protocol: the text of every case, the deprecated ones included, without a
+            // deprecation warning in this (not deprecated) property.
+            (self as any DescribesEveryCloseReason).text
+        }
+
+        /// The text of every case (`description`); deprecated so that it may name the deprecated
+        /// cases, and exhaustive (no `default`) so that a new case cannot be forgotten.
+        @available(*, deprecated, message: "use description")
+        fileprivate var text: String {
             switch self {
             case .closed: return "closed"
             case .idleTimeout: return "idle timeout"
             case .error(let code): return "error \(code) (\(errnoName(code)))"
             case .cancelled: return "cancelled"
+            case .tlsFailed(let error): return error.description
             case .tls(let reason): return "TLS: \(reason)"
             case .connectFailed(let error):
                 // An error of the connect itself says "connect to host:port failed" already.
@@ -107,3 +121,10 @@ extension Connection {
         case endOfFile
     }
 }
+
+/// What `Connection.CloseReason.description` calls (see there).
+private protocol DescribesEveryCloseReason {
+    var text: String { get }
+}
+
+extension Connection.CloseReason: DescribesEveryCloseReason {}

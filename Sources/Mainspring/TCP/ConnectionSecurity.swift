@@ -10,14 +10,15 @@ public protocol ClientConnectionSecurity: Sendable {
     /// Connects to `address` port `port` from `loop` and secures the connection for
     /// `serverName` (the name the peer's certificate must carry; sent as SNI when it is a
     /// name). Suspends until the connection is ready for the client's first bytes. Any task.
-    /// - Throws: an ``EventLoopError`` when the connection under the security was not made (the
-    ///   connect's error as `Connection.connect(to:port:on:options:)` throws it, `.cancelled`
-    ///   for a cancelled task); the security layer's own error when the connection was made but
-    ///   not secured (`MainspringTLS`'s `TLSError.handshakeFailed`). The library's clients
-    ///   report the first as a connect failure, the second with its text
-    ///   (`HTTPClientError.securityFailed`).
+    /// - Throws: the one TLS error, ``TLSError``: ``TLSError/connect(_:)`` with the connect's
+    ///   ``EventLoopError`` when the connection under the security was not made (as
+    ///   `Connection.connect(to:port:on:options:)` throws it), ``TLSError/handshakeFailed(reason:)``
+    ///   when it was made but not secured, ``TLSError/cancelled`` for a cancelled task. The
+    ///   library's clients report the first as a connect failure, the second as a TLS failure
+    ///   (`HTTPClientError.tlsFailed(host:port:_:)`). A conformer that secures by other means
+    ///   reports its own refusal as `handshakeFailed`, with its reason.
     func connect(to address: String, port: UInt16, serverName: String, on loop: EventLoop,
-                 options: Connection.Options) async throws -> Connection
+                 options: Connection.Options) async throws(TLSError) -> Connection
 }
 
 /// Security for the connections a server accepts — TLS from `MainspringTLS`

@@ -125,14 +125,13 @@ extension HTTPClient {
     /// (MainspringTLS's `.tls(_:)`).
     public struct Connector: Sendable {
         /// Connects to `address:port` on `loop`, returning once the connection is established
-        /// (and, for TLS, its handshake done, checked against `hostName`). It throws an
-        /// `EventLoopError` when no connection was made — the client reports it as
-        /// ``HTTPClientError/connectFailed(host:port:_:)`` (or `unresolvedHost`) — and any other
-        /// error when the connection was made but not secured (TLS's `TLSError`), reported as
-        /// ``HTTPClientError/securityFailed(host:port:reason:)``. (A connector of your own over
-        /// `Connection.connect(…tls:)` unwraps `TLSError.connect(_:)` into its `EventLoopError`
-        /// and `TLSError.cancelled` into `EventLoopError.cancelled`, as MainspringTLS's
-        /// `TLSClientContext` does, so that a refused connect is still `connectFailed`.)
+        /// (and, for TLS, its handshake done, checked against `hostName`). What it throws is
+        /// reported as: an `EventLoopError`, or a `TLSError.connect(_:)` carrying one — no
+        /// connection was made — ``HTTPClientError/connectFailed(host:port:_:)`` (or
+        /// `unresolvedHost`); `EventLoopError.cancelled` or `TLSError.cancelled`,
+        /// ``HTTPClientError/cancelled``; any other `TLSError` — the connection was made but not
+        /// secured — ``HTTPClientError/tlsFailed(host:port:_:)``, and an error of another type
+        /// the same, as a failed handshake with its description.
         public let connect: @Sendable (_ address: String, _ port: UInt16, _ hostName: String, _ loop: EventLoop,
                                        _ options: Connection.Options) async throws -> Connection
 

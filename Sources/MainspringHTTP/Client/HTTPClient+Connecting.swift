@@ -51,10 +51,8 @@ extension HTTPClient {
                         if Task.isCancelled { return }
                         let connection = try await connector.connect(address, target.port, target.host, loop, options)
                         if !race.finish(.success(connection)) { connection.close() }  // too late
-                    } catch let error as EventLoopError {
-                        _ = race.finish(.failure(Self.connectError(error, target: target)))
                     } catch {
-                        _ = race.finish(.failure(.securityFailed(host: target.host, port: target.port, reason: "\(error)")))
+                        _ = race.finish(.failure(Self.connectorError(error, target: target)))
                     }
                 })
             }
@@ -62,6 +60,25 @@ extension HTTPClient {
             _ = race.finish(.failure(.cancelled))
         }
         return try result.get()
+    }
+
+    /// What a connector threw, as the client reports it: the connection not made (an
+    /// `EventLoopError`, or a `TLSError` carrying one) as ``connectError(_:target:)`` says, a
+    /// cancellation as `.cancelled`, a connection not secured as `.tlsFailed` (a connector's
+    /// error of another type becomes a failed handshake with its description).
+    private static func connectorError(_ error: any Error, target: HTTPTarget) -> HTTPClientError {
+        switch error {
+        case let error as EventLoopError:
+            return error == .cancelled ? .cancelled : connectError(error, target: target)
+        case TLSError.connect(let error):
+            return error == .cancelled ? .cancelled : connectError(error, target: target)
+        case TLSError.cancelled:
+            return .cancelled
+        case let error as TLSError:
+            return .tlsFailed(host: target.host, port: target.port, error)
+        default:
+            return .tlsFailed(host: target.host, port: target.port, .handshakeFailed(reason: "\(error)"))
+        }
     }
 
     /// A failed connect as the client reports it: a name that did not resolve (or not in time)

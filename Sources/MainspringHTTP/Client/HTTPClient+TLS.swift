@@ -13,7 +13,7 @@ extension HTTPClient.Connector {
     ///
     /// The handshake runs on the client's loop as `.normal` work; it counts against the
     /// client's connect timeout. A failed handshake (a certificate check, with OpenSSL's account
-    /// naming it) is ``HTTPClientError/securityFailed(host:port:reason:)``; a failed TCP connect
+    /// naming it) is ``HTTPClientError/tlsFailed(host:port:_:)``; a failed TCP connect
     /// is `connectFailed`, as over `http`.
     public static func tls(_ context: some ClientConnectionSecurity) -> Self {
         Self { (address: String, port: UInt16, hostName: String, loop: EventLoop, options: Connection.Options)

@@ -78,11 +78,15 @@ public enum HTTPClientError: Error, Sendable, Equatable, CustomStringConvertible
     case unresolvedHost(String)
     /// The connect to `host:port` failed: refused (`ECONNREFUSED`), unreachable.
     case connectFailed(host: String, port: UInt16, EventLoopError)
-    /// The connection to `host:port` was made but not secured: the connector's own failure —
-    /// with `.tls(_:)` (`MainspringTLS`), the TLS handshake's (a certificate that did not
-    /// verify, the handshake timeout, a server that does not speak TLS). `reason` is the error's
-    /// description: for TLS, "TLS handshake failed: " and OpenSSL's account, naming the check
-    /// that failed.
+    /// The connection to `host:port` was made but not secured: the TLS handshake failed (a
+    /// certificate that did not verify, the handshake timeout, a server that does not speak
+    /// TLS) — the connector's ``TLSError``, with OpenSSL's account naming the check that failed.
+    /// (A connector of your own that throws something else is reported here as
+    /// `TLSError.handshakeFailed` with that error's description.)
+    case tlsFailed(host: String, port: UInt16, TLSError)
+    /// No longer reported: a connection that was not secured is ``tlsFailed(host:port:_:)``,
+    /// carrying the one TLS error, ``TLSError``.
+    @available(*, deprecated, message: "a connection that was not secured is tlsFailed(host:port:_:), carrying the TLSError")
     case securityFailed(host: String, port: UInt16, reason: String)
     /// The connect to `host:port` did not complete within the connect timeout.
     case connectTimeout(host: String, port: UInt16, Duration)
@@ -143,11 +147,21 @@ public enum HTTPClientError: Error, Sendable, Equatable, CustomStringConvertible
     }
 
     public var description: String {
+        // Through a protocol: the text of every case, the deprecated one included, without a
+        // deprecation warning in this (not deprecated) property.
+        (self as any DescribesEveryClientError).text
+    }
+
+    /// The text of every case (`description`); deprecated so that it may name the deprecated
+    /// case, and exhaustive (no `default`) so that a new case cannot be forgotten.
+    @available(*, deprecated, message: "use description")
+    fileprivate var text: String {
         switch self {
         case .invalidURL(let url): return "invalid URL \(url.debugDescription)"
         case .unsupportedScheme(let scheme): return "unsupported scheme \(scheme.debugDescription) (https needs a TLS connector)"
         case .unresolvedHost(let host): return "cannot resolve host \(host.debugDescription)"
         case .connectFailed(let host, let port, let error): return "connect to \(host):\(port) failed: \(Self.reason(error))"
+        case .tlsFailed(let host, let port, let error): return "connect to \(host):\(port) failed: \(error)"
         case .securityFailed(let host, let port, let reason): return "connect to \(host):\(port) failed: \(reason)"
         case .connectTimeout(let host, let port, let limit): return "connect to \(host):\(port) timed out after \(limit)"
         case .responseTimeout(let limit): return "no response within \(limit)"
@@ -234,6 +248,27 @@ struct HTTPTarget: Sendable, Hashable {
             return try HTTPTarget(parsing: resolved)
         } catch {
             throw .invalidRedirect(location)
+        }
+    }
+}
+
+/// What `HTTPClientError.description` calls (see there).
+private protocol DescribesEveryClientError {
+    var text: String { get }
+}
+
+extension HTTPClientError: DescribesEveryClientError {}
+
+extension HTTPClientError: CancellationReportingError {
+    /// Whether this is ``cancelled`` — the calling task was cancelled — or carries a
+    /// cancellation (a send or a connect that it ended).
+    public var isCancellation: Bool {
+        switch self {
+        case .cancelled: return true
+        case .sendFailed(let reason): return reason.isCancellation
+        case .connectFailed(_, _, let error): return error.isCancellation
+        case .tlsFailed(_, _, let error): return error.isCancellation
+        default: return false
         }
     }
 }

@@ -25,7 +25,7 @@ extension WebSocket {
     ///   - headers: added to the upgrade request (`Origin`, `Authorization`, …).
     ///   - secureConnector: how a `wss://` URL is connected (TLS); nil refuses `wss://`.
     /// - Throws: `WebSocketError.invalidURL` (not `ws://` or `wss://` with a host, or `wss://`
-    ///   without a `secureConnector`), `.connectFailed`, `.handshakeFailed`, `.cancelled` when
+    ///   without a `secureConnector`), `.connectFailed`, `.tlsFailed` (`wss://`), `.handshakeFailed`, `.cancelled` when
     ///   the calling task is cancelled (the connection is closed).
     public static func connect(to url: String, on loop: EventLoop, configuration: Configuration = .init(),
                                subprotocols: [String] = [], headers: HTTPHeaders = [:],
@@ -74,7 +74,13 @@ extension WebSocket {
                 host, port, host, loop, .init(outputLimit: configuration.outputLimit, closeTimeout: configuration.closeTimeout))
         } catch {
             if Task.isCancelled { throw .cancelled }
-            throw .connectFailed("\(error)")
+            switch error {
+            case TLSError.cancelled, EventLoopError.cancelled: throw .cancelled
+            case TLSError.connect(let connectError): throw .connectFailed("\(connectError)")
+            case let tlsError as TLSError: throw .tlsFailed(tlsError)
+            case is EventLoopError: throw .connectFailed("\(error)")
+            default: throw .tlsFailed(.handshakeFailed(reason: "\(error)"))
+            }
         }
         let deadline = HandshakeDeadline(connection: connection)
         loop.execute { deadline.arm(after: configuration.handshakeTimeout) }

@@ -177,6 +177,11 @@ public enum WebSocketError: Error, Sendable, Equatable, CustomStringConvertible 
     case invalidURL(String)
     /// A client only: connecting failed (`reason` is the connection's account).
     case connectFailed(String)
+    /// A client only (`wss://`): the connection was made but TLS did not secure it — a
+    /// certificate that did not verify, a handshake that timed out — with OpenSSL's account in
+    /// the one TLS error, ``TLSError``. (A `secureConnector` of your own that throws something
+    /// else is reported here as `TLSError.handshakeFailed` with that error's description.)
+    case tlsFailed(TLSError)
     /// A client only: the server's answer to the opening handshake was not a valid `101`
     /// (`reason` names what was wrong: the status, `Sec-WebSocket-Accept`, …), or it did not
     /// come within `handshakeTimeout`.
@@ -192,8 +197,14 @@ public enum WebSocketError: Error, Sendable, Equatable, CustomStringConvertible 
         case .closed(let status): status.map { "the WebSocket is closed (\($0))" } ?? "the WebSocket is closing"
         case .invalidURL(let url): "not a usable ws:// or wss:// URL: \(url)"
         case .connectFailed(let reason): "WebSocket connect failed: \(reason)"
+        case .tlsFailed(let error): "WebSocket connect failed: \(error)"
         case .handshakeFailed(let reason): "WebSocket handshake failed: \(reason)"
         case .cancelled: "cancelled: the waiting task was cancelled"
         }
     }
+}
+
+extension WebSocketError: CancellationReportingError {
+    /// Whether this is ``cancelled``: the calling task was cancelled.
+    public var isCancellation: Bool { self == .cancelled }
 }

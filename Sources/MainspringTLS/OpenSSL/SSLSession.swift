@@ -213,17 +213,17 @@ final class TLSLayer: ConnectionTransport {
         // A peer that went away is reported as it is over plain TCP, so that "the client left"
         // reads the same whatever the transport: a socket that ended without close_notify
         // (OpenSSL 3: "unexpected eof while reading") is the end of the input, a socket that
-        // failed (a reset, a broken pipe) is `.error(errno)`. What only TLS can say stays `.tls`.
+        // failed (a reset, a broken pipe) is `.error(errno)`. What only TLS can say is `.tlsFailed`.
         if !errors.isEmpty && errors.codes.allSatisfy({ ms_err_is_unexpected_eof($0) != 0 }) { return .endOfInput }
         let systemErrnos = errors.codes.map { ms_err_system_errno($0) }
         if let systemErrno = systemErrnos.first, systemErrnos.allSatisfy({ $0 == systemErrno && $0 != 0 }) {
             return .closed(.error(systemErrno))
         }
-        if !errors.isEmpty { return .closed(.tls(errors.text)) }
+        if !errors.isEmpty { return .closed(.tlsFailed(.protocolError(reason: errors.text))) }
         // Only `SSL_get_error`'s code: a failed system call is the socket's failure (its errno;
         // none: the socket just ended), anything else its condition in words.
         if Int32(truncatingIfNeeded: first) == SSL_ERROR_SYSCALL { return code == 0 ? .endOfInput : .closed(.error(code)) }
-        return .closed(.tls(sslErrorCondition(Int32(truncatingIfNeeded: first), errno: code)))
+        return .closed(.tlsFailed(.protocolError(reason: sslErrorCondition(Int32(truncatingIfNeeded: first), errno: code))))
     }
 
     func willClose() {
