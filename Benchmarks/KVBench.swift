@@ -262,9 +262,9 @@ private func measureSlowCommands(port: UInt16, keys: Int, variantLabel: String) 
         let stop = Guarded(false)
         // Each sample: a PING's round trip, sent to answered.
         let rtts = Guarded<[Double]>([])
-        let pingerBox = UncheckedSendable(pinger)
+        // The pinger's client is this thread's until the pinger thread starts, then only its.
+        nonisolated(unsafe) let pinger = pinger
         let thread = Thread {
-            let pinger = pingerBox.value
             while !stop.withLock({ $0 }) {
                 let start = nowNanoseconds()
                 guard pinger.call("PING") != nil else { break }
@@ -332,11 +332,6 @@ extension RESPBenchClient {
         }
         return readText(count)
     }
-}
-
-private struct UncheckedSendable<T>: @unchecked Sendable {
-    let value: T
-    init(_ value: T) { self.value = value }
 }
 
 // MARK: Memory

@@ -9,14 +9,14 @@ import Synchronization
 /// A reload that fails (a file missing, a key that does not match) throws and keeps the
 /// current certificates. Any thread; reading is one lock and a reference count.
 public final class TLSServerContext: Sendable {
-    private let current: Locked<ServerContextSet>
+    private let current: Protected<ServerContextSet>
     let counters = HandshakeCounters()
 
     /// Builds the contexts, reading the files now.
     /// - Throws: `TLSConfigurationError` naming what failed (an unreadable file, a bad PEM, a key
     ///   that does not match its certificate, unreadable trust roots).
     public init(configuration: TLSServerConfiguration) throws(TLSConfigurationError) {
-        current = Locked(try ServerContextSet.make(configuration))
+        current = Protected(try ServerContextSet.make(configuration))
     }
 
     /// The configuration in force.

@@ -189,7 +189,7 @@ func establishedConnection(for outcome: TLSHandshake.Outcome, peer: String, on l
 
 /// A server context's handshake counters.
 final class HandshakeCounters: Sendable {
-    private let state = Locked(TLSServerContext.Statistics(completedHandshakes: 0, failedHandshakes: 0, lastFailure: nil))
+    private let state = Protected(TLSServerContext.Statistics(completedHandshakes: 0, failedHandshakes: 0, lastFailure: nil))
 
     func record(established: Bool) { state.withLock { $0.completedHandshakes += 1 } }
 

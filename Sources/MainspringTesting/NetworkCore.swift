@@ -46,7 +46,7 @@ final class NetworkCore: SimulatedNetworking, SimulatedDatagramNetworking, @unch
 
     /// The ends whose sockets changed since the last step.
     private var dirty: [NetworkEnd] = []
-    private var events = EventHeap()
+    private var events = MinHeap<NetworkEvent>()
     private var sequence: UInt64 = 0
     /// Ends whose connection has not closed them yet (a leak check reads the count).
     private(set) var openEnds: Set<ObjectIdentifier> = []

@@ -198,7 +198,7 @@ final class NetworkListener: SimulatedListening {
 
 /// A network event: `action` at `time`; at one instant, by `key` (from the seed), then in the
 /// order scheduled.
-struct NetworkEvent {
+struct NetworkEvent: MinHeapElement {
     let time: UInt64
     let key: UInt64
     let sequence: UInt64
@@ -206,44 +206,5 @@ struct NetworkEvent {
 
     func precedes(_ other: NetworkEvent) -> Bool {
         (time, key, sequence) < (other.time, other.key, other.sequence)
-    }
-}
-
-/// A binary min-heap of network events.
-struct EventHeap {
-    private var items: [NetworkEvent] = []
-
-    var first: NetworkEvent? { items.first }
-    var count: Int { items.count }
-
-    mutating func insert(_ event: NetworkEvent) {
-        items.append(event)
-        var child = items.count - 1
-        while child > 0 {
-            let parent = (child - 1) / 2
-            guard items[child].precedes(items[parent]) else { break }
-            items.swapAt(child, parent)
-            child = parent
-        }
-    }
-
-    mutating func removeFirst() -> NetworkEvent {
-        let top = items[0]
-        let last = items.removeLast()
-        if !items.isEmpty {
-            items[0] = last
-            var parent = 0
-            while true {
-                let left = 2 * parent + 1
-                let right = left + 1
-                var smallest = parent
-                if left < items.count, items[left].precedes(items[smallest]) { smallest = left }
-                if right < items.count, items[right].precedes(items[smallest]) { smallest = right }
-                if smallest == parent { break }
-                items.swapAt(parent, smallest)
-                parent = smallest
-            }
-        }
-        return top
     }
 }

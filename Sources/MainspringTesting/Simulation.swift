@@ -55,7 +55,7 @@ public final class Simulation: @unchecked Sendable {
     public let loop: EventLoop
     let core: SimulationCore
     /// The loops of groups made with `makeGroup(loopCount:)`, kept alive with the simulation.
-    private let groups = Mutex<[EventLoopGroup]>([])
+    private let groups = Protected<[EventLoopGroup]>([])
 
     /// Makes a simulation with one loop.
     /// - Parameters:
@@ -244,7 +244,7 @@ extension Simulation: CustomStringConvertible {
 
 /// The result of `run`'s body, set on the loop, read by the driver.
 private final class Outcome<T: Sendable>: Sendable {
-    let value = Mutex<Result<T, Error>?>(nil)
+    let value = Protected<Result<T, Error>?>(nil)
 }
 
 /// What went wrong in a simulation.

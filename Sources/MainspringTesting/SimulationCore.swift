@@ -21,7 +21,7 @@ final class SimulationCore: LoopSimulating, @unchecked Sendable {
     var isTracing = true
 
     /// The thread driving the simulation right now, and how deeply.
-    private let driver = Mutex(Driver())
+    private let driver = Protected(Driver())
 
     private struct Driver {
         var thread: UInt = 0

@@ -148,10 +148,10 @@ extension EventLoop {
         closed: Failure, _ body: @escaping @Sendable () throws(Failure) -> T
     ) async throws(Failure) -> T {
         if isCurrent { return try body() }
-        let result: Result<UncheckedResult<T>, Failure> = await withUnsafeContinuation { continuation in
+        let result: Result<LoopBound<T>, Failure> = await withUnsafeContinuation { continuation in
             execute {
                 do throws(Failure) {
-                    continuation.resume(returning: .success(UncheckedResult(try body())))
+                    continuation.resume(returning: .success(LoopBound(try body())))
                 } catch {
                     continuation.resume(returning: .failure(error))
                 }
@@ -161,13 +161,6 @@ extension EventLoop {
         }
         return try result.get().value
     }
-}
-
-/// A value made on a loop for the task that asked for it (a handle whose own rules say where it
-/// may be used).
-struct UncheckedResult<T>: @unchecked Sendable {
-    let value: T
-    init(_ value: T) { self.value = value }
 }
 
 /// A loop-side buffer between a source that produces elements on the loop's thread and one
@@ -198,7 +191,7 @@ final class LoopFeed<Element: Sendable>: @unchecked Sendable {
 
     deinit {
         // Nobody consumes any more: close the sources (on their loop).
-        let sources = UncheckedResult(self.sources)
+        let sources = LoopBound(self.sources)
         guard !sources.value.isEmpty else { return }
         if loop.isCurrent {
             for source in sources.value { source.close() }

@@ -101,7 +101,7 @@ final class SignalRegistry: Sendable {
 
     private struct Registration {
         let loop: ObjectIdentifier
-        var watchers: [UncheckedSignalSource]
+        var watchers: [LoopBound<SignalSource>]
         let previous: SavedDisposition
     }
 
@@ -109,7 +109,7 @@ final class SignalRegistry: Sendable {
         var registrations: [Int32: Registration] = [:]
         var descriptors: [Int32: Int32] = [:]
         /// The signal source of each loop that watches signals.
-        var loopSources: [ObjectIdentifier: UncheckedLoopSignalSource] = [:]
+        var loopSources: [ObjectIdentifier: LoopBound<LoopSignalSource>] = [:]
     }
 
     private let state = Protected(State())
@@ -126,12 +126,12 @@ final class SignalRegistry: Sendable {
         let signal = source.signal
         guard isSignalNumber(signal) else { throw .system(function: "sigaction(\(signal))", errno: EINVAL) }
         let loop = source.loop
-        var abandoned: UncheckedLoopSignalSource?
+        var abandoned: LoopBound<LoopSignalSource>?
         let outcome: Result<Void, EventLoopError> = state.withLock { state in
             let loopID = ObjectIdentifier(loop)
             if var registration = state.registrations[signal] {
                 guard registration.loop == loopID else { return .failure(.signalInUse(signal: signal)) }
-                registration.watchers.append(UncheckedSignalSource(source))
+                registration.watchers.append(LoopBound(source))
                 state.registrations[signal] = registration
                 return .success(())
             }
@@ -147,7 +147,7 @@ final class SignalRegistry: Sendable {
                 resetEventCounter(descriptor)
                 _ = takeSignalCatches(signal)
                 let loopSource = state.loopSources[loopID]?.value ?? LoopSignalSource(loop: loop)
-                state.loopSources[loopID] = UncheckedLoopSignalSource(loopSource)
+                state.loopSources[loopID] = LoopBound(loopSource)
                 let previous: SavedDisposition
                 do throws(EventLoopError) {
                     try loopSource.add(signal, descriptor: descriptor)
@@ -156,11 +156,11 @@ final class SignalRegistry: Sendable {
                     loopSource.remove(signal)
                     if loopSource.isEmpty {
                         state.loopSources[loopID] = nil
-                        abandoned = UncheckedLoopSignalSource(loopSource)  // closed after the lock
+                        abandoned = LoopBound(loopSource)  // closed after the lock
                     }
                     throw error
                 }
-                state.registrations[signal] = Registration(loop: loopID, watchers: [UncheckedSignalSource(source)],
+                state.registrations[signal] = Registration(loop: loopID, watchers: [LoopBound(source)],
                                                            previous: previous)
                 return .success(())
             } catch {
@@ -178,7 +178,7 @@ final class SignalRegistry: Sendable {
     fileprivate func unregister(_ source: SignalSource) {
         let signal = source.signal
         let loop = source.loop
-        let ended = state.withLock { state -> (loopSource: UncheckedLoopSignalSource?, caught: Bool)? in
+        let ended = state.withLock { state -> (loopSource: LoopBound<LoopSignalSource>?, caught: Bool)? in
             guard var registration = state.registrations[signal] else { return nil }
             registration.watchers.removeAll { $0.value === source }
             guard registration.watchers.isEmpty else {
@@ -219,18 +219,6 @@ final class SignalRegistry: Sendable {
             if state.loopSources[loopID]?.value === loopSource { state.loopSources[loopID] = nil }
         }
     }
-}
-
-/// A loop-bound signal watcher in the registry: only its own loop's thread uses it (the
-/// registry only stores it, compares it, and hands it back to that loop's signal source).
-private struct UncheckedSignalSource: @unchecked Sendable {
-    let value: SignalSource
-    init(_ value: SignalSource) { self.value = value }
-}
-
-private struct UncheckedLoopSignalSource: @unchecked Sendable {
-    let value: LoopSignalSource
-    init(_ value: LoopSignalSource) { self.value = value }
 }
 
 extension EventLoop {

@@ -35,8 +35,8 @@ class DeadlineSource: Source {
     }
 }
 
-/// A loop's armed deadline sources, in a binary min-heap ordered by (deadline, creation order),
-/// behind one libevent timer armed for the earliest deadline.
+/// A loop's armed deadline sources, in the library's min-heap (`MinHeap`) ordered by (deadline,
+/// creation order), behind one libevent timer armed for the earliest deadline.
 ///
 /// Why not one libevent timer per source: libevent keeps deadlines in microseconds in a heap
 /// that is not stable for equal keys, so timers created within one microsecond (several are,
@@ -50,7 +50,7 @@ class DeadlineSource: Source {
 final class TimerQueue: NativeEventTarget {
     /// One armed source: its key inline (comparisons touch only the heap's own memory), the
     /// source unretained — an armed source is open, so its loop holds it (closing disarms).
-    private struct Entry {
+    private struct Entry: MinHeapElement {
         var deadline: UInt64
         var sequence: UInt64
         unowned(unsafe) var source: DeadlineSource
@@ -59,13 +59,17 @@ final class TimerQueue: NativeEventTarget {
         func precedes(_ other: Entry) -> Bool {
             deadline < other.deadline || (deadline == other.deadline && sequence < other.sequence)
         }
+
+        /// The source keeps its place, for re-arming and disarming without a search.
+        @inline(__always)
+        func movedTo(index: Int) { source.heapIndex = index }
     }
 
     private unowned(unsafe) let loop: EventLoop
     /// Whether libevent's timer stands for the queue (a real loop's); a simulation reads
     /// `nextDeadline` instead. The loop's world, asked once.
     private let armsNativeTimer: Bool
-    @exclusivity(unchecked) private var heap: [Entry] = []
+    @exclusivity(unchecked) private var heap = MinHeap<Entry>()
     private var lastSequence: UInt64 = 0
     /// libevent's timer, made on first use.
     private var native: NativeEvent?
@@ -93,19 +97,16 @@ final class TimerQueue: NativeEventTarget {
         source.deadline = deadline
         let index = source.heapIndex
         if index < 0 {
-            heap.append(Entry(deadline: deadline, sequence: source.sequence, source: source))
-            siftUp(heap.count - 1)
+            heap.insert(Entry(deadline: deadline, sequence: source.sequence, source: source))
         } else {
-            let earlier = deadline < heap[index].deadline
-            heap[index].deadline = deadline
-            if earlier { siftUp(index) } else { siftDown(index) }
+            heap.update(at: index) { $0.deadline = deadline }
         }
         updateNative()
     }
 
     func disarm(_ source: DeadlineSource) {
         guard source.heapIndex >= 0 else { return }
-        remove(at: source.heapIndex)
+        heap.remove(at: source.heapIndex)
         updateNative()
     }
 
@@ -126,9 +127,8 @@ final class TimerQueue: NativeEventTarget {
     /// fires.
     func fireDue(now: UInt64) {
         while let first = heap.first, first.deadline <= now {
-            let source = first.source
-            remove(at: 0)
-            source.fire(.timeout)
+            heap.removeFirst()
+            first.source.fire(.timeout)
         }
     }
 
@@ -163,57 +163,6 @@ final class TimerQueue: NativeEventTarget {
         let made = try NativeEvent(timerOn: loop.base, target: self)
         native = made
         return made
-    }
-
-    // MARK: The heap
-
-    private func remove(at index: Int) {
-        heap[index].source.heapIndex = -1
-        let last = heap.removeLast()
-        guard index < heap.count else { return }
-        heap[index] = last
-        last.source.heapIndex = index
-        if index > 0 && last.precedes(heap[(index - 1) / 2]) {
-            siftUp(index)
-        } else {
-            siftDown(index)
-        }
-    }
-
-    private func siftUp(_ start: Int) {
-        heap.withUnsafeMutableBufferPointer { heap in
-            var index = start
-            let entry = heap[index]
-            while index > 0 {
-                let parent = (index - 1) / 2
-                guard entry.precedes(heap[parent]) else { break }
-                heap[index] = heap[parent]
-                heap[index].source.heapIndex = index
-                index = parent
-            }
-            heap[index] = entry
-            entry.source.heapIndex = index
-        }
-    }
-
-    private func siftDown(_ start: Int) {
-        heap.withUnsafeMutableBufferPointer { heap in
-            var index = start
-            let entry = heap[index]
-            let count = heap.count
-            while true {
-                let left = 2 * index + 1
-                guard left < count else { break }
-                let right = left + 1
-                let child = right < count && heap[right].precedes(heap[left]) ? right : left
-                guard heap[child].precedes(entry) else { break }
-                heap[index] = heap[child]
-                heap[index].source.heapIndex = index
-                index = child
-            }
-            heap[index] = entry
-            entry.source.heapIndex = index
-        }
     }
 }
 

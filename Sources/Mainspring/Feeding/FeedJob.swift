@@ -257,15 +257,6 @@ public final class FeedJob: Sendable {
     }
 }
 
-/// A value that is only ever touched on one loop's thread, carried inside a `Sendable` object.
-/// Every access site must be on that thread (the owner checks with `preconditionOnLoop` or runs
-/// there by construction). It may be made on another thread and handed over through a lock
-/// (a job made by `Feeder.enqueue` reaches the loop through the feeder's inbox).
-final class LoopBound<Value>: @unchecked Sendable {
-    var value: Value
-    init(_ value: Value) { self.value = value }
-}
-
 /// What a job does per chunk. Loop thread only.
 class FeedRunner {
     enum Step { case none, ran, ranLast }

@@ -116,7 +116,7 @@ private let silenceLibeventLog: Void = {
     event_set_fatal_callback { code in reportLibeventFatal(code) }
 }()
 
-private let lastLibeventError = Mutex<String?>(nil)
+private let lastLibeventError = Protected<String?>(nil)
 
 /// libevent's fatal-error callback: prints the reason on standard error. libevent then calls
 /// `exit` with `code`.

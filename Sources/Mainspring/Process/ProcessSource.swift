@@ -274,7 +274,7 @@ final class ProcessSource: Source {
 
     func addExitHandler(_ handler: @escaping (Subprocess.ExitStatus) -> Void) {
         if let status = shared.status {
-            loop.execute(priority: .input, UncheckedWork { handler(status) }.run)
+            loop.execute(priority: .input, LoopBound { handler(status) }.run)
         } else if !isClosed {
             exitHandlers.append(handler)
         }

@@ -318,7 +318,7 @@ public final class Subprocess: @unchecked Sendable {
             source.terminate(grace: grace)
             return
         }
-        let source = UncheckedProcessSource(source)
+        let source = LoopBound(source)
         let shared = self.shared
         loop.execute(priority: .input) {
             source.value.terminate(grace: grace)
@@ -342,10 +342,4 @@ public final class Subprocess: @unchecked Sendable {
     public func terminate(grace: Duration = .seconds(5)) {
         startTerminating(grace: grace)
     }
-}
-
-/// Carries the loop-side source to its loop's thread.
-struct UncheckedProcessSource: @unchecked Sendable {
-    let value: ProcessSource
-    init(_ value: ProcessSource) { self.value = value }
 }

@@ -178,7 +178,7 @@ extension Subprocess {
         let shared = ProcessShared(pid: pid, group: configuration.newProcessGroup ? pid : nil, child: handle)
         let source = ProcessSource(loop: loop, shared: shared)
         if let timeout = configuration.timeout { source.startTimeout(timeout, grace: configuration.timeoutGrace) }
-        let checked = UncheckedProcessSource(source)
+        let checked = LoopBound(source)
         child.start(standardStreams: programEnds) { status in
             handle.exited(status)
             loop.execute(priority: .input) { checked.value.check() }

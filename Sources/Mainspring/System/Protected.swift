@@ -2,7 +2,8 @@
 import Glibc
 #endif
 
-/// A value behind a `pthread_mutex_t`: Mainspring's lock.
+/// A value behind a `pthread_mutex_t`: Mainspring's one lock, in every module of the package
+/// (what `Synchronization.Mutex` would be, but for the sanitizer; see below).
 ///
 /// Why not `Synchronization.Mutex`: on Linux its contended path parks in a futex inside the
 /// uninstrumented Synchronization library, so ThreadSanitizer misses the happens-before edge
@@ -36,7 +37,7 @@ package final class Protected<Value>: @unchecked Sendable {
 
     /// Runs `body` with exclusive access to the value.
     @inlinable @inline(__always)
-    package func withLock<Result>(_ body: (inout Value) throws -> Result) rethrows -> Result {
+    package func withLock<Result, Failure: Error>(_ body: (inout Value) throws(Failure) -> Result) throws(Failure) -> Result {
         pthread_mutex_lock(mutex)
         defer { pthread_mutex_unlock(mutex) }
         return try body(&value)

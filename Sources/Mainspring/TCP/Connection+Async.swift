@@ -257,7 +257,7 @@ extension Connection {
         }
         if Task.isCancelled { return false }
         let ticket = source.nextWaitTicket.wrappingAdd(1, ordering: .relaxed).oldValue
-        let unchecked = UncheckedSource(source)
+        let unchecked = LoopBound(source)
         let loop = self.loop
         let result: Result<Bool, CloseReason> = await withTaskCancellationHandler(operation: {
             await withUnsafeContinuation(isolation: #isolation) { (continuation: UnsafeContinuation<Result<Bool, CloseReason>, Never>) in
@@ -289,7 +289,7 @@ extension Connection {
                 if connection.loop.isCurrent {
                     connection.source.awaitClose(continuation)
                 } else {
-                    let source = UncheckedSource(connection.source)
+                    let source = LoopBound(connection.source)
                     connection.loop.execute {
                         source.value.awaitClose(continuation)
                     } orElse: {
@@ -358,12 +358,11 @@ extension Connection {
             case .wait: break
             }
         }
-        let payload = UncheckedPayload(payload)
         let result: Result<Void, CloseReason> = await suspend(isolation: #isolation) { source, continuation in
-            switch source.trySend(payload.value) {
+            switch source.trySend(payload) {
             case .element, .end: continuation.resume(returning: .success(()))
             case .failed(let reason): continuation.resume(returning: .failure(reason))
-            case .wait: source.parkSender(payload.value, continuation)
+            case .wait: source.parkSender(payload, continuation)
             }
         }
         try result.get()
@@ -384,7 +383,7 @@ extension Connection {
         isolation: isolated (any Actor)?,
         _ body: @escaping @Sendable (ConnectionSource, UnsafeContinuation<Result<T, CloseReason>, Never>) -> Void
     ) async -> Result<T, CloseReason> {
-        let source = UncheckedSource(source)
+        let source = LoopBound(source)
         let loop = self.loop
         if Task.isCancelled {
             if loop.isCurrent { source.value.cancel() } else { loop.execute { source.value.cancel() } }
@@ -406,11 +405,4 @@ extension Connection {
             loop.execute { source.value.cancel() }
         }, isolation: isolation)
     }
-}
-
-/// A payload of `send` on its way to the loop (a `String` or an array: values, but the enum is
-/// not declared `Sendable` because it lives on the loop side).
-struct UncheckedPayload: @unchecked Sendable {
-    let value: ConnectionSource.Payload
-    init(_ value: ConnectionSource.Payload) { self.value = value }
 }

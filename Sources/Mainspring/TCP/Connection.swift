@@ -56,7 +56,7 @@ public final class Connection: @unchecked Sendable {
         guard !source.closedFlag.load(ordering: .acquiring) else { return }
         // Posted, even on the loop's thread: the handle may go away in the middle of the
         // source's own work (a handler that captured it being released).
-        let source = UncheckedSource(source)
+        let source = LoopBound(source)
         loop.execute { source.value.handleReleased() }
     }
 
@@ -183,7 +183,7 @@ public final class Connection: @unchecked Sendable {
         if source.withLoop({ $0.acceptsDirectCalls }) {
             source.stopReading()
         } else {
-            let source = UncheckedSource(source)
+            let source = LoopBound(source)
             loop.execute(priority: .input) { source.value.stopReading() }
         }
     }
@@ -199,7 +199,7 @@ public final class Connection: @unchecked Sendable {
         if source.withLoop({ $0.acceptsDirectCalls }) {
             source.write(bytes)
         } else {
-            let source = UncheckedSource(source)
+            let source = LoopBound(source)
             loop.execute(priority: .input) { source.value.write(bytes) }
         }
     }
@@ -209,7 +209,7 @@ public final class Connection: @unchecked Sendable {
         if source.withLoop({ $0.acceptsDirectCalls }) {
             source.write(text: text, newline: false)
         } else {
-            let source = UncheckedSource(source)
+            let source = LoopBound(source)
             loop.execute(priority: .input) { source.value.write(text: text, newline: false) }
         }
     }
@@ -220,7 +220,7 @@ public final class Connection: @unchecked Sendable {
         if source.withLoop({ $0.acceptsDirectCalls }) {
             source.write(text: text, newline: true)
         } else {
-            let source = UncheckedSource(source)
+            let source = LoopBound(source)
             loop.execute(priority: .input) { source.value.write(text: text, newline: true) }
         }
     }
@@ -233,7 +233,7 @@ public final class Connection: @unchecked Sendable {
         if source.withLoop({ $0.acceptsDirectCalls }) {
             source.write(text: text, newline: true)
         } else {
-            let source = UncheckedSource(source)
+            let source = LoopBound(source)
             let text = String(text)
             loop.execute(priority: .input) { source.value.write(text: text, newline: true) }
         }
@@ -253,7 +253,7 @@ public final class Connection: @unchecked Sendable {
         if loop.acceptsDirectCalls {
             source.shutdownOutput()
         } else {
-            let source = UncheckedSource(source)
+            let source = LoopBound(source)
             loop.execute(priority: .input) { source.value.shutdownOutput() }
         }
     }
@@ -266,7 +266,7 @@ public final class Connection: @unchecked Sendable {
         if loop.acceptsDirectCalls {
             source.closeGracefully()
         } else {
-            let source = UncheckedSource(source)
+            let source = LoopBound(source)
             loop.execute(priority: .input) { source.value.closeGracefully() }
         }
     }
@@ -280,7 +280,7 @@ public final class Connection: @unchecked Sendable {
         if loop.acceptsDirectCalls {
             source.finish(.cancelled)
         } else {
-            let source = UncheckedSource(source)
+            let source = LoopBound(source)
             loop.execute(priority: .input) { source.value.finish(.cancelled) }
         }
     }
@@ -335,10 +335,9 @@ public final class Connection: @unchecked Sendable {
             source.inFlightBytes.subtract(size, ordering: .relaxed)
             return false
         }
-        let unchecked = UncheckedSource(source)
-        let posted = UncheckedPayload(payload)
+        let unchecked = LoopBound(source)
         loop.execute(priority: .input) {
-            unchecked.value.deliverOffered(posted.value, accounted: size)
+            unchecked.value.deliverOffered(payload, accounted: size)
         } orElse: {
             // Only the atomic counter, which any thread may touch.
             unchecked.value.inFlightBytes.subtract(size, ordering: .relaxed)
@@ -390,10 +389,4 @@ public final class Connection: @unchecked Sendable {
         source.withLoop { $0.preconditionOnLoop("Connection.onWritable(_:)") }
         source.whenWritable(handler)
     }
-}
-
-/// Carries the loop-side state to the loop's thread (only used there).
-struct UncheckedSource: @unchecked Sendable {
-    let value: ConnectionSource
-    init(_ value: ConnectionSource) { self.value = value }
 }

@@ -104,7 +104,7 @@ extension ConnectionSource {
     func endDelivered() {
         state.endDelivered()
         guard role == .pipeReadEnd else { return }
-        withLoop { $0.execute(priority: .input, UncheckedWork { [weak self] in self?.closeGracefully() }.run) }
+        withLoop { $0.execute(priority: .input, LoopBound { [weak self] in self?.closeGracefully() }.run) }
     }
 
     // MARK: Delivering to callbacks

@@ -192,7 +192,7 @@ extension ConnectionSource {
     func whenWritable(_ handler: @escaping () -> Void) {
         guard state.isOpen else { return }
         writableHandlers.append(handler)
-        if !state.isOutputPaused { withLoop { $0.execute(priority: .input, UncheckedWork(resumeWritableWork(self)).run) } }
+        if !state.isOutputPaused { withLoop { $0.execute(priority: .input, LoopBound(resumeWritableWork(self)).run) } }
     }
 
     /// Runs `handler` once the output has all been handed to the kernel (or, on a simulated
@@ -201,7 +201,7 @@ extension ConnectionSource {
         guard state.isOpen else { return }
         outputSentHandlers.append(handler)
         if bufferedOutputBytes == 0 {
-            withLoop { $0.execute(priority: .input, UncheckedWork { [self] in runOutputSentHandlers() }.run) }
+            withLoop { $0.execute(priority: .input, LoopBound { [self] in runOutputSentHandlers() }.run) }
         }
     }
 
@@ -355,7 +355,7 @@ extension ConnectionSource {
 
     func setCloseHandler(_ handler: @escaping (Connection.CloseReason) -> Void) {
         if let closeReason = state.closeReason {
-            loop.execute { [handler = UncheckedHandler(handler)] in handler.call(closeReason) }
+            loop.execute { [handler = LoopBound(handler)] in handler.value(closeReason) }
         } else {
             closeHandler = handler
         }
@@ -425,11 +425,4 @@ private func resumeWritableWork(_ source: ConnectionSource) -> () -> Void {
         guard let source, source.state.isOpen, !source.state.isOutputPaused else { return }
         source.resumeWritable()
     }
-}
-
-/// A loop-bound closure posted to the same loop.
-struct UncheckedWork: @unchecked Sendable {
-    let work: () -> Void
-    init(_ work: @escaping () -> Void) { self.work = work }
-    func run() { work() }
 }

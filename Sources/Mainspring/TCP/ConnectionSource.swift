@@ -150,7 +150,7 @@ final class ConnectionSource: Source {
     }
 
     /// What a `send` writes.
-    enum Payload {
+    enum Payload: Sendable {
         case bytes([UInt8])
         case text(String, newline: Bool)
 
@@ -395,13 +395,6 @@ final class ConnectionSource: Source {
         if event.contains(.error) { pendingErrno = errno }
         fire(.signal)
     }
-}
-
-/// Lets a loop-bound close handler travel through `execute` to the same loop.
-struct UncheckedHandler: @unchecked Sendable {
-    let handler: (Connection.CloseReason) -> Void
-    init(_ handler: @escaping (Connection.CloseReason) -> Void) { self.handler = handler }
-    func call(_ reason: Connection.CloseReason) { handler(reason) }
 }
 
 extension ConnectionSource: PollPreparing {

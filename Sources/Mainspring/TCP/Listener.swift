@@ -125,13 +125,13 @@ public final class Listener: @unchecked Sendable {
     {
         let queue = ConnectionQueue()
         let shared = ListenerShared()
-        let made: Result<(UncheckedListenerSource, UInt16, String), EventLoopError> = await withUnsafeContinuation {
+        let made: Result<(LoopBound<ListenerSource>, UInt16, String), EventLoopError> = await withUnsafeContinuation {
             continuation in
             let start: @Sendable () -> Void = {
                 do throws(EventLoopError) {
                     let source = try ListenerSource(loop: loop, socket: socket, group: group, options: options,
                                                     delivery: .queue(queue), shared: shared, preparer: preparer)
-                    continuation.resume(returning: .success((UncheckedListenerSource(source), source.port,
+                    continuation.resume(returning: .success((LoopBound(source), source.port,
                                                              source.localAddress)))
                 } catch {
                     continuation.resume(returning: .failure(error))
@@ -167,7 +167,7 @@ public final class Listener: @unchecked Sendable {
     /// nobody, so it closes as `close()` closes it (the connections it had accepted close too).
     deinit {
         guard queue != nil else { return }
-        let source = UncheckedListenerSource(self.source)
+        let source = LoopBound(self.source)
         loop.execute { source.value.close() }
     }
 
@@ -179,7 +179,7 @@ public final class Listener: @unchecked Sendable {
         if loop.isCurrent {
             source.close()
         } else {
-            let source = UncheckedListenerSource(self.source)
+            let source = LoopBound(self.source)
             loop.execute { source.value.close() }
         }
     }
@@ -285,10 +285,4 @@ public final class Listener: @unchecked Sendable {
 final class ListenerShared: Sendable {
     let accepted = Atomic<Int>(0)
     let isClosed = Atomic<Bool>(false)
-}
-
-/// Carries the loop-side state to the loop's thread (only used there).
-struct UncheckedListenerSource: @unchecked Sendable {
-    let value: ListenerSource
-    init(_ value: ListenerSource) { self.value = value }
 }

@@ -133,7 +133,7 @@ final class ListenerSource: Source {
             let prepares = preparer != nil
             if !prepares, queue.reserve() { stopAccepting() }
             // Runs on the connection's loop; accepting resumes on this one.
-            let acceptor = UncheckedListenerSource(self)
+            let acceptor = LoopBound(self)
             let resumeAccepting: @Sendable (Bool) -> Void = { resume in
                 if resume { acceptor.value.postResumeAfterConsumer() }
             }
@@ -157,7 +157,7 @@ final class ListenerSource: Source {
     /// accepting until it catches up. Posted to the listener's loop from the connection's; the
     /// queue's state decides there, so a pause and a resume that cross on their way agree.
     func postPauseForConsumer() {
-        let source = UncheckedListenerSource(self)
+        let source = LoopBound(self)
         loop.execute { source.value.resumeAfterConsumer() }
     }
 
@@ -191,7 +191,7 @@ final class ListenerSource: Source {
     /// `resumeAfterConsumer`, asked from any thread (the consumer's task, a connection's loop):
     /// posted to the listener's loop.
     func postResumeAfterConsumer() {
-        let source = UncheckedListenerSource(self)
+        let source = LoopBound(self)
         loop.execute { source.value.resumeAfterConsumer() }
     }
 

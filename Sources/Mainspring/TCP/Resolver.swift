@@ -142,7 +142,7 @@ extension EventLoop {
         pending.timer = schedule(after: timeout) {
             pending.finish(.failure(.resolveTimedOut(host: host, timeout: timeout)))
         }
-        let unchecked = UncheckedPending(pending)
+        let unchecked = LoopBound(pending)
         let loop = self
         HostResolver.lookUp(host, port: port) { result in
             // Dropped, not run, when the loop is gone: nobody waits on a dead loop.
@@ -164,11 +164,4 @@ private final class PendingResolve {
         timer = nil
         done(result)
     }
-}
-
-/// Carries a loop-side waiter through the resolver thread back to its own loop (only used
-/// there).
-private struct UncheckedPending: @unchecked Sendable {
-    let value: PendingResolve
-    init(_ value: PendingResolve) { self.value = value }
 }

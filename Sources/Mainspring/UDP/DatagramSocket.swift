@@ -140,7 +140,7 @@ public final class DatagramSocket: Sendable {
     public let loop: EventLoop
     /// The address the socket is bound to (with the port the kernel chose for port 0).
     public let localAddress: SocketAddress
-    private let state: UncheckedResult<DatagramSource>
+    private let state: LoopBound<DatagramSource>
 
     /// The loop side (tests reach its seams through it).
     var source: DatagramSource { state.value }
@@ -177,7 +177,7 @@ public final class DatagramSocket: Sendable {
         let (source, bound) = try loop.world.bindDatagram(address, port: port, on: loop, options: options)
         self.loop = loop
         self.localAddress = bound
-        self.state = UncheckedResult(source)
+        self.state = LoopBound(source)
     }
 
     /// `init(bindingTo:port:on:options:)` from any task: makes the socket on `loop` (no hop from

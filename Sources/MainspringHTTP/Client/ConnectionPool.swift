@@ -43,7 +43,7 @@ final class ConnectionPool: Sendable {
         var nextWaiterID: UInt64 = 0
     }
 
-    private let state = ClientLock(State())
+    private let state = Protected(State())
     let limit: Int
     let idleTimeout: Duration
     /// The client's loop's clock: idle times are the loop's time (virtual on a simulated loop).
@@ -91,7 +91,7 @@ final class ConnectionPool: Sendable {
             state.nextWaiterID += 1
             return state.nextWaiterID
         }
-        let expiry = ClientLock<ScheduledTimer?>(nil)
+        let expiry = Protected<ScheduledTimer?>(nil)
         defer { expiry.withLock { $0 }?.cancel() }
         let result: Result<Grant, HTTPClientError> = await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in

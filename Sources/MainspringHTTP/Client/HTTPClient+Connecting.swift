@@ -96,7 +96,7 @@ private final class ConnectRace: @unchecked Sendable {
     typealias Waiter = CheckedContinuation<Result<Connection, HTTPClientError>, Never>
     /// The waiter, or the result that came before it did; `done` once a result is in; the
     /// connect's task until then.
-    private let state = ClientLock<(continuation: Waiter?, early: Result<Connection, HTTPClientError>?, done: Bool,
+    private let state = Protected<(continuation: Waiter?, early: Result<Connection, HTTPClientError>?, done: Bool,
                                     connect: Task<Void, Never>?)>((nil, nil, false, nil))
     private let loop: EventLoop
     /// The timeout's timer. Loop thread only.

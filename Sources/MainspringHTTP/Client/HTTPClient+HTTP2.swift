@@ -11,7 +11,7 @@ final class HTTP2Connections: Sendable {
         var isShutDown = false
     }
 
-    private let state = ClientLock(State())
+    private let state = Protected(State())
     /// How many connections the table holds (a lock-free look for the common case: none).
     private let held = Atomic<Int>(0)
 

@@ -53,9 +53,9 @@ public final class HTTPClient: Sendable {
     let retryBudget: RetryBudgetState
     /// The connections lent to requests now, and whether the client was shut down (set once;
     /// a lease made after it is closed at once).
-    private let leased = ClientLock<(connections: [ObjectIdentifier: Connection], isShutDown: Bool)>(([:], false))
+    private let leased = Protected<(connections: [ObjectIdentifier: Connection], isShutDown: Bool)>(([:], false))
     /// The last URL a request named, and its parse.
-    private let lastTarget = ClientLock<(url: String, target: HTTPTarget)?>(nil)
+    private let lastTarget = Protected<(url: String, target: HTTPTarget)?>(nil)
     /// The HTTP/2 connections, one a host (HTTPClient+HTTP2.swift).
     let http2 = HTTP2Connections()
 

@@ -113,11 +113,11 @@ final class RetryBudgetState: Sendable {
     }
 
     let budget: HTTPClient.RetryBudget
-    private let balance: ClientLock<Balance>
+    private let balance: Protected<Balance>
 
     init(_ budget: HTTPClient.RetryBudget) {
         self.budget = budget
-        balance = ClientLock(Balance(reserve: budget.minimumPerSecond))
+        balance = Protected(Balance(reserve: budget.minimumPerSecond))
     }
 
     /// Brings the balance to `now` (loop ns): what was earned fades, the reserve refills.

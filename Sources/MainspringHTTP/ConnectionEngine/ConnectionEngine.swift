@@ -93,14 +93,10 @@ final class ConnectionAcceptor: Sendable {
         /// Each real loop's own listener, by loop.
         var perLoop: [ObjectIdentifier: Listener] = [:]
         var port: UInt16 = 0
-        var engines: [ObjectIdentifier: UncheckedEngine] = [:]
+        /// Each loop's engine, touched on its loop's thread only (weak: the engine is its loop's).
+        var engines: [ObjectIdentifier: LoopBound<WeakReference<ConnectionEngine>>] = [:]
         var waiting: [ObjectIdentifier: [Connection]] = [:]
         var running = 0
-    }
-
-    /// A loop's engine, touched on its loop's thread only.
-    private struct UncheckedEngine: @unchecked Sendable {
-        weak var engine: ConnectionEngine?
     }
 
     /// The bound port (0 on a Unix socket).
@@ -170,10 +166,10 @@ final class ConnectionAcceptor: Sendable {
             do throws(EventLoopError) { copy = try socket.duplicate() } catch { throw HTTPServerError(listening: error) }
             let listener: Listener
             do {
-                let target = UncheckedEngine(engine: engine)
+                let target = LoopBound(WeakReference(engine))
                 listener = try Self.listen(.adopted(descriptor: copy), on: engine.loop, group: nil, preparer: preparer) {
                     connection in
-                    if let engine = target.engine { engine.accept(connection) } else { connection.abort() }
+                    if let engine = target.value.object { engine.accept(connection) } else { connection.abort() }
                 }
             } catch {
                 SharedListeningSocket.closeDuplicate(copy)  // not adopted: still ours
@@ -183,7 +179,7 @@ final class ConnectionAcceptor: Sendable {
             return
         }
         let waiting = state.withLock { state -> [Connection] in
-            state.engines[key] = UncheckedEngine(engine: engine)
+            state.engines[key] = LoopBound(WeakReference(engine))
             return state.waiting.removeValue(forKey: key) ?? []
         }
         for connection in waiting { engine.accept(connection) }
@@ -196,7 +192,7 @@ final class ConnectionAcceptor: Sendable {
         let listeners = state.withLock { state -> [Listener] in
             var closing: [Listener] = []
             if let own = state.perLoop.removeValue(forKey: key) { closing.append(own) }
-            state.engines[key] = UncheckedEngine(engine: nil)
+            state.engines[key] = LoopBound(WeakReference(nil))
             state.running -= 1
             if state.running == 0 {
                 state.socket = nil
@@ -242,7 +238,7 @@ final class ConnectionAcceptor: Sendable {
     private func accepted(_ connection: Connection) {
         let key = ObjectIdentifier(connection.loop)
         // nil: no engine on that loop yet (it waits); an entry without an engine: it stopped.
-        let entry = state.withLock { state -> UncheckedEngine? in
+        let entry = state.withLock { state -> LoopBound<WeakReference<ConnectionEngine>>? in
             guard let entry = state.engines[key] else {
                 state.waiting[key, default: []].append(connection)
                 return nil
@@ -250,7 +246,7 @@ final class ConnectionAcceptor: Sendable {
             return entry
         }
         guard let entry else { return }
-        if let engine = entry.engine {
+        if let engine = entry.value.object {
             engine.accept(connection)
         } else {
             connection.abort()  // that loop's engine has stopped accepting

@@ -63,7 +63,7 @@ final class HTTP2ClientStream: ResponseBody, @unchecked Sendable {
         var settled = false
     }
 
-    private let state = ClientLock(State())
+    private let state = Protected(State())
 
     init(connection: HTTP2ClientConnection, method: HTTPMethod, url: String, body: [UInt8], request: RequestDeadline,
          responseTimeout: Duration, maxHeaderBytes: Int)

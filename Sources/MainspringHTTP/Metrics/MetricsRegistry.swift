@@ -2,7 +2,7 @@ import MainspringCore
 import Synchronization
 
 // Locks here are the core's `Protected` (a pthread mutex), not `Mutex`: ThreadSanitizer does not see `Mutex`'s futex
-// as synchronisation (see ClientLock).
+// as synchronisation (see Protected).
 
 /// The application's own metrics — counters, gauges and histograms, with labels — served on
 /// `/metrics` beside the loops' figures, in the Prometheus text format.

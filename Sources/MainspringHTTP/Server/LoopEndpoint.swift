@@ -328,8 +328,7 @@ final class ServerShared: @unchecked Sendable {
     let maxConnections: Int
     /// The Unix socket file the server listens on (nil for TCP and abstract names).
     private let socketFile: UnixSocketFile?
-    private let lock = NSLock()
-    private var state = State()
+    private let state = Protected(State())
     private struct State {
         var limitReached = false
         var openEndpoints = 0
@@ -339,11 +338,7 @@ final class ServerShared: @unchecked Sendable {
         var report = HTTPServer.ShutdownReport()
     }
 
-    private func withState<T>(_ body: (inout State) -> T) -> T {
-        lock.lock()
-        defer { lock.unlock() }
-        return body(&state)
-    }
+    private func withState<T>(_ body: (inout State) -> T) -> T { state.withLock(body) }
     /// The server's loops' parts, until the last has closed: then the list is emptied, which
     /// breaks the cycle between this and each endpoint (`LoopEndpoint.shared`), so a closed
     /// server's parts are freed. Any thread.

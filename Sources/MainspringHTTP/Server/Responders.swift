@@ -27,42 +27,29 @@ public final class HTTPResponder: Sendable {
 /// A request handle shared by a responder and the loop: taken once.
 private final class RequestBox: @unchecked Sendable {
     let endpoint: LoopEndpoint
-    private let lock = NSLock()
-    private var request: (any ServerExchange)?
+    private let request: Protected<(any ServerExchange)?>
     private let method: HTTPMethod
 
     init(endpoint: LoopEndpoint, request: any ServerExchange, method: HTTPMethod) {
         self.endpoint = endpoint
-        self.request = request
+        self.request = Protected(request)
         self.method = method
     }
 
     func send(_ response: HTTPResponse) {
-        lock.lock()
-        let taken = request
-        request = nil
-        lock.unlock()
+        let taken = request.withLock { request in
+            defer { request = nil }
+            return request
+        }
         guard let taken else { return }
         let endpoint = self.endpoint, method = self.method
-        let box = UncheckedRequest(taken)
+        let box = LoopBound(taken)
         if endpoint.loop.isCurrent {
             endpoint.reply(response, to: taken, method: method)
         } else {
-            endpoint.loop.execute(priority: .input) { endpoint.reply(response, to: box.request, method: method) }
+            endpoint.loop.execute(priority: .input) { endpoint.reply(response, to: box.value, method: method) }
         }
     }
-}
-
-/// A loop-bound closure carried through the loop's own queue (it runs on the same thread).
-struct UncheckedCall: @unchecked Sendable {
-    let body: () -> Void
-    init(_ body: @escaping () -> Void) { self.body = body }
-}
-
-/// A loop-bound request handle carried across a thread hop (used only back on its loop).
-struct UncheckedRequest: @unchecked Sendable {
-    let request: any ServerExchange
-    init(_ request: any ServerExchange) { self.request = request }
 }
 
 /// Streams a response in chunks (`Transfer-Encoding: chunked`; an HTTP/1.0 client gets the bytes
@@ -145,8 +132,8 @@ public final class HTTPResponseWriter {
     public func onWritable(_ body: @escaping () -> Void) {
         endpoint.loop.preconditionOnLoopForHTTP("HTTPResponseWriter.onWritable")
         if isWritable || !request.isConnectionOpen {
-            let call = UncheckedCall(body)
-            endpoint.loop.execute { call.body() }
+            let call = LoopBound(body)
+            endpoint.loop.execute { call.value() }
         } else {
             writableWaiters.append(body)
         }

@@ -176,17 +176,17 @@ private final class HandshakeDeadline: @unchecked Sendable {
     private let connection: Connection
     private var timer: TimerHandle?
     private var isDisarmed = false
-    private let fired = Mutex(false)
+    private let fired = Atomic(false)
 
     init(connection: Connection) { self.connection = connection }
 
-    var hasFired: Bool { fired.withLock { $0 } }
+    var hasFired: Bool { fired.load(ordering: .acquiring) }
 
     func arm(after timeout: Duration) {
         guard !isDisarmed else { return }
         timer = connection.loop.schedule(after: timeout) { [self] in
             guard !isDisarmed else { return }
-            fired.withLock { $0 = true }
+            fired.store(true, ordering: .releasing)
             connection.close()
         }
     }

@@ -76,8 +76,12 @@ final class ServerContextSet: @unchecked Sendable {
 
     /// Builds every context of `configuration` (reading its files now).
     static func make(_ configuration: TLSServerConfiguration) throws(TLSConfigurationError) -> ServerContextSet {
-        contextBuilding.lock()
-        defer { contextBuilding.unlock() }
+        try contextBuilding.withLock { _ throws(TLSConfigurationError) in try makeOneAtATime(configuration) }
+    }
+
+    private static func makeOneAtATime(_ configuration: TLSServerConfiguration) throws(TLSConfigurationError)
+        -> ServerContextSet
+    {
         guard !configuration.certificates.isEmpty else {
             throw TLSConfigurationError(what: "configuration", source: "TLSServerConfiguration",
                                         reason: "a server needs at least one certificate")
@@ -126,8 +130,12 @@ final class ServerContextSet: @unchecked Sendable {
 
     /// Builds a client context.
     static func makeClient(_ configuration: TLSClientConfiguration) throws(TLSConfigurationError) -> SSLContextHandle {
-        contextBuilding.lock()
-        defer { contextBuilding.unlock() }
+        try contextBuilding.withLock { _ throws(TLSConfigurationError) in try makeClientOneAtATime(configuration) }
+    }
+
+    private static func makeClientOneAtATime(_ configuration: TLSClientConfiguration) throws(TLSConfigurationError)
+        -> SSLContextHandle
+    {
         _ = requirePositive(configuration.handshakeTimeout, "TLSClientConfiguration.handshakeTimeout")
         ERR_clear_error()
         guard let ctx = SSL_CTX_new(TLS_client_method()) else {
@@ -158,7 +166,7 @@ final class ServerContextSet: @unchecked Sendable {
 /// Contexts are built one at a time, process-wide: OpenSSL 3.0's PEM decoders are not safe to
 /// run on several threads at once (two servers made at the same moment failed to read the same
 /// good key, "unsupported"). Building a context is rare and takes a millisecond or so.
-private let contextBuilding = NSLock()
+private let contextBuilding = Protected(())
 
 /// TLS 1.2's cipher suites under `.intermediate`: Mozilla's "intermediate" profile (version 5.7),
 /// AEAD with forward secrecy only. TLS 1.3's are OpenSSL's defaults (`SSL_CTX_set_cipher_list`
