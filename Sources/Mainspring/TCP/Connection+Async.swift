@@ -41,47 +41,49 @@ extension Connection {
     public var bytes: Bytes { Bytes(connection: self) }
 
     /// `Connection.lines`: an `AsyncSequence` of `LineEvent`s that throws `CloseReason`.
-    public struct Lines: AsyncSequence, Sendable {
-        public typealias Element = LineEvent
-        public typealias Failure = CloseReason
-        let connection: Connection
+    public typealias Lines = InputSequence<LineSteps>
 
-        public func makeAsyncIterator() -> Iterator { Iterator(connection: connection) }
+    /// `Connection.bytes`: an `AsyncSequence` of byte chunks that throws `CloseReason`.
+    public typealias Bytes = InputSequence<ChunkSteps>
 
-        /// The iterator: use it from one task.
-        public struct Iterator: AsyncIteratorProtocol {
-            @usableFromInline let connection: Connection
+    /// How one step of an ``InputSequence`` reads the connection: a line (``LineSteps``) or a
+    /// chunk of bytes (``ChunkSteps``).
+    public protocol InputSteps {
+        associatedtype Element: Sendable
+        /// The next element of `connection`'s input, or nil at its end.
+        nonisolated(nonsending) static func next(of connection: Connection) async throws(CloseReason) -> Element?
+    }
 
-            init(connection: Connection) { self.connection = connection }
-
-            /// `readLine()`. Inlinable, so that a loop over `lines` takes a line that is there
-            /// already with a plain call (an async call allocates its callee's frame in the
-            /// task, even when it does not suspend), and calls `waitForLine` itself when it must
-            /// wait: no frame of its own in the task while it waits (an idle connection's task
-            /// holds every frame of the call it is suspended in).
-            @inlinable
-            public nonisolated(nonsending) mutating func next() async throws(CloseReason) -> LineEvent? {
-                if let ready = connection.lineIfReady() { return try ready.get() }
-                return try await connection.waitForLine()
-            }
-
-            /// `next()`, on the caller's executor. (Not isolated to `actor`: a function isolated
-            /// to a parameter switches to it on entry and back after each call it awaits, two
-            /// runtime calls per element that `nonisolated(nonsending)` does not need.)
-            @inlinable
-            public nonisolated(nonsending) mutating func next(isolation actor: (any Actor)?) async throws(CloseReason) -> LineEvent? {
-                if let ready = connection.lineIfReady() { return try ready.get() }
-                return try await connection.waitForLine()
-            }
+    /// The steps of `lines`: `readLine()`.
+    public enum LineSteps: InputSteps {
+        /// `readLine()`. Inlinable, so that a loop over `lines` takes a line that is there
+        /// already with a plain call (an async call allocates its callee's frame in the task,
+        /// even when it does not suspend), and calls `waitForLine` itself when it must wait: no
+        /// frame of its own in the task while it waits (an idle connection's task holds every
+        /// frame of the call it is suspended in).
+        @inlinable
+        public nonisolated(nonsending) static func next(of connection: Connection) async throws(CloseReason) -> LineEvent? {
+            if let ready = connection.lineIfReady() { return try ready.get() }
+            return try await connection.waitForLine()
         }
     }
 
     /// The most that one step of `bytes` gives (for the inlinable iterator).
     @usableFromInline static let bytesChunk = ConnectionSource.chunk
 
-    /// `Connection.bytes`: an `AsyncSequence` of byte chunks that throws `CloseReason`.
-    public struct Bytes: AsyncSequence, Sendable {
-        public typealias Element = [UInt8]
+    /// The steps of `bytes`: `read(upTo:)` 64 KiB (`ConnectionSource.chunk`).
+    public enum ChunkSteps: InputSteps {
+        /// `read(upTo:)` 64 KiB. Inlinable, as ``LineSteps/next(of:)`` is.
+        @inlinable
+        public nonisolated(nonsending) static func next(of connection: Connection) async throws(CloseReason) -> [UInt8]? {
+            try await connection.read(upTo: Connection.bytesChunk)
+        }
+    }
+
+    /// A connection's input as an `AsyncSequence` that throws `CloseReason`, one `Steps` step
+    /// at a time: ``Lines`` and ``Bytes``.
+    public struct InputSequence<Steps: InputSteps>: AsyncSequence, Sendable {
+        public typealias Element = Steps.Element
         public typealias Failure = CloseReason
         let connection: Connection
 
@@ -93,18 +95,18 @@ extension Connection {
 
             init(connection: Connection) { self.connection = connection }
 
-            /// `read(upTo:)` 64 KiB (`ConnectionSource.chunk`). Inlinable, as `Lines.Iterator.next()` is.
+            /// The next step (inlinable, with the step's own fast path).
             @inlinable
-            public nonisolated(nonsending) mutating func next() async throws(CloseReason) -> [UInt8]? {
-                try await connection.read(upTo: Connection.bytesChunk)
+            public nonisolated(nonsending) mutating func next() async throws(CloseReason) -> Steps.Element? {
+                try await Steps.next(of: connection)
             }
 
             /// `next()`, on the caller's executor. (Not isolated to `actor`: a function isolated
             /// to a parameter switches to it on entry and back after each call it awaits, two
             /// runtime calls per element that `nonisolated(nonsending)` does not need.)
             @inlinable
-            public nonisolated(nonsending) mutating func next(isolation actor: (any Actor)?) async throws(CloseReason) -> [UInt8]? {
-                try await connection.read(upTo: Connection.bytesChunk)
+            public nonisolated(nonsending) mutating func next(isolation actor: (any Actor)?) async throws(CloseReason) -> Steps.Element? {
+                try await Steps.next(of: connection)
             }
         }
     }

@@ -192,8 +192,36 @@ final class SeriesTable<Series: Sendable & AnyObject>: Sendable {
     }
 }
 
+/// What a counter, a gauge and a histogram share: the family's name, help text and label names,
+/// and its series by label values — made on first use, the unlabelled one at once. Not made
+/// directly: ``Counter``, ``Gauge`` and ``Histogram`` are its kinds, made by ``MetricsRegistry``.
+/// Any thread.
+///
+/// (`@unchecked Sendable` because a class with subclasses cannot be checked: every stored
+/// property is an immutable `Sendable` value, and only this module's final kinds subclass it.)
+public class MetricSeriesFamily<Series: Sendable & AnyObject>: @unchecked Sendable {
+    /// The family's name, as exposed.
+    public let name: String
+    /// The family's help text.
+    public let help: String
+    /// The family's label names, in order.
+    public let labelNames: [String]
+    let table: SeriesTable<Series>
+
+    init(name: String, help: String, labelNames: [String], makeSeries: @escaping @Sendable () -> Series) {
+        self.name = name
+        self.help = help
+        self.labelNames = labelNames
+        table = SeriesTable(family: name, help: help, labelNames: labelNames, make: makeSeries)
+    }
+
+    /// The series for these label values, in the order of the family's labels (the count of
+    /// values must match: a precondition). Made on first use; keep it for frequent updates.
+    public func series(_ labelValues: String...) -> Series { table.series(labelValues) }
+}
+
 /// A count that only goes up. See ``MetricsRegistry``.
-public final class Counter: MetricFamily {
+public final class Counter: MetricSeriesFamily<Counter.Series>, MetricFamily, @unchecked Sendable {
     /// One labelled series of a counter.
     public final class Series: Sendable {
         private let count = Atomic<Int>(0)
@@ -205,19 +233,9 @@ public final class Counter: MetricFamily {
         public var value: Int { count.load(ordering: .relaxed) }
     }
 
-    /// The family's name, help text and label names.
-    public var name: String { table.family }
-    public var help: String { table.help }
-    public var labelNames: [String] { table.labelNames }
-    private let table: SeriesTable<Series>
-
     init(name: String, help: String, labelNames: [String]) {
-        table = SeriesTable(family: name, help: help, labelNames: labelNames) { Series() }
+        super.init(name: name, help: help, labelNames: labelNames) { Series() }
     }
-
-    /// The series for these label values, in the order of the counter's labels (the count of
-    /// values must match: a precondition). Made on first use; keep it for frequent updates.
-    public func series(_ labelValues: String...) -> Series { table.series(labelValues) }
 
     /// Adds `amount` to the counter; for a counter without labels (a precondition).
     public func increment(by amount: Int = 1) { table.only.increment(by: amount) }
@@ -229,7 +247,7 @@ public final class Counter: MetricFamily {
 }
 
 /// A value that goes up and down. See ``MetricsRegistry``.
-public final class Gauge: MetricFamily {
+public final class Gauge: MetricSeriesFamily<Gauge.Series>, MetricFamily, @unchecked Sendable {
     /// One labelled series of a gauge.
     public final class Series: Sendable {
         private let bits = Atomic<UInt64>(0.0.bitPattern)
@@ -241,18 +259,9 @@ public final class Gauge: MetricFamily {
         public var value: Double { Double(bitPattern: bits.load(ordering: .relaxed)) }
     }
 
-    /// The family's name, help text and label names.
-    public var name: String { table.family }
-    public var help: String { table.help }
-    public var labelNames: [String] { table.labelNames }
-    private let table: SeriesTable<Series>
-
     init(name: String, help: String, labelNames: [String]) {
-        table = SeriesTable(family: name, help: help, labelNames: labelNames) { Series() }
+        super.init(name: name, help: help, labelNames: labelNames) { Series() }
     }
-
-    /// The series for these label values (see ``Counter/series(_:)``).
-    public func series(_ labelValues: String...) -> Series { table.series(labelValues) }
 
     /// Sets the gauge; for a gauge without labels (a precondition).
     public func set(_ value: Double) { table.only.set(value) }
@@ -267,7 +276,7 @@ public final class Gauge: MetricFamily {
 }
 
 /// Observations counted in buckets. See ``MetricsRegistry``.
-public final class Histogram: MetricFamily {
+public final class Histogram: MetricSeriesFamily<Histogram.Series>, MetricFamily, @unchecked Sendable {
     /// Prometheus clients' default bounds, in seconds: 5 ms to 10 s.
     public static let defaultBuckets: [Double] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10]
 
@@ -310,23 +319,15 @@ public final class Histogram: MetricFamily {
         }
     }
 
-    /// The family's name, help text and label names.
-    public var name: String { table.family }
-    public var help: String { table.help }
-    public var labelNames: [String] { table.labelNames }
     /// The upper bounds (`+Inf` implied).
     public let bounds: [Double]
-    private let table: SeriesTable<Series>
 
     init(name: String, help: String, labelNames: [String], bounds: [Double]) {
         self.bounds = bounds
-        table = SeriesTable(family: name, help: help, labelNames: labelNames) { Series(bounds: bounds) }
+        super.init(name: name, help: help, labelNames: labelNames) { Series(bounds: bounds) }
     }
 
     func sameShape(as other: Histogram) -> Bool { bounds == other.bounds }
-
-    /// The series for these label values (see ``Counter/series(_:)``).
-    public func series(_ labelValues: String...) -> Series { table.series(labelValues) }
 
     /// Observes `value`; for a histogram without labels (a precondition).
     public func observe(_ value: Double) { table.only.observe(value) }
