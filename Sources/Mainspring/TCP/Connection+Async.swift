@@ -46,25 +46,56 @@ extension Connection {
     /// `Connection.bytes`: an `AsyncSequence` of byte chunks that throws `CloseReason`.
     public typealias Bytes = InputSequence<ChunkSteps>
 
-    /// How one step of an ``InputSequence`` reads the connection: a line (``LineSteps``) or a
-    /// chunk of bytes (``ChunkSteps``).
+    /// How an ``InputSequence`` reads the connection: its iterator, a line at a time
+    /// (``LineSteps``) or a chunk of bytes at a time (``ChunkSteps``). Each iterator is its own
+    /// concrete type, so that its inlinable `next()` is the whole fast path.
     public protocol InputSteps {
-        associatedtype Element: Sendable
-        /// The next element of `connection`'s input, or nil at its end.
-        nonisolated(nonsending) static func next(of connection: Connection) async throws(CloseReason) -> Element?
+        associatedtype Iterator: AsyncIteratorProtocol where Iterator.Failure == CloseReason
+        /// An iterator over `connection`'s input.
+        static func makeIterator(reading connection: Connection) -> Iterator
+    }
+
+    /// A connection's input as an `AsyncSequence` that throws `CloseReason`, read by `Steps`:
+    /// ``Lines`` and ``Bytes``.
+    public struct InputSequence<Steps: InputSteps>: AsyncSequence, Sendable {
+        public typealias Element = Steps.Iterator.Element
+        public typealias Failure = CloseReason
+        /// The iterator: use it from one task.
+        public typealias Iterator = Steps.Iterator
+        let connection: Connection
+
+        public func makeAsyncIterator() -> Iterator { Steps.makeIterator(reading: connection) }
     }
 
     /// The steps of `lines`: `readLine()`.
     public enum LineSteps: InputSteps {
-        /// `readLine()`. Inlinable, so that a loop over `lines` takes a line that is there
-        /// already with a plain call (an async call allocates its callee's frame in the task,
-        /// even when it does not suspend), and calls `waitForLine` itself when it must wait: no
-        /// frame of its own in the task while it waits (an idle connection's task holds every
-        /// frame of the call it is suspended in).
-        @inlinable
-        public nonisolated(nonsending) static func next(of connection: Connection) async throws(CloseReason) -> LineEvent? {
-            if let ready = connection.lineIfReady() { return try ready.get() }
-            return try await connection.waitForLine()
+        public static func makeIterator(reading connection: Connection) -> Iterator { Iterator(connection: connection) }
+
+        /// The iterator of `lines`: use it from one task.
+        public struct Iterator: AsyncIteratorProtocol {
+            @usableFromInline let connection: Connection
+
+            init(connection: Connection) { self.connection = connection }
+
+            /// `readLine()`. Inlinable, so that a loop over `lines` takes a line that is there
+            /// already with a plain call (an async call allocates its callee's frame in the
+            /// task, even when it does not suspend), and calls `waitForLine` itself when it must
+            /// wait: no frame of its own in the task while it waits (an idle connection's task
+            /// holds every frame of the call it is suspended in).
+            @inlinable
+            public nonisolated(nonsending) mutating func next() async throws(CloseReason) -> LineEvent? {
+                if let ready = connection.lineIfReady() { return try ready.get() }
+                return try await connection.waitForLine()
+            }
+
+            /// `next()`, on the caller's executor. (Not isolated to `actor`: a function isolated
+            /// to a parameter switches to it on entry and back after each call it awaits, two
+            /// runtime calls per element that `nonisolated(nonsending)` does not need.)
+            @inlinable
+            public nonisolated(nonsending) mutating func next(isolation actor: (any Actor)?) async throws(CloseReason) -> LineEvent? {
+                if let ready = connection.lineIfReady() { return try ready.get() }
+                return try await connection.waitForLine()
+            }
         }
     }
 
@@ -73,40 +104,24 @@ extension Connection {
 
     /// The steps of `bytes`: `read(upTo:)` 64 KiB (`ConnectionSource.chunk`).
     public enum ChunkSteps: InputSteps {
-        /// `read(upTo:)` 64 KiB. Inlinable, as ``LineSteps/next(of:)`` is.
-        @inlinable
-        public nonisolated(nonsending) static func next(of connection: Connection) async throws(CloseReason) -> [UInt8]? {
-            try await connection.read(upTo: Connection.bytesChunk)
-        }
-    }
+        public static func makeIterator(reading connection: Connection) -> Iterator { Iterator(reading: connection) }
 
-    /// A connection's input as an `AsyncSequence` that throws `CloseReason`, one `Steps` step
-    /// at a time: ``Lines`` and ``Bytes``.
-    public struct InputSequence<Steps: InputSteps>: AsyncSequence, Sendable {
-        public typealias Element = Steps.Element
-        public typealias Failure = CloseReason
-        let connection: Connection
-
-        public func makeAsyncIterator() -> Iterator { Iterator(connection: connection) }
-
-        /// The iterator: use it from one task.
+        /// The iterator of `bytes`: use it from one task. Inlinable, as `lines`' is.
         public struct Iterator: AsyncIteratorProtocol {
             @usableFromInline let connection: Connection
 
-            init(connection: Connection) { self.connection = connection }
+            init(reading connection: Connection) { self.connection = connection }
 
-            /// The next step (inlinable, with the step's own fast path).
+            /// `read(upTo:)` 64 KiB, which has its own fast path.
             @inlinable
-            public nonisolated(nonsending) mutating func next() async throws(CloseReason) -> Steps.Element? {
-                try await Steps.next(of: connection)
+            public nonisolated(nonsending) mutating func next() async throws(CloseReason) -> [UInt8]? {
+                try await connection.read(upTo: Connection.bytesChunk)
             }
 
-            /// `next()`, on the caller's executor. (Not isolated to `actor`: a function isolated
-            /// to a parameter switches to it on entry and back after each call it awaits, two
-            /// runtime calls per element that `nonisolated(nonsending)` does not need.)
+            /// `next()`, on the caller's executor (without isolating to `actor`, as `lines`' does).
             @inlinable
-            public nonisolated(nonsending) mutating func next(isolation actor: (any Actor)?) async throws(CloseReason) -> Steps.Element? {
-                try await Steps.next(of: connection)
+            public nonisolated(nonsending) mutating func next(isolation actor: (any Actor)?) async throws(CloseReason) -> [UInt8]? {
+                try await connection.read(upTo: Connection.bytesChunk)
             }
         }
     }
