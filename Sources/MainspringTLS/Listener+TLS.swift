@@ -86,11 +86,11 @@ extension Connection {
     /// agreed). The server's certificate is checked as `tls.configuration.verification` says —
     /// against `serverName` (default: `host`), which is also sent as SNI when it is a name. Any
     /// task; the handshake runs on `loop` as `.normal` work.
-    /// - Throws: ``TLSError/handshakeFailed(reason:)`` with OpenSSL's reason (naming the
-    ///   certificate check that failed) or the handshake timeout; ``TLSError/connect(_:)`` with
+    /// - Throws: `TLSError.handshakeFailed(reason:)` with OpenSSL's reason (naming the
+    ///   certificate check that failed) or the handshake timeout; `TLSError.connect(_:)` with
     ///   the connect's `EventLoopError` — `.system` with a literal's errno, `.hostNotFound`,
     ///   `.resolveTimedOut`, `.connectFailed` (naming every address tried), `.invalidAddress`,
-    ///   `.loopClosed`; ``TLSError/cancelled`` when the task was cancelled before the handshake
+    ///   `.loopClosed`; `TLSError.cancelled` when the task was cancelled before the handshake
     ///   ended (unlike the plain `connect`, which ends at once, this one sees the cancellation
     ///   once the handshake is over or has failed; the connection is then closed).
     public static func connect(to host: String, port: UInt16, on loop: EventLoop, options: Options = .init(),

@@ -80,12 +80,12 @@ public enum HTTPClientError: Error, Sendable, Equatable, CustomStringConvertible
     case connectFailed(host: String, port: UInt16, EventLoopError)
     /// The connection to `host:port` was made but not secured: the TLS handshake failed (a
     /// certificate that did not verify, the handshake timeout, a server that does not speak
-    /// TLS) — the connector's ``TLSError``, with OpenSSL's account naming the check that failed.
+    /// TLS) — the connector's `TLSError`, with OpenSSL's account naming the check that failed.
     /// (A connector of your own that throws something else is reported here as
     /// `TLSError.handshakeFailed` with that error's description.)
     case tlsFailed(host: String, port: UInt16, TLSError)
     /// No longer reported: a connection that was not secured is ``tlsFailed(host:port:_:)``,
-    /// carrying the one TLS error, ``TLSError``.
+    /// carrying the one TLS error, `TLSError`.
     @available(*, deprecated, message: "a connection that was not secured is tlsFailed(host:port:_:), carrying the TLSError")
     case securityFailed(host: String, port: UInt16, reason: String)
     /// The connect to `host:port` did not complete within the connect timeout.

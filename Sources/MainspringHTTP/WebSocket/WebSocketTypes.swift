@@ -179,7 +179,7 @@ public enum WebSocketError: Error, Sendable, Equatable, CustomStringConvertible 
     case connectFailed(String)
     /// A client only (`wss://`): the connection was made but TLS did not secure it — a
     /// certificate that did not verify, a handshake that timed out — with OpenSSL's account in
-    /// the one TLS error, ``TLSError``. (A `secureConnector` of your own that throws something
+    /// the one TLS error, `TLSError`. (A `secureConnector` of your own that throws something
     /// else is reported here as `TLSError.handshakeFailed` with that error's description.)
     case tlsFailed(TLSError)
     /// A client only: the server's answer to the opening handshake was not a valid `101`
