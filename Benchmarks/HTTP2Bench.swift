@@ -25,17 +25,17 @@ let http2Scenario = Scenario(
     let multiplexed = load + ["-n", sized("1000000", smoke: "3200"), "-m", "16"]
     let oneAtATime = load + ["-n", sized("300000", smoke: "640"), "--h1", "-m", "1"]
     for _ in 0..<runs {
-        samples.add("mainspring", measureMainspring(h2load, multiplexed))
-        samples.add("mainspring-http1", measureMainspring(h2load, oneAtATime))
-        samples.add("nghttpd", {
+        try samples.add("mainspring", measureMainspring(h2load, multiplexed))
+        try samples.add("mainspring-http1", measureMainspring(h2load, oneAtATime))
+        try samples.add("nghttpd", {
             guard let nghttpd = OutsidePeer.nghttpd() else {
                 FileHandle.standardError.write(Data("http2: nghttpd did not start (make bench-tools installs nghttp2-server)\n".utf8))
                 return []
             }
+            defer { nghttpd.stop() }
             let cpuBefore = nghttpd.cpuMicroseconds
-            let result = runH2load(h2load, multiplexed + ["http://127.0.0.1:\(nghttpd.port)/hello"])
+            let result = try runH2load(h2load, multiplexed + ["http://127.0.0.1:\(nghttpd.port)/hello"])
             let cpu = Double(nghttpd.cpuMicroseconds &- cpuBefore) / result.requests
-            nghttpd.stop()
             return [("requests_per_s", result.rate), ("cpu_us_per_request", cpu)]
         }())
     }
@@ -43,17 +43,19 @@ let http2Scenario = Scenario(
 }
 
 /// Mainspring's server on one loop, `/hello`, under `h2load` with `arguments`.
-private func measureMainspring(_ h2load: String, _ arguments: [String]) -> [(String, Double)] {
+private func measureMainspring(_ h2load: String, _ arguments: [String]) throws -> [(String, Double)] {
     let group = try! EventLoopGroup(loopCount: 1)
     var routes = HTTPRoutes()
     routes.get("/hello") { _ in .text("hello\n") }
     let server = try! HTTPServer(group: group, routes: routes)
     let loop = group.loops[0]
+    defer {
+        server.close()
+        group.shutdownBlocking(gracePeriod: .seconds(2))
+    }
     let cpuBefore = threadCPUNanoseconds(of: loop)
-    let result = runH2load(h2load, arguments + ["http://127.0.0.1:\(server.port)/hello"])
+    let result = try runH2load(h2load, arguments + ["http://127.0.0.1:\(server.port)/hello"])
     let cpu = Double(threadCPUNanoseconds(of: loop) &- cpuBefore) / 1_000 / result.requests
-    server.close()
-    group.shutdownBlocking(gracePeriod: .seconds(2))
     return [("requests_per_s", result.rate), ("cpu_us_per_request", cpu)]
 }
 
@@ -64,15 +66,16 @@ struct H2loadResult {
 }
 
 /// Runs h2load and reads its summary ("finished in 3.00s, 41234.50 req/s, …", "requests: …
-/// succeeded, …"). Prints h2load's output and stops the benchmark if a request failed.
-func runH2load(_ path: String, _ arguments: [String]) -> H2loadResult {
+/// succeeded, …"). Throws, with h2load's output, when a request failed or no rate came out: the
+/// scenario fails, the rest of the run goes on.
+func runH2load(_ path: String, _ arguments: [String]) throws -> H2loadResult {
     let process = Process()
     process.executableURL = URL(fileURLWithPath: path)
     process.arguments = arguments
     let output = Pipe()
     process.standardOutput = output
     process.standardError = FileHandle.nullDevice
-    try! process.run()
+    do { try process.run() } catch { throw BenchError.variantFailed("h2load could not start: \(error)") }
     let data = output.fileHandleForReading.readDataToEndOfFile()
     process.waitUntilExit()
     let text = String(decoding: data, as: UTF8.self)
@@ -91,8 +94,7 @@ func runH2load(_ path: String, _ arguments: [String]) -> H2loadResult {
         }
     }
     guard rate > 0, failed == 0 else {
-        FileHandle.standardError.write(Data("h2load \(arguments.joined(separator: " ")) failed:\n\(text)\n".utf8))
-        exit(1)
+        throw BenchError.variantFailed("h2load \(arguments.joined(separator: " ")) failed:\n\(text)")
     }
     return H2loadResult(rate: rate, requests: max(1, succeeded))
 }

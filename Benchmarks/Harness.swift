@@ -62,9 +62,9 @@ struct Samples {
         values[variant, default: [:]][metric, default: []].append(value)
     }
 
-    mutating func add(_ variant: String, _ figures: @autoclosure () -> [(String, Double)]) {
+    mutating func add(_ variant: String, _ figures: @autoclosure () throws -> [(String, Double)]) rethrows {
         guard variantEnabled(variant) else { return }
-        for (metric, value) in figures() { add(variant, metric, value) }
+        for (metric, value) in try figures() { add(variant, metric, value) }
     }
 
     func records(scenario: String) -> [BenchRecord] {
@@ -127,12 +127,15 @@ enum BenchError: Error, CustomStringConvertible {
     case childFailed(String, Int32)
     case unknownScenario(String)
     case usage(String)
+    /// A variant could not be measured (a peer or a load tool failed); the text says which and why.
+    case variantFailed(String)
 
     var description: String {
         switch self {
         case .childFailed(let args, let status): return "child `\(args)` failed (status \(status))"
         case .unknownScenario(let name): return "unknown scenario '\(name)'"
         case .usage(let message): return message
+        case .variantFailed(let message): return message
         }
     }
 }

@@ -48,8 +48,10 @@ let unixScenario = Scenario(
             blockingAwait { await service.shutdown(gracePeriod: .seconds(1)) }
             return figures(load)
         }())
-        samples.add("libevent-c-unix", {
-            guard let handle = ms_baseline_echo_start_unix(path) else { fatalError("the C echo service cannot listen on \(path)") }
+        try samples.add("libevent-c-unix", {
+            guard let handle = ms_baseline_echo_start_unix(path) else {
+                throw BenchError.variantFailed("unix: the C echo service cannot listen on \(path)")
+            }
             let load = loadTest(connect: { BenchClient(unixPath: path) }, duration: duration)
             ms_baseline_echo_stop(handle)
             unlink(path)

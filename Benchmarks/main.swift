@@ -161,15 +161,26 @@ func main() throws {
         return scenario
     }
     var records: [BenchRecord] = []
+    // A scenario that fails is reported and the run goes on: what the others measured is kept
+    // and printed; the exit status says that something failed.
+    var failures: [String] = []
     for scenario in selected {
         if !json { FileHandle.standardError.write(Data("running \(scenario.name) (\(runs) runs)…\n".utf8)) }
-        records += try scenario.run(runs)
+        do {
+            records += try scenario.run(runs)
+        } catch {
+            FileHandle.standardError.write(Data("mainspring-bench: \(scenario.name) failed: \(error)\n".utf8))
+            failures.append(scenario.name)
+        }
     }
     if json {
         print(try jsonText(records))
     } else {
         print("$ mainspring-bench \(CommandLine.arguments.dropFirst().joined(separator: " "))")
         print(table(records))
+    }
+    if !failures.isEmpty {
+        throw BenchError.variantFailed("failed (their figures are missing above): \(failures.joined(separator: ", "))")
     }
 }
 

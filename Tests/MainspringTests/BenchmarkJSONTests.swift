@@ -2,6 +2,10 @@ import Foundation
 import Testing
 import MainspringTestSupport
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// `mainspring-bench --smoke --json`: every scenario `--help` lists, in its smallest form (one
 /// short run each: tenths of a second, hundreds of items, one seed), prints records that parse.
 /// Each scenario gives at least one record, and every record has the schema's keys and finite
@@ -97,5 +101,30 @@ struct BenchmarkJSONTests {
         let noShedding = shedding.filter { $0["variant"] as? String == "no-shedding" }
         let metrics = Set(noShedding.compactMap { $0["metric"] as? String })
         #expect(metrics.contains("shed_fraction") && !metrics.contains("shed_p99_ms"), "\(metrics.sorted())")
+    }
+
+    /// A scenario whose load tool fails (an `h2load` whose every request failed) fails alone:
+    /// the run goes on, prints what the other scenarios measured, names the failed one and
+    /// exits 1 — where it used to exit at once and lose the rest.
+    @Test("a scenario whose tool fails is reported; the others' records are still printed; the exit status is 1")
+    func aFailingScenarioFailsAlone() async throws {
+        let directory = freshDirectory("fake-h2load")
+        let fake = directory + "/h2load"
+        try """
+            #!/bin/sh
+            echo "finished in 0.01s, 100.00 req/s, 1KB/s"
+            echo "requests: 10 total, 10 started, 10 done, 0 succeeded, 10 failed, 10 errored, 0 timeout"
+            """.write(toFile: fake, atomically: true, encoding: .utf8)
+        chmod(fake, 0o755)
+        var environment = ProcessInfo.processInfo.environment
+        environment["PATH"] = directory + ":" + (environment["PATH"] ?? "/usr/bin:/bin")
+        let result = try await runExecutable("mainspring-bench", arguments: ["http2", "timeline", "--smoke", "--json"],
+                                             environment: environment, timeout: .seconds(240))
+        #expect(result.status == 1 && !result.crashedBySignal && !result.timedOut, "\(result.summary)")
+        #expect(result.stderr.contains("http2 failed") && result.stderr.contains("0 succeeded, 10 failed"), "\(result.stderr)")
+        #expect(result.stderr.contains("failed (their figures are missing above): http2"), "\(result.stderr)")
+        let parsed = try JSONSerialization.jsonObject(with: Data(result.stdout.utf8)) as? [[String: Any]]
+        let scenarios = Set((parsed ?? []).compactMap { $0["scenario"] as? String })
+        #expect(scenarios == ["timeline"], "\(result.stdout.prefix(2_000))")
     }
 }
