@@ -76,7 +76,8 @@ struct CancellationReportingTests {
         ]
         for error in cancellations { #expect(error.isCancellation, "\(error)") }
         for error in failures { #expect(!error.isCancellation, "\(error)") }
-        // As their own type too (the protocol's requirement, not the `Error` extension).
-        #expect(HTTPClientError.cancelled.isCancellation && !HTTPClientError.clientClosed.isCancellation)
+        // The protocol's own requirement answers the same.
+        #expect(HTTPClientError.cancelled.reportsCancellation && !HTTPClientError.clientClosed.reportsCancellation)
+        #expect(WebSocketError.tlsFailed(.cancelled).isCancellation)
     }
 }

@@ -21,8 +21,9 @@
 /// `LoopClock`, `Listener.connections`), as the standard library's do. A type of your own may
 /// conform, for the same question.
 public protocol CancellationReportingError: Error {
-    /// Whether this error reports that the waiting task was cancelled (the type's `cancelled`).
-    var isCancellation: Bool { get }
+    /// Whether this error reports that the waiting task was cancelled (the type's `cancelled`,
+    /// or one it carries). Ask ``Swift/Error/isCancellation``, which answers for every error.
+    var reportsCancellation: Bool { get }
 }
 
 extension Error {
@@ -32,24 +33,24 @@ extension Error {
     /// ``TLSError``, `HTTPClientError`, `WebSocketError`). Free: a type check, no allocation.
     public var isCancellation: Bool {
         if self is CancellationError { return true }
-        if let reporting = self as? any CancellationReportingError { return reporting.isCancellation }
+        if let reporting = self as? any CancellationReportingError { return reporting.reportsCancellation }
         return false
     }
 }
 
 extension EventLoopError: CancellationReportingError {
     /// Whether this is ``cancelled``.
-    public var isCancellation: Bool { self == .cancelled }
+    public var reportsCancellation: Bool { self == .cancelled }
 }
 
 extension Connection.CloseReason: CancellationReportingError {
     /// Whether this is ``cancelled`` — a task reading or sending was cancelled (or `abort()`
     /// was called, or the loop shut down with the connection open) — or a connect that the
     /// cancellation ended.
-    public var isCancellation: Bool {
+    public var reportsCancellation: Bool {
         switch self {
         case .cancelled: return true
-        case .connectFailed(let error): return error.isCancellation
+        case .connectFailed(let error): return error.reportsCancellation
         default: return false
         }
     }
@@ -58,10 +59,10 @@ extension Connection.CloseReason: CancellationReportingError {
 extension DatagramError: CancellationReportingError {
     /// Whether this is ``cancelled`` (or the loop's own, ``loop(_:)`` carrying
     /// `EventLoopError.cancelled`).
-    public var isCancellation: Bool {
+    public var reportsCancellation: Bool {
         switch self {
         case .cancelled: return true
-        case .loop(let error): return error.isCancellation
+        case .loop(let error): return error.reportsCancellation
         default: return false
         }
     }
@@ -69,10 +70,10 @@ extension DatagramError: CancellationReportingError {
 
 extension TLSError: CancellationReportingError {
     /// Whether this is ``cancelled`` (or a connect under TLS that the cancellation ended).
-    public var isCancellation: Bool {
+    public var reportsCancellation: Bool {
         switch self {
         case .cancelled: return true
-        case .connect(let error): return error.isCancellation
+        case .connect(let error): return error.reportsCancellation
         default: return false
         }
     }

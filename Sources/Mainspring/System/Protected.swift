@@ -13,7 +13,7 @@ import Glibc
 ///
 /// Never call user code or resume a continuation inside `withLock`.
 ///
-/// `package`: MainspringPatterns, MainspringServices and MainspringHTTP lock with it too;
+/// `package`: every module of the package locks with it (Patterns, Services, HTTP, TLS, Testing);
 /// `withLock` is inlinable so that HTTP's per-request locking costs what the core's does.
 package final class Protected<Value>: @unchecked Sendable {
     @usableFromInline let mutex: UnsafeMutablePointer<pthread_mutex_t>

@@ -41,34 +41,34 @@ extension Connection {
     public var bytes: Bytes { Bytes(connection: self) }
 
     /// `Connection.lines`: an `AsyncSequence` of `LineEvent`s that throws `CloseReason`.
-    public typealias Lines = InputSequence<LineSteps>
+    public typealias Lines = InputSequence<LineReading>
 
     /// `Connection.bytes`: an `AsyncSequence` of byte chunks that throws `CloseReason`.
-    public typealias Bytes = InputSequence<ChunkSteps>
+    public typealias Bytes = InputSequence<ChunkReading>
 
     /// How an ``InputSequence`` reads the connection: its iterator, a line at a time
-    /// (``LineSteps``) or a chunk of bytes at a time (``ChunkSteps``). Each iterator is its own
+    /// (``LineReading``) or a chunk of bytes at a time (``ChunkReading``). Each iterator is its own
     /// concrete type, so that its inlinable `next()` is the whole fast path.
-    public protocol InputSteps {
+    public protocol InputReading {
         associatedtype Iterator: AsyncIteratorProtocol where Iterator.Failure == CloseReason
         /// An iterator over `connection`'s input.
         static func makeIterator(reading connection: Connection) -> Iterator
     }
 
-    /// A connection's input as an `AsyncSequence` that throws `CloseReason`, read by `Steps`:
+    /// A connection's input as an `AsyncSequence` that throws `CloseReason`, read by `Reading`:
     /// ``Lines`` and ``Bytes``.
-    public struct InputSequence<Steps: InputSteps>: AsyncSequence, Sendable {
-        public typealias Element = Steps.Iterator.Element
+    public struct InputSequence<Reading: InputReading>: AsyncSequence, Sendable {
+        public typealias Element = Reading.Iterator.Element
         public typealias Failure = CloseReason
         /// The iterator: use it from one task.
-        public typealias Iterator = Steps.Iterator
+        public typealias Iterator = Reading.Iterator
         let connection: Connection
 
-        public func makeAsyncIterator() -> Iterator { Steps.makeIterator(reading: connection) }
+        public func makeAsyncIterator() -> Iterator { Reading.makeIterator(reading: connection) }
     }
 
     /// The steps of `lines`: `readLine()`.
-    public enum LineSteps: InputSteps {
+    public enum LineReading: InputReading {
         public static func makeIterator(reading connection: Connection) -> Iterator { Iterator(connection: connection) }
 
         /// The iterator of `lines`: use it from one task.
@@ -103,7 +103,7 @@ extension Connection {
     @usableFromInline static let bytesChunk = ConnectionSource.chunk
 
     /// The steps of `bytes`: `read(upTo:)` 64 KiB (`ConnectionSource.chunk`).
-    public enum ChunkSteps: InputSteps {
+    public enum ChunkReading: InputReading {
         public static func makeIterator(reading connection: Connection) -> Iterator { Iterator(reading: connection) }
 
         /// The iterator of `bytes`: use it from one task. Inlinable, as `lines`' is.

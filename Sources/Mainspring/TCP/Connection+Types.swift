@@ -74,7 +74,7 @@ extension Connection {
         indirect case tlsFailed(TLSError)
         /// No longer reported: a connection whose TLS fails closes with ``tlsFailed(_:)``,
         /// carrying the one TLS error, ``TLSError``.
-        @available(*, deprecated, renamed: "tlsFailed", message: "a TLS failure closes with tlsFailed(TLSError.protocolError(reason:))")
+        @available(*, deprecated, message: "a TLS failure closes with tlsFailed(TLSError.protocolError(reason:))")
         case tls(String)
         /// A connect by name failed before the connection was established: the name did not
         /// resolve (`EventLoopError.hostNotFound`, `.resolveTimedOut`), or every address refused

@@ -63,17 +63,17 @@ extension HTTPClient {
     }
 
     /// What a connector threw, as the client reports it: the connection not made (an
-    /// `EventLoopError`, or a `TLSError` carrying one) as ``connectError(_:target:)`` says, a
-    /// cancellation as `.cancelled`, a connection not secured as `.tlsFailed` (a connector's
-    /// error of another type becomes a failed handshake with its description).
+    /// `EventLoopError`, or a `TLSError` carrying one) as ``connectError(_:target:)`` says, any
+    /// cancellation (`CancellationError` too) as `.cancelled`, a connection not secured as
+    /// `.tlsFailed` (a connector's error of another type becomes a failed handshake with its
+    /// description: the seam is where security layers plug in).
     private static func connectorError(_ error: any Error, target: HTTPTarget) -> HTTPClientError {
+        if error.isCancellation { return .cancelled }
         switch error {
         case let error as EventLoopError:
-            return error == .cancelled ? .cancelled : connectError(error, target: target)
+            return connectError(error, target: target)
         case TLSError.connect(let error):
-            return error == .cancelled ? .cancelled : connectError(error, target: target)
-        case TLSError.cancelled:
-            return .cancelled
+            return connectError(error, target: target)
         case let error as TLSError:
             return .tlsFailed(host: target.host, port: target.port, error)
         default:

@@ -262,12 +262,12 @@ extension HTTPClientError: DescribesEveryClientError {}
 extension HTTPClientError: CancellationReportingError {
     /// Whether this is ``cancelled`` — the calling task was cancelled — or carries a
     /// cancellation (a send or a connect that it ended).
-    public var isCancellation: Bool {
+    public var reportsCancellation: Bool {
         switch self {
         case .cancelled: return true
-        case .sendFailed(let reason): return reason.isCancellation
-        case .connectFailed(_, _, let error): return error.isCancellation
-        case .tlsFailed(_, _, let error): return error.isCancellation
+        case .sendFailed(let reason): return reason.reportsCancellation
+        case .connectFailed(_, _, let error): return error.reportsCancellation
+        case .tlsFailed(_, _, let error): return error.reportsCancellation
         default: return false
         }
     }

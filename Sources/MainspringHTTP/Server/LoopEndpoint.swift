@@ -1,4 +1,3 @@
-import Foundation
 @_spi(MainspringHTTP) import MainspringCore
 
 /// One loop's share of an `HTTPServer`: its engine (the connection engine; see

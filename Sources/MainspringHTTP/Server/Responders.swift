@@ -1,4 +1,3 @@
-import Foundation
 import MainspringCore
 
 /// Answers one request later, from any thread, exactly once (a deferred handler's way to reply).

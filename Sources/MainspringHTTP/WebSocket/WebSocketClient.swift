@@ -73,9 +73,8 @@ extension WebSocket {
             connection = try await connector.connect(
                 host, port, host, loop, .init(outputLimit: configuration.outputLimit, closeTimeout: configuration.closeTimeout))
         } catch {
-            if Task.isCancelled { throw .cancelled }
+            if Task.isCancelled || error.isCancellation { throw .cancelled }
             switch error {
-            case TLSError.cancelled, EventLoopError.cancelled: throw .cancelled
             case TLSError.connect(let connectError): throw .connectFailed("\(connectError)")
             case let tlsError as TLSError: throw .tlsFailed(tlsError)
             case is EventLoopError: throw .connectFailed("\(error)")

@@ -205,6 +205,13 @@ public enum WebSocketError: Error, Sendable, Equatable, CustomStringConvertible 
 }
 
 extension WebSocketError: CancellationReportingError {
-    /// Whether this is ``cancelled``: the calling task was cancelled.
-    public var isCancellation: Bool { self == .cancelled }
+    /// Whether this is ``cancelled`` — the calling task was cancelled — or carries one (a TLS
+    /// connect that the cancellation ended).
+    public var reportsCancellation: Bool {
+        switch self {
+        case .cancelled: return true
+        case .tlsFailed(let error): return error.reportsCancellation
+        default: return false
+        }
+    }
 }

@@ -17,30 +17,24 @@ extension Timeline {
     /// on the loop's thread.
     @concurrent
     public func run() async -> Bool {
-        let handoff = LoopHandoff(timeline: self)
+        // Carried to the loop's thread (`LoopBound`). Sound: `run()` is `@concurrent`, so the
+        // timeline (its closures and what they capture) is either sent to it by an isolated
+        // caller or belongs to the calling task's own region; nothing else touches it while the
+        // task waits here. From the hand-off on only the loop's thread touches it (`start`, the
+        // updates, the completion, `cancel`), and the continuation's resumption orders all of
+        // that before the task goes on.
+        let handoff = LoopBound(self)
         let loop = self.loop
         return await withTaskCancellationHandler {
             await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
                 loop.execute {
-                    handoff.timeline.start { finished in continuation.resume(returning: finished) }
+                    handoff.value.start { finished in continuation.resume(returning: finished) }
                 }
             }
         } onCancel: {
             // Any thread; `cancel()` runs on the loop. Before the start above, it makes the start
             // complete with `false` at once; after completion, it does nothing.
-            loop.execute { handoff.timeline.cancel() }
+            loop.execute { handoff.value.cancel() }
         }
     }
-}
-
-/// Carries a timeline from `run()`'s task to its loop's thread.
-///
-/// Why `@unchecked Sendable` is sound here: `run()` is `@concurrent`, so the timeline (with its
-/// closures and whatever they capture) is either sent to it by an isolated caller or belongs to
-/// the calling task's own region; either way nothing else can touch it while the task waits in
-/// `run()`. From the hand-off on, only the loop's thread touches it (`start`, the updates, the
-/// completion, `cancel`), and the continuation's resumption orders all of that before the task
-/// goes on.
-private struct LoopHandoff: @unchecked Sendable {
-    let timeline: Timeline
 }
