@@ -114,14 +114,17 @@ final class HTTP2Connections: Sendable {
 }
 
 extension HTTPClient {
+    /// Whether a request may go over HTTP/2 at all: the client holds an HTTP/2 connection, or
+    /// has prior knowledge. A lock-free look; false in the common HTTP/1.1 case.
+    var mayUseHTTP2: Bool { !http2.isEmpty || configuration.http2PriorKnowledge }
+
     /// The HTTP/2 connection a request to `target` goes on: the host's, when it has one; with
     /// prior knowledge, one made now (by this request, or by another that came first); nil
     /// for HTTP/1.1 (where ALPN decides, `exchange` adopts the connection if it agreed on h2).
+    /// Asked only when ``mayUseHTTP2`` (the common case, no HTTP/2 anywhere, makes no async call).
     func http2Connection(for target: HTTPTarget, deadline: RequestDeadline) async throws(HTTPClientError)
         -> HTTP2ClientConnection?
     {
-        // The common case, HTTP/1.1 with no HTTP/2 connection anywhere: no key, no lock.
-        if http2.isEmpty && !configuration.http2PriorKnowledge { return nil }
         let key = PoolKey(target)
         if let existing = http2.existing(key) { return existing }
         guard configuration.http2PriorKnowledge else { return nil }

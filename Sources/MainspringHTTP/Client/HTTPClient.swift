@@ -252,10 +252,7 @@ public final class HTTPClient: Sendable {
         while true {
             attempt += 1
             if Task.isCancelled { throw .cancelled }
-            // (Checked here first: the common case, no HTTP/2 anywhere, makes no async call.)
-            if !http2.isEmpty || configuration.http2PriorKnowledge,
-               let multiplexed = try await http2Connection(for: target, deadline: deadline)
-            {
+            if mayUseHTTP2, let multiplexed = try await http2Connection(for: target, deadline: deadline) {
                 do throws(HTTPClientError) {
                     let stream = try await multiplexed.request(
                         method: method, target: target, headers: headers, body: body, userAgent: configuration.userAgent,
