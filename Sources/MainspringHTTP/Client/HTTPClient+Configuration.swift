@@ -150,5 +150,29 @@ extension HTTPClient {
             let connection: Connection = try await Connection.connect(to: address, port: port, on: loop, options: options)
             return connection
         }
+
+        /// What a connector's error means, for the clients that call one (`HTTPClient` and the
+        /// WebSocket client), sorted once: any cancellation (`CancellationError` too); no
+        /// connection made (an `EventLoopError`, or a `TLSError` carrying one); a connection not
+        /// secured (any other `TLSError`, and an error of another type, as a failed handshake
+        /// with its description: the seam is where security layers plug in).
+        enum Failure {
+            case cancelled
+            case notConnected(EventLoopError)
+            case notSecured(TLSError)
+
+            init(_ error: any Error) {
+                if error.isCancellation {
+                    self = .cancelled
+                    return
+                }
+                switch error {
+                case let error as EventLoopError: self = .notConnected(error)
+                case TLSError.connect(let error): self = .notConnected(error)
+                case let error as TLSError: self = .notSecured(error)
+                default: self = .notSecured(.handshakeFailed(reason: "\(error)"))
+                }
+            }
+        }
     }
 }

@@ -62,22 +62,14 @@ extension HTTPClient {
         return try result.get()
     }
 
-    /// What a connector threw, as the client reports it: the connection not made (an
-    /// `EventLoopError`, or a `TLSError` carrying one) as ``connectError(_:target:)`` says, any
-    /// cancellation (`CancellationError` too) as `.cancelled`, a connection not secured as
-    /// `.tlsFailed` (a connector's error of another type becomes a failed handshake with its
-    /// description: the seam is where security layers plug in).
+    /// What a connector threw (sorted by `Connector.Failure`), as the client reports it: a
+    /// cancellation as `.cancelled`, no connection as ``connectError(_:target:)`` says, a
+    /// connection not secured as `.tlsFailed`.
     private static func connectorError(_ error: any Error, target: HTTPTarget) -> HTTPClientError {
-        if error.isCancellation { return .cancelled }
-        switch error {
-        case let error as EventLoopError:
-            return connectError(error, target: target)
-        case TLSError.connect(let error):
-            return connectError(error, target: target)
-        case let error as TLSError:
-            return .tlsFailed(host: target.host, port: target.port, error)
-        default:
-            return .tlsFailed(host: target.host, port: target.port, .handshakeFailed(reason: "\(error)"))
+        switch Connector.Failure(error) {
+        case .cancelled: return .cancelled
+        case .notConnected(let error): return connectError(error, target: target)
+        case .notSecured(let error): return .tlsFailed(host: target.host, port: target.port, error)
         }
     }
 

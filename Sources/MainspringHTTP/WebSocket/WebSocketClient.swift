@@ -73,12 +73,11 @@ extension WebSocket {
             connection = try await connector.connect(
                 host, port, host, loop, .init(outputLimit: configuration.outputLimit, closeTimeout: configuration.closeTimeout))
         } catch {
-            if Task.isCancelled || error.isCancellation { throw .cancelled }
-            switch error {
-            case TLSError.connect(let connectError): throw .connectFailed("\(connectError)")
-            case let tlsError as TLSError: throw .tlsFailed(tlsError)
-            case is EventLoopError: throw .connectFailed("\(error)")
-            default: throw .tlsFailed(.handshakeFailed(reason: "\(error)"))
+            if Task.isCancelled { throw .cancelled }
+            switch HTTPClient.Connector.Failure(error) {
+            case .cancelled: throw .cancelled
+            case .notConnected(let connectError): throw .connectFailed("\(connectError)")
+            case .notSecured(let tlsError): throw .tlsFailed(tlsError)
             }
         }
         let deadline = HandshakeDeadline(connection: connection)
