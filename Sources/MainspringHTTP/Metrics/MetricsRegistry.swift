@@ -197,21 +197,19 @@ final class SeriesTable<Series: Sendable & AnyObject>: Sendable {
 /// directly: ``Counter``, ``Gauge`` and ``Histogram`` are its kinds, made by ``MetricsRegistry``.
 /// Any thread.
 ///
-/// (`@unchecked Sendable` because a class with subclasses cannot be checked: every stored
-/// property is an immutable `Sendable` value, and only this module's final kinds subclass it.)
+/// (`@unchecked Sendable` because a class with subclasses cannot be checked: its one stored
+/// property, the series table, is an immutable `Sendable` reference, and only this module's
+/// final kinds subclass it.)
 public class MetricSeriesFamily<Series: Sendable & AnyObject>: @unchecked Sendable {
     /// The family's name, as exposed.
-    public let name: String
+    public var name: String { table.family }
     /// The family's help text.
-    public let help: String
+    public var help: String { table.help }
     /// The family's label names, in order.
-    public let labelNames: [String]
+    public var labelNames: [String] { table.labelNames }
     let table: SeriesTable<Series>
 
     init(name: String, help: String, labelNames: [String], makeSeries: @escaping @Sendable () -> Series) {
-        self.name = name
-        self.help = help
-        self.labelNames = labelNames
         table = SeriesTable(family: name, help: help, labelNames: labelNames, make: makeSeries)
     }
 
