@@ -75,16 +75,13 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
     /// `"localhost"` bind directly.
     case bindNeedsAddress(host: String)
 
-    public var description: String {
-        // Through a protocol: the text of every case, the deprecated ones included, without a
-        // deprecation warning in this (not deprecated) property.
-        (self as any DescribesEveryCase).text
-    }
+    /// The text of every case, the deprecated ones included (see `DescribesEveryCase`).
+    public var description: String { caseDescription }
 
     /// The text of every case (`description`); deprecated so that it may name the deprecated
     /// cases, and exhaustive (no `default`) so that a new case cannot be forgotten.
     @available(*, deprecated, message: "use description")
-    fileprivate var text: String {
+    package var text: String {
         switch self {
         case .wrongThread(let function):
             return "\(function) must be called on the loop's own thread; use execute(_:) to get there"
@@ -136,11 +133,6 @@ public enum EventLoopError: Error, Equatable, Sendable, CustomStringConvertible 
             return FileWatchError.cannotWatch(path: path, errno: code).description
         }
     }
-}
-
-/// What `EventLoopError.description` calls (see there).
-private protocol DescribesEveryCase {
-    var text: String { get }
 }
 
 extension EventLoopError: DescribesEveryCase {}

@@ -87,16 +87,13 @@ extension Connection {
         @available(*, deprecated, message: "read(exactly:) requires a count of at least 0; check a length from the input before reading")
         case invalidCount(Int)
 
-        public var description: String {
-            // Through a protocol: the text of every case, the deprecated ones included, without a
-            // deprecation warning in this (not deprecated) property.
-            (self as any DescribesEveryCloseReason).text
-        }
+        /// The text of every case, the deprecated ones included (see `DescribesEveryCase`).
+        public var description: String { caseDescription }
 
         /// The text of every case (`description`); deprecated so that it may name the deprecated
         /// cases, and exhaustive (no `default`) so that a new case cannot be forgotten.
         @available(*, deprecated, message: "use description")
-        fileprivate var text: String {
+        package var text: String {
             switch self {
             case .closed: return "closed"
             case .idleTimeout: return "idle timeout"
@@ -122,9 +119,4 @@ extension Connection {
     }
 }
 
-/// What `Connection.CloseReason.description` calls (see there).
-private protocol DescribesEveryCloseReason {
-    var text: String { get }
-}
-
-extension Connection.CloseReason: DescribesEveryCloseReason {}
+extension Connection.CloseReason: DescribesEveryCase {}

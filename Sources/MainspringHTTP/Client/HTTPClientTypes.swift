@@ -146,16 +146,13 @@ public enum HTTPClientError: Error, Sendable, Equatable, CustomStringConvertible
         public var description: String { rawValue }
     }
 
-    public var description: String {
-        // Through a protocol: the text of every case, the deprecated one included, without a
-        // deprecation warning in this (not deprecated) property.
-        (self as any DescribesEveryClientError).text
-    }
+    /// The text of every case, the deprecated one included (see `DescribesEveryCase`).
+    public var description: String { caseDescription }
 
     /// The text of every case (`description`); deprecated so that it may name the deprecated
     /// case, and exhaustive (no `default`) so that a new case cannot be forgotten.
     @available(*, deprecated, message: "use description")
-    fileprivate var text: String {
+    package var text: String {
         switch self {
         case .invalidURL(let url): return "invalid URL \(url.debugDescription)"
         case .unsupportedScheme(let scheme): return "unsupported scheme \(scheme.debugDescription) (https needs a TLS connector)"
@@ -252,12 +249,7 @@ struct HTTPTarget: Sendable, Hashable {
     }
 }
 
-/// What `HTTPClientError.description` calls (see there).
-private protocol DescribesEveryClientError {
-    var text: String { get }
-}
-
-extension HTTPClientError: DescribesEveryClientError {}
+extension HTTPClientError: DescribesEveryCase {}
 
 extension HTTPClientError: CancellationReportingError {
     /// Whether this is ``cancelled`` — the calling task was cancelled — or carries a
