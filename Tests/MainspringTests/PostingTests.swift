@@ -116,6 +116,26 @@ struct PostingTests {
         #expect(function.contains("a task that runs on no loop"), "\(function)")
     }
 
+    @Test("a task on a thread that was given a loop outside any task (as a Dispatch worker the pool shares) gets an error, not that idle loop")
+    func aTaskOnAThreadWithAnIdleLoopGetsAnError() async throws {
+        // The flake this pins down: a `SpinningOperation` on an `OperationQueue` binds a loop to
+        // a Dispatch worker, and the cooperative pool later runs a task on that same thread.
+        // Here the thread is one of our own, so it happens every time.
+        let executor = OwnThreadTaskExecutor()
+        let bound = executor.runOutsideAnyTask { EventLoop.current }
+        let (outcome, sameThread) = await Task(executorPreference: executor) {
+            (Result { () throws(EventLoopError) in try EventLoop.forCurrentThread() }, executor.isCurrentThread)
+        }.value
+        #expect(sameThread, "the task ran on the executor's thread")
+        guard case .failure(.wrongThread(let function)) = outcome else {
+            Issue.record("expected wrongThread, got \(outcome) (the thread's loop is \(bound))")
+            return
+        }
+        #expect(function.contains("a task that runs on no loop"), "\(function)")
+        #expect(executor.runOutsideAnyTask { EventLoop.current } === bound, "outside a task the thread keeps its loop")
+        executor.stop()
+    }
+
     @Test("EventLoop.current is one loop per thread, bound to it")
     func currentIsPerThread() async throws {
         // Return the loops themselves (not identifiers) so both stay alive while compared.
@@ -124,5 +144,50 @@ struct PostingTests {
         #expect(boundToA)
         #expect(a !== b)
         #expect(!a.isCurrent && !b.isCurrent)
+    }
+}
+
+/// A task executor on one thread of its own, which also runs plain closures outside any task:
+/// a stand-in for a Dispatch worker thread that Swift concurrency's pool shares.
+private final class OwnThreadTaskExecutor: TaskExecutor, @unchecked Sendable {
+    private enum Work: Sendable { case job(UnownedJob), closure(@Sendable () -> Void), stop }
+    private let queue = Locked<[Work]>([])
+    private let ready = DispatchSemaphore(value: 0)
+    private let threadID = Locked<pthread_t?>(nil)
+
+    init() {
+        let thread = Thread { [self] in
+            threadID.withLock { $0 = pthread_self() }
+            while true {
+                ready.wait()
+                let work = queue.withLock { $0.removeFirst() }
+                switch work {
+                case .job(let job): job.runSynchronously(on: asUnownedTaskExecutor())
+                case .closure(let body): body()
+                case .stop: return
+                }
+            }
+        }
+        thread.start()
+    }
+
+    var isCurrentThread: Bool { threadID.withLock { $0.map { pthread_equal($0, pthread_self()) != 0 } ?? false } }
+
+    func enqueue(_ job: UnownedJob) { push(.job(job)) }
+
+    /// Runs `body` on the thread, outside any task, and waits for its result.
+    func runOutsideAnyTask<T: Sendable>(_ body: @escaping @Sendable () -> T) -> T {
+        let result = Locked<T?>(nil)
+        let done = DispatchSemaphore(value: 0)
+        push(.closure { result.withLock { $0 = body() }; done.signal() })
+        done.wait()
+        return result.withLock { $0! }
+    }
+
+    func stop() { push(.stop) }
+
+    private func push(_ work: Work) {
+        queue.withLock { $0.append(work) }
+        ready.signal()
     }
 }

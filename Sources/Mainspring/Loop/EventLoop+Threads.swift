@@ -29,8 +29,10 @@ extension EventLoop {
     ///
     /// In a task that runs on no loop (a thread of Swift concurrency's cooperative pool) there is
     /// no loop to give, and none is made — one made for a pool thread would never run, and every
-    /// timer and post on it would silently wait forever: this stops the program with a message
-    /// saying so (``forCurrentThread()`` throws `EventLoopError.wrongThread` instead). Use
+    /// timer and post on it would silently wait forever. That holds even where the thread was
+    /// given a loop before, outside any task (the pool shares Dispatch's worker threads, where a
+    /// `SpinningOperation` on an `OperationQueue` binds one): it does not run while the thread
+    /// runs tasks. This stops the program with a message saying so (``forCurrentThread()`` throws `EventLoopError.wrongThread` instead). Use
     /// `EventLoop.main`, a loop you hold, an `EventLoopGroup`, or `Task(executorPreference: loop)`.
     ///
     /// A loop needs five descriptors (epoll, a timerfd, libevent's signal pipe, its eventfd). A
@@ -58,13 +60,17 @@ extension EventLoop {
     public static func forCurrentThread() throws(EventLoopError) -> EventLoop {
         // A group's thread, a loop run by hand, a simulation's driver: the loop it runs.
         if let loop = runningLoop.value { return loop }
-        if let loop = threadLoop.value { return loop }
         let isMain = isProcessMainThread()
+        // Asked before the thread's own loop: Swift concurrency's pool shares its threads with
+        // Dispatch's workers, so a pool thread may hold a loop bound there earlier (a
+        // `SpinningOperation` on an `OperationQueue`, `EventLoop.current` in a
+        // `DispatchQueue.global()` block). That loop does not run while the thread runs tasks.
         if !isMain && withUnsafeCurrentTask(body: { $0 != nil }) {
             throw .wrongThread(function: "EventLoop.current (called in a task that runs on no loop: a loop made for a thread "
                 + "of the cooperative pool would never run, its timers and posts would wait forever; use EventLoop.main, a "
                 + "loop you hold, or Task(executorPreference: loop))")
         }
+        if let loop = threadLoop.value { return loop }
         let loop = isMain ? main : try EventLoop(configuration: .init(), isMainLoop: false)
         _ = loop.claimThread()
         threadLoop.set(loop)
