@@ -212,30 +212,34 @@ public final class FeedJob: Sendable {
     /// Whether the feeder may run a chunk of this job now.
     var isRunnable: Bool { control.load(ordering: .relaxed) == 0 }
 
-    /// Accounts one chunk that ran from `start` to `end` (clock ns). Returns the chunk's count.
+    /// Accounts one chunk that ran from `start` to `end` (clock ns). `previousEnd` is the end of
+    /// the chunk before it in this stretch (0 when none or after a pause); it becomes `end`.
+    /// The caller keeps it in a local across a stretch (a register, not the `Local` object the
+    /// opaque chunk call would make it reload) and hands it back to `endStretch`.
     @inline(__always)
-    func didRunChunk(start: UInt64, end: UInt64, local: Local) {
-        if local.previousEnd != 0 {
-            let gap = start &- local.previousEnd
+    func didRunChunk(start: UInt64, end: UInt64, previousEnd: inout UInt64) {
+        if previousEnd != 0 {
+            let gap = start &- previousEnd
             if gap > longestGapNanoseconds.load(ordering: .relaxed) {
                 longestGapNanoseconds.store(gap, ordering: .relaxed)
             }
         } else if firstStart.load(ordering: .relaxed) == 0 {
             firstStart.store(start, ordering: .relaxed)
         }
-        local.previousEnd = end
+        previousEnd = end
         completedChunks.store(completedChunks.load(ordering: .relaxed) &+ 1, ordering: .releasing)
     }
 
-    /// Ends a stretch of chunks run in one turn: publishes their time.
-    func endStretch(chunkTime: UInt64, ranAny: Bool, interrupted: Bool, local: Local) {
+    /// Ends a stretch of chunks run in one turn: publishes their time, and keeps the end of its
+    /// last chunk (`previousEnd`) for the next stretch — unless it was interrupted: a pause (of
+    /// the job or the feeder) is not starvation, so the next gap starts afresh.
+    func endStretch(chunkTime: UInt64, ranAny: Bool, interrupted: Bool, previousEnd: UInt64, local: Local) {
         if ranAny {
             chunkNanoseconds.store(chunkNanoseconds.load(ordering: .relaxed) &+ chunkTime, ordering: .relaxed)
             turnCount.store(turnCount.load(ordering: .relaxed) &+ 1, ordering: .relaxed)
-            lastEnd.store(local.previousEnd, ordering: .releasing)
+            lastEnd.store(previousEnd, ordering: .releasing)
         }
-        // A pause (of the job or the feeder) is not starvation: the next gap starts afresh.
-        if interrupted { local.previousEnd = 0 }
+        local.previousEnd = interrupted ? 0 : previousEnd
     }
 
     /// Finishes the job, exactly once: wakes the awaiting tasks, then runs the handlers.

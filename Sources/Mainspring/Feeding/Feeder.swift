@@ -365,12 +365,13 @@ public final class Feeder: Sendable {
             jobLocal.pausesSeen = pausesNow
             jobLocal.previousEnd = 0
         }
+        var previousEnd = jobLocal.previousEnd
         let clock = loop.timeSource
         var chunkTime: UInt64 = 0
         var ranAny = false
         while true {
             if !job.isRunnable || self.control.load(ordering: .relaxed) != control {
-                job.endStretch(chunkTime: chunkTime, ranAny: ranAny, interrupted: true, local: jobLocal)
+                job.endStretch(chunkTime: chunkTime, ranAny: ranAny, interrupted: true, previousEnd: previousEnd, local: jobLocal)
                 if job.isCancelled {
                     job.finish(.cancelled)
                     return .finished(ranAny: ranAny)
@@ -381,21 +382,21 @@ public final class Feeder: Sendable {
             let step = runner.step()
             now = clock.now()
             if step == .none {
-                job.endStretch(chunkTime: chunkTime, ranAny: ranAny, interrupted: false, local: jobLocal)
+                job.endStretch(chunkTime: chunkTime, ranAny: ranAny, interrupted: false, previousEnd: previousEnd, local: jobLocal)
                 job.finish(.completed)
                 return .finished(ranAny: ranAny)
             }
             ranAny = true
             lastChunk = now &- start
             chunkTime &+= lastChunk
-            job.didRunChunk(start: start, end: now, local: jobLocal)
+            job.didRunChunk(start: start, end: now, previousEnd: &previousEnd)
             if step == .ranLast {
-                job.endStretch(chunkTime: chunkTime, ranAny: true, interrupted: false, local: jobLocal)
+                job.endStretch(chunkTime: chunkTime, ranAny: true, interrupted: false, previousEnd: previousEnd, local: jobLocal)
                 job.finish(.completed)
                 return .finished(ranAny: true)
             }
             if isTurnOver(now: now, lastChunk: lastChunk, deadline: deadline) {
-                job.endStretch(chunkTime: chunkTime, ranAny: true, interrupted: false, local: jobLocal)
+                job.endStretch(chunkTime: chunkTime, ranAny: true, interrupted: false, previousEnd: previousEnd, local: jobLocal)
                 return .turnOver
             }
         }
