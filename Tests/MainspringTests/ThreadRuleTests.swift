@@ -86,13 +86,36 @@ struct ThreadRuleTests {
         // between the close and the bind again (a port freed from that range could be).
         let free = try await loop.submit { try DatagramTests.unusedPortBelowEphemeralRange(on: loop) }
         let port = free.port
-        let socket = try await DatagramSocket.bind(to: "127.0.0.1", port: port, on: loop)
+        let socket = try await bindSoonAfterAClose(port: port, on: loop)
         await onPlainThread { socket.close() }
         #expect(try await loop.submit { socket.isClosed })
         // The port is free again: a new socket binds it.
-        let again = try await DatagramSocket.bind(to: "127.0.0.1", port: port, on: loop)
+        let again = try await bindSoonAfterAClose(port: port, on: loop)
         await again.close()
         await group.shutdown(gracePeriod: .seconds(5))
+    }
+
+    /// Binds `port`, which a socket of this process has just closed. The kernel frees a port
+    /// when the last reference to its socket goes, and a child another test is spawning right
+    /// then holds a copy of every descriptor from its fork until its exec closes the
+    /// close-on-exec ones (seen once in CI: EADDRINUSE just after the close). So EADDRINUSE is
+    /// retried for up to 10 s; a socket that really stayed open keeps the port the whole time
+    /// and fails the test.
+    private func bindSoonAfterAClose(port: UInt16, on loop: EventLoop) async throws -> DatagramSocket {
+        let deadline = ContinuousClock.now + .seconds(10)
+        while true {
+            let result: Result<DatagramSocket, DatagramError>
+            do {
+                result = .success(try await DatagramSocket.bind(to: "127.0.0.1", port: port, on: loop))
+            } catch {
+                result = .failure(error)
+            }
+            if case .failure(.system(_, EADDRINUSE)) = result, ContinuousClock.now < deadline {
+                try await Task.sleep(for: .milliseconds(5))
+                continue
+            }
+            return try result.get()
+        }
     }
 
     @Test("execute(after:), execute(every:) and Feeder.enqueue from a plain thread and a task: run on the loop's thread, never early, cancellable there")
