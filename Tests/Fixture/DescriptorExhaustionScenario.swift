@@ -67,13 +67,21 @@ private final class LoopProbe: SpinningOperation, @unchecked Sendable {
     override func execute() { finish() }
 }
 
-/// Runs a `SpinningOperation` on a new queue (a new worker thread, with no loop yet) and
-/// describes how it ended.
+/// Runs a `SpinningOperation` on a new thread (which has no loop yet) and describes how it
+/// ended. A thread of its own, not an `OperationQueue`'s worker: every second, libdispatch's
+/// worker-pool monitor opens `/proc/<tid>/stat` for each worker of a root queue that has work
+/// waiting, and stops the process when that open fails — as it does here, out of descriptors
+/// (seen under load: SIGILL while the operation waited for a worker). The operation's own
+/// path is the same either way: `start()` on a thread without a loop.
 private func spinningOperationOutcome() -> String {
-    let queue = OperationQueue()
     let operation = LoopProbe()
-    queue.addOperation(operation)
-    queue.waitUntilAllOperationsAreFinished()
+    let ended = Outcome()
+    let thread = Thread {
+        operation.start()
+        ended.set("ended")
+    }
+    thread.start()
+    _ = ended.wait()
     if let error = operation.loopError { return "cancelled=\(operation.isCancelled) \(error)" }
     return "executed"
 }
