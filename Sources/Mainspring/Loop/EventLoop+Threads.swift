@@ -32,8 +32,9 @@ extension EventLoop {
     /// timer and post on it would silently wait forever. That holds even where the thread was
     /// given a loop before, outside any task (the pool shares Dispatch's worker threads, where a
     /// `SpinningOperation` on an `OperationQueue` binds one): it does not run while the thread
-    /// runs tasks. This stops the program with a message saying so (``forCurrentThread()`` throws `EventLoopError.wrongThread` instead). Use
-    /// `EventLoop.main`, a loop you hold, an `EventLoopGroup`, or `Task(executorPreference: loop)`.
+    /// runs tasks. This stops the program with a message saying so (``forCurrentThread()``
+    /// throws `EventLoopError.wrongThread` instead). Use `EventLoop.main`, a loop you hold, an
+    /// `EventLoopGroup`, or `Task(executorPreference: loop)`.
     ///
     /// A loop needs five descriptors (epoll, a timerfd, libevent's signal pipe, its eventfd). A
     /// getter cannot throw: where the thread may have no loop yet while the process is out of
@@ -60,17 +61,19 @@ extension EventLoop {
     public static func forCurrentThread() throws(EventLoopError) -> EventLoop {
         // A group's thread, a loop run by hand, a simulation's driver: the loop it runs.
         if let loop = runningLoop.value { return loop }
+        // Swift concurrency's pool shares its threads with Dispatch's workers, so a pool thread
+        // may hold a loop bound there earlier, outside any task (a `SpinningOperation` on an
+        // `OperationQueue`, `EventLoop.current` in a `DispatchQueue.global()` block). That loop
+        // does not run while the thread runs tasks: only the main thread's (`main`) is given to
+        // a task. (Whether a task runs here is a thread-local read, as the loop is.)
+        let inTask = withUnsafeCurrentTask { $0 != nil }
+        if let loop = threadLoop.value, !inTask || loop.isMainLoop { return loop }
         let isMain = isProcessMainThread()
-        // Asked before the thread's own loop: Swift concurrency's pool shares its threads with
-        // Dispatch's workers, so a pool thread may hold a loop bound there earlier (a
-        // `SpinningOperation` on an `OperationQueue`, `EventLoop.current` in a
-        // `DispatchQueue.global()` block). That loop does not run while the thread runs tasks.
-        if !isMain && withUnsafeCurrentTask(body: { $0 != nil }) {
+        if inTask && !isMain {
             throw .wrongThread(function: "EventLoop.current (called in a task that runs on no loop: a loop made for a thread "
                 + "of the cooperative pool would never run, its timers and posts would wait forever; use EventLoop.main, a "
                 + "loop you hold, or Task(executorPreference: loop))")
         }
-        if let loop = threadLoop.value { return loop }
         let loop = isMain ? main : try EventLoop(configuration: .init(), isMainLoop: false)
         _ = loop.claimThread()
         threadLoop.set(loop)
