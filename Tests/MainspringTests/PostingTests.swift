@@ -122,7 +122,7 @@ struct PostingTests {
         // a Dispatch worker, and the cooperative pool later runs a task on that same thread.
         // Here the thread is one of our own, so it happens every time.
         let executor = OwnThreadTaskExecutor()
-        let bound = executor.runOutsideAnyTask { EventLoop.current }
+        let bound = await executor.runOutsideAnyTask { EventLoop.current }
         let (outcome, sameThread) = await Task(executorPreference: executor) {
             (Result { () throws(EventLoopError) in try EventLoop.forCurrentThread() }, executor.isCurrentThread)
         }.value
@@ -132,7 +132,7 @@ struct PostingTests {
             return
         }
         #expect(function.contains("a task that runs on no loop"), "\(function)")
-        #expect(executor.runOutsideAnyTask { EventLoop.current } === bound, "outside a task the thread keeps its loop")
+        #expect(await executor.runOutsideAnyTask { EventLoop.current } === bound, "outside a task the thread keeps its loop")
         executor.stop()
     }
 
@@ -175,13 +175,11 @@ private final class OwnThreadTaskExecutor: TaskExecutor, @unchecked Sendable {
 
     func enqueue(_ job: UnownedJob) { push(.job(job)) }
 
-    /// Runs `body` on the thread, outside any task, and waits for its result.
-    func runOutsideAnyTask<T: Sendable>(_ body: @escaping @Sendable () -> T) -> T {
-        let result = Locked<T?>(nil)
-        let done = DispatchSemaphore(value: 0)
-        push(.closure { result.withLock { $0 = body() }; done.signal() })
-        done.wait()
-        return result.withLock { $0! }
+    /// Runs `body` on the thread, outside any task, and returns its result.
+    func runOutsideAnyTask<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
+        await withCheckedContinuation { continuation in
+            push(.closure { continuation.resume(returning: body()) })
+        }
     }
 
     func stop() { push(.stop) }

@@ -102,20 +102,17 @@ struct ThreadRuleTests {
     /// retried for up to 10 s; a socket that really stayed open keeps the port the whole time
     /// and fails the test.
     private func bindSoonAfterAClose(port: UInt16, on loop: EventLoop) async throws -> DatagramSocket {
-        let deadline = ContinuousClock.now + .seconds(10)
-        while true {
-            let result: Result<DatagramSocket, DatagramError>
-            do {
+        var result: Result<DatagramSocket, DatagramError>?
+        _ = await eventuallyAsync(timeout: .seconds(10)) {
+            do throws(DatagramError) {
                 result = .success(try await DatagramSocket.bind(to: "127.0.0.1", port: port, on: loop))
             } catch {
                 result = .failure(error)
             }
-            if case .failure(.system(_, EADDRINUSE)) = result, ContinuousClock.now < deadline {
-                try await Task.sleep(for: .milliseconds(5))
-                continue
-            }
-            return try result.get()
+            if case .failure(.system(_, EADDRINUSE)) = result { return false }
+            return true
         }
+        return try result!.get()
     }
 
     @Test("execute(after:), execute(every:) and Feeder.enqueue from a plain thread and a task: run on the loop's thread, never early, cancellable there")
